@@ -1,0 +1,86 @@
+"""`python -m simulator`: a flag per SimConfig field, --host, --port; blocks until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from dataclasses import fields
+
+from .config import SimConfig
+from .engine import Engine
+from .server import make_app, start_runner
+
+_HELP = {
+    "rpm": "requests per minute per API key (default: unlimited)",
+    "itpm": "input tokens per minute per API key (default: unlimited)",
+    "otpm": "output tokens per minute per API key (default: unlimited)",
+    "burst_s": "bucket capacity in seconds of refill",
+    "otpm_mode": "generated: debit output as generated; max_tokens: reserve max_tokens",
+    "overload_rate": "fraction of requests answered 529 overloaded_error",
+    "error_5xx_rate": "fraction of requests answered 500 api_error",
+    "inject_429_rate": "fraction answered 429 even when the bucket has room",
+    "latency_mean_s": "mean latency of a successful answer (lognormal)",
+    "latency_p95_s": "95th percentile latency",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="Anthropic-compatible Messages API simulator with real rate limits.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    defaults = SimConfig()
+    for f in fields(SimConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        help_text = _HELP.get(f.name, "") + f" (default: {default})"
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_text)
+        elif f.name == "otpm_mode":
+            parser.add_argument(flag, dest=f.name, choices=["generated", "max_tokens"],
+                                default=default, help=help_text)
+        else:
+            # Kept as strings; SimConfig.replaced() coerces and validates ("none" = unlimited).
+            parser.add_argument(flag, dest=f.name, default=None, metavar="VALUE",
+                                help=help_text)
+    return parser
+
+
+async def _serve(config: SimConfig, host: str, port: int) -> None:
+    runner, bound = await start_runner(make_app(engine=Engine(config)), host, port)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    print(f"simulator listening on http://{shown}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass  # not on this platform/thread: Ctrl-C still arrives as KeyboardInterrupt
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    changes = {f.name: getattr(args, f.name) for f in fields(SimConfig)
+               if getattr(args, f.name) is not None}
+    try:
+        config = SimConfig().replaced(**changes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        asyncio.run(_serve(config, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"simulator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,125 @@
+"""SimConfig: every knob of the simulator, in one dataclass.
+
+Limits are per API key and per minute, like the provider's. Runtime changes go through
+`SimConfig.replaced(**changes)`, which validates, so a bad `/_sim/config` body is a 400
+instead of a half-applied change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+OtpmMode = Literal["generated", "max_tokens"]
+
+# Changing one of these rebuilds the rate-limit buckets (they start full again).
+LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "burst_s", "otpm_mode"})
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    # Per-minute limits per API key; None = unlimited (no bucket, no headers).
+    rpm: float | None = None
+    itpm: float | None = None
+    otpm: float | None = None
+    # Bucket capacity in seconds of refill: 60 holds a full minute, like the provider.
+    burst_s: float = 60.0
+    # generated: debit output when generated (admission needs the bucket > 0);
+    # max_tokens: reserve max_tokens at admission and refund the unused part.
+    otpm_mode: OtpmMode = "generated"
+    cache_reads_count: bool = False
+    overload_rate: float = 0.0
+    error_5xx_rate: float = 0.0
+    inject_429_rate: float = 0.0
+    inject_429_retry_after: int = 1
+    latency_mean_s: float = 0.0
+    latency_p95_s: float = 0.0
+    output_tokens_mean: int = 200
+    tool_turns: int = 2
+    tools_per_turn: int = 2
+    plan_items: int = 6
+    cache_min_tokens: int = 1024
+    cache_ttl_s: float = 300.0
+    # The docs round token `-remaining` headers to the nearest thousand; tests of header
+    # sync with tiny limits may want exact values.
+    round_token_headers: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("rpm", "itpm", "otpm"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None (unlimited), got {value!r}")
+        if not self.burst_s > 0:
+            raise ValueError(f"burst_s must be > 0, got {self.burst_s!r}")
+        if self.otpm_mode not in ("generated", "max_tokens"):
+            raise ValueError(f"otpm_mode must be 'generated' or 'max_tokens', got {self.otpm_mode!r}")
+        for name in ("overload_rate", "error_5xx_rate", "inject_429_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {value!r}")
+        if self.inject_429_retry_after < 0:
+            raise ValueError("inject_429_retry_after must be >= 0")
+        if self.latency_mean_s < 0 or self.latency_p95_s < 0:
+            raise ValueError("latency_mean_s and latency_p95_s must be >= 0")
+        if self.output_tokens_mean < 1:
+            raise ValueError("output_tokens_mean must be >= 1")
+        if self.tool_turns < 0:
+            raise ValueError("tool_turns must be >= 0")
+        if self.tools_per_turn < 1:
+            raise ValueError("tools_per_turn must be >= 1")
+        if self.plan_items < 0:
+            raise ValueError("plan_items must be >= 0")
+        if self.cache_min_tokens < 0 or self.cache_ttl_s < 0:
+            raise ValueError("cache_min_tokens and cache_ttl_s must be >= 0")
+
+    def replaced(self, **changes: Any) -> SimConfig:
+        """A copy with `changes` applied; unknown names and bad values raise ValueError."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"unknown SimConfig field(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in changes.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_FLOAT_OR_NONE = {"rpm", "itpm", "otpm"}
+_FLOATS = {"burst_s", "overload_rate", "error_5xx_rate", "inject_429_rate",
+           "latency_mean_s", "latency_p95_s", "cache_ttl_s"}
+_INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
+         "plan_items", "cache_min_tokens", "seed"}
+_BOOLS = {"cache_reads_count", "round_token_headers"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """JSON bodies and CLI strings arrive loosely typed; accept the obvious spellings."""
+    if name in _FLOAT_OR_NONE:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        return _number(name, value, float)
+    if name in _FLOATS:
+        return _number(name, value, float)
+    if name in _INTS:
+        return _number(name, value, int)
+    if name in _BOOLS:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ValueError(f"{name} must be a boolean, got {value!r}")
+    return value
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if kind is int and isinstance(value, float) and value != number:
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return number

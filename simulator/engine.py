@@ -1,0 +1,338 @@
+"""The simulator's core: one request in, one reply (now, or after the drawn latency) out.
+
+Synchronous on purpose: every state change of a request happens in one uninterrupted step
+on the event loop thread, so concurrent requests need no locks and admission, cache writes
+and debits are atomic. Only the latency wait happens between `begin_message` and
+`Pending.finish`.
+
+Randomness: content (lengths, tool picks, tool input) is drawn from an RNG seeded by
+(seed, canonical body), so it never depends on request order or concurrency. Fault draws
+(529 / 500 / injected 429) and latency also mix in `x-stainless-retry-count` and a per-body
+attempt counter, or a body that drew a 529 would draw it on every retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import generate, responses, triggers
+from .buckets import KeyBuckets, Rejection
+from .cache import PromptCache
+from .config import LIMIT_FIELDS, SimConfig
+from .stats import SimStats
+from .tokens import REQUEST_OVERHEAD, cacheable_prefix, count_text, prefix_key_material, segments
+from .validation import InvalidRequest, validate
+
+_JSON = "application/json"
+_RATE_LIMIT_DOCS = ("For details, refer to: https://docs.claude.com/en/api/rate-limits. "
+                    "You can see the response headers for current usage.")
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
+class Pending:
+    """An admitted request: sleep `delay` seconds, then call `finish()` for the reply."""
+    delay: float
+    finish: Callable[[], Reply]
+
+
+def canonical_digest(body: dict[str, Any]) -> bytes:
+    # What defines "the same conversation turn": repeated digests mean a repeated LLM call.
+    canon = json.dumps([body.get("model"), body.get("system"), body.get("tools"),
+                        body.get("messages")], sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).digest()[:16]
+
+
+def _seed(*parts: Any) -> int:
+    h = hashlib.sha256("\0".join(p.hex() if isinstance(p, bytes) else str(p)
+                                 for p in parts).encode())
+    return int.from_bytes(h.digest()[:8], "big")
+
+
+def lognormal_params(mean: float, p95: float) -> tuple[float, float]:
+    """(mu, sigma) of a lognormal with this mean and 95th percentile."""
+    z = 1.6448536269514722
+    if p95 <= mean:
+        return math.log(mean), 0.0
+    # ln p95 - ln mean = z*s - s^2/2: take the smaller root; past the vertex use the vertex.
+    d = math.log(p95) - math.log(mean)
+    disc = z * z - 2 * d
+    sigma = z - math.sqrt(disc) if disc > 0 else z
+    return math.log(mean) - sigma * sigma / 2, sigma
+
+
+class Engine:
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
+        self.reset()
+
+    # -- control ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.stats = SimStats()
+        self.cache = PromptCache()
+        self._buckets: dict[str, KeyBuckets] = {}
+        self._attempts: dict[bytes, int] = {}
+
+    def configure(self, **changes: Any) -> SimConfig:
+        new = self.config.replaced(**changes)
+        if any(getattr(new, f) != getattr(self.config, f) for f in LIMIT_FIELDS):
+            self._buckets.clear()  # new limits: buckets start full again
+        self.config = new
+        return new
+
+    def snapshot(self) -> dict[str, Any]:
+        c = self.config
+        snap = self.stats.snapshot({"rpm": c.rpm, "itpm": c.itpm, "otpm": c.otpm})
+        snap["config"] = c.to_dict()
+        return snap
+
+    def enter(self) -> None:
+        self.stats.begin(time.monotonic())
+
+    def leave(self, status: int) -> None:
+        self.stats.end(time.monotonic(), status)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _buckets_for(self, api_key: str, now: float) -> KeyBuckets:
+        buckets = self._buckets.get(api_key)
+        if buckets is None:
+            buckets = self._buckets[api_key] = KeyBuckets(self.config, now)
+        return buckets
+
+    def _headers(self, req_id: str, buckets: KeyBuckets | None, now: float) -> dict[str, str]:
+        headers = {"Content-Type": _JSON, "request-id": req_id}
+        if buckets is not None:
+            headers.update(responses.ratelimit_headers(buckets, now, time.time(),
+                                                       self.config.round_token_headers))
+        return headers
+
+    def _error(self, status: int, error_type: str, message: str, req_id: str,
+               buckets: KeyBuckets | None, now: float, details: dict[str, Any] | None = None,
+               retry_after: int | None = None) -> Reply:
+        headers = self._headers(req_id, buckets, now)
+        if retry_after is not None:
+            headers["retry-after"] = str(retry_after)
+        stats = self.stats
+        if status == 429:
+            if details:
+                stats.spend_cap_429 += 1
+            else:
+                stats.rate_limited(now)
+        elif status == 529:
+            stats.overloaded(now)
+        elif status >= 500:
+            stats.errors_5xx += 1
+        else:
+            stats.errors_4xx += 1
+        return Reply(status, responses.error_body(error_type, message, req_id, details), headers)
+
+    def _parse(self, headers: Mapping[str, str], raw: bytes, req_id: str, now: float,
+               need_max_tokens: bool) -> tuple[str, dict[str, Any]] | Reply:
+        api_key = headers.get("x-api-key")
+        if not api_key:
+            auth = headers.get("authorization", "")
+            api_key = auth[7:] if auth.lower().startswith("bearer ") else ""
+        if not api_key:
+            return self._error(401, "authentication_error", "x-api-key header is required",
+                               req_id, None, now)
+        buckets = self._buckets_for(api_key, now)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            return self._error(400, "invalid_request_error",
+                               f"There was an error parsing the body of your request: {exc}",
+                               req_id, buckets, now)
+        try:
+            validate(body, need_max_tokens=need_max_tokens)
+        except InvalidRequest as exc:
+            return self._error(400, "invalid_request_error", str(exc), req_id, buckets, now)
+        return api_key, body
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    def count_tokens(self, headers: Mapping[str, str], raw: bytes) -> Reply:
+        now = time.monotonic()
+        req_id = responses.request_id()
+        parsed = self._parse(headers, raw, req_id, now, need_max_tokens=False)
+        if isinstance(parsed, Reply):
+            return parsed
+        api_key, body = parsed
+        total = REQUEST_OVERHEAD + sum(s.tokens for s in segments(body))
+        return Reply(200, responses.json_body({"input_tokens": total}),
+                     self._headers(req_id, self._buckets.get(api_key), now))
+
+    def begin_message(self, headers: Mapping[str, str], raw: bytes) -> Reply | Pending:
+        now = time.monotonic()
+        req_id = responses.request_id()
+        parsed = self._parse(headers, raw, req_id, now, need_max_tokens=True)
+        if isinstance(parsed, Reply):
+            return parsed
+        api_key, body = parsed
+        cfg = self.config
+        buckets = self._buckets[api_key]
+        model: str = body["model"]
+        max_tokens: int = body["max_tokens"]
+        messages: list[dict[str, Any]] = body["messages"]
+        digest = canonical_digest(body)
+
+        found = triggers.find(messages) if triggers.MARKER in raw else []
+        counted_fault = any(t.arg and t.name in ("529", "500", "429") for t in found)
+        random_faults = cfg.overload_rate > 0 or cfg.error_5xx_rate > 0 or cfg.inject_429_rate > 0
+        attempt = 0
+        if counted_fault or random_faults:
+            attempt = self._attempts.get(digest, 0) + 1
+            self._attempts[digest] = attempt
+
+        tool_trigger: str | None = None
+        for trig in found:
+            if trig.name == "tool":
+                tool_trigger = trig.arg or tool_trigger
+                continue
+            if trig.name in ("529", "500", "429") and trig.arg:
+                try:
+                    if attempt > int(trig.arg):
+                        continue  # the counted failures are used up
+                except ValueError:
+                    pass
+            reply = self._trigger_reply(trig.name, req_id, buckets, now, model)
+            if reply is not None:
+                return reply
+
+        retry_count = headers.get("x-stainless-retry-count", "0")
+        fault_rng: random.Random | None = None
+        if random_faults:
+            fault_rng = random.Random(_seed(cfg.seed, digest, retry_count, attempt))
+            u_overload, u_5xx, u_429 = fault_rng.random(), fault_rng.random(), fault_rng.random()
+            if u_overload < cfg.overload_rate:
+                return self._error(529, "overloaded_error", "Overloaded", req_id, buckets, now)
+            if u_5xx < cfg.error_5xx_rate:
+                return self._error(500, "api_error", "Internal server error", req_id, buckets, now)
+            if u_429 < cfg.inject_429_rate:
+                return self._error(
+                    429, "rate_limit_error",
+                    "Your organization has exceeded its rate limits due to a sharp increase in "
+                    f"usage (model: {model}). Please ramp up traffic gradually and try again "
+                    f"later. {_RATE_LIMIT_DOCS}",
+                    req_id, buckets, now, retry_after=cfg.inject_429_retry_after)
+
+        # Token accounting, with the cache looked up but not yet written (a 429 writes nothing).
+        segs = segments(body)
+        total = REQUEST_OVERHEAD + sum(s.tokens for s in segs)
+        cache_read = cache_creation = 0
+        cache_key: bytes | None = None
+        if b"cache_control" in raw:
+            n, prefix_tokens = cacheable_prefix(segs)
+            if n and prefix_tokens >= cfg.cache_min_tokens:
+                cache_key = self.cache.key(api_key, model, prefix_key_material(segs, n))
+                if self.cache.hit(cache_key, now):
+                    cache_read = prefix_tokens
+                else:
+                    cache_creation = prefix_tokens
+        input_tokens = total - cache_read - cache_creation
+        counted_input = input_tokens + cache_creation + (cache_read if cfg.cache_reads_count else 0)
+
+        rejection = buckets.try_admit(counted_input, max_tokens, now)
+        if rejection is not None:
+            return self._rate_limited(rejection, model, req_id, buckets, now)
+
+        if cache_key is not None:
+            # Written at admission, so requests admitted after this one read it.
+            self.cache.store(cache_key, now, cfg.cache_ttl_s)
+        content_rng = random.Random(_seed(cfg.seed, digest))
+        generated = self._generate(body, digest, content_rng, tool_trigger)
+        usage = {"input_tokens": input_tokens, "output_tokens": generated.output_tokens,
+                 "cache_creation_input_tokens": cache_creation,
+                 "cache_read_input_tokens": cache_read}
+        self.stats.admitted(now, digest, counted_input, usage)
+
+        delay = 0.0
+        if cfg.latency_mean_s > 0:
+            mu, sigma = lognormal_params(cfg.latency_mean_s, cfg.latency_p95_s)
+            latency_rng = fault_rng or random.Random(_seed(cfg.seed, digest, "latency"))
+            delay = latency_rng.lognormvariate(mu, sigma) if sigma > 0 else math.exp(mu)
+
+        def finish() -> Reply:
+            done = time.monotonic()
+            buckets.settle_output(generated.output_tokens, max_tokens, done)
+            self.stats.generated(done, generated.output_tokens)
+            return Reply(200, responses.message_body(model, generated.content,
+                                                     generated.stop_reason, usage),
+                         self._headers(req_id, buckets, done))
+
+        return Pending(delay, finish)
+
+    def _trigger_reply(self, name: str, req_id: str, buckets: KeyBuckets, now: float,
+                       model: str) -> Reply | None:
+        if name == "400":
+            return self._error(400, "invalid_request_error",
+                               "Simulated invalid request ([[sim:400]] trigger)", req_id,
+                               buckets, now)
+        if name == "500":
+            return self._error(500, "api_error", "Internal server error", req_id, buckets, now)
+        if name == "529":
+            return self._error(529, "overloaded_error", "Overloaded", req_id, buckets, now)
+        if name == "429":
+            return self._error(429, "rate_limit_error",
+                               f"This request would exceed your organization's rate limit "
+                               f"(simulated, model: {model}). {_RATE_LIMIT_DOCS}",
+                               req_id, buckets, now, retry_after=self.config.inject_429_retry_after)
+        if name == "spend_cap":
+            return self._error(429, "rate_limit_error",
+                               "You have reached your specified API usage limits. You will "
+                               "regain access on the first day of next month at 00:00 UTC.",
+                               req_id, buckets, now,
+                               details={"error_code": "enforced_spend_limit_reached"})
+        return None  # unknown trigger names are ignored, like any other text
+
+    def _rate_limited(self, rejection: Rejection, model: str, req_id: str,
+                      buckets: KeyBuckets, now: float) -> Reply:
+        advice = ("Please reduce the prompt length or the maximum tokens requested, or try "
+                  "again later." if rejection.limit_name != "requests"
+                  else "Please try again later.")
+        message = (f"This request would exceed your organization's rate limit of "
+                   f"{int(rejection.limit):,} {rejection.limit_name} per minute "
+                   f"(model: {model}). {_RATE_LIMIT_DOCS} {advice}")
+        return self._error(429, "rate_limit_error", message, req_id, buckets, now,
+                           retry_after=rejection.retry_after_s)
+
+    def _generate(self, body: dict[str, Any], digest: bytes, rng: random.Random,
+                  tool_trigger: str | None) -> generate.Generated:
+        cfg = self.config
+        messages = body["messages"]
+        max_tokens = body["max_tokens"]
+        tools: list[dict[str, Any]] = body.get("tools") or []
+        choice: dict[str, Any] = body.get("tool_choice") or {"type": "auto"}
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        task = generate.task_words(messages)
+        if choice["type"] == "tool":
+            tool = next(t for t in tools if t.get("name") == choice["name"])
+            return generate.tool_turn([tool], 1, None, task, turn, digest, max_tokens,
+                                      cfg.plan_items, rng, with_text=False)
+        wants_tool = choice["type"] != "none" and (tools or tool_trigger) and (
+            turn < cfg.tool_turns or choice["type"] == "any")
+        if wants_tool:
+            count = 1 if choice.get("disable_parallel_tool_use") or not tools \
+                else cfg.tools_per_turn
+            return generate.tool_turn(tools, count, tool_trigger, task, turn, digest, max_tokens,
+                                      cfg.plan_items, rng)
+        mean = cfg.output_tokens_mean
+        target = rng.randint(max(1, mean // 2), max(1, mean + mean // 2))
+        text, capped = generate.text_reply(task, target, max_tokens, rng)
+        return generate.Generated([{"type": "text", "text": text}],
+                                  "max_tokens" if capped else "end_turn", count_text(text))

@@ -1,0 +1,179 @@
+"""The aiohttp app and two ways to run it: a background thread (tests, demo) or blocking (CLI)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from .config import SimConfig
+from .engine import Engine, Pending, Reply
+from .responses import error_body, json_body, request_id
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+T = TypeVar("T")
+
+
+def _response(reply: Reply) -> web.Response:
+    return web.Response(body=reply.body, status=reply.status, headers=reply.headers)
+
+
+async def _messages(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    raw = await request.read()
+    engine.enter()
+    status = 500
+    try:
+        outcome = engine.begin_message(request.headers, raw)
+        if isinstance(outcome, Pending):
+            if outcome.delay > 0:
+                await asyncio.sleep(outcome.delay)
+            outcome = outcome.finish()
+        status = outcome.status
+        return _response(outcome)
+    finally:
+        engine.leave(status)
+
+
+async def _count_tokens(request: web.Request) -> web.Response:
+    return _response(request.app[ENGINE_KEY].count_tokens(request.headers, await request.read()))
+
+
+async def _stats(request: web.Request) -> web.Response:
+    return web.Response(body=json_body(request.app[ENGINE_KEY].snapshot()),
+                        content_type="application/json")
+
+
+async def _reset(request: web.Request) -> web.Response:
+    request.app[ENGINE_KEY].reset()
+    return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+
+async def _config(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    try:
+        changes = json.loads(await request.read() or b"{}")
+        if not isinstance(changes, dict):
+            raise ValueError("body must be a JSON object of SimConfig fields")
+        config = engine.configure(**changes)
+    except ValueError as exc:
+        body = error_body("invalid_request_error", str(exc), request_id())
+        return web.Response(body=body, status=400, content_type="application/json")
+    return web.Response(body=json_body(config.to_dict()), content_type="application/json")
+
+
+def make_app(config: SimConfig | None = None, engine: Engine | None = None) -> web.Application:
+    """The simulator as an aiohttp Application (one Engine, i.e. one set of limits and stats)."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[ENGINE_KEY] = engine or Engine(config or SimConfig())
+    app.router.add_post("/v1/messages", _messages)
+    app.router.add_post("/v1/messages/count_tokens", _count_tokens)
+    app.router.add_get("/_sim/stats", _stats)
+    app.router.add_post("/_sim/reset", _reset)
+    app.router.add_post("/_sim/config", _config)
+    return app
+
+
+async def start_runner(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    # No access log: formatting a line per request costs more than answering it.
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    bound = runner.addresses[0][1]
+    return runner, bound
+
+
+class SimulatorServer:
+    """The simulator on its own event loop in a daemon thread; a context manager.
+
+    Control calls (`stats`, `reset`, `configure`) run on the server's loop, so they never
+    race a request half-way through.
+    """
+
+    def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.engine = Engine(config or SimConfig())
+        self.host = host
+        self.port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def config(self) -> SimConfig:
+        return self.engine.config
+
+    @property
+    def url(self) -> str:
+        if self._thread is None:
+            raise RuntimeError("SimulatorServer is not running: call start() first")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> SimulatorServer:
+        if self._thread is not None:
+            return self
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                self._runner, self.port = loop.run_until_complete(
+                    start_runner(make_app(engine=self.engine), self.host, self.port))
+            except BaseException as exc:  # report to start(), not to a dead thread
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="drover-simulator", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = self._loop = None
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = self._loop = self._runner = None
+
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        if self._loop is None:
+            return fn()
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=30)
+
+    def stats(self) -> dict[str, Any]:
+        return self._on_loop(self.engine.snapshot)
+
+    def reset(self) -> None:
+        self._on_loop(self.engine.reset)
+
+    def configure(self, **changes: Any) -> SimConfig:
+        return self._on_loop(lambda: self.engine.configure(**changes))
+
+    def __enter__(self) -> SimulatorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

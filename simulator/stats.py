@@ -1,0 +1,148 @@
+"""Counters the tests and benchmarks read back: what was accepted, refused, and how fast.
+
+Memory stays bounded per request: sliding windows hold only the last 60 s of events, the
+timeline one row per second, duplicate detection 16 bytes per accepted body.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+WINDOW_S = 60.0
+
+
+class SlidingMax:
+    """Largest sum of amounts within any window of WINDOW_S seconds, computed exactly.
+
+    The maximum over all windows is reached by a window ending at an event, so checking
+    after each event (with events in time order) is exact.
+    """
+
+    __slots__ = ("events", "total", "max")
+
+    def __init__(self) -> None:
+        self.events: deque[tuple[float, int]] = deque()
+        self.total = 0
+        self.max = 0
+
+    def add(self, ts: float, amount: int) -> None:
+        events = self.events
+        events.append((ts, amount))
+        self.total += amount
+        horizon = ts - WINDOW_S
+        while events and events[0][0] <= horizon:
+            self.total -= events.popleft()[1]
+        if self.total > self.max:
+            self.max = self.total
+
+
+# Timeline row columns.
+_REQ, _IN, _OUT, _429, _529 = range(5)
+
+
+class SimStats:
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.rejected_429 = 0
+        self.spend_cap_429 = 0
+        self.overloaded_529 = 0
+        self.errors_5xx = 0
+        self.errors_4xx = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cache_creation_input_tokens = 0
+        self.cache_read_input_tokens = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.duplicate_accepted = 0
+        self.first_request_ts: float | None = None
+        self.first_accept_ts: float | None = None
+        self.last_done_ts: float | None = None
+        self.by_status: dict[int, int] = {}
+        self._seen: set[bytes] = set()
+        self._win_requests = SlidingMax()
+        self._win_input = SlidingMax()
+        self._win_output = SlidingMax()
+        self._timeline: dict[int, list[int]] = {}
+
+    def _row(self, now: float) -> list[int]:
+        if self.first_request_ts is None:
+            self.first_request_ts = now
+        second = int(now - self.first_request_ts)
+        row = self._timeline.get(second)
+        if row is None:
+            row = self._timeline[second] = [0, 0, 0, 0, 0]
+        return row
+
+    def begin(self, now: float) -> None:
+        self.in_flight += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+        if self.first_request_ts is None:
+            self.first_request_ts = now
+
+    def end(self, now: float, status: int) -> None:
+        self.in_flight -= 1
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        if status == 200:
+            self.last_done_ts = now
+
+    def admitted(self, now: float, digest: bytes, counted_input: int, usage: dict[str, int]) -> None:
+        self.accepted += 1
+        if self.first_accept_ts is None:
+            self.first_accept_ts = now
+        if digest in self._seen:
+            self.duplicate_accepted += 1
+        else:
+            self._seen.add(digest)
+        self.input_tokens += usage["input_tokens"]
+        self.cache_creation_input_tokens += usage["cache_creation_input_tokens"]
+        self.cache_read_input_tokens += usage["cache_read_input_tokens"]
+        self._win_requests.add(now, 1)
+        self._win_input.add(now, counted_input)
+        row = self._row(now)
+        row[_REQ] += 1
+        row[_IN] += counted_input
+
+    def generated(self, now: float, output_tokens: int) -> None:
+        self.output_tokens += output_tokens
+        self._win_output.add(now, output_tokens)
+        self._row(now)[_OUT] += output_tokens
+
+    def rate_limited(self, now: float) -> None:
+        self.rejected_429 += 1
+        self._row(now)[_429] += 1
+
+    def overloaded(self, now: float) -> None:
+        self.overloaded_529 += 1
+        self._row(now)[_529] += 1
+
+    def snapshot(self, limits: dict[str, float | None]) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "rejected_429": self.rejected_429,
+            "spend_cap_429": self.spend_cap_429,
+            "overloaded_529": self.overloaded_529,
+            "errors_5xx": self.errors_5xx,
+            "errors_4xx": self.errors_4xx,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+            "max_60s": {"requests": self._win_requests.max,
+                        "input_tokens": self._win_input.max,
+                        "output_tokens": self._win_output.max},
+            "limits": limits,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "duplicate_accepted": self.duplicate_accepted,
+            "first_accept_ts": self.first_accept_ts,
+            "last_done_ts": self.last_done_ts,
+            "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "timeline": [
+                {"t": t, "requests": r[_REQ], "input_tokens": r[_IN], "output_tokens": r[_OUT],
+                 "n429": r[_429], "n529": r[_529]}
+                for t, r in sorted(self._timeline.items())
+            ],
+        }
