@@ -1,0 +1,190 @@
+"""drover's settings: environment variables with the prefix ``DROVER_`` (and a ``.env`` file).
+
+Every value is checked when the settings are built, so a wrong value stops start-up with a
+message that names the variable and says what to put there instead of failing later, deep
+inside a worker. The API key is the Anthropic SDK's usual ``ANTHROPIC_API_KEY``; it is a
+``SecretStr`` so it never shows up in a repr, a log line or an exception message.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PositiveRate = Annotated[float, Field(gt=0)]
+
+
+class ModelLimits(BaseModel):
+    """The provider's limits for one model class, per minute (as the console shows them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: PositiveRate | None = None
+    itpm: PositiveRate | None = None
+    otpm: PositiveRate | None = None
+    # Cache reads do not count towards ITPM on most current models; a few older ones do.
+    cache_reads_count: bool = False
+
+
+class SettingsError(ValueError):
+    """Raised instead of pydantic's ValidationError so the message tells the user what to fix."""
+
+
+def _check_url(value: str, schemes: tuple[str, ...], name: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not (parts.hostname or parts.path):
+        raise ValueError(
+            f"{value!r} is not a URL drover can use; expected {' or '.join(schemes)}://HOST[:PORT]"
+        )
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="DROVER_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    # --- where things are ---------------------------------------------------------------
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str | None = None  # defaults to redis_url
+    result_backend: str | None = None  # defaults to redis_url
+    anthropic_base_url: str | None = None  # the SDK's default (the real API) when unset
+    anthropic_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("ANTHROPIC_API_KEY", "DROVER_ANTHROPIC_API_KEY"),
+    )
+    key_alias: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$")
+    key_prefix: str = Field(default="drover", pattern=r"^[A-Za-z0-9_.:-]+$")
+    queue: str = Field(default="drover", pattern=r"^[A-Za-z0-9_.-]+$")
+
+    # --- the model and its limits -------------------------------------------------------
+    model: str = "claude-sonnet-4-5"
+    rpm: PositiveRate = 50
+    itpm: PositiveRate = 30_000
+    otpm: PositiveRate = 8_000
+    limits: dict[str, ModelLimits] = Field(default_factory=dict)
+    cache_reads_count: bool = False
+    target_utilization: float = Field(default=0.95, gt=0, le=1)
+    max_in_flight: int = Field(default=32, ge=1)
+    burst_seconds: float = Field(default=1.0, gt=0, le=60)
+    # A reservation further ahead than this is not made: the sub-agent frees its worker slot
+    # with a Celery retry instead of sleeping in it.
+    horizon_s: float = Field(default=15.0, gt=0)
+
+    # --- the call path, retries and the broker ------------------------------------------
+    call_timeout_s: float = Field(default=120.0, gt=0)
+    max_attempts: int = Field(default=8, ge=1)
+    backoff_base_s: float = Field(default=1.0, gt=0)
+    countdown_cap_s: float = Field(default=300.0, gt=0)
+    task_time_limit_s: int = Field(default=1800, ge=10)
+    visibility_timeout_s: int = Field(default=3600, ge=60)
+    result_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+
+    # --- the agent runtime --------------------------------------------------------------
+    max_turns: int = Field(default=8, ge=1)
+    max_parallel_tools: int = Field(default=8, ge=1)
+    max_tool_calls_per_turn: int = Field(default=32, ge=1)
+    tool_timeout_s: float = Field(default=30.0, gt=0)
+    tool_rps: dict[str, PositiveRate] = Field(default_factory=dict)
+    tool_modules: list[str] = Field(default_factory=lambda: ["workers.demo_tools"])
+    max_fanout: int = Field(default=10_000, ge=1)
+
+    @field_validator("redis_url", "broker_url", "result_backend")
+    @classmethod
+    def _redis_like(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return _check_url(value, ("redis", "rediss", "unix"), "redis")
+
+    @field_validator("anthropic_base_url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return _check_url(value, ("http", "https"), "http")
+
+    @model_validator(mode="after")
+    def _countdowns_fit_the_broker(self) -> Settings:
+        # Celery keeps ETA/countdown tasks in worker memory; the broker redelivers any task not
+        # acked within visibility_timeout. A countdown or a task run longer than that would be
+        # delivered twice, so the three are checked together.
+        longest = self.countdown_cap_s + self.task_time_limit_s
+        if self.visibility_timeout_s <= longest:
+            raise ValueError(
+                f"DROVER_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}) must exceed "
+                f"DROVER_COUNTDOWN_CAP_S + DROVER_TASK_TIME_LIMIT_S ({longest:g}); raise it or "
+                "lower the other two, or retried tasks will be delivered twice"
+            )
+        if self.call_timeout_s >= self.task_time_limit_s:
+            raise ValueError(
+                "DROVER_CALL_TIMEOUT_S must be below DROVER_TASK_TIME_LIMIT_S: one LLM call "
+                "has to fit inside a task run"
+            )
+        return self
+
+    # --- derived ------------------------------------------------------------------------
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def backend(self) -> str:
+        return self.result_backend or self.redis_url
+
+    def limits_for(self, model: str) -> ModelLimits | None:
+        """The configured limits of ``model``; None when only the provider's headers can tell."""
+        if model in self.limits:
+            return self.limits[model]
+        if model == self.model:
+            return ModelLimits(
+                rpm=self.rpm, itpm=self.itpm, otpm=self.otpm,
+                cache_reads_count=self.cache_reads_count,
+            )
+        return None
+
+
+def _explain(error: ValidationError) -> str:
+    lines = ["drover's settings are not valid:"]
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"] if part != "__root__"]
+        name = "DROVER_" + "_".join(loc).upper() if loc else "(settings)"
+        secret = loc == ["anthropic_api_key"]
+        if secret:
+            name = "ANTHROPIC_API_KEY"
+        message = item["msg"].removeprefix("Value error, ")
+        shown = loc and not secret and "input" in item and not isinstance(item["input"], dict)
+        given = f" (got {item['input']!r})" if shown else ""
+        lines.append(f"  {name}: {message}{given}")
+    return "\n".join(lines)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build the settings from the environment, raising SettingsError with a readable message."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as error:
+        raise SettingsError(_explain(error)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, built once."""
+    return load_settings()
+

@@ -1,0 +1,163 @@
+"""The Python API: ``submit(spec) -> JobHandle``.
+
+``submit`` validates everything it can before anything is enqueued (the spec, the tool names,
+the fan-out cap), writes the job to Redis and sends the chord (or, for a goal, a planning
+task that sends it). A handle can be re-attached by id from any process with
+``JobHandle.attach(job_id)``: everything it reads lives in Redis.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import uuid
+from collections.abc import Iterator
+from functools import lru_cache
+from typing import Any
+
+from config import Settings, get_settings
+from workers.records import STATUSES, JobResult, SubagentReport, SubagentResult
+from workers.runtime import sync_redis
+from workers.spec import JobSpec
+from workers.store import ACTIVE, JobNotFound, JobStore
+from workers.tools import get_tools
+
+
+@lru_cache(maxsize=4)
+def _store(settings: Settings) -> JobStore:
+    return JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                    ttl_s=settings.result_ttl_s)
+
+
+def check_spec(spec: JobSpec, settings: Settings) -> None:
+    """Refuse, with a message that says what to fix, what the workers would fail on later."""
+    for module in settings.tool_modules:
+        importlib.import_module(module)
+    if spec.tools:
+        get_tools(spec.tools)  # raises ValueError naming the unknown tools
+    if len(spec.subtasks) > settings.max_fanout:
+        raise ValueError(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
+                         f"{settings.max_fanout} (DROVER_MAX_FANOUT)")
+
+
+def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) -> JobHandle:
+    """Validate ``spec``, store it and start the job; returns at once with a handle."""
+    from workers.tasks import launch, plan_job  # the Celery app is built only when needed
+
+    settings = settings or get_settings()
+    if not isinstance(spec, JobSpec):
+        spec = JobSpec.model_validate(spec)
+    check_spec(spec, settings)
+    store = _store(settings)
+    job_id = uuid.uuid4().hex
+    if spec.goal:
+        store.create(job_id, spec, [], status="planning")
+        plan_job.delay(job_id)
+    else:
+        store.create(job_id, spec, list(spec.subtasks), status="queued")
+        if store.claim_launch(job_id):
+            launch(job_id, len(spec.subtasks))
+    return JobHandle(job_id, settings=settings)
+
+
+class JobHandle:
+    """A running or finished job, by id."""
+
+    def __init__(self, job_id: str, *, settings: Settings | None = None):
+        self.id = job_id
+        self.settings = settings or get_settings()
+        self.store = _store(self.settings)
+        self._last_event = "0-0"
+
+    @classmethod
+    def attach(cls, job_id: str, *, settings: Settings | None = None) -> JobHandle:
+        """A handle for a job submitted elsewhere; raises JobNotFound for an unknown id."""
+        handle = cls(job_id, settings=settings)
+        handle.store.meta(job_id)
+        return handle
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.id!r})"
+
+    @property
+    def status(self) -> str:
+        return self.store.meta(self.id).get("status", "unknown")
+
+    def result(self) -> JobResult | None:
+        """The JobResult once the join has run, else None."""
+        return self.store.result(self.id)
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> JobResult:
+        """Block until the join has stored the JobResult; TimeoutError after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            result = self.store.result(self.id)
+            if result is not None:
+                return result
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} not finished after {timeout:g} s "
+                                   f"({self.progress()})")
+            time.sleep(poll_s)
+
+    def progress(self) -> dict[str, int]:
+        """Counts per status, plus ``pending`` (not finished yet) and ``total``."""
+        meta = self.store.meta(self.id)
+        total = int(meta.get("n", 0))
+        counts = dict.fromkeys(STATUSES, 0)
+        for record in self.store.records(self.id).values():
+            counts[record.status] += 1
+        counts["total"] = total
+        counts["pending"] = total - sum(counts[s] for s in STATUSES)
+        return counts
+
+    def as_completed(self, timeout: float | None = None, *, after: str | None = None
+                     ) -> Iterator[SubagentResult]:
+        """Yield each sub-agent's record as it finishes (each once), until all are in.
+
+        Resumable: the handle remembers the last stream entry it yielded (``last_event``), and
+        a new handle can continue from one with ``after=``.
+        """
+        if after is not None:
+            self._last_event = after
+        seen: set[int] = set()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            fresh = False
+            for entry_id, record in self.store.events(self.id, self._last_event, block_ms=500):
+                self._last_event = entry_id
+                fresh = True
+                if record.index not in seen:
+                    seen.add(record.index)
+                    yield record
+            if fresh:
+                continue
+            meta = self.store.meta(self.id)
+            total = int(meta.get("n", 0))
+            all_in = total > 0 and self.store.record_count(self.id) >= total
+            # A record enters the hash a moment before the stream: look once more before ending.
+            if (all_in or meta.get("status") not in ACTIVE) and self._caught_up():
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id}: no further records within {timeout:g} s")
+
+    @property
+    def last_event(self) -> str:
+        return self._last_event
+
+    def _caught_up(self) -> bool:
+        return not any(True for _ in self.store.events(self.id, self._last_event, count=1))
+
+    def report(self, index: int) -> SubagentReport | None:
+        return self.store.report(self.id, index)
+
+    def transcript(self, index: int) -> list[dict[str, Any]]:
+        """The sub-agent's full conversation (for debugging), while the job's records live."""
+        state = self.store.load_checkpoint(self.id, index)
+        return state["messages"] if state else []
+
+    def cancel(self, reason: str = "cancelled") -> bool:
+        """Stop the job on every host; False when it had already ended."""
+        return self.store.cancel(self.id, reason)
+
+
+__all__ = ["JobHandle", "JobNotFound", "submit"]

@@ -1,0 +1,231 @@
+"""The sub-agent loop: LLM turn -> tool calls -> checkpoint, until the model ends its turn.
+
+State is checkpointed in Redis twice per turn: right after the model's reply (so a retry
+never repeats a completed LLM call) and after the tool results (each tool result is also
+saved as it completes, so a crash mid-turn does not run a finished tool again). A retry or a
+redelivered task resumes from the checkpoint.
+
+The loop never raises for an expected failure: it ends with a ``SubagentResult``
+(``ok | failed | cancelled | budget_exceeded``), or asks for a Celery retry (``RetryLater``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from workers.limiter import ScopeLimits, tool_scope
+from workers.llm import (
+    CallContext,
+    CallFailed,
+    Cancelled,
+    RetryLater,
+    create_message,
+    wait_or_cancel,
+)
+from workers.records import SUMMARY_CHARS, SubagentReport, SubagentResult, Usage
+from workers.retry import Decision
+from workers.runtime import Runtime
+from workers.spec import JobSpec
+from workers.tools import Tool, get_tools, run_turn
+
+CACHE = {"type": "ephemeral"}
+
+
+def request_params(spec: JobSpec, model: str, tools: list[Tool],
+                   messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Messages API request of one turn; the shared prefix is marked for prompt caching."""
+    params: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "messages": messages}
+    if spec.system:
+        params["system"] = [{"type": "text", "text": spec.system, "cache_control": CACHE}]
+    if tools:
+        definitions = [t.definition() for t in tools]
+        definitions[-1] = {**definitions[-1], "cache_control": CACHE}
+        params["tools"] = definitions
+    return params
+
+
+def _new_state(task: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": task}], "turns": 0, "stop_reason": None,
+            "usage": Usage().model_dump(), "tried": [], "failed": [], "failures": 0,
+            "last_error": None}
+
+
+def _text(content: list[dict[str, Any]]) -> str:
+    return "\n".join(b.get("text", "") for b in content if b.get("type") == "text").strip()
+
+
+def _pending_tool_calls(state: dict[str, Any]) -> list[dict[str, Any]]:
+    last = state["messages"][-1]
+    if last["role"] != "assistant":
+        return []
+    return [b for b in last["content"] if b.get("type") == "tool_use"]
+
+
+class SubagentRun:
+    """One delivery of ``run_subagent``: resumes from the checkpoint, ends with a record."""
+
+    def __init__(self, rt: Runtime, job_id: str, index: int):
+        self.rt = rt
+        self.job_id = job_id
+        self.index = index
+        self.store = rt.store
+
+    async def _io(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def run(self) -> SubagentResult | RetryLater:
+        done = await self._io(self.store.record, self.job_id, self.index)
+        if done is not None:  # delivered twice: counted once
+            return done
+        spec: JobSpec = await self._io(self.store.spec, self.job_id)
+        state = await self._io(self.store.load_checkpoint, self.job_id, self.index)
+        if state is None:
+            state = _new_state(await self._io(self.store.subtask, self.job_id, self.index))
+        ctx = CallContext(self.job_id, self.index, self.rt.cancel_event(self.job_id),
+                          failures=state["failures"])
+        try:
+            return await self._loop(spec, state, ctx)
+        except Cancelled:
+            reason = await self._io(self.store.cancelled, self.job_id) or "cancelled"
+            return await self._finish(state, "cancelled", error=reason, error_type="cancelled")
+        except RetryLater as later:
+            if later.decision is not None:
+                return await self._failed_attempt(spec, state, later)
+            await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+            return later
+        except CallFailed as failure:
+            return await self._fail(spec, state, failure.decision)
+
+    async def _loop(self, spec: JobSpec, state: dict[str, Any], ctx: CallContext
+                    ) -> SubagentResult:
+        settings = self.rt.settings
+        model = spec.model or settings.model
+        tools = get_tools(spec.tools)
+        allowed = {t.name: t for t in tools}
+        max_turns = spec.max_turns or settings.max_turns
+        while True:
+            calls = _pending_tool_calls(state)
+            if calls:
+                await self._run_tools(spec, state, calls, allowed)
+            elif state["turns"] and state["stop_reason"] != "tool_use":
+                return await self._finish(state, "ok")
+            usage = Usage.model_validate(state["usage"])
+            over = await self._over_budget(spec, state, usage, max_turns)
+            if over:
+                return await self._finish(state, "budget_exceeded", error=over,
+                                          error_type="budget_exceeded")
+            if await self._io(self.store.cancelled, self.job_id):
+                raise Cancelled()
+            params = request_params(spec, model, tools, state["messages"])
+            message = await create_message(self.rt, params, ctx)
+            content = [block.model_dump(mode="json", exclude_none=True)
+                       for block in message.content]
+            state["messages"].append({"role": "assistant", "content": content})
+            state["turns"] += 1
+            state["stop_reason"] = message.stop_reason
+            usage.add(message.usage)
+            state["usage"] = usage.model_dump()
+            await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+            if spec.token_budget:
+                await self._io(self.store.spend, self.job_id, _budget_tokens(message.usage))
+
+    async def _over_budget(self, spec: JobSpec, state: dict[str, Any], usage: Usage,
+                           max_turns: int) -> str | None:
+        if state["turns"] >= max_turns:
+            return f"turn cap of {max_turns} reached"
+        if spec.subagent_token_budget and _budget_tokens(usage) >= spec.subagent_token_budget:
+            return f"sub-agent token budget of {spec.subagent_token_budget} spent"
+        if spec.token_budget:
+            spent = await self._io(self.store.spent, self.job_id)
+            if spent >= spec.token_budget:
+                return f"job token budget of {spec.token_budget} spent ({spent} used)"
+        return None
+
+    async def _run_tools(self, spec: JobSpec, state: dict[str, Any],
+                         calls: list[dict[str, Any]], allowed: dict[str, Tool]) -> None:
+        settings = self.rt.settings
+        done = await self._io(self.store.tool_results, self.job_id, self.index)
+
+        async def save(tool_use_id: str, result: dict[str, Any]) -> None:
+            await self._io(self.store.save_tool_result, self.job_id, self.index, tool_use_id,
+                           result)
+
+        results = await run_turn(
+            calls, allowed, done=done,
+            max_parallel=min(spec.max_parallel_tools or settings.max_parallel_tools,
+                             settings.max_parallel_tools),
+            max_calls=settings.max_tool_calls_per_turn, default_timeout=settings.tool_timeout_s,
+            save=save, gate=self._tool_gate)
+        for call, result in zip(calls, results, strict=True):
+            state["tried"].append(f"{call['name']}({_short(call.get('input'))})")
+            if result["is_error"]:
+                state["failed"].append(f"{call['name']}: {result['content'][:200]}")
+        state["messages"].append({"role": "user", "content": results})
+        await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+
+    async def _tool_gate(self, tool_: Tool) -> None:
+        rps = self.rt.settings.tool_rps.get(tool_.name, tool_.rps)
+        if not rps:
+            return
+        scope, limits = tool_scope(tool_.name), ScopeLimits.for_tool(rps)
+        cancel = self.rt.cancel_event(self.job_id)
+        while True:
+            grant = await self.rt.limiter.acquire(scope, limits, lease_ttl_s=60)
+            if grant.granted:
+                await self.rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
+                await wait_or_cancel(grant.wait_s, cancel)
+                return
+            await wait_or_cancel(grant.retry_after_s, cancel)
+
+    async def _failed_attempt(self, spec: JobSpec, state: dict[str, Any],
+                              later: RetryLater) -> SubagentResult | RetryLater:
+        decision = later.decision
+        assert decision is not None
+        state["failures"] += 1
+        state["last_error"] = {"type": decision.error_type, "status": decision.status_code,
+                               "message": decision.message}
+        if state["failures"] >= self.rt.settings.max_attempts:
+            return await self._fail(spec, state, decision)
+        await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+        return later
+
+    async def _fail(self, spec: JobSpec, state: dict[str, Any], decision: Decision
+                    ) -> SubagentResult:
+        if decision.action == "fail":
+            state["failures"] += 1
+        message = decision.message
+        if decision.action == "retry":
+            message = f"gave up after {state['failures']} attempts; last error: {message}"
+        result = await self._finish(state, "failed", error=message,
+                                    error_type=decision.error_type,
+                                    status_code=decision.status_code)
+        if spec.mode == "all_or_nothing" and result.status == "failed":
+            await self._io(self.store.cancel, self.job_id,
+                           f"sub-agent {self.index} failed: {decision.error_type}")
+        return result
+
+    async def _finish(self, state: dict[str, Any], status: str, *, error: str | None = None,
+                      error_type: str | None = None, status_code: int | None = None
+                      ) -> SubagentResult:
+        last = state["messages"][-1]
+        findings = _text(last["content"]) if last["role"] == "assistant" else ""
+        result = SubagentResult(
+            job_id=self.job_id, index=self.index, status=status,  # type: ignore[arg-type]
+            summary=findings[:SUMMARY_CHARS], usage=Usage.model_validate(state["usage"]),
+            turns=state["turns"],
+            attempts=state["failures"] + (0 if status == "failed" else 1), error_type=error_type,
+            status_code=status_code, error=error, finished_at=time.time())
+        report = SubagentReport(findings=findings, tried=state["tried"], failed=state["failed"])
+        return await self._io(self.store.finish, result, report)
+
+
+def _budget_tokens(usage: Any) -> int:
+    return ((usage.input_tokens or 0) + (usage.output_tokens or 0)
+            + (getattr(usage, "cache_creation_input_tokens", 0) or 0))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in (value or {}).items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

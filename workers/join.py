@@ -1,0 +1,92 @@
+"""The chord body's work: collect every sub-agent's record, synthesise, store the JobResult.
+
+Records are read from Redis, not only from the chord's header results: a header task that was
+delivered twice is stored once (first write wins), and the join is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from workers.llm import CallContext, CallFailed, Cancelled, RetryLater, create_message
+from workers.records import JobResult, SubagentResult, status_counts, total_usage
+from workers.runtime import Runtime
+from workers.spec import JobSpec
+
+SYNTHESIS_PROMPT = (
+    "You are given the reports of sub-agents that worked on parts of one job. Write one "
+    "answer that combines their findings. Say plainly which parts are missing because a "
+    "sub-agent failed or was cancelled; do not invent their findings."
+)
+
+
+class Incomplete(Exception):
+    """Some sub-agents have no record yet (the join came early); try again shortly."""
+
+
+def synthesis_request(spec: JobSpec, model: str, results: list[SubagentResult],
+                      subtasks: list[str]) -> dict:
+    lines = [f"Job goal: {spec.goal}" if spec.goal else "Job: the sub-agent tasks below."]
+    for record in results:
+        task = subtasks[record.index] if record.index < len(subtasks) else "?"
+        if record.status == "ok":
+            lines.append(f"\n## Sub-agent {record.index} (ok): {task}\n{record.summary}")
+        else:
+            lines.append(f"\n## Sub-agent {record.index} ({record.status.upper()}, no findings): "
+                         f"{task}\nReason: {record.error or record.status}")
+    instructions = spec.synthesize if isinstance(spec.synthesize, str) else SYNTHESIS_PROMPT
+    return {"model": model, "max_tokens": spec.max_tokens, "system": instructions,
+            "messages": [{"role": "user", "content": "\n".join(lines)}]}
+
+
+async def join(rt: Runtime, job_id: str) -> JobResult:
+    store = rt.store
+    existing = await asyncio.to_thread(store.result, job_id)
+    if existing is not None:
+        return existing
+    spec = await asyncio.to_thread(store.spec, job_id)
+    meta = await asyncio.to_thread(store.meta, job_id)
+    records = await asyncio.to_thread(store.records, job_id)
+    n = int(meta["n"])
+    missing = [i for i in range(n) if i not in records]
+    if missing:
+        raise Incomplete(f"no record yet for sub-agents {missing[:10]}")
+    results = [records[i] for i in range(n)]
+    counts = status_counts(results)
+    cancel_reason = meta.get("cancelled")
+    status, reason = "done", None
+    if spec.mode == "all_or_nothing" and counts["failed"]:
+        first = next(r for r in results if r.status == "failed")
+        status = "failed"
+        reason = f"sub-agent {first.index} failed: {first.error_type}: {first.error}"
+    elif cancel_reason:
+        status, reason = "cancelled", cancel_reason
+    synthesis = None
+    if spec.synthesize and status != "failed" and counts["ok"]:
+        synthesis = await _synthesise(rt, job_id, spec, results)
+    result = JobResult(job_id=job_id, status=status, reason=reason, results=results,
+                       counts=counts, usage=total_usage(results),
+                       wall_s=round(time.time() - float(meta["created"]), 3),
+                       synthesis=synthesis)
+    await asyncio.to_thread(store.save_result, result)
+    rt.forget(job_id)
+    return result
+
+
+async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
+                      results: list[SubagentResult]) -> str:
+    subtasks = await asyncio.to_thread(rt.store.subtasks, job_id)
+    params = synthesis_request(spec, spec.model or rt.settings.model, results, subtasks)
+    ctx = CallContext(job_id, -1, asyncio.Event())  # the synthesis outlives a cancel
+    for _ in range(rt.settings.max_attempts):
+        try:
+            message = await create_message(rt, params, ctx)
+        except RetryLater as later:
+            ctx.failures += 1
+            await asyncio.sleep(min(later.countdown, rt.settings.horizon_s))
+            continue
+        except (CallFailed, Cancelled) as error:
+            return f"(synthesis failed: {error})"
+        return "\n".join(b.text for b in message.content if b.type == "text")
+    return "(synthesis failed: attempts used up)"

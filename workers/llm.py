@@ -1,0 +1,168 @@
+"""One LLM call through the global limiter: acquire -> wait -> call -> reconcile.
+
+- The input tokens are estimated locally and an output estimate reserved; both are trued up
+  from the response's ``usage`` (counting only after the call is how limiters overshoot).
+- A reservation further ahead than the horizon is not waited for in the worker slot: the
+  caller gets ``RetryLater`` and turns it into a Celery retry with that countdown.
+- The HTTP call races the job's cancel event and is aborted at the transport when it fires;
+  the lease is released and the unused reservation refunded on every path out.
+- Errors are classified by ``workers.retry``; a 429 with retry-after also starts a cooldown of
+  the whole scope, so every worker on every host backs off, not only this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+from anthropic.types import Message
+
+from workers.limiter import Grant, ScopeLimits, llm_scope
+from workers.retry import Decision, classify
+from workers.runtime import Runtime
+
+log = logging.getLogger("drover.llm")
+POLL_S = 0.05
+
+
+class Cancelled(Exception):
+    """The job was cancelled (or its deadline passed) while this call waited or ran."""
+
+
+class RetryLater(Exception):
+    """Free the worker slot and come back after ``countdown`` seconds (a Celery retry)."""
+
+    def __init__(self, countdown: float, reason: str, decision: Decision | None = None):
+        super().__init__(f"retry in {countdown:.1f} s: {reason}")
+        self.countdown = countdown
+        self.reason = reason
+        self.decision = decision  # None when only the limiter said "later" (not a failure)
+
+
+class CallFailed(Exception):
+    """A call that will not succeed by retrying (or whose attempts are used up)."""
+
+    def __init__(self, decision: Decision):
+        super().__init__(f"{decision.status_code or ''} {decision.error_type}: {decision.message}")
+        self.decision = decision
+
+
+@dataclass
+class CallContext:
+    """Who is calling: for the limiter scope, cancellation and the log line."""
+
+    job_id: str
+    index: int
+    cancel: asyncio.Event
+    failures: int = 0  # failed attempts so far, for the backoff exponent
+
+
+async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
+    if seconds <= 0:
+        if cancel.is_set():
+            raise Cancelled()
+        return
+    try:
+        await asyncio.wait_for(cancel.wait(), seconds)
+    except TimeoutError:
+        return
+    raise Cancelled()
+
+
+async def race(coro: Any, cancel: asyncio.Event) -> Any:
+    """Await ``coro`` unless ``cancel`` fires first; then the call is cancelled mid-flight."""
+    call = asyncio.ensure_future(coro)
+    stop = asyncio.ensure_future(cancel.wait())
+    try:
+        done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if call in done:
+        return call.result()
+    call.cancel()  # closes the HTTP stream: the provider sees the request go away
+    try:
+        await call
+    except (asyncio.CancelledError, Exception):
+        pass
+    raise Cancelled()
+
+
+def counted_input(usage: Any, cache_reads_count: bool) -> int:
+    """Input tokens as the provider's ITPM counts them."""
+    total = (usage.input_tokens or 0) + (getattr(usage, "cache_creation_input_tokens", 0) or 0)
+    if cache_reads_count:
+        total += getattr(usage, "cache_read_input_tokens", 0) or 0
+    return total
+
+
+async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext, *,
+                  input_tokens: int, output_tokens: int) -> Grant:
+    """A grant from the limiter, polling briefly for in-flight slots; RetryLater past the horizon."""
+    lease_ttl = rt.settings.call_timeout_s + rt.settings.horizon_s + 30
+    while True:
+        grant = await rt.limiter.acquire(scope, limits, input_tokens=input_tokens,
+                                         output_tokens=output_tokens, lease_ttl_s=lease_ttl)
+        if grant.granted:
+            return grant
+        if grant.reason in ("horizon", "cooldown") and grant.retry_after_s > POLL_S * 4:
+            raise RetryLater(grant.retry_after_s + random.uniform(0, 0.5), f"limiter: {grant.reason}")
+        await wait_or_cancel(grant.retry_after_s * random.uniform(1.0, 1.5), ctx.cancel)
+
+
+async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Message:
+    """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled."""
+    settings = rt.settings
+    model = params["model"]
+    scope = llm_scope(settings.key_alias, model)
+    limits = ScopeLimits.from_settings(settings, model)
+    configured = settings.limits_for(model)
+    cache_reads_count = bool(configured and configured.cache_reads_count)
+    est_in = rt.calibration.input_tokens(scope, params)
+    est_out = rt.calibration.output_tokens(scope, params["max_tokens"])
+
+    grant = await acquire(rt, scope, limits, ctx, input_tokens=est_in, output_tokens=est_out)
+    started = time.monotonic()
+    try:
+        await wait_or_cancel(grant.wait_s, ctx.cancel)
+        raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
+        message = raw.parse()
+    except anthropic.APIError as error:
+        # The request reached the provider (or tried to): it stays counted, its tokens do not.
+        await rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
+        decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
+                            cap_s=settings.countdown_cap_s)
+        await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started)
+        if decision.action == "retry":
+            raise RetryLater(decision.countdown, decision.error_type, decision) from None
+        raise CallFailed(decision) from None
+    except BaseException:
+        await asyncio.shield(rt.limiter.release(scope, grant))  # cancelled before an answer
+        raise
+    used_in = counted_input(message.usage, cache_reads_count)
+    used_out = message.usage.output_tokens or 0
+    await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out)
+    await rt.limiter.sync_headers(scope, limits, raw.headers)
+    rt.calibration.observe(scope, params, used_in + (message.usage.cache_read_input_tokens or 0),
+                           used_out)
+    log.info("llm call ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f in=%d out=%d "
+             "cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
+             time.monotonic() - started - grant.wait_s, used_in, used_out,
+             message.usage.cache_read_input_tokens or 0)
+    return message
+
+
+async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: Decision,
+                       ctx: CallContext, wait_s: float, started: float) -> None:
+    if decision.cooldown_s is not None:
+        await rt.limiter.cooldown(scope, limits, decision.cooldown_s)
+    elif decision.counter in ("n529", "n5xx", "nconn"):
+        await rt.limiter.record(scope, **{decision.counter: 1})
+    log.warning("llm call %s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f call_s=%.3f "
+                "next=%s countdown=%.1f", decision.counter, scope, decision.status_code,
+                decision.error_type, ctx.job_id, ctx.index, wait_s,
+                time.monotonic() - started - wait_s, decision.action, decision.countdown)

@@ -1,0 +1,72 @@
+"""Planning: ask the model to split a goal into independent subtasks (structured output).
+
+The model answers through a forced tool call whose input schema is the plan, so the answer
+is JSON, not prose to parse. Whatever the model proposes, the plan is cut to
+``max_subtasks`` (the hard cap on fan-out): the smallest neighbouring subtasks are merged
+until it fits, and empty or duplicate ones are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.llm import CallContext, create_message
+from workers.runtime import Runtime
+
+PLAN_TOOL = {
+    "name": "submit_plan",
+    "description": "Submit the list of independent subtasks, each a self-contained instruction "
+                   "for one sub-agent.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"subtasks": {"type": "array", "items": {"type": "string"},
+                                    "description": "independent subtasks"}},
+        "required": ["subtasks"],
+    },
+}
+
+
+def plan_request(goal: str, max_subtasks: int, model: str, system: str | None) -> dict[str, Any]:
+    prompt = (f"Split this goal into at most {max_subtasks} independent subtasks that separate "
+              f"sub-agents can work on in parallel. Merge pieces that are too small to be worth "
+              f"a sub-agent of their own.\n\nGoal: {goal}")
+    params: dict[str, Any] = {
+        "model": model, "max_tokens": 2048, "tools": [PLAN_TOOL],
+        "tool_choice": {"type": "tool", "name": PLAN_TOOL["name"]},
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    if system:
+        params["system"] = system
+    return params
+
+
+def fit_plan(subtasks: list[Any], max_subtasks: int) -> list[str]:
+    """Clean the proposed subtasks and merge the smallest neighbours until at most N remain."""
+    seen: set[str] = set()
+    plan: list[str] = []
+    for item in subtasks:
+        text = str(item).strip()
+        if text and text.lower() not in seen:
+            seen.add(text.lower())
+            plan.append(text)
+    while len(plan) > max_subtasks:
+        i = min(range(len(plan) - 1), key=lambda k: len(plan[k]) + len(plan[k + 1]))
+        plan[i : i + 2] = [f"{plan[i]}; {plan[i + 1]}"]
+    return plan
+
+
+async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | None = None,
+                    system: str | None = None, job_id: str = "plan") -> list[str]:
+    max_subtasks = min(max_subtasks, rt.settings.max_fanout)
+    params = plan_request(goal, max_subtasks, model or rt.settings.model, system)
+    message = await create_message(rt, params, CallContext(job_id, -1, rt.cancel_event(job_id)))
+    proposed: list[Any] = []
+    for block in message.content:
+        if block.type == "tool_use" and block.name == PLAN_TOOL["name"]:
+            value = block.input.get("subtasks") if isinstance(block.input, dict) else None
+            proposed = value if isinstance(value, list) else []
+    plan = fit_plan(proposed, max_subtasks)
+    if not plan:
+        raise ValueError("the model proposed no usable subtasks for this goal; give subtasks "
+                         "explicitly or rephrase the goal")
+    return plan

@@ -1,0 +1,111 @@
+"""What to do about a failed LLM call: the table in DESIGN.md ("Failures and retries").
+
+| what came back                              | decision                                         |
+|---------------------------------------------|--------------------------------------------------|
+| 429 with retry-after                        | scope cooldown; retry after retry-after + jitter  |
+| 429 without retry-after (spend cap)         | fail now: it will keep failing                    |
+| 529 overloaded                              | retry, exponential backoff with full jitter       |
+| 408, 409, 5xx, connection error, timeout    | retry, exponential backoff with full jitter       |
+| other 4xx (400, 401, 403, 404, 413, ...)    | fail now with status, type and message            |
+
+Retries become Celery retries (the worker slot is freed while waiting); the caller caps the
+countdown so it stays far below the broker's visibility timeout.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from dataclasses import dataclass
+from typing import Literal
+
+import anthropic
+
+RETRYABLE_STATUS = {408, 409, 500, 502, 503, 504, 529}
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["retry", "fail"]
+    error_type: str
+    message: str
+    status_code: int | None = None
+    countdown: float = 0.0
+    cooldown_s: float | None = None  # set for a 429 with retry-after: every worker backs off
+
+    @property
+    def counter(self) -> str:
+        """Which counter this outcome goes to: 429s, 529s and 5xx are different problems."""
+        code = self.status_code
+        if code in (429, 529):
+            return f"n{code}"
+        if code is not None and code >= 500:
+            return "n5xx"
+        return "n4xx" if code is not None else "nconn"
+
+
+def full_jitter(attempt: int, base_s: float, cap_s: float, rng: random.Random | None = None) -> float:
+    """AWS's "full jitter": uniform in [0, min(cap, base * 2**attempt)]."""
+    rng = rng or random
+    return rng.uniform(0.0, min(cap_s, base_s * 2 ** max(0, attempt)))
+
+
+def retry_after_jitter(retry_after: float, rng: random.Random | None = None) -> float:
+    """Spread the retries after a 429 so workers do not all come back at the same instant."""
+    rng = rng or random
+    return rng.uniform(0.0, 1.0 + 0.25 * retry_after)
+
+
+def _retry_after(error: anthropic.APIStatusError) -> float | None:
+    headers = error.response.headers
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # the header may also be an HTTP date
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
+    body = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error", body) if isinstance(body, dict) else {}
+    kind = inner.get("type") or type(error).__name__
+    message = inner.get("message") or str(error)
+    code = (inner.get("details") or {}).get("error_code") if isinstance(inner, dict) else None
+    if code:
+        message = f"{message} ({code})"
+    return str(kind), str(message)[:500]
+
+
+def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
+             rng: random.Random | None = None) -> Decision:
+    """Decide about one failed call; ``attempt`` counts the failures so far (0 for the first)."""
+    if isinstance(error, anthropic.APIStatusError):
+        code = error.status_code
+        kind, message = _error_fields(error)
+        if code == 429:
+            retry_after = _retry_after(error)
+            if retry_after is None:
+                return Decision("fail", kind, message, code)
+            countdown = min(cap_s, retry_after + retry_after_jitter(retry_after, rng))
+            return Decision("retry", kind, message, code, countdown, cooldown_s=retry_after)
+        if code in RETRYABLE_STATUS or code >= 500:
+            return Decision("retry", kind, message, code, full_jitter(attempt, base_s, cap_s, rng))
+        return Decision("fail", kind, message, code)
+    if isinstance(error, anthropic.APIConnectionError):
+        kind = "timeout" if isinstance(error, anthropic.APITimeoutError) else "connection_error"
+        return Decision("retry", kind, str(error)[:500], None,
+                        full_jitter(attempt, base_s, cap_s, rng))
+    return Decision("fail", type(error).__name__, str(error)[:500], None)

@@ -1,0 +1,160 @@
+"""One event loop per worker process, and what lives on it.
+
+Why a loop and not plain blocking calls in Celery's threads: an LLM call must be abortable
+from outside the thread that waits on it (cancel, deadlines). Each Celery task (a thread of
+the ``threads`` pool, or a prefork child's main thread) hands its sub-agent to this process's
+loop and waits for the outcome. On the loop:
+
+- one ``AsyncAnthropic`` client per process, so HTTP connections are pooled across tasks;
+- the ``AsyncLimiter`` over ``redis.asyncio``;
+- a listener on the job-cancel pub/sub channel that sets an ``asyncio.Event`` per job, and
+  every HTTP call and limiter wait races against that event, so a cancel aborts the request
+  at the transport (the lease is released and the reservation refunded by the caller).
+
+The loop is made lazily and again after a fork, so prefork children each get their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import anthropic
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from config import Settings, get_settings
+from workers.estimate import Calibration
+from workers.limiter import AsyncLimiter
+from workers.store import JobStore
+
+log = logging.getLogger("drover.runtime")
+T = TypeVar("T")
+
+# Redis may restart under a running job: every client retries a dropped connection for about
+# a minute (exponential backoff capped at 2 s) before an error reaches the caller.
+REDIS_RETRIES = 40
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=2.0, base=0.05), REDIS_RETRIES)
+
+
+def sync_redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_connect_timeout=5, socket_timeout=30, health_check_interval=10)
+
+
+def async_redis(url: str) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        url, retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_connect_timeout=5, socket_timeout=30, health_check_interval=10)
+
+
+class Runtime:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="drover-loop", daemon=True)
+        self._thread.start()
+        self.store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                              ttl_s=settings.result_ttl_s)
+        self.calibration = Calibration()
+        self._cancel_events: dict[str, asyncio.Event] = {}
+        self._ready = concurrent.futures.Future()  # type: ignore[var-annotated]
+        self.submit(self._start())
+        self._ready.result(timeout=30)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self.aredis = async_redis(self.settings.redis_url)
+        self.limiter = AsyncLimiter(self.aredis, prefix=self.settings.key_prefix,
+                                    horizon_s=self.settings.horizon_s)
+        key = self.settings.anthropic_api_key
+        self.client = anthropic.AsyncAnthropic(
+            api_key=key.get_secret_value() if key else None,
+            base_url=self.settings.anthropic_base_url,
+            max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
+            timeout=self.settings.call_timeout_s,
+        )
+        self._listener = asyncio.create_task(self._listen_for_cancels())
+        self._ready.set_result(None)
+
+    # --- running coroutines from Celery's threads ----------------------------------------
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coro).result()
+
+    # --- cancellation -------------------------------------------------------------------
+    def cancel_event(self, job_id: str) -> asyncio.Event:
+        """The event set when ``job_id`` is cancelled (call on the loop)."""
+        event = self._cancel_events.get(job_id)
+        if event is None:
+            event = self._cancel_events[job_id] = asyncio.Event()
+        return event
+
+    def forget(self, job_id: str) -> None:
+        self._cancel_events.pop(job_id, None)
+
+    async def _listen_for_cancels(self) -> None:
+        channel = self.store.cancel_channel
+        while True:
+            try:
+                pubsub = self.aredis.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(channel)
+                async for message in pubsub.listen():
+                    job_id = message["data"]
+                    job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
+                    self.cancel_event(job_id).set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis went away: listen again once it is back
+                log.warning("cancel listener lost Redis (%s); reconnecting", type(error).__name__)
+                await asyncio.sleep(1.0)
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            self._listener.cancel()
+            await self.client.close()
+            await self.aredis.aclose()
+
+        try:
+            self.submit(shutdown()).result(timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.store.r.close()
+
+
+_runtime: Runtime | None = None
+_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """This process's runtime, made on first use (and again in a forked child)."""
+    global _runtime
+    with _lock:
+        if _runtime is None or _runtime.pid != os.getpid():
+            _runtime = Runtime(get_settings())
+        return _runtime
+
+
+def reset_runtime() -> None:
+    global _runtime
+    with _lock:
+        if _runtime is not None and _runtime.pid == os.getpid():
+            _runtime.close()
+        _runtime = None

@@ -1,0 +1,47 @@
+"""What a user asks for: a ``JobSpec`` (validated before anything is enqueued).
+
+It lives in ``workers`` because workers read it back from Redis; users import it from
+``orchestrator``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200_000)]
+
+
+class JobSpec(BaseModel):
+    """One fan-out job: the sub-agents' tasks (or a goal to plan from) and how to run them.
+
+    ``subtasks`` are plain strings, each one sub-agent's task. Give ``goal`` instead to have
+    the model plan at most ``max_subtasks`` subtasks first.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    subtasks: list[Text] = Field(default_factory=list)
+    goal: Text | None = None
+    max_subtasks: int = Field(default=8, ge=1, le=1000)
+    system: str | None = Field(default=None, max_length=400_000)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    max_tokens: int = Field(default=1024, ge=1, le=128_000)
+    tools: list[str] = Field(default_factory=list)
+    mode: Literal["partial", "all_or_nothing"] = "partial"
+    max_turns: int | None = Field(default=None, ge=1, le=200)
+    token_budget: int | None = Field(default=None, ge=1)
+    subagent_token_budget: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0)
+    max_parallel_tools: int | None = Field(default=None, ge=1, le=256)
+    synthesize: bool | str = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source_of_work(self) -> JobSpec:
+        if self.subtasks and self.goal:
+            raise ValueError("give either subtasks or a goal to plan from, not both")
+        if not self.subtasks and not self.goal:
+            raise ValueError("a job needs subtasks (a list of strings) or a goal to plan from")
+        return self

@@ -1,0 +1,234 @@
+"""A job's state in Redis: the spec, the subtasks, checkpoints, records and the event stream.
+
+Task messages carry ids only; everything a sub-agent needs (its prompt, its conversation so
+far) is read from here, so prompts never travel through the broker or show up in Flower.
+Every key of a job starts with ``{prefix}:job:{id}:`` and expires with the job's records.
+
+The store is synchronous: the orchestrator and the CLI call it directly, and the worker's
+event loop calls it through ``asyncio.to_thread`` (a Redis round trip is short, and keeping
+one implementation beats keeping a sync and an async copy in step).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from workers.records import (
+    JobResult,
+    SubagentReport,
+    SubagentResult,
+    Usage,
+    status_counts,
+)
+from workers.spec import JobSpec
+
+ACTIVE = ("queued", "planning", "running")
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis, *, prefix: str = "drover", ttl_s: int = 604800):
+        self.r = client
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+
+    # --- keys ---------------------------------------------------------------------------
+    def key(self, job_id: str, *parts: object) -> str:
+        return ":".join([self.prefix, "job", job_id, *map(str, parts)])
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    # --- the job ------------------------------------------------------------------------
+    def create(self, job_id: str, spec: JobSpec, subtasks: list[str], *, status: str) -> None:
+        stored = spec.model_copy(update={"subtasks": []})
+        now = time.time()
+        pipe = self.r.pipeline()
+        pipe.set(self.key(job_id, "spec"), stored.model_dump_json(), ex=self.ttl_s)
+        if subtasks:
+            pipe.rpush(self.key(job_id, "tasks"), *subtasks)
+            pipe.expire(self.key(job_id, "tasks"), self.ttl_s)
+        meta = {"status": status, "n": len(subtasks), "created": now}
+        if spec.deadline_s:
+            meta["deadline"] = now + spec.deadline_s
+        pipe.hset(self.key(job_id, "meta"), mapping=meta)
+        pipe.expire(self.key(job_id, "meta"), self.ttl_s)
+        pipe.zadd(f"{self.prefix}:jobs", {job_id: now})
+        pipe.execute()
+
+    def set_subtasks(self, job_id: str, subtasks: list[str]) -> None:
+        pipe = self.r.pipeline()
+        pipe.delete(self.key(job_id, "tasks"))
+        pipe.rpush(self.key(job_id, "tasks"), *subtasks)
+        pipe.expire(self.key(job_id, "tasks"), self.ttl_s)
+        pipe.hset(self.key(job_id, "meta"), mapping={"n": len(subtasks)})
+        pipe.execute()
+
+    def spec(self, job_id: str) -> JobSpec:
+        raw = self.r.get(self.key(job_id, "spec"))
+        if raw is None:
+            raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
+        return JobSpec.model_validate_json(raw)
+
+    def subtask(self, job_id: str, index: int) -> str:
+        raw = self.r.lindex(self.key(job_id, "tasks"), index)
+        if raw is None:
+            raise JobNotFound(f"job {job_id!r} has no subtask {index}")
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def subtasks(self, job_id: str) -> list[str]:
+        return [x.decode() if isinstance(x, bytes) else x
+                for x in self.r.lrange(self.key(job_id, "tasks"), 0, -1)]
+
+    def meta(self, job_id: str) -> dict[str, str]:
+        raw = self.r.hgetall(self.key(job_id, "meta"))
+        if not raw:
+            raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def set_meta(self, job_id: str, **fields: object) -> None:
+        self.r.hset(self.key(job_id, "meta"), mapping={k: str(v) for k, v in fields.items()})
+
+    def claim_launch(self, job_id: str) -> bool:
+        """True for the one caller that may send the job's chord (a replanned job is not resent)."""
+        pipe = self.r.pipeline()
+        pipe.hsetnx(self.key(job_id, "meta"), "launched", time.time())
+        pipe.hset(self.key(job_id, "meta"), "status", "running")
+        return bool(pipe.execute()[0])
+
+    def fail_job(self, job_id: str, reason: str) -> None:
+        """End a job that never fanned out (its planning failed)."""
+        created = float(self.meta(job_id).get("created", time.time()))
+        self.save_result(JobResult(job_id=job_id, status="failed", reason=reason, results=[],
+                                   counts=status_counts([]), usage=Usage(),
+                                   wall_s=round(time.time() - created, 3)))
+
+    def jobs(self, limit: int = 20) -> list[str]:
+        return [_s(x) for x in self.r.zrevrange(f"{self.prefix}:jobs", 0, limit - 1)]
+
+    # --- cancellation -------------------------------------------------------------------
+    def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
+        """Mark the job cancelled and tell every worker; False when it had already ended."""
+        meta = self.meta(job_id)
+        if meta.get("status") not in ACTIVE:
+            return False
+        pipe = self.r.pipeline()
+        pipe.hsetnx(self.key(job_id, "meta"), "cancelled", reason)
+        pipe.publish(self.cancel_channel, job_id)
+        pipe.execute()
+        return True
+
+    def cancelled(self, job_id: str) -> str | None:
+        """The cancel reason, when the job was cancelled or its deadline has passed."""
+        reason, deadline = self.r.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
+        if reason:
+            return _s(reason)
+        if deadline and time.time() >= float(deadline):
+            self.cancel(job_id, "deadline")
+            return "deadline"
+        return None
+
+    # --- per sub-agent state ------------------------------------------------------------
+    def load_checkpoint(self, job_id: str, index: int) -> dict[str, Any] | None:
+        raw = self.r.get(self.key(job_id, "ckpt", index))
+        return json.loads(raw) if raw else None
+
+    def save_checkpoint(self, job_id: str, index: int, state: dict[str, Any]) -> None:
+        self.r.set(self.key(job_id, "ckpt", index), json.dumps(state), ex=self.ttl_s)
+
+    def tool_results(self, job_id: str, index: int) -> dict[str, dict[str, Any]]:
+        raw = self.r.hgetall(self.key(job_id, "tools", index))
+        return {_s(k): json.loads(v) for k, v in raw.items()}
+
+    def save_tool_result(self, job_id: str, index: int, tool_use_id: str,
+                         result: dict[str, Any]) -> None:
+        key = self.key(job_id, "tools", index)
+        pipe = self.r.pipeline()
+        pipe.hset(key, tool_use_id, json.dumps(result))
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def add_attempt(self, job_id: str, index: int) -> int:
+        key = self.key(job_id, "attempts")
+        pipe = self.r.pipeline()
+        pipe.hincrby(key, str(index), 1)
+        pipe.expire(key, self.ttl_s)
+        return int(pipe.execute()[0])
+
+    def attempts(self, job_id: str, index: int) -> int:
+        return int(self.r.hget(self.key(job_id, "attempts"), str(index)) or 0)
+
+    def spend(self, job_id: str, tokens: int) -> int:
+        """Add to the job's shared token spend (atomic) and return the new total."""
+        key = self.key(job_id, "spent")
+        pipe = self.r.pipeline()
+        pipe.incrby(key, tokens)
+        pipe.expire(key, self.ttl_s)
+        return int(pipe.execute()[0])
+
+    def spent(self, job_id: str) -> int:
+        return int(self.r.get(self.key(job_id, "spent")) or 0)
+
+    # --- records and the stream ---------------------------------------------------------
+    def finish(self, result: SubagentResult, report: SubagentReport | None = None) -> SubagentResult:
+        """Store a sub-agent's record once; a second delivery gets the first record back."""
+        job_id, index = result.job_id, result.index
+        first = self.r.hsetnx(self.key(job_id, "records"), str(index), result.model_dump_json())
+        if not first:
+            return self.record(job_id, index) or result
+        pipe = self.r.pipeline()
+        pipe.expire(self.key(job_id, "records"), self.ttl_s)
+        if report is not None:
+            pipe.set(self.key(job_id, "report", index), report.model_dump_json(), ex=self.ttl_s)
+        pipe.xadd(self.key(job_id, "events"), {"record": result.model_dump_json()})
+        pipe.expire(self.key(job_id, "events"), self.ttl_s)
+        pipe.execute()
+        return result
+
+    def record(self, job_id: str, index: int) -> SubagentResult | None:
+        raw = self.r.hget(self.key(job_id, "records"), str(index))
+        return SubagentResult.model_validate_json(raw) if raw else None
+
+    def records(self, job_id: str) -> dict[int, SubagentResult]:
+        raw = self.r.hgetall(self.key(job_id, "records"))
+        return {int(k): SubagentResult.model_validate_json(v) for k, v in raw.items()}
+
+    def record_count(self, job_id: str) -> int:
+        return int(self.r.hlen(self.key(job_id, "records")))
+
+    def report(self, job_id: str, index: int) -> SubagentReport | None:
+        raw = self.r.get(self.key(job_id, "report", index))
+        return SubagentReport.model_validate_json(raw) if raw else None
+
+    def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None,
+               count: int = 500) -> Iterator[tuple[str, SubagentResult]]:
+        """Records from the job's stream after the entry id ``after``, oldest first."""
+        reply = self.r.xread({self.key(job_id, "events"): after}, count=count, block=block_ms)
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                raw = fields.get(b"record") or fields.get("record")
+                yield _s(entry_id), SubagentResult.model_validate_json(raw)
+
+    def save_result(self, result: JobResult) -> None:
+        pipe = self.r.pipeline()
+        pipe.set(self.key(result.job_id, "result"), result.model_dump_json(), ex=self.ttl_s)
+        pipe.hset(self.key(result.job_id, "meta"),
+                  mapping={"status": result.status, "finished": time.time()})
+        pipe.execute()
+
+    def result(self, job_id: str) -> JobResult | None:
+        raw = self.r.get(self.key(job_id, "result"))
+        return JobResult.model_validate_json(raw) if raw else None
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,194 @@
+"""Tools the sub-agents may call: a registry, the ``@tool`` decorator, and one turn's execution.
+
+Register a function and name it in ``JobSpec.tools``::
+
+    from workers.tools import tool
+
+    @tool(kind="read", timeout_s=10, rps=5)
+    def get_quote(symbol: str) -> str:
+        "Latest price of a stock symbol."
+        ...
+
+The input schema comes from the type hints (through pydantic), the description from the
+docstring. Workers import the modules named in ``DROVER_TOOL_MODULES`` at start-up, so every
+host knows the same tools.
+
+One turn's ``tool_use`` blocks run together: read tools concurrently under a bound, write
+tools one after another in the model's order (a write may depend on the one before it). Every
+call has a timeout; a sync function runs in a thread, and a thread cannot be killed, so a
+hung sync tool is abandoned (its slot freed, the model told) rather than waited for. Every
+``tool_use`` gets exactly one ``tool_result``, in the model's order: failures, timeouts and
+calls over the per-turn cap become ``is_error`` results that say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, create_model
+
+ToolKind = Literal["read", "write"]
+RESULT_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    fn: Callable[..., Any]
+    kind: ToolKind = "read"
+    timeout_s: float | None = None
+    rps: float | None = None
+    takes_idempotency_key: bool = field(default=False)
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description,
+                "input_schema": self.input_schema}
+
+
+REGISTRY: dict[str, Tool] = {}
+
+
+def _schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.name != "idempotency_key"]
+    hints = inspect.get_annotations(fn, eval_str=True)
+    if len(params) == 1 and isinstance(hints.get(params[0].name), type) and issubclass(
+            hints[params[0].name], BaseModel):
+        schema = hints[params[0].name].model_json_schema()
+    else:
+        fields = {p.name: (hints.get(p.name, Any),
+                           ... if p.default is inspect.Parameter.empty else p.default)
+                  for p in params}
+        schema = create_model(f"{fn.__name__}_input", **fields).model_json_schema()  # type: ignore[call-overload]
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def tool(name: str | None = None, *, description: str | None = None, kind: ToolKind = "read",
+         timeout_s: float | None = None, rps: float | None = None
+         ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn`` as a tool; ``rps`` puts it under a global limiter scope of its own."""
+    if kind not in ("read", "write"):
+        raise ValueError(f"tool kind must be 'read' or 'write', not {kind!r}")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        tool_name = name or fn.__name__
+        text = description or inspect.getdoc(fn)
+        if not text:
+            raise ValueError(f"tool {tool_name!r} needs a description (or a docstring)")
+        REGISTRY[tool_name] = Tool(
+            name=tool_name, description=text, input_schema=_schema(fn), fn=fn, kind=kind,
+            timeout_s=timeout_s, rps=rps,
+            takes_idempotency_key="idempotency_key" in inspect.signature(fn).parameters)
+        return fn
+
+    return register
+
+
+def get_tools(names: list[str]) -> list[Tool]:
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        known = ", ".join(sorted(REGISTRY)) or "none"
+        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered tools: {known} "
+                         "(register with @workers.tools.tool in a module named in "
+                         "DROVER_TOOL_MODULES)")
+    return [REGISTRY[n] for n in names]
+
+
+# --- one turn -----------------------------------------------------------------------------
+
+Gate = Callable[[Tool], Awaitable[None]]  # waits for a tool's own rate-limit scope, if any
+Save = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+def _result(tool_use_id: str, content: str, is_error: bool = False) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": content[:RESULT_CHARS],
+            "is_error": is_error}
+
+
+async def _invoke(tool_: Tool, call: dict[str, Any], default_timeout: float) -> dict[str, Any]:
+    kwargs = dict(call.get("input") or {})
+    if tool_.takes_idempotency_key:
+        # A write tool that is retried after a crash gets the same key: the tool_use id.
+        kwargs["idempotency_key"] = call["id"]
+    timeout = tool_.timeout_s or default_timeout
+    try:
+        if inspect.iscoroutinefunction(tool_.fn):
+            value = await asyncio.wait_for(tool_.fn(**kwargs), timeout)
+        else:
+            value = await asyncio.wait_for(asyncio.to_thread(tool_.fn, **kwargs), timeout)
+    except TimeoutError:
+        return _result(call["id"], f"tool {tool_.name} timed out after {timeout:g} s", True)
+    except TypeError as error:
+        return _result(call["id"], f"tool {tool_.name} got bad input: {error}", True)
+    except Exception as error:  # a tool's failure is the model's to see, not the worker's
+        return _result(call["id"], f"tool {tool_.name} raised {type(error).__name__}: {error}", True)
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return _result(call["id"], text)
+
+
+async def run_turn(calls: list[dict[str, Any]], allowed: dict[str, Tool], *,
+                   done: dict[str, dict[str, Any]], max_parallel: int, max_calls: int,
+                   default_timeout: float, save: Save, gate: Gate | None = None,
+                   probe: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Run one assistant message's tool calls; one result per call, in the model's order.
+
+    ``done`` holds results saved before a crash or retry (by tool_use id): those calls are not
+    run again. ``save`` stores each result as it completes. ``probe`` (for tests) is told how
+    many calls run at once.
+    """
+    slots = asyncio.Semaphore(max_parallel)
+    results: dict[str, dict[str, Any]] = {}
+    running = 0
+
+    async def one(call: dict[str, Any]) -> None:
+        nonlocal running
+        tool_ = allowed.get(call["name"])
+        if tool_ is None:
+            names = ", ".join(sorted(allowed)) or "none"
+            result = _result(call["id"], f"unknown tool {call['name']!r}; available: {names}", True)
+        else:
+            if gate is not None:
+                await gate(tool_)
+            async with slots:
+                running += 1
+                if probe:
+                    probe(running)
+                try:
+                    result = await _invoke(tool_, call, default_timeout)
+                finally:
+                    running -= 1
+        results[call["id"]] = result
+        await save(call["id"], result)
+
+    async def writes_in_order(write_calls: list[dict[str, Any]]) -> None:
+        for call in write_calls:
+            await one(call)
+
+    todo: list[dict[str, Any]] = []
+    for position, call in enumerate(calls):
+        if call["id"] in done:
+            results[call["id"]] = done[call["id"]]
+        elif position >= max_calls:
+            results[call["id"]] = _result(
+                call["id"], f"not run: more than {max_calls} tool calls in one turn; "
+                "ask for the rest in a later turn", True)
+        else:
+            todo.append(call)
+    writes = [c for c in todo if c["name"] in allowed and allowed[c["name"]].kind == "write"]
+    reads = [c for c in todo if c not in writes]
+    async with asyncio.TaskGroup() as group:
+        for call in reads:
+            group.create_task(one(call))
+        if writes:
+            group.create_task(writes_in_order(writes))
+    return [results[call["id"]] for call in calls]
