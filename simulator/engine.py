@@ -238,6 +238,9 @@ class Engine:
         cache_key: bytes | None = None
         if b"cache_control" in raw:
             n, prefix_tokens = cacheable_prefix(segs)
+            if body.get("cache_control"):
+                # Top-level cache_control (automatic caching): the whole prompt is the prefix.
+                n, prefix_tokens = len(segs), total - REQUEST_OVERHEAD
             if n and prefix_tokens >= cfg.cache_min_tokens:
                 cache_key = self.cache.key(api_key, model, prefix_key_material(segs, n))
                 if self.cache.hit(cache_key, now):
