@@ -13,9 +13,9 @@ from .engine import Engine
 from .server import make_app, start_runner
 
 _HELP = {
-    "rpm": "requests per minute per API key (default: unlimited)",
-    "itpm": "input tokens per minute per API key (default: unlimited)",
-    "otpm": "output tokens per minute per API key (default: unlimited)",
+    "rpm": "requests per minute per API key",
+    "itpm": "input tokens per minute per API key",
+    "otpm": "output tokens per minute per API key",
     "burst_s": "bucket capacity in seconds of refill",
     "otpm_mode": "generated: debit output as generated; max_tokens: reserve max_tokens",
     "overload_rate": "fraction of requests answered 529 overloaded_error",
@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(SimConfig):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        help_text = _HELP.get(f.name, "") + f" (default: {default})"
+        shown = "unlimited" if default is None else default
+        help_text = (_HELP.get(f.name, "") + f" (default: {shown})").strip()
         if isinstance(default, bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_text)
