@@ -66,9 +66,24 @@ async def _config(request: web.Request) -> web.Response:
     return web.Response(body=json_body(config.to_dict()), content_type="application/json")
 
 
+@web.middleware
+async def _api_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    # Unknown paths and wrong methods answer in the API's error shape, not aiohttp's text.
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error_type = {404: "not_found_error", 405: "invalid_request_error",
+                      413: "request_too_large"}.get(exc.status, "api_error")
+        req_id = request_id()
+        return web.Response(body=error_body(error_type, exc.reason, req_id), status=exc.status,
+                            headers={"Content-Type": "application/json", "request-id": req_id})
+
+
 def make_app(config: SimConfig | None = None, engine: Engine | None = None) -> web.Application:
     """The simulator as an aiohttp Application (one Engine, i.e. one set of limits and stats)."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_api_errors])
     app[ENGINE_KEY] = engine or Engine(config or SimConfig())
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/messages/count_tokens", _count_tokens)

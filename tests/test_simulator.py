@@ -361,6 +361,16 @@ def test_max_tokens_mode_reserves_max_tokens(sim_factory: Callable[..., Simulato
     assert "output tokens per minute" in info.value.message
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 400), min_size=1, max_size=300), st.integers(1, 30))
+def test_rpm_bucket_never_admits_more_than_capacity_plus_refill(arrivals: list[float],
+                                                               rpm: int) -> None:
+    buckets = KeyBuckets(SimConfig(rpm=rpm, burst_s=60), now=0.0)
+    admitted = [t for t in sorted(arrivals) if buckets.try_admit(1, 1, now=t) is None]
+    for start in admitted:  # any 60 s window: a full bucket plus one minute of refill
+        assert sum(1 for t in admitted if start <= t < start + 60) <= 2 * rpm
+
+
 def test_bucket_retry_after_and_refill_are_exact() -> None:
     buckets = KeyBuckets(SimConfig(rpm=60, itpm=6000, burst_s=10), now=0.0)
     assert buckets.try_admit(900, 10, now=0.0) is None  # input capacity is 1000
@@ -446,6 +456,12 @@ def test_stats_count_duplicates_and_the_busiest_minute(sim: SimulatorServer) -> 
     assert stats["first_accept_ts"] <= stats["last_done_ts"]
     sim.reset()
     assert sim.stats()["accepted"] == 0
+
+
+def test_unknown_path_answers_in_the_error_shape(sim: SimulatorServer) -> None:
+    status, headers, body = raw_post(sim, "/v1/nothing", b"{}")
+    assert status == 404 and body["error"]["type"] == "not_found_error"
+    assert headers["request-id"] == body["request_id"]
 
 
 def test_control_endpoints_over_http(sim: SimulatorServer) -> None:
