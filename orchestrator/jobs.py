@@ -23,10 +23,13 @@ from workers.store import ACTIVE, JobNotFound, JobStore
 from workers.tools import get_tools
 
 
-@lru_cache(maxsize=4)
 def _store(settings: Settings) -> JobStore:
-    return JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
-                    ttl_s=settings.result_ttl_s)
+    return _store_for(settings.redis_url, settings.key_prefix, settings.result_ttl_s)
+
+
+@lru_cache(maxsize=8)
+def _store_for(redis_url: str, prefix: str, ttl_s: int) -> JobStore:
+    return JobStore(sync_redis(redis_url), prefix=prefix, ttl_s=ttl_s)
 
 
 def check_spec(spec: JobSpec, settings: Settings) -> None:

@@ -6,11 +6,19 @@ counts (system, tool definitions, messages), multiplied by a per-scope correctio
 response's ``usage`` says what the request really cost, and the factor follows the ratio
 (an exponentially weighted mean). The limiter reserves the estimate and trues it up after the
 call, so an estimate only has to be close, not exact.
+
+Prompt caching changes what counts: on most models cache reads do not count towards ITPM, so
+once this process has seen a cached prefix (system prompt and tools) answered from the cache,
+later requests with that prefix are estimated without it. Over-estimating is not free: a
+reservation's wait is fixed when it is made, so a large over-estimate delays callers even
+though the difference is refunded afterwards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from typing import Any
 
 CHARS_PER_TOKEN = 4.0
@@ -18,7 +26,10 @@ SMOOTHING = 0.2
 MESSAGE_OVERHEAD = 4
 
 
-def raw_estimate(params: dict[str, Any]) -> int:
+CACHE_WARM_S = 240.0  # the provider keeps a cached prefix for 5 minutes after its last use
+
+
+def _prefix_chars(params: dict[str, Any]) -> int:
     chars = 0
     system = params.get("system")
     if isinstance(system, str):
@@ -28,6 +39,19 @@ def raw_estimate(params: dict[str, Any]) -> int:
     for tool in params.get("tools") or ():
         chars += len(tool.get("name", "")) + len(tool.get("description", ""))
         chars += len(json.dumps(tool.get("input_schema", {})))
+    return chars
+
+
+def _prefix_key(params: dict[str, Any]) -> str | None:
+    """Identifies a prefix marked for caching (system prompt and tools), else None."""
+    marked = json.dumps([params.get("system"), params.get("tools")], sort_keys=True)
+    if '"cache_control"' not in marked:
+        return None
+    return hashlib.sha1(f"{params.get('model')}|{marked}".encode()).hexdigest()
+
+
+def raw_estimate(params: dict[str, Any], *, skip_prefix: bool = False) -> int:
+    chars = 0 if skip_prefix else _prefix_chars(params)
     tokens = 0
     for message in params.get("messages", ()):
         tokens += MESSAGE_OVERHEAD
@@ -56,16 +80,34 @@ class Calibration:
     def __init__(self) -> None:
         self._input_ratio: dict[str, float] = {}
         self._output: dict[str, float] = {}
+        self._warm: dict[str, float] = {}  # cached prefix -> when it was last read or written
 
-    def input_tokens(self, scope: str, params: dict[str, Any]) -> int:
-        return max(1, round(raw_estimate(params) * self._input_ratio.get(scope, 1.0)))
+    def _cached(self, params: dict[str, Any]) -> bool:
+        key = _prefix_key(params)
+        seen = self._warm.get(key) if key else None
+        return seen is not None and time.monotonic() - seen < CACHE_WARM_S
+
+    def _raw(self, params: dict[str, Any], cache_reads_count: bool) -> int:
+        return raw_estimate(params, skip_prefix=not cache_reads_count and self._cached(params))
+
+    def input_tokens(self, scope: str, params: dict[str, Any], cache_reads_count: bool) -> int:
+        """Estimated input tokens as ITPM will count them."""
+        raw = self._raw(params, cache_reads_count)
+        return max(1, round(raw * self._input_ratio.get(scope, 1.0)))
 
     def output_tokens(self, scope: str, max_tokens: int) -> int:
         guess = self._output.get(scope, min(max_tokens, 512))
         return max(1, min(max_tokens, round(guess)))
 
-    def observe(self, scope: str, params: dict[str, Any], total_input: int, output: int) -> None:
-        raw = raw_estimate(params)
+    def observe(self, scope: str, params: dict[str, Any], usage: Any, total_input: int,
+                cache_reads_count: bool) -> None:
+        """Learn from a response: how far off the estimate of ``total_input`` was, what is
+        cached, how long answers are."""
+        raw = self._raw(params, cache_reads_count)
+        key = _prefix_key(params)
+        if key and (usage.cache_read_input_tokens or usage.cache_creation_input_tokens):
+            self._warm[key] = time.monotonic()
+        output = usage.output_tokens or 0
         if raw > 0 and total_input > 0:
             old = self._input_ratio.get(scope, total_input / raw)
             self._input_ratio[scope] = old + SMOOTHING * (total_input / raw - old)

@@ -122,7 +122,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     limits = ScopeLimits.from_settings(settings, model)
     configured = settings.limits_for(model)
     cache_reads_count = bool(configured and configured.cache_reads_count)
-    est_in = rt.calibration.input_tokens(scope, params)
+    est_in = rt.calibration.input_tokens(scope, params, cache_reads_count)
     est_out = rt.calibration.output_tokens(scope, params["max_tokens"])
 
     grant = await acquire(rt, scope, limits, ctx, input_tokens=est_in, output_tokens=est_out)
@@ -130,7 +130,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     try:
         await wait_or_cancel(grant.wait_s, ctx.cancel)
         raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
-        message = raw.parse()
+        message = await raw.parse()
     except anthropic.APIError as error:
         # The request reached the provider (or tried to): it stays counted, its tokens do not.
         await rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
@@ -147,8 +147,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     used_out = message.usage.output_tokens or 0
     await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out)
     await rt.limiter.sync_headers(scope, limits, raw.headers)
-    rt.calibration.observe(scope, params, used_in + (message.usage.cache_read_input_tokens or 0),
-                           used_out)
+    rt.calibration.observe(scope, params, message.usage, used_in, cache_reads_count)
     log.info("llm call ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f in=%d out=%d "
              "cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
              time.monotonic() - started - grant.wait_s, used_in, used_out,

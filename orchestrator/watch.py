@@ -1,0 +1,44 @@
+"""Following a job live: a progress bar fed by the job's result stream."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from orchestrator.jobs import JobHandle
+from workers.records import JobResult
+
+
+def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -> JobResult:
+    """Show progress until the job's JobResult is stored, and return it."""
+    with console.status("planning the goal into sub-agents..."):
+        while handle.status == "planning":
+            time.sleep(0.1)
+    total = handle.progress()["total"]
+    console.print(f"{total} sub-agents")
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("sub-agents", total=total, status="")
+        counts: dict[str, int] = {}
+        for record in handle.as_completed():
+            counts[record.status] = counts.get(record.status, 0) + 1
+            progress.update(bar, advance=1,
+                            status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            if show_records:
+                text = record.error if record.error else record.summary
+                progress.console.print(f"#{record.index} {record.status} "
+                                       f"calls={record.usage.calls} {(text or '')[:70]}")
+        progress.update(bar, description="joining")
+        result = handle.wait()
+        progress.update(bar, description=result.status)
+    return result
+
+
+def watch(handle: JobHandle, console: Console) -> int:
+    result = follow(handle, console, show_records=True)
+    console.print(" ".join(f"{k}={v}" for k, v in result.counts.items()),
+                  f"wall={result.wall_s:.1f}s", f"status={result.status}")
+    return 0 if result.status == "done" else 1
