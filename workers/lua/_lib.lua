@@ -6,7 +6,11 @@
 --                         t = us of the levels (may lie in the future while a cooldown
 --                         freezes refill); cd = cooldown_until us; Lr,Li,Lo,b = effective
 --                         per-minute limits and burst_s last used (for release/state);
---                         reg = minute the scope was last put into the scope registry
+--                         reg = minute the scope was last put into the scope registry;
+--                         sr,si,so / qr,qi,qo = per dimension, the bucket as the sends see
+--                         it: level S right after the latest send q (us). Refunds never
+--                         lift a level above what that allows, so a refund cannot slot a
+--                         new request in next to one already queued.
 --   KEYS[2] leases  zset  member = lease id, score = expiry us
 --   KEYS[3] learned hash  r,i,o = raw per-minute limits from -limit headers
 --   KEYS[4] stats   hash  "<second>:<field>" -> count
@@ -22,6 +26,8 @@
 
 local DIM = {'r', 'i', 'o'}
 local LIMF = {'Lr', 'Li', 'Lo'}
+local SF = {'sr', 'si', 'so'}
+local QF = {'qr', 'qi', 'qo'}
 local STAT_FIELDS = {'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms', 'n429', 'n529'}
 local MARGIN_S = 5
 
@@ -40,7 +46,8 @@ end
 -- Load the bucket and bring it to `now` (continuous refill, capped at capacity).
 -- Returns st = {now, t, cd, reg, burst, dims[k] = {lim, rate, cap, level} or false}
 local function load(now)
-  local h = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 't', 'cd', 'Lr', 'Li', 'Lo', 'b', 'reg')
+  local h = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 't', 'cd', 'Lr', 'Li', 'Lo', 'b', 'reg',
+                       'sr', 'si', 'so', 'qr', 'qi', 'qo')
   local learned = nil
   if ARGV[1] == '' or ARGV[2] == '' or ARGV[3] == '' then
     learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')
@@ -72,7 +79,8 @@ local function load(now)
       else
         level = math.min(cap, level)
       end
-      st.dims[k] = {lim = lim, rate = rate, cap = cap, level = level}
+      st.dims[k] = {lim = lim, rate = rate, cap = cap, level = level,
+                    S = tonumber(h[10 + k]), q = tonumber(h[13 + k])}
     else
       st.dims[k] = false
     end
@@ -90,8 +98,13 @@ local function save(st)
       args[#args + 1] = DIM[k]; args[#args + 1] = fmt(d.level)
       args[#args + 1] = LIMF[k]; args[#args + 1] = fmt(d.lim)
       ttl = math.max(ttl, (st.t - st.now) / 1e6 + (d.cap - d.level) / d.rate)
+      if d.q then
+        args[#args + 1] = SF[k]; args[#args + 1] = fmt(d.S)
+        args[#args + 1] = QF[k]; args[#args + 1] = fmt(d.q)
+        ttl = math.max(ttl, (d.q - st.now) / 1e6 + (d.cap - d.S) / d.rate)
+      end
     elseif st.had[k] then
-      redis.call('HDEL', KEYS[1], DIM[k], LIMF[k])
+      redis.call('HDEL', KEYS[1], DIM[k], LIMF[k], SF[k], QF[k])
     end
   end
   ttl = math.max(ttl, (st.cd - st.now) / 1e6)
@@ -121,10 +134,33 @@ local function stat_add(window_s, now, sec, field, n)
   end
 end
 
--- True up the token dimensions by -delta (refund when delta < 0), capped at capacity.
+-- The highest level a refund may restore at st.t: what the send-side bucket allows.
+local function ceiling(st, d)
+  if not d.q then return d.cap end
+  return math.min(d.cap, d.S + d.rate * ((st.t - d.q) / 1e6))
+end
+
+-- True up dimension k by -delta: an extra debit (delta > 0) lowers both views of the bucket;
+-- a refund (delta < 0) lifts the level, never above the ceiling (nor the capacity).
 local function adjust(st, k, delta)
   local d = st.dims[k]
-  if d and delta ~= 0 then
-    d.level = math.min(d.cap, d.level - delta)
+  if not d or delta == 0 then return end
+  if delta > 0 then
+    d.level = d.level - delta
+    if d.q then d.S = d.S - delta end
+  else
+    d.level = math.min(ceiling(st, d), d.level - delta)
+  end
+end
+
+-- A send of cost c at time s (us) as the send-side bucket sees it.
+local function sent(d, s, c)
+  c = math.min(c, d.cap)
+  if not d.q then
+    d.S = d.cap - c; d.q = s
+  elseif s >= d.q then
+    d.S = math.min(d.cap, d.S + d.rate * ((s - d.q) / 1e6)) - c; d.q = s
+  else
+    d.S = d.S - c
   end
 end

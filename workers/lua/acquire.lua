@@ -8,7 +8,7 @@
 -- ARGV[13] stats_window_s
 -- Returns {granted 0|1, wait_s, retry_after_s, reason, now_us, register 0|1} (numbers as strings)
 -- Reservation: debit first, then wait until the debit is covered; never further than the
--- horizon. A request costlier than a bucket's capacity is judged on min(cost, capacity) for
+-- horizon. Sends of one scope leave in the order of their reservations. A request costlier than a bucket's capacity is judged on min(cost, capacity) for
 -- the horizon test (so it is not refused for ever) but still waits for its full cost.
 
 local MIN_RETRY_S = 0.05
@@ -46,9 +46,17 @@ if wait_h > horizon then
   return {0, '0', fmt(math.max(wait_h - horizon, MIN_RETRY_S)), 'horizon', fmt(now), 0}
 end
 
+-- Tokens are spent at the send time, not now: headroom that would overflow the capacity
+-- before then is not ours to hand out (else a request held back by one dimension would
+-- bunch up with later ones in the others). A request costlier than the capacity absorbs
+-- all refill until it goes (its level is then 0).
+local ahead = wait - base
 for k = 1, 3 do
   local d = st.dims[k]
-  if d then d.level = d.level - cost[k] end
+  if d and (k == 1 or cost[k] > 0) then
+    d.level = math.min(d.level, d.cap - d.rate * ahead) - math.min(cost[k], d.cap)
+    sent(d, now + wait * 1e6, cost[k])
+  end
 end
 local expiry = now + (wait + tonumber(ARGV[12])) * 1e6
 redis.call('ZADD', KEYS[2], expiry, ARGV[11])

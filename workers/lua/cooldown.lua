@@ -12,7 +12,14 @@ local st = load(now)
 st.cd = math.max(st.cd, now + tonumber(ARGV[7]) * 1e6)
 for k = 1, 3 do
   local d = st.dims[k]
-  if d then d.level = math.min(d.level, 0) end
+  if d then
+    d.level = math.min(d.level, 0)
+    if not d.q or st.cd >= d.q then
+      d.S = math.min(ceiling({t = st.cd}, d), 0); d.q = st.cd
+    else
+      d.S = math.min(d.S, d.rate * ((d.q - st.cd) / 1e6))
+    end
+  end
 end
 st.t = math.max(st.t, st.cd)
 redis.call('HSET', KEYS[1], 'cd', fmt(st.cd))
