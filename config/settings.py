@@ -43,12 +43,11 @@ class SettingsError(ValueError):
     """Raised instead of pydantic's ValidationError so the message tells the user what to fix."""
 
 
-def _check_url(value: str, schemes: tuple[str, ...], name: str) -> str:
+def _check_url(value: str, schemes: tuple[str, ...]) -> str:
     parts = urlsplit(value)
     if parts.scheme not in schemes or not (parts.hostname or parts.path):
-        raise ValueError(
-            f"{value!r} is not a URL drover can use; expected {' or '.join(schemes)}://HOST[:PORT]"
-        )
+        forms = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
+        raise ValueError(f"{value!r} is not a URL drover can use; expected {forms}")
     return value
 
 
@@ -75,7 +74,7 @@ class Settings(BaseSettings):
     queue: str = Field(default="drover", pattern=r"^[A-Za-z0-9_.-]+$")
 
     # --- the model and its limits -------------------------------------------------------
-    model: str = "claude-sonnet-4-5"
+    model: str = "claude-sonnet-4-6"
     rpm: PositiveRate = 50
     itpm: PositiveRate = 30_000
     otpm: PositiveRate = 8_000
@@ -111,14 +110,14 @@ class Settings(BaseSettings):
     def _redis_like(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        return _check_url(value, ("redis", "rediss", "unix"), "redis")
+        return _check_url(value, ("redis", "rediss", "unix"))
 
     @field_validator("anthropic_base_url")
     @classmethod
     def _http(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        return _check_url(value, ("http", "https"), "http")
+        return _check_url(value, ("http", "https"))
 
     @model_validator(mode="after")
     def _countdowns_fit_the_broker(self) -> Settings:

@@ -55,11 +55,11 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     job_id = uuid.uuid4().hex
     if spec.goal:
         store.create(job_id, spec, [], status="planning")
-        plan_job.delay(job_id)
+        plan_job.apply_async((job_id,), queue=settings.queue)
     else:
         store.create(job_id, spec, list(spec.subtasks), status="queued")
         if store.claim_launch(job_id):
-            launch(job_id, len(spec.subtasks))
+            launch(job_id, len(spec.subtasks), settings.queue)
     return JobHandle(job_id, settings=settings)
 
 

@@ -52,3 +52,127 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+# --- the simulator, drover's settings, and workers -----------------------------------------
+
+import contextlib  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from simulator import SimConfig, SimulatorServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SESSION = uuid.uuid4().hex[:8]
+# Celery's keys (queues, results) use one prefix for the whole test session; every test gets
+# its own queue, key alias (so its own limiter scope) and job ids, so tests cannot see each
+# other's tasks or limits.
+SESSION_PREFIX = f"drovertest-{SESSION}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_keys(redis_url: str) -> Iterator[None]:
+    yield
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{SESSION_PREFIX}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatorServer]:
+    """The simulator on a free port, generous limits unless a test configures tighter ones."""
+    with SimulatorServer(SimConfig(seed=1, tool_turns=1, output_tokens_mean=60)) as server:
+        yield server
+
+
+@pytest.fixture
+def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
+               sim: SimulatorServer) -> Iterator[dict[str, str]]:
+    """DROVER_* variables for this test (also handed to worker subprocesses)."""
+    from config import get_settings
+    from workers.runtime import reset_runtime
+
+    test_id = uuid.uuid4().hex[:8]
+    env = {
+        "DROVER_REDIS_URL": redis_url,
+        "DROVER_KEY_PREFIX": SESSION_PREFIX,
+        "DROVER_QUEUE": f"q-{test_id}",
+        "DROVER_KEY_ALIAS": f"t-{test_id}",
+        "DROVER_ANTHROPIC_BASE_URL": sim.url,
+        "ANTHROPIC_API_KEY": "sk-test-not-a-secret",
+        "DROVER_RPM": "6000", "DROVER_ITPM": "10000000", "DROVER_OTPM": "10000000",
+        "DROVER_BACKOFF_BASE_S": "0.2",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    reset_runtime()
+    yield env
+    reset_runtime()
+    get_settings.cache_clear()
+
+
+def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **values: object) -> None:
+    """Change DROVER_* settings of the running test (before its workers start)."""
+    from config import get_settings
+    from workers.runtime import reset_runtime
+
+    for key, value in values.items():
+        name = key if key.isupper() else f"DROVER_{key.upper()}"
+        env[name] = str(value)
+        monkeypatch.setenv(name, str(value))
+    get_settings.cache_clear()
+    reset_runtime()
+
+
+@pytest.fixture
+def worker(drover_env: dict[str, str]) -> Callable[..., object]:
+    """Start an in-process Celery worker (threads pool) on this test's queue."""
+    from celery.contrib.testing.worker import start_worker
+
+    from config import get_settings
+    from workers.app import app
+
+    with contextlib.ExitStack() as stack:
+        def start(concurrency: int = 8) -> object:
+            settings = get_settings()
+            return stack.enter_context(start_worker(
+                app, pool="threads", concurrency=concurrency, perform_ping_check=False,
+                loglevel="WARNING", queues=[settings.queue], shutdown_timeout=20))
+
+        yield start
+
+
+@pytest.fixture
+def spawn_worker(drover_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start real worker processes (``celery -A workers.app worker``) on this test's queue."""
+    procs: list[subprocess.Popen] = []
+
+    def spawn(concurrency: int = 8, pool: str = "threads", **extra_env: str) -> subprocess.Popen:
+        env = {**os.environ, **drover_env, **extra_env}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool", pool,
+             "--concurrency", str(concurrency), "--queues", env["DROVER_QUEUE"],
+             "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+             "-n", f"w{len(procs)}-{uuid.uuid4().hex[:6]}@%h"],
+            cwd=ROOT, env=env, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

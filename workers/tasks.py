@@ -47,10 +47,10 @@ def join_results(self: Task, results: list[dict[str, Any]], job_id: str) -> dict
     return result.model_dump(mode="json", include={"job_id", "status", "counts"})
 
 
-def launch(job_id: str, n: int) -> None:
+def launch(job_id: str, n: int, queue: str) -> None:
     """Send the chord: one sub-agent task per subtask, joined by ``join_results``."""
-    header = [run_subagent.s(job_id, i) for i in range(n)]
-    chord(header)(join_results.s(job_id))
+    header = [run_subagent.s(job_id, i).set(queue=queue) for i in range(n)]
+    chord(header)(join_results.s(job_id).set(queue=queue))
 
 
 @app.task(name="drover.plan_job", bind=True, max_retries=None)
@@ -72,5 +72,5 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
         return {"job_id": job_id, "status": "failed"}
     rt.store.set_subtasks(job_id, subtasks)
     if rt.store.claim_launch(job_id):
-        launch(job_id, len(subtasks))
+        launch(job_id, len(subtasks), rt.settings.queue)
     return {"job_id": job_id, "status": "launched", "subtasks": len(subtasks)}
