@@ -258,7 +258,8 @@ class Engine:
             # Written at admission, so requests admitted after this one read it.
             self.cache.store(cache_key, now, cfg.cache_ttl_s)
         content_rng = random.Random(_seed(cfg.seed, digest))
-        generated = self._generate(body, digest, content_rng, tool_trigger)
+        knobs = triggers.conversation_knobs(messages) if triggers.MARKER in raw else {}
+        generated = self._generate(body, digest, content_rng, tool_trigger, knobs)
         usage = {"input_tokens": input_tokens, "output_tokens": generated.output_tokens,
                  "cache_creation_input_tokens": cache_creation,
                  "cache_read_input_tokens": cache_read}
@@ -315,8 +316,10 @@ class Engine:
                            retry_after=rejection.retry_after_s)
 
     def _generate(self, body: dict[str, Any], digest: bytes, rng: random.Random,
-                  tool_trigger: str | None) -> generate.Generated:
+                  tool_trigger: str | None, knobs: dict[str, int] | None = None
+                  ) -> generate.Generated:
         cfg = self.config
+        knobs = knobs or {}
         messages = body["messages"]
         max_tokens = body["max_tokens"]
         tools: list[dict[str, Any]] = body.get("tools") or []
@@ -328,13 +331,13 @@ class Engine:
             return generate.tool_turn([tool], 1, None, task, turn, digest, max_tokens,
                                       cfg.plan_items, rng, with_text=False)
         wants_tool = choice["type"] != "none" and (tools or tool_trigger) and (
-            turn < cfg.tool_turns or choice["type"] == "any")
+            turn < knobs.get("turns", cfg.tool_turns) or choice["type"] == "any")
         if wants_tool:
             count = 1 if choice.get("disable_parallel_tool_use") or not tools \
                 else cfg.tools_per_turn
             return generate.tool_turn(tools, count, tool_trigger, task, turn, digest, max_tokens,
                                       cfg.plan_items, rng)
-        mean = cfg.output_tokens_mean
+        mean = max(1, knobs.get("out", cfg.output_tokens_mean))
         target = rng.randint(max(1, mean // 2), max(1, mean + mean // 2))
         text, capped = generate.text_reply(task, target, max_tokens, rng)
         return generate.Generated([{"type": "text", "text": text}],

@@ -4,6 +4,11 @@
 attempt of that body; `[[sim:529:2]]` (also 500 / 429) fails only the first 2 attempts of
 that body, then the request goes through (to test recovery). `[[sim:tool=NAME]]` makes the
 first tool turn call NAME, known to the request or not.
+
+Two knobs hold for a whole conversation and are read from its *first* user message (the
+task), so one workload can mix short and long sub-agents: `[[sim:turns=N]]` gives it N tool
+turns before the final answer (instead of `tool_turns`), `[[sim:out=N]]` makes its final
+answer about N tokens long on average (instead of `output_tokens_mean`).
 """
 
 from __future__ import annotations
@@ -50,3 +55,16 @@ def find(messages: list[dict[str, Any]]) -> list[Trigger]:
                     found.append(Trigger(m.group(1), m.group(2)))
             return found
     return []
+
+
+def conversation_knobs(messages: list[dict[str, Any]]) -> dict[str, int]:
+    """`turns` / `out` set by `[[sim:turns=N]]` / `[[sim:out=N]]` in the first user message."""
+    for message in messages:
+        if message.get("role") == "user":
+            knobs: dict[str, int] = {}
+            for text in _texts(message.get("content")):
+                for m in _TRIGGER_RE.finditer(text):
+                    if m.group(1) in ("turns", "out") and m.group(2) and m.group(2).isdigit():
+                        knobs[m.group(1)] = int(m.group(2))
+            return knobs
+    return {}

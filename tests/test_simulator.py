@@ -163,6 +163,34 @@ def test_tool_turns_then_end_turn_through_the_sdk(sim_factory: Callable[..., Sim
     assert sim.stats()["duplicate_accepted"] == 0
 
 
+def test_turns_and_out_knobs_in_the_task_hold_for_the_whole_conversation(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
+    sim = sim_factory(tool_turns=1, tools_per_turn=1, output_tokens_mean=20)
+    client = client_for(sim)
+
+    def converse(task: str) -> list[anthropic.types.Message]:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+        replies = []
+        for _ in range(10):
+            message = client.messages.create(model=MODEL, max_tokens=4096, tools=TOOLS,
+                                             messages=messages)
+            replies.append(message)
+            if message.stop_reason != "tool_use":
+                return replies
+            messages.append({"role": "assistant", "content": [
+                b.model_dump(exclude_none=True) for b in message.content]})
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b.id, "content": "ok"}
+                for b in message.content if b.type == "tool_use"]})
+        return replies
+
+    assert len(converse("Research ACME")) == 2  # tool_turns=1, then the answer
+    long = converse("Research ACME [[sim:turns=4]] [[sim:out=900]]")
+    assert [m.stop_reason for m in long] == ["tool_use"] * 4 + ["end_turn"]
+    assert 450 <= long[-1].usage.output_tokens <= 1350  # [mean/2, 1.5 mean] of out=900
+    assert len(converse("Research ACME [[sim:turns=0]]")) == 1
+
+
 def test_missing_tool_result_is_a_bad_request(sim: SimulatorServer) -> None:
     client = client_for(sim)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Research ACME"}]
