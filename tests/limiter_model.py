@@ -97,15 +97,20 @@ class ScopeModel:
             return d.cap
         return min(d.cap, d.S + d.rate * ((t - d.q) / 1e6))
 
-    def _adjust(self, t: float, d: Dim | None, delta: float) -> None:
+    def _adjust(self, t: float, d: Dim | None, delta: float, s_x: float, reserved: int) -> None:
         if d is None or delta == 0:
             return
         if delta > 0:
             d.level = d.level - delta
             if d.q is not None:
                 d.S = d.S - delta
-        else:
-            d.level = min(self._ceiling(t, d), d.level - delta)
+            return
+        if d.q is not None:
+            saved = min(reserved, d.cap) - min(reserved + delta, d.cap)
+            if s_x < d.q:
+                saved = max(0, saved - d.rate * ((d.q - s_x) / 1e6))
+            d.S = min(d.cap, d.S + saved)
+        d.level = min(self._ceiling(t, d), d.level - delta)
 
     @staticmethod
     def _sent(d: Dim, s: float, c: float) -> None:
@@ -150,12 +155,12 @@ class ScopeModel:
         return ModelGrant(True, float(wait), 0.0, "ok", lease_id)
 
     def settle(self, now: int, limits: ScopeLimits | None, lease_id: str, d_in: int, d_out: int,
-               d_req: int) -> None:
+               d_req: int, send_us: float, res_in: int, res_out: int) -> None:
         tref, dims, burst = self._load(now, limits)
         self.leases.pop(lease_id, None)
-        self._adjust(tref, dims[0], d_req)
-        self._adjust(tref, dims[1], d_in)
-        self._adjust(tref, dims[2], d_out)
+        self._adjust(tref, dims[0], d_req, send_us, 1)
+        self._adjust(tref, dims[1], d_in, send_us, res_in)
+        self._adjust(tref, dims[2], d_out, send_us, res_out)
         self._save(tref, dims, burst)
 
     def cooldown(self, now: int, limits: ScopeLimits, retry_after_s: float) -> float:

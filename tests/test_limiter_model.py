@@ -70,6 +70,7 @@ def make_machine(client, prefix: str):
                 assert g.retry_after_s > 0 and g.lease_id is None
                 return None
             assert g.send_at == self.now / 1e6 + g.wait_s
+            assert g.send_us == self.now + g.wait_s * 1e6
             rec = [self.now + g.wait_s * 1e6, 1, input_tokens, output_tokens]
             self.sends.append(rec)
             return (g, rec)
@@ -87,7 +88,8 @@ def make_machine(client, prefix: str):
             self.lim.settle(self.scope, self.limits, g, input_tokens=actual_in,
                             output_tokens=actual_out)
             self.model.settle(self.now, self.limits, g.lease_id, actual_in - g.input_tokens,
-                              actual_out - g.output_tokens, 0)
+                              actual_out - g.output_tokens, 0, g.send_us, g.input_tokens,
+                              g.output_tokens)
             rec[2] = min(rec[2], actual_in)
             rec[3] = min(rec[3], actual_out)
 
@@ -97,7 +99,8 @@ def make_machine(client, prefix: str):
                 return
             g, rec = item
             self.lim.release(self.scope, g)
-            self.model.settle(self.now, None, g.lease_id, -g.input_tokens, -g.output_tokens, -1)
+            self.model.settle(self.now, None, g.lease_id, -g.input_tokens, -g.output_tokens, -1,
+                              g.send_us, g.input_tokens, g.output_tokens)
             rec[1] = rec[2] = rec[3] = 0
 
         @rule(dt_us=st.integers(0, 200_000) | st.integers(0, 20_000_000))

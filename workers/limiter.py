@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -145,6 +145,7 @@ class Grant:
     input_tokens: int      # what was reserved (echo), for settle
     output_tokens: int
     send_at: float = 0.0   # Redis server time (epoch s) of the planned send (now + wait_s)
+    send_us: float = field(default=0.0, repr=False)  # the same in us, exactly as the script has it
 
 
 # --- shared logic: keys, arguments, parsing -------------------------------------------------
@@ -264,6 +265,7 @@ class _LimiterBase:
             lease_id=lease if ok else None, reason=reason,
             input_tokens=int(input_tokens), output_tokens=int(output_tokens),
             send_at=float(now_us) / 1e6 + float(wait),
+            send_us=float(now_us) + float(wait) * 1e6,
         )
 
     def _settle(self, scope: str, limits_args: tuple[str, ...], grant: Grant, d_in: int,
@@ -273,6 +275,7 @@ class _LimiterBase:
         yield ("settle", self.keys(scope), [
             *limits_args, self._now(), grant.lease_id, str(d_in), str(d_out), str(d_req),
             str(used_in), str(used_out), str(self.stats_window_s), req_sec,
+            _num(float(grant.send_us)), str(grant.input_tokens), str(grant.output_tokens),
         ])
         return None
 

@@ -140,17 +140,25 @@ local function ceiling(st, d)
   return math.min(d.cap, d.S + d.rate * ((st.t - d.q) / 1e6))
 end
 
--- True up dimension k by -delta: an extra debit (delta > 0) lowers both views of the bucket;
--- a refund (delta < 0) lifts the level, never above the ceiling (nor the capacity).
-local function adjust(st, k, delta)
+-- True up dimension k by -delta for a request sent at s_x (us) that reserved `reserved`.
+-- An extra debit (delta > 0) lowers both views of the bucket. A refund (delta < 0) lifts
+-- the send-side level by what that send really saved (less what refill clamped at capacity
+-- may have absorbed since: at most rate x (q - s_x)), then the level, never above the
+-- ceiling.
+local function adjust(st, k, delta, s_x, reserved)
   local d = st.dims[k]
   if not d or delta == 0 then return end
   if delta > 0 then
     d.level = d.level - delta
     if d.q then d.S = d.S - delta end
-  else
-    d.level = math.min(ceiling(st, d), d.level - delta)
+    return
   end
+  if d.q then
+    local saved = math.min(reserved, d.cap) - math.min(reserved + delta, d.cap)
+    if s_x < d.q then saved = math.max(0, saved - d.rate * ((d.q - s_x) / 1e6)) end
+    d.S = math.min(d.cap, d.S + saved)
+  end
+  d.level = math.min(ceiling(st, d), d.level - delta)
 end
 
 -- A send of cost c at time s (us) as the send-side bucket sees it.
