@@ -3,7 +3,7 @@
 | what came back                              | decision                                         |
 |---------------------------------------------|--------------------------------------------------|
 | 429 with retry-after                        | scope cooldown; retry after retry-after + jitter  |
-| 429 without retry-after (spend cap)         | fail now: it will keep failing                    |
+| 429 without retry-after, or the spend cap   | fail now: it will keep failing                    |
 | 529 overloaded                              | retry, exponential backoff with full jitter       |
 | 408, 409, 5xx, connection error, timeout    | retry, exponential backoff with full jitter       |
 | other 4xx (400, 401, 403, 404, 413, ...)    | fail now with status, type and message            |
@@ -23,6 +23,8 @@ from typing import Literal
 import anthropic
 
 RETRYABLE_STATUS = {408, 409, 500, 502, 503, 504, 529}
+# The monthly spend limit: no retry-after would help (it lifts at the start of next month).
+SPEND_CAP_CODE = "enforced_spend_limit_reached"
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,21 @@ def _retry_after(error: anthropic.APIStatusError) -> float | None:
         return None
 
 
+def _error_code(error: anthropic.APIStatusError) -> str | None:
+    body = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error", body)
+    details = inner.get("details") if isinstance(inner, dict) else None
+    code = details.get("error_code") if isinstance(details, dict) else None
+    return str(code) if code else None
+
+
 def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
     body = error.body if isinstance(error.body, dict) else {}
-    inner = body.get("error", body) if isinstance(body, dict) else {}
+    inner = body.get("error", body)
+    inner = inner if isinstance(inner, dict) else {}
     kind = inner.get("type") or type(error).__name__
     message = inner.get("message") or str(error)
-    code = (inner.get("details") or {}).get("error_code") if isinstance(inner, dict) else None
+    code = _error_code(error)
     if code:
         message = f"{message} ({code})"
     return str(kind), str(message)[:500]
@@ -97,7 +108,7 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
         kind, message = _error_fields(error)
         if code == 429:
             retry_after = _retry_after(error)
-            if retry_after is None:
+            if retry_after is None or _error_code(error) == SPEND_CAP_CODE:
                 return Decision("fail", kind, message, code)
             countdown = min(cap_s, retry_after + retry_after_jitter(retry_after, rng))
             return Decision("retry", kind, message, code, countdown, cooldown_s=retry_after)
