@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     # A reservation further ahead than this is not made: the sub-agent frees its worker slot
     # with a Celery retry instead of sleeping in it.
     horizon_s: float = Field(default=15.0, gt=0)
+    # How long the limiter's per-second usage counters are kept (for `drover stats`).
+    stats_window_s: int = Field(default=3600, ge=60)
 
     # --- the call path, retries and the broker ------------------------------------------
     call_timeout_s: float = Field(default=120.0, gt=0)
@@ -93,7 +95,9 @@ class Settings(BaseSettings):
     backoff_base_s: float = Field(default=1.0, gt=0)
     countdown_cap_s: float = Field(default=300.0, gt=0)
     task_time_limit_s: int = Field(default=1800, ge=10)
-    visibility_timeout_s: int = Field(default=3600, ge=60)
+    # How long the broker waits before it hands a task that was never acked (a killed worker's)
+    # to another worker: the recovery time after a crash. Small values are for tests.
+    visibility_timeout_s: int = Field(default=3600, ge=5)
     result_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
 
     # --- the agent runtime --------------------------------------------------------------

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import anthropic
@@ -64,12 +65,19 @@ class Runtime:
         self.settings = settings
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        # The job store is sync and reached through asyncio.to_thread: every sub-agent on the
+        # loop shares this pool, so it is sized for I/O, not for the CPU count (the default
+        # is cores + 4, which queues Redis round trips behind each other on a small host).
+        self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+            max_workers=64, thread_name_prefix="drover-io"))
         self._thread = threading.Thread(target=self._run_loop, name="drover-loop", daemon=True)
         self._thread.start()
         self.store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
                               ttl_s=settings.result_ttl_s)
         self.calibration = Calibration()
         self._cancel_events: dict[str, asyncio.Event] = {}
+        self._active: dict[str, int] = {}  # job id -> sub-agents of it running in this process
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self._ready = concurrent.futures.Future()  # type: ignore[var-annotated]
         self.submit(self._start())
         self._ready.result(timeout=30)
@@ -81,7 +89,8 @@ class Runtime:
     async def _start(self) -> None:
         self.aredis = async_redis(self.settings.redis_url)
         self.limiter = AsyncLimiter(self.aredis, prefix=self.settings.key_prefix,
-                                    horizon_s=self.settings.horizon_s)
+                                    horizon_s=self.settings.horizon_s,
+                                    stats_window_s=self.settings.stats_window_s)
         key = self.settings.anthropic_api_key
         self.client = anthropic.AsyncAnthropic(
             api_key=key.get_secret_value() if key else None,
@@ -109,6 +118,32 @@ class Runtime:
 
     def forget(self, job_id: str) -> None:
         self._cancel_events.pop(job_id, None)
+        timer = self._deadlines.pop(job_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    @contextlib.contextmanager
+    def job_scope(self, job_id: str, deadline_in_s: float | None = None
+                  ) -> Iterator[asyncio.Event]:
+        """The job's cancel event while a sub-agent of it runs here (call on the loop).
+
+        A deadline needs a timer: a queued sub-agent sees an expired deadline when it checks
+        the store, but one waiting on an HTTP response checks nothing until the response
+        comes. The timer sets the event when the deadline passes, which aborts that call the
+        same way a cancel message does. The event and the timer go when the last sub-agent
+        of the job in this process ends, so a long-lived worker keeps nothing per job.
+        """
+        event = self.cancel_event(job_id)
+        self._active[job_id] = self._active.get(job_id, 0) + 1
+        if deadline_in_s is not None and job_id not in self._deadlines:
+            self._deadlines[job_id] = self.loop.call_later(max(0.0, deadline_in_s), event.set)
+        try:
+            yield event
+        finally:
+            self._active[job_id] -= 1
+            if not self._active[job_id]:
+                del self._active[job_id]
+                self.forget(job_id)
 
     async def _listen_for_cancels(self) -> None:
         channel = self.store.cancel_channel
@@ -119,7 +154,11 @@ class Runtime:
                 async for message in pubsub.listen():
                     job_id = message["data"]
                     job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
-                    self.cancel_event(job_id).set()
+                    # Only jobs with work here: a sub-agent that starts later reads the cancel
+                    # from the store before its first call.
+                    event = self._cancel_events.get(job_id)
+                    if event is not None:
+                        event.set()
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # Redis went away: listen again once it is back
