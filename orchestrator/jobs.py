@@ -55,7 +55,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     job_id = uuid.uuid4().hex
     if spec.goal:
         store.create(job_id, spec, [], status="planning")
-        plan_job.apply_async((job_id,), queue=settings.queue)
+        plan_job.apply_async((job_id,), queue=settings.queue, ignore_result=True)
     else:
         store.create(job_id, spec, list(spec.subtasks), status="queued")
         if store.claim_launch(job_id):

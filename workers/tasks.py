@@ -48,9 +48,15 @@ def join_results(self: Task, results: list[dict[str, Any]], job_id: str) -> dict
 
 
 def launch(job_id: str, n: int, queue: str) -> None:
-    """Send the chord: one sub-agent task per subtask, joined by ``join_results``."""
-    header = [run_subagent.s(job_id, i).set(queue=queue) for i in range(n)]
-    chord(header)(join_results.s(job_id).set(queue=queue))
+    """Send the chord: one sub-agent task per subtask, joined by ``join_results``.
+
+    Results go to the job's records in Redis, not to Celery's result backend: with
+    ``ignore_result`` the sender does not subscribe to thousands of result channels, and the
+    chord still counts its header tasks (the backend does that whether results are kept).
+    """
+    options = {"queue": queue, "ignore_result": True}
+    header = [run_subagent.s(job_id, i).set(**options) for i in range(n)]
+    chord(header)(join_results.s(job_id).set(**options))
 
 
 @app.task(name="drover.plan_job", bind=True, max_retries=None)
