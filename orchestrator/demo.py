@@ -126,8 +126,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         if result.synthesis:
             console.print("\n[bold]Synthesis[/] (first lines):")
             console.print("\n".join(result.synthesis.splitlines()[:4]))
-        if config.plot is not None:
-            _plot(settings, config.plot, console)
+        _usage(settings, config.plot, console, keeps=redis.kind == "existing")
         return 0 if result.counts.get("ok") == len(result.results) else 1
 
 
@@ -153,10 +152,15 @@ def _table(result: Any, stats: dict[str, Any], wall: float) -> Table:
     return table
 
 
-def _plot(settings: Any, path: Path, console: Console) -> None:
-    try:
-        from orchestrator.stats import plot_usage
-    except ImportError:
-        return
-    plot_usage(settings, path)
-    console.print(f"\nusage plot written to {path.resolve()}")
+def _usage(settings: Any, plot: Path | None, console: Console, *, keeps: bool) -> None:
+    """The limiter's own view of the run (``drover stats``), and the plot when asked for."""
+    from orchestrator.stats import print_stats, safe_url, stats_window_s
+
+    console.print()
+    print_stats(console, plot=plot, settings=settings)
+    if keeps:  # a Redis the demo started is gone when it ends, and its counters with it
+        console.print(f"see them again (within {stats_window_s(settings) // 60} min): "
+                      f"DROVER_REDIS_URL={safe_url(settings.redis_url)} "
+                      f"DROVER_KEY_PREFIX={settings.key_prefix} DROVER_RPM={settings.rpm:g} "
+                      f"DROVER_ITPM={settings.itpm:g} DROVER_OTPM={settings.otpm:g} "
+                      "drover stats", soft_wrap=True)

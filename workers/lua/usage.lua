@@ -16,6 +16,11 @@ for sec = first, last do
   for j = 3, #ARGV do fields[#fields + 1] = s .. ':' .. ARGV[j] end
 end
 local out = {string.format('%d', first)}
-local vals = redis.call('HMGET', KEYS[1], unpack(fields))
-for j = 1, #vals do out[#out + 1] = vals[j] or '' end
+-- In slices: unpack() of more than ~8000 values fails ("too many results to unpack"), and a
+-- window of an hour has 3600 x 7 fields.
+local SLICE = 4000
+for i = 1, #fields, SLICE do
+  local vals = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + SLICE - 1, #fields)))
+  for j = 1, #vals do out[#out + 1] = vals[j] or '' end
+end
 return out

@@ -1,0 +1,343 @@
+"""``drover stats``: how much of each limit the fleet used, read from the limiter's counters.
+
+The limiter keeps per-scope, per-second counters in Redis (requests at the planned send
+second, tokens when a call settles, waits, 429s and 529s; see ``workers.limiter``), pruned
+after ``DROVER_STATS_WINDOW_S``. Everything here is computed from those counters, so it sees
+every worker on every host, and needs nothing but the Redis and the key prefix the workers use.
+
+Two views:
+
+- ``print_stats``: per scope, the last 60 s against each limit (and the busiest 60 s of the
+  window), waits, 429s, 529s, leases in flight, cooldown.
+- ``plot_usage``: requests/min and tokens/min over time, as rolling 60 s sums of the
+  per-second counters (what the provider's per-minute limits measure), with the limits
+  as horizontal lines and every second that saw a 429 or 529 marked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from rich.console import Console
+from rich.table import Table
+
+from config import Settings, get_settings
+from workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
+
+__all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum", "safe_url",
+           "stats_window_s"]
+
+# (counter in the limiter, ScopeLimits attribute, label)
+DIMENSIONS = (("requests", "rpm", "requests/min"),
+              ("input_tokens", "itpm", "input tokens/min"),
+              ("output_tokens", "otpm", "output tokens/min"))
+# Scopes drawn in one plot: more would make every panel unreadable.
+MAX_PLOTTED_SCOPES = 6
+DEFAULT_WINDOW_S = 3600  # the limiter's own default
+
+
+@dataclass
+class ScopeUsage:
+    """One scope's counters over the stats window and its limits (per minute, raw)."""
+
+    scope: str
+    series: list[dict[str, int]]          # one row per second, oldest first ("t" = epoch s)
+    limits: dict[str, float | None]       # the provider's limits: configured, else learned
+    targets: dict[str, float | None]      # what the limiter aims at (limits x utilisation)
+    leases: int = 0
+    cooldown_s: float = 0.0
+    fields: tuple[str, ...] = field(default=STAT_FIELDS)
+
+    def last(self, seconds: int = 60) -> dict[str, int]:
+        """Sums over the last ``seconds`` seconds."""
+        rows = self.series[-seconds:]
+        return {name: sum(row.get(name, 0) for row in rows) for name in self.fields}
+
+    def peak(self, name: str) -> int:
+        """The busiest 60 s of the window for one counter."""
+        sums = rolling_sum([row.get(name, 0) for row in self.series])
+        return max(sums, default=0)
+
+    @property
+    def active(self) -> bool:
+        return any(row.get(name, 0) for row in self.series for name in self.fields)
+
+
+def rolling_sum(values: list[int], window: int = 60) -> list[int]:
+    """out[i] = sum(values[i - window + 1 .. i]): a per-minute rate at every second."""
+    out: list[int] = []
+    total = 0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total)
+    return out
+
+
+def stats_window_s(settings: Settings) -> int:
+    """How far back the limiter keeps per-second counters (DROVER_STATS_WINDOW_S)."""
+    return int(getattr(settings, "stats_window_s", DEFAULT_WINDOW_S))
+
+
+def _limiter(settings: Settings) -> Limiter:
+    from workers.runtime import sync_redis
+
+    return Limiter(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                   horizon_s=settings.horizon_s, stats_window_s=stats_window_s(settings))
+
+
+def _configured(settings: Settings, scope: str) -> ScopeLimits | None:
+    """The limits drover's settings give a scope; None when only the limiter knows them."""
+    kind, _, rest = scope.partition(":")
+    if kind == "llm":
+        _alias, _, model = rest.partition(":")
+        if settings.limits_for(model) is not None:
+            return ScopeLimits.from_settings(settings, model)
+    elif kind == "tool" and rest in settings.tool_rps:
+        return ScopeLimits.for_tool(settings.tool_rps[rest])
+    return None
+
+
+def _limits_of(settings: Settings, scope: str, state: dict[str, Any],
+               configured: ScopeLimits | None) -> tuple[dict, dict]:
+    """(the provider's limits, the limiter's targets) per dimension, per minute.
+
+    The target is what the limiter enforced at its last write (stored with the bucket), so
+    it is right even when this process's settings differ from the workers'. The provider's
+    figure is a learned ``-limit`` header where there is one, else the target divided by the
+    target utilisation that LLM scopes are scaled by.
+    """
+    limits: dict[str, float | None] = {}
+    targets: dict[str, float | None] = {}
+    learned = state.get("learned") or {}
+    for name, attr, _ in DIMENSIONS:
+        dim = state.get(name)
+        target = dim["limit_per_min"] if dim else None
+        if target is None and configured is not None:
+            target = getattr(configured, attr)
+        raw: float | None = target
+        if target is not None and scope.startswith("llm:"):
+            conf = getattr(configured, attr) if configured is not None else None
+            raw = learned[attr] if conf is None and learned.get(attr) else (
+                target / settings.target_utilization)
+        limits[name] = raw
+        targets[name] = target
+    return limits, targets
+
+
+def collect(settings: Settings | None = None, *, window_s: int | None = None
+            ) -> list[ScopeUsage]:
+    """Every scope the limiter saw within the window, with its per-second counters."""
+    settings = settings or get_settings()
+    window = int(window_s or stats_window_s(settings))
+    limiter = _limiter(settings)
+    try:
+        out = []
+        for scope in limiter.scopes():
+            configured = _configured(settings, scope)
+            # The bucket remembers the limits the workers used, until it expires when idle;
+            # only then do this process's settings stand in for them.
+            state = limiter.state(scope)
+            if configured is not None and all(state.get(n) is None for n, _, _ in DIMENSIONS):
+                state = limiter.state(scope, configured)
+            limits, targets = _limits_of(settings, scope, state, configured)
+            out.append(ScopeUsage(
+                scope=scope, series=limiter.usage(scope, window), limits=limits,
+                targets=targets, leases=int(state.get("leases", 0)),
+                cooldown_s=float(state.get("cooldown_s", 0.0))))
+        return out
+    finally:
+        limiter._client.close()
+
+
+# --- the table ------------------------------------------------------------------------------
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _pct(value: int, limit: float | None) -> str:
+    return "" if not limit else f"{value / limit:.0%}"
+
+
+def safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def limits_table(usages: list[ScopeUsage], window_s: int) -> Table:
+    """Per scope and dimension: the last 60 s and the busiest 60 s against the limit."""
+    table = Table(title="use of the limits (per minute)",
+                  caption=f"busiest = the highest rolling 60 s sum in the last "
+                          f"{window_s // 60} min")
+    for name, justify in (("scope", "left"), ("", "left"), ("last 60 s", "right"),
+                          ("limit", "right"), ("use", "right"), ("busiest", "right"),
+                          ("use", "right")):
+        table.add_column(name, justify=justify,  # type: ignore[arg-type]
+                         overflow="fold" if name == "scope" else "ellipsis")
+    for u in usages:
+        last = u.last(60)
+        for k, (name, _, label) in enumerate(DIMENSIONS):
+            limit = u.limits.get(name)
+            peak = u.peak(name)
+            table.add_row(u.scope if k == 0 else "", label.removesuffix("/min"),
+                          _n(last.get(name, 0)), "-" if limit is None else _n(limit),
+                          _pct(last.get(name, 0), limit), _n(peak), _pct(peak, limit),
+                          end_section=k == len(DIMENSIONS) - 1)
+    return table
+
+
+def events_table(usages: list[ScopeUsage]) -> Table:
+    """Per scope: waits, 429s, 529s (last 60 s, and the whole window), leases, cooldown."""
+    table = Table(title="waits, errors and leases (last 60 s; whole window in brackets)")
+    extra = [f for f in STAT_FIELDS if f.startswith("n") and f not in ("n429", "n529")]
+    for name in ("scope", "waits", "avg wait", "429s", "529s",
+                 *(f"{f[1:]}s" for f in extra), "in flight", "cooldown"):
+        table.add_column(name, justify="left" if name == "scope" else "right",
+                         overflow="fold" if name == "scope" else "ellipsis")
+    for u in usages:
+        last = u.last(60)
+        whole = u.last(len(u.series))
+        waits = last.get("waits", 0)
+        row = [u.scope, f"{waits} ({whole.get('waits', 0)})",
+               f"{last.get('wait_ms', 0) / waits / 1000:.2f} s" if waits else "-"]
+        for name in ("n429", "n529", *extra):
+            row.append(f"{last.get(name, 0)} ({whole.get(name, 0)})")
+        row.append(str(u.leases))
+        row.append(f"{u.cooldown_s:.1f} s" if u.cooldown_s > 0 else "-")
+        table.add_row(*row)
+    return table
+
+
+def print_stats(console: Console, plot: Path | None = None, *,
+                settings: Settings | None = None) -> int:
+    """``drover stats [--plot FILE]``: the table, and the plot when asked for."""
+    settings = settings or get_settings()
+    usages = collect(settings)
+    window = stats_window_s(settings)
+    where = f"prefix {settings.key_prefix!r} on {safe_url(settings.redis_url)}"
+    if not usages:
+        console.print(f"no limiter activity in the last {window} s under "
+                      f"{where} (DROVER_KEY_PREFIX and DROVER_REDIS_URL must match the "
+                      "workers')")
+    else:
+        console.print(limits_table(usages, window))
+        console.print(events_table(usages))
+        console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
+                      "each limit (DROVER_TARGET_UTILIZATION)[/]")
+    if plot is not None:
+        plot_usage(settings, plot, usages=usages)
+        console.print(f"usage plot written to {plot.resolve()}")
+    return 0
+
+
+# --- the plot -------------------------------------------------------------------------------
+
+def _span(usages: list[ScopeUsage]) -> tuple[int, int] | None:
+    """First active second to the end of the last minute of activity (or now)."""
+    seconds = [row["t"] for u in usages for row in u.series
+               if any(row.get(n, 0) for n in u.fields)]
+    if not seconds:
+        return None
+    now = max(u.series[-1]["t"] for u in usages if u.series)
+    return min(seconds), min(now, max(seconds) + 60)
+
+
+def plot_usage(settings: Settings | None, path: Path | str, *,
+               usages: list[ScopeUsage] | None = None) -> Path:
+    """Draw requests/min and tokens/min over time against the limits into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and in containers
+    import matplotlib.pyplot as plt
+
+    settings = settings or get_settings()
+    path = Path(path)
+    fig = usage_figure(settings, collect(settings) if usages is None else usages)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def usage_figure(settings: Settings, usages: list[ScopeUsage]) -> Any:
+    """One row per active scope (LLM scopes first), one panel per limit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    active = [u for u in usages if u.active]
+    active.sort(key=lambda u: (not u.scope.startswith("llm:"),
+                               -u.last(len(u.series))["requests"]))
+    active = active[:MAX_PLOTTED_SCOPES]
+    span = _span(active)
+    rows = max(1, len(active))
+    fig, axes = plt.subplots(rows, len(DIMENSIONS), figsize=(16, 3.6 * rows), squeeze=False)
+    if span is None:
+        for ax in axes[0]:
+            ax.text(0.5, 0.5, f"no limiter activity under prefix {settings.key_prefix!r}",
+                    ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+    else:
+        for row_axes, u in zip(axes, active):
+            _draw_scope(row_axes, u, span)
+    fig.suptitle(f"drover: use of the limits per scope, prefix {settings.key_prefix}",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_scope(axes: Any, u: ScopeUsage, span: tuple[int, int]) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    start, end = span
+    # Rolling sums need the minute before the span too, so compute over the whole series.
+    ts = [row["t"] for row in u.series]
+    keep = [i for i, t in enumerate(ts) if start <= t <= end]
+    if not keep:
+        return
+    x = [ts[i] - start for i in keep]
+    for ax, (name, attr, label), color in zip(axes, DIMENSIONS,
+                                              ("tab:blue", "tab:green", "tab:purple")):
+        sums = rolling_sum([row.get(name, 0) for row in u.series])
+        y = [sums[i] for i in keep]
+        ax.plot(x, y, color=color, label=f"{label} (rolling 60 s)")
+        # A run shorter than a minute never fills the 60 s window; the 10 s rate shows
+        # whether it ran at the limit all the same.
+        short = rolling_sum([row.get(name, 0) for row in u.series], 10)
+        ax.plot(x, [short[i] * 6 for i in keep], color=color, alpha=0.35, linewidth=1,
+                label="10 s rate x 6")
+        _limit_line(ax, u.limits.get(name), u.targets.get(name), color, attr)
+        for counter, marker, mark_color, mark in (("n429", "x", "red", "429"),
+                                                  ("n529", "v", "darkorange", "529")):
+            hits = [k for k, i in enumerate(keep) if u.series[i].get(counter, 0)]
+            if hits:
+                total = sum(u.series[keep[k]][counter] for k in hits)
+                ax.scatter([x[k] for k in hits], [y[k] for k in hits], marker=marker,
+                           color=mark_color, zorder=5, label=f"{mark} ({total})")
+        ax.set_title(f"{u.scope}: {label}", fontsize=9)
+        ax.set_xlabel("seconds since the first request")
+        ax.set_xlim(0, max(1, end - start))
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+
+
+def _limit_line(ax: Any, limit: float | None, target: float | None, color: str,
+                name: str) -> None:
+    if limit is None:
+        return
+    ax.axhline(limit, color=color, linestyle="--", linewidth=1, label=f"{name} limit {limit:,.0f}")
+    if target is not None and abs(target - limit) > 1e-9:
+        ax.axhline(target, color=color, linestyle=":", linewidth=1,
+                   label=f"drover target {target:,.0f}")
