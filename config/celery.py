@@ -13,9 +13,21 @@ from typing import Any
 from config.settings import Settings
 
 
+def restore_interval_s(settings: Settings) -> int:
+    """How often a worker looks for unacked tasks older than the visibility timeout.
+
+    Kombu's own default sweeps every 10 s but scans only on every 10th sweep (100 s); drover
+    scans on every sweep, at most every 10 s and at least 10 times per visibility timeout, so
+    a killed worker's tasks come back within ``visibility_timeout_s`` plus this.
+    """
+    return max(1, min(10, settings.visibility_timeout_s // 10))
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": restore_interval_s(settings),
+        "unacked_restore_throttle": 1,
         # A key prefix of our own keeps tests and several deployments apart on one Redis.
         "global_keyprefix": f"{settings.key_prefix}:celery:",
         "socket_connect_timeout": 5,

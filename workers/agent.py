@@ -12,8 +12,11 @@ The loop never raises for an expected failure: it ends with a ``SubagentResult``
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
+
+import redis
 
 from workers.limiter import ScopeLimits, tool_scope
 from workers.llm import (
@@ -31,6 +34,8 @@ from workers.spec import JobSpec
 from workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
+REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later
+log = logging.getLogger("drover.agent")
 
 
 def request_params(spec: JobSpec, model: str, tools: list[Tool],
@@ -97,6 +102,15 @@ class SubagentRun:
             return later
         except CallFailed as failure:
             return await self._fail(spec, state, failure.decision)
+        except redis.RedisError as error:
+            # The checkpoint is in Redis: nothing to record now, resume from it later.
+            return RetryLater(REDIS_DOWN_RETRY_S, f"redis: {type(error).__name__}")
+        except Exception as error:
+            # A bug or a broken deployment. Raising would fail the chord (the join would never
+            # run); a failed record keeps the job going and says what happened.
+            log.exception("sub-agent %s/%d crashed", self.job_id, self.index)
+            return await self._fail(spec, state, Decision(
+                "fail", type(error).__name__, str(error)[:500] or type(error).__name__))
 
     async def _loop(self, spec: JobSpec, state: dict[str, Any], ctx: CallContext
                     ) -> SubagentResult:

@@ -22,7 +22,7 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
-from workers.limiter import Grant, ScopeLimits, llm_scope
+from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
 from workers.retry import Decision, classify
 from workers.runtime import Runtime
 
@@ -158,9 +158,11 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
 async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: Decision,
                        ctx: CallContext, wait_s: float, started: float) -> None:
     if decision.cooldown_s is not None:
-        await rt.limiter.cooldown(scope, limits, decision.cooldown_s)
-    elif decision.counter in ("n529", "n5xx", "nconn"):
+        await rt.limiter.cooldown(scope, limits, decision.cooldown_s)  # also counts the 429
+    elif decision.counter in STAT_FIELDS:  # a spend-cap 429, a 529
         await rt.limiter.record(scope, **{decision.counter: 1})
+    # Every failed call, by kind, for the job too: the limiter keeps only the kinds it limits by.
+    await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
     log.warning("llm call %s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f call_s=%.3f "
                 "next=%s countdown=%.1f", decision.counter, scope, decision.status_code,
                 decision.error_type, ctx.job_id, ctx.index, wait_s,

@@ -169,6 +169,17 @@ class JobStore:
     def attempts(self, job_id: str, index: int) -> int:
         return int(self.r.hget(self.key(job_id, "attempts"), str(index)) or 0)
 
+    def count_failed_call(self, job_id: str, kind: str) -> None:
+        """Count one failed LLM call of the job by kind (n429, n529, n5xx, n4xx, nconn)."""
+        key = self.key(job_id, "failed_calls")
+        pipe = self.r.pipeline()
+        pipe.hincrby(key, kind, 1)
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def failed_calls(self, job_id: str) -> dict[str, int]:
+        return {_s(k): int(v) for k, v in self.r.hgetall(self.key(job_id, "failed_calls")).items()}
+
     def spend(self, job_id: str, tokens: int) -> int:
         """Add to the job's shared token spend (atomic) and return the new total."""
         key = self.key(job_id, "spent")

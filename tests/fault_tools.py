@@ -1,0 +1,31 @@
+"""Tools that misbehave, for the fault tests. Workers import this module when
+DROVER_TOOL_MODULES names ``tests.fault_tools`` (they run with the repository root as cwd)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from workers.tools import tool
+
+HANG_TIMEOUT_S = 0.5
+
+
+@tool(kind="read")
+def fault_raises(topic: str = "") -> str:
+    """Look something up (always fails, for tests)."""
+    raise RuntimeError(f"the backend of fault_raises is down (topic {topic!r})")
+
+
+@tool(kind="read", timeout_s=HANG_TIMEOUT_S)
+async def fault_hangs(topic: str = "") -> str:
+    """Look something up (never answers, for tests)."""
+    await asyncio.sleep(3600)
+    return "unreachable"
+
+
+@tool(kind="read", timeout_s=HANG_TIMEOUT_S)
+def fault_hangs_in_a_thread(topic: str = "") -> str:
+    """Look something up (a blocking call that never answers in time, for tests)."""
+    time.sleep(3.0)  # a thread cannot be killed: it is abandoned and ends by itself
+    return "too late"
