@@ -182,8 +182,18 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+# Commands that hand every argument on. argparse's REMAINDER does not take arguments that
+# start with "-" when nothing came before them (python/cpython#61252), so these are
+# dispatched before argparse sees them.
+_PASSTHROUGH = {"sim": _sim, "worker": _worker, "flower": _flower}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _PASSTHROUGH:
+        args = argparse.Namespace(command=argv[0], rest=argv[1:], fn=_PASSTHROUGH[argv[0]])
+    else:
+        args = parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except SettingsError as error:
