@@ -9,6 +9,7 @@ Everything it started is stopped when it ends, also on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 import uuid
@@ -68,6 +69,9 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     with contextlib.ExitStack() as stack:
         redis = ensure_redis(os.environ.get("DROVER_REDIS_URL", "redis://127.0.0.1:6379/0"))
         stack.callback(redis.close)
+        # Celery's AsyncResult objects unsubscribe from their result channel when collected;
+        # collect them while the Redis they talk to is still up.
+        stack.callback(gc.collect)
         where = {"existing": f"the Redis at {redis.url}",
                  "redis-server": f"a private redis-server at {redis.url}",
                  "fakeredis": f"fakeredis at {redis.url} (no redis-server installed; "

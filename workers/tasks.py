@@ -12,7 +12,7 @@ from workers.agent import SubagentRun
 from workers.app import app
 from workers.join import Incomplete, join
 from workers.llm import CallFailed, Cancelled, RetryLater
-from workers.planning import plan_goal
+from workers.planning import plan_job_goal
 from workers.runtime import get_runtime
 
 
@@ -56,7 +56,28 @@ def launch(job_id: str, n: int, queue: str) -> None:
     """
     options = {"queue": queue, "ignore_result": True}
     header = [run_subagent.s(job_id, i).set(**options) for i in range(n)]
-    chord(header)(join_results.s(job_id).set(**options))
+    sent = chord(header)(join_results.s(job_id).set(**options))
+    _forget_header_results(sent.backend, [r.id for r in getattr(sent.parent, "results", ())])
+
+
+def _forget_header_results(backend: Any, task_ids: list[str]) -> None:
+    """Drop the result subscriptions Celery made for a chord's header in this process.
+
+    The Redis result backend's ``apply_chord`` builds a GroupResult whose ready barrier
+    subscribes the sending process to every header task's result channel and keeps each
+    AsyncResult until its result arrives. Nothing here waits on them (records come from the
+    job store), so a long-lived submitter would pile up subscriptions, and they would try to
+    unsubscribe when collected, perhaps after Redis has gone away.
+    """
+    pending = getattr(backend, "_pending_results", None)
+    consumer = getattr(backend, "result_consumer", None)
+    if pending is None or consumer is None:
+        return
+    for mapping in pending:
+        for task_id in task_ids:
+            mapping.pop(task_id, None)
+    for task_id in task_ids:
+        consumer.cancel_for(task_id)
 
 
 @app.task(name="drover.plan_job", bind=True, max_retries=None)
@@ -66,16 +87,20 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     spec = rt.store.spec(job_id)
     if rt.store.meta(job_id).get("status") != "planning":  # delivered twice: launched once
         return {"job_id": job_id, "status": "launched"}
-    assert spec.goal is not None
     try:
-        subtasks = rt.run(plan_goal(rt, spec.goal, spec.max_subtasks, model=spec.model,
-                                    system=spec.system, job_id=job_id))
+        subtasks = rt.run(plan_job_goal(rt, job_id, spec))
     except RetryLater as later:
         raise self.retry(countdown=later.countdown, max_retries=rt.settings.max_attempts
                          ) from None
-    except (CallFailed, Cancelled, ValueError) as error:
+    except Cancelled:  # cancelled (or out of time) before it fanned out: nothing to join
+        rt.store.fail_job(job_id, rt.store.cancelled(job_id) or "cancelled", status="cancelled")
+        return {"job_id": job_id, "status": "cancelled"}
+    except (CallFailed, ValueError) as error:
         rt.store.fail_job(job_id, f"planning failed: {error}")
         return {"job_id": job_id, "status": "failed"}
+    if reason := rt.store.cancelled(job_id):  # the cancel came just as the plan did
+        rt.store.fail_job(job_id, reason, status="cancelled")
+        return {"job_id": job_id, "status": "cancelled"}
     rt.store.set_subtasks(job_id, subtasks)
     if rt.store.claim_launch(job_id):
         launch(job_id, len(subtasks), rt.settings.queue)
