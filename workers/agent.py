@@ -25,6 +25,7 @@ from workers.llm import (
     Cancelled,
     RetryLater,
     create_message,
+    race,
     wait_or_cancel,
 )
 from workers.records import SUMMARY_CHARS, SubagentReport, SubagentResult, Usage
@@ -88,8 +89,14 @@ class SubagentRun:
         state = await self._io(self.store.load_checkpoint, self.job_id, self.index)
         if state is None:
             state = _new_state(await self._io(self.store.subtask, self.job_id, self.index))
-        ctx = CallContext(self.job_id, self.index, self.rt.cancel_event(self.job_id),
-                          failures=state["failures"])
+        deadline_in = (await self._io(self.store.deadline_in, self.job_id)
+                       if spec.deadline_s else None)
+        with self.rt.job_scope(self.job_id, deadline_in) as cancel:
+            ctx = CallContext(self.job_id, self.index, cancel, failures=state["failures"])
+            return await self._run(spec, state, ctx)
+
+    async def _run(self, spec: JobSpec, state: dict[str, Any], ctx: CallContext
+                   ) -> SubagentResult | RetryLater:
         try:
             return await self._loop(spec, state, ctx)
         except Cancelled:
@@ -122,7 +129,8 @@ class SubagentRun:
         while True:
             calls = _pending_tool_calls(state)
             if calls:
-                await self._run_tools(spec, state, calls, allowed)
+                # A cancel stops a turn's tools too (saved results stay for the record).
+                await race(self._run_tools(spec, state, calls, allowed), ctx.cancel)
             elif state["turns"] and state["stop_reason"] != "tool_use":
                 return await self._finish(state, "ok")
             usage = Usage.model_validate(state["usage"])
@@ -223,8 +231,10 @@ class SubagentRun:
     async def _finish(self, state: dict[str, Any], status: str, *, error: str | None = None,
                       error_type: str | None = None, status_code: int | None = None
                       ) -> SubagentResult:
-        last = state["messages"][-1]
-        findings = _text(last["content"]) if last["role"] == "assistant" else ""
+        # The latest thing the model said: its answer, or for a sub-agent stopped mid-way
+        # (a budget, a cancel) its partial summary so far.
+        findings = next((text for m in reversed(state["messages"]) if m["role"] == "assistant"
+                         and (text := _text(m["content"]))), "")
         result = SubagentResult(
             job_id=self.job_id, index=self.index, status=status,  # type: ignore[arg-type]
             summary=findings[:SUMMARY_CHARS], usage=Usage.model_validate(state["usage"]),

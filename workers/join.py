@@ -63,7 +63,9 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     elif cancel_reason:
         status, reason = "cancelled", cancel_reason
     synthesis = None
-    if spec.synthesize and status != "failed" and counts["ok"]:
+    # A cancelled job (a cancel, or its deadline) makes no further LLM call, synthesis
+    # included: stop means stop. Its records are all there for the caller to combine.
+    if spec.synthesize and status == "done" and counts["ok"]:
         synthesis = await _synthesise(rt, job_id, spec, results)
     result = JobResult(job_id=job_id, status=status, reason=reason, results=results,
                        counts=counts, usage=total_usage(results),

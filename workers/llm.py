@@ -127,8 +127,10 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
 
     grant = await acquire(rt, scope, limits, ctx, input_tokens=est_in, output_tokens=est_out)
     started = time.monotonic()
+    sent = False
     try:
         await wait_or_cancel(grant.wait_s, ctx.cancel)
+        sent = True
         raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
         message = await raw.parse()
     except anthropic.APIError as error:
@@ -141,7 +143,14 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
             raise RetryLater(decision.countdown, decision.error_type, decision) from None
         raise CallFailed(decision) from None
     except BaseException:
-        await asyncio.shield(rt.limiter.release(scope, grant))  # cancelled before an answer
+        if sent:
+            # Aborted in flight: the provider has counted the request and its input at
+            # admission, so those stay counted; the output reservation is refunded.
+            await asyncio.shield(rt.limiter.settle(scope, limits, grant,
+                                                   input_tokens=grant.input_tokens,
+                                                   output_tokens=0))
+        else:  # cancelled while waiting for the reservation: nothing went out
+            await asyncio.shield(rt.limiter.release(scope, grant))
         raise
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0

@@ -8,10 +8,12 @@ until it fits, and empty or duplicate ones are dropped.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from workers.llm import CallContext, create_message
+from workers.llm import CallContext, Cancelled, create_message
 from workers.runtime import Runtime
+from workers.spec import JobSpec
 
 PLAN_TOOL = {
     "name": "submit_plan",
@@ -56,10 +58,12 @@ def fit_plan(subtasks: list[Any], max_subtasks: int) -> list[str]:
 
 
 async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | None = None,
-                    system: str | None = None, job_id: str = "plan") -> list[str]:
+                    system: str | None = None, job_id: str = "plan",
+                    cancel: asyncio.Event | None = None) -> list[str]:
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
     params = plan_request(goal, max_subtasks, model or rt.settings.model, system)
-    message = await create_message(rt, params, CallContext(job_id, -1, rt.cancel_event(job_id)))
+    cancel = cancel if cancel is not None else asyncio.Event()
+    message = await create_message(rt, params, CallContext(job_id, -1, cancel))
     proposed: list[Any] = []
     for block in message.content:
         if block.type == "tool_use" and block.name == PLAN_TOOL["name"]:
@@ -70,3 +74,15 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
         raise ValueError("the model proposed no usable subtasks for this goal; give subtasks "
                          "explicitly or rephrase the goal")
     return plan
+
+
+async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec) -> list[str]:
+    """Plan a submitted job's goal; a cancel or the job's deadline aborts the planning call."""
+    assert spec.goal is not None
+    deadline_in = (await asyncio.to_thread(rt.store.deadline_in, job_id)
+                   if spec.deadline_s else None)
+    with rt.job_scope(job_id, deadline_in) as cancel:
+        if await asyncio.to_thread(rt.store.cancelled, job_id):
+            raise Cancelled()
+        return await plan_goal(rt, spec.goal, spec.max_subtasks, model=spec.model,
+                               system=spec.system, job_id=job_id, cancel=cancel)

@@ -59,7 +59,8 @@ class JobStore:
             pipe.expire(self.key(job_id, "tasks"), self.ttl_s)
         meta = {"status": status, "n": len(subtasks), "created": now}
         if spec.deadline_s:
-            meta["deadline"] = now + spec.deadline_s
+            # On Redis's clock, like every check of it: the hosts' clocks may disagree.
+            meta["deadline"] = self.server_time() + spec.deadline_s
         pipe.hset(self.key(job_id, "meta"), mapping=meta)
         pipe.expire(self.key(job_id, "meta"), self.ttl_s)
         pipe.zadd(f"{self.prefix}:jobs", {job_id: now})
@@ -107,10 +108,11 @@ class JobStore:
         pipe.hset(self.key(job_id, "meta"), "status", "running")
         return bool(pipe.execute()[0])
 
-    def fail_job(self, job_id: str, reason: str) -> None:
-        """End a job that never fanned out (its planning failed)."""
+    def fail_job(self, job_id: str, reason: str, status: str = "failed") -> None:
+        """End a job that never fanned out (its planning failed or it was cancelled first)."""
         created = float(self.meta(job_id).get("created", time.time()))
-        self.save_result(JobResult(job_id=job_id, status="failed", reason=reason, results=[],
+        self.save_result(JobResult(job_id=job_id, status=status,  # type: ignore[arg-type]
+                                   reason=reason, results=[],
                                    counts=status_counts([]), usage=Usage(),
                                    wall_s=round(time.time() - created, 3)))
 
@@ -130,14 +132,33 @@ class JobStore:
         return True
 
     def cancelled(self, job_id: str) -> str | None:
-        """The cancel reason, when the job was cancelled or its deadline has passed."""
-        reason, deadline = self.r.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
+        """The cancel reason, when the job was cancelled or its deadline has passed.
+
+        The first caller to see an expired deadline cancels the job (and so tells every
+        worker): a deadline needs no process of its own watching it.
+        """
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
+        pipe.time()
+        (reason, deadline), (seconds, micros) = pipe.execute()
         if reason:
             return _s(reason)
-        if deadline and time.time() >= float(deadline):
+        if deadline and seconds + micros / 1e6 >= float(deadline):
             self.cancel(job_id, "deadline")
-            return "deadline"
+            return _s(self.r.hget(self.key(job_id, "meta"), "cancelled") or "deadline")
         return None
+
+    def deadline_in(self, job_id: str) -> float | None:
+        """Seconds until the job's deadline (<= 0 once passed); None when it has none."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.key(job_id, "meta"), "deadline")
+        pipe.time()
+        deadline, (seconds, micros) = pipe.execute()
+        return None if not deadline else float(deadline) - (seconds + micros / 1e6)
+
+    def server_time(self) -> float:
+        seconds, micros = self.r.time()
+        return seconds + micros / 1e6
 
     # --- per sub-agent state ------------------------------------------------------------
     def load_checkpoint(self, job_id: str, index: int) -> dict[str, Any] | None:

@@ -27,13 +27,18 @@ import asyncio
 import inspect
 import json
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 ToolKind = Literal["read", "write"]
 RESULT_CHARS = 20_000
+
+# Sync tools run in a pool of their own: a hung tool that was abandoned at its timeout keeps
+# its thread, and must not starve the loop's default executor (the job store's Redis calls).
+_TOOL_THREADS = ThreadPoolExecutor(max_workers=64, thread_name_prefix="drover-tool")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,20 @@ class Tool:
     timeout_s: float | None = None
     rps: float | None = None
     takes_idempotency_key: bool = field(default=False)
+    # Validates the model's input: the function's own pydantic parameter type, or a model
+    # built from its type hints.
+    input_model: type[BaseModel] | None = field(default=None, compare=False)
+    # Name of the single pydantic parameter, when the function takes one (it gets the model).
+    model_param: str | None = None
+
+    def arguments(self, tool_input: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments for ``fn`` from the model's input; ValidationError if it is bad."""
+        if self.input_model is None:
+            return dict(tool_input)
+        value = self.input_model.model_validate(tool_input)
+        if self.model_param is not None:
+            return {self.model_param: value}
+        return {name: getattr(value, name) for name in type(value).model_fields}
 
     def definition(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description,
@@ -55,18 +74,26 @@ class Tool:
 REGISTRY: dict[str, Tool] = {}
 
 
-def _schema(fn: Callable[..., Any]) -> dict[str, Any]:
+def _input_model(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
+    """The pydantic model of a tool's input, and the parameter that takes it whole (if any)."""
     params = [p for p in inspect.signature(fn).parameters.values()
               if p.name != "idempotency_key"]
-    hints = inspect.get_annotations(fn, eval_str=True)
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except NameError as error:
+        raise ValueError(f"tool {fn.__name__!r}: cannot resolve its type hints ({error}); "
+                         "define the types it uses at module level") from None
     if len(params) == 1 and isinstance(hints.get(params[0].name), type) and issubclass(
             hints[params[0].name], BaseModel):
-        schema = hints[params[0].name].model_json_schema()
-    else:
-        fields = {p.name: (hints.get(p.name, Any),
-                           ... if p.default is inspect.Parameter.empty else p.default)
-                  for p in params}
-        schema = create_model(f"{fn.__name__}_input", **fields).model_json_schema()  # type: ignore[call-overload]
+        return hints[params[0].name], params[0].name
+    fields = {p.name: (hints.get(p.name, Any),
+                       ... if p.default is inspect.Parameter.empty else p.default)
+              for p in params}
+    return create_model(f"{fn.__name__}_input", **fields), None  # type: ignore[call-overload]
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         prop.pop("title", None)
@@ -85,10 +112,12 @@ def tool(name: str | None = None, *, description: str | None = None, kind: ToolK
         text = description or inspect.getdoc(fn)
         if not text:
             raise ValueError(f"tool {tool_name!r} needs a description (or a docstring)")
+        model, model_param = _input_model(fn)
         REGISTRY[tool_name] = Tool(
-            name=tool_name, description=text, input_schema=_schema(fn), fn=fn, kind=kind,
+            name=tool_name, description=text, input_schema=_schema(model), fn=fn, kind=kind,
             timeout_s=timeout_s, rps=rps,
-            takes_idempotency_key="idempotency_key" in inspect.signature(fn).parameters)
+            takes_idempotency_key="idempotency_key" in inspect.signature(fn).parameters,
+            input_model=model, model_param=model_param)
         return fn
 
     return register
@@ -116,7 +145,12 @@ def _result(tool_use_id: str, content: str, is_error: bool = False) -> dict[str,
 
 
 async def _invoke(tool_: Tool, call: dict[str, Any], default_timeout: float) -> dict[str, Any]:
-    kwargs = dict(call.get("input") or {})
+    try:
+        kwargs = tool_.arguments(call.get("input") or {})
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}"
+                             for e in error.errors())
+        return _result(call["id"], f"tool {tool_.name} got bad input: {problems}", True)
     if tool_.takes_idempotency_key:
         # A write tool that is retried after a crash gets the same key: the tool_use id.
         kwargs["idempotency_key"] = call["id"]
@@ -125,7 +159,9 @@ async def _invoke(tool_: Tool, call: dict[str, Any], default_timeout: float) -> 
         if inspect.iscoroutinefunction(tool_.fn):
             value = await asyncio.wait_for(tool_.fn(**kwargs), timeout)
         else:
-            value = await asyncio.wait_for(asyncio.to_thread(tool_.fn, **kwargs), timeout)
+            loop = asyncio.get_running_loop()
+            work = loop.run_in_executor(_TOOL_THREADS, lambda: tool_.fn(**kwargs))
+            value = await asyncio.wait_for(work, timeout)
     except TimeoutError:
         return _result(call["id"], f"tool {tool_.name} timed out after {timeout:g} s", True)
     except TypeError as error:

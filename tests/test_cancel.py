@@ -1,0 +1,237 @@
+"""Cancel and deadlines stop a job on every worker: no new request reaches the provider, no
+lease is left behind, and the join still lists every sub-agent.
+
+Real Redis, worker subprocesses, the real SDK against the simulator. The simulator's request
+counters are polled from a thread of the test, which remembers when they last grew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import redis
+
+from orchestrator import JobHandle, JobSpec, submit
+from tests.conftest import ROOT, configure
+from workers.limiter import Limiter, llm_scope
+from workers.llm import CallContext, Cancelled, create_message
+
+RECEIVED = ("accepted", "rejected_429", "spend_cap_429", "overloaded_529", "errors_5xx",
+            "errors_4xx")
+
+
+class RequestClock:
+    """When the simulator last received a request (as seen by polling its counters)."""
+
+    def __init__(self, sim) -> None:  # noqa: ANN001
+        self.sim = sim
+        self.count = 0
+        self.last_mono = 0.0
+        self.last_wall = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _received(self) -> int:
+        stats = self.sim.stats()
+        return sum(stats[name] for name in RECEIVED)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            count = self._received()
+            if count != self.count:  # first seen now: the request came at or before this
+                self.count, self.last_mono, self.last_wall = count, time.monotonic(), time.time()
+            time.sleep(0.02)
+
+    def __enter__(self) -> RequestClock:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _wait_for_workers(count: int, timeout: float = 90) -> None:
+    """Until ``count`` worker processes answer a ping (so a job's clock starts with them up)."""
+    from workers.app import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(app.control.ping(timeout=0.5) or []) >= count:
+            return
+    raise AssertionError(f"{count} workers did not come up within {timeout} s")
+
+
+def _limiter(redis_url: str, env: dict[str, str]) -> tuple[Limiter, str]:
+    from config import get_settings
+
+    limiter = Limiter(redis.Redis.from_url(redis_url), prefix=env["DROVER_KEY_PREFIX"])
+    return limiter, llm_scope(env["DROVER_KEY_ALIAS"], get_settings().model)
+
+
+def _completed_calls(result) -> int:  # noqa: ANN001
+    return sum(r.usage.calls for r in result.results)
+
+
+SLOW = {"latency_mean_s": 0.7, "latency_p95_s": 1.0, "tool_turns": 1, "tools_per_turn": 1}
+
+
+def test_cancel_in_the_middle_stops_every_worker_and_keeps_finished_results(
+        sim, spawn_worker, drover_env, redis_url):
+    sim.configure(**SLOW)
+    spawn_worker(concurrency=16)
+    spawn_worker(concurrency=16)
+    _wait_for_workers(2)
+    with RequestClock(sim) as clock:
+        handle = submit(JobSpec(subtasks=[f"Assess supplier {i}" for i in range(200)],
+                                tools=["lookup_fact"]))
+        early = []
+        for record in handle.as_completed(timeout=120):
+            early.append(record)
+            if len(early) == 20:
+                break
+        cancelled_at = time.monotonic()
+        assert handle.cancel()
+        result = handle.wait(timeout=120)
+        time.sleep(1.5)  # a straggler would reach the simulator by now
+
+    assert clock.last_mono - cancelled_at <= 1.0  # nothing new after the cancel
+    assert result.status == "cancelled" and result.reason == "cancelled"
+    assert [r.index for r in result.results] == list(range(200))
+    assert set(result.counts) >= {"ok", "cancelled"}
+    assert result.counts["ok"] + result.counts["cancelled"] == 200
+    assert result.counts["ok"] >= 20 and result.counts["cancelled"] >= 100
+    for record in early:  # finished before the cancel: kept as they were
+        assert record.status == "ok" and result.results[record.index] == record
+    never_started = [r for r in result.by_status("cancelled") if r.usage.calls == 0]
+    assert len(never_started) >= 100 and all(r.error == "cancelled" for r in never_started)
+    # Requests in flight at the cancel were aborted: the provider took them, no one waited
+    # for their answers (at most one per worker slot).
+    stats = sim.stats()
+    aborted = stats["accepted"] - _completed_calls(result)
+    assert 1 <= aborted <= 32
+    limiter, scope = _limiter(redis_url, drover_env)
+    assert limiter.state(scope)["leases"] == 0
+    # Aborted calls stay counted (the provider counted them), calls never sent do not.
+    limiter_requests = sum(row["requests"] for row in limiter.usage(scope, 600))
+    assert stats["accepted"] <= limiter_requests <= stats["accepted"] + 2
+
+
+def test_a_deadline_ends_a_long_job_the_same_way(sim, spawn_worker, drover_env, redis_url):
+    sim.configure(**SLOW)
+    spawn_worker(concurrency=8)
+    _wait_for_workers(1)
+    with RequestClock(sim) as clock:
+        handle = submit(JobSpec(subtasks=[f"Assess depot {i}" for i in range(100)],
+                                tools=["lookup_fact"], deadline_s=3))
+        deadline = float(handle.store.meta(handle.id)["deadline"])  # Redis's clock
+        result = handle.wait(timeout=120)
+        time.sleep(1.5)
+
+    assert clock.last_wall - deadline <= 1.0
+    assert result.status == "cancelled" and result.reason == "deadline"
+    assert [r.index for r in result.results] == list(range(100))
+    assert result.counts["ok"] >= 1 and result.counts["cancelled"] >= 50
+    assert result.counts["ok"] + result.counts["cancelled"] == 100
+    assert all(r.error == "deadline" for r in result.by_status("cancelled"))
+    assert sim.stats()["accepted"] - _completed_calls(result) >= 1  # in-flight ones aborted
+    limiter, scope = _limiter(redis_url, drover_env)
+    assert limiter.state(scope)["leases"] == 0
+
+
+def test_a_deadline_aborts_a_call_in_flight_with_no_cancel_message(sim, spawn_worker,
+                                                                    drover_env):
+    # One sub-agent, one very slow call: nothing checks the store while it waits, and no
+    # other worker announces the deadline. Only the worker's own timer can stop it.
+    sim.configure(latency_mean_s=9, latency_p95_s=9, tool_turns=0)
+    spawn_worker(concurrency=2)
+    _wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=["Write the long report"], deadline_s=4))
+    result = handle.wait(timeout=60)
+
+    record = result.results[0]
+    assert record.status == "cancelled" and record.error == "deadline"
+    assert record.usage.calls == 0  # its one call never answered: it was aborted
+    assert sim.stats()["accepted"] == 1 and sim.stats()["in_flight"] == 1  # still "running"
+
+
+def test_cancel_aborts_in_flight_calls_and_refunds_what_was_not_sent(sim, monkeypatch,
+                                                                     drover_env, redis_url):
+    # One request/s: the first call goes out at once, the second waits for the bucket.
+    configure(monkeypatch, drover_env, rpm=60, target_utilization=1)
+    sim.configure(latency_mean_s=4, latency_p95_s=4)
+    from workers.runtime import get_runtime
+
+    rt = get_runtime()
+    params = {"model": rt.settings.model, "max_tokens": 50,
+              "messages": [{"role": "user", "content": "Summarise the contract"}]}
+
+    async def two_calls() -> list[object]:
+        cancel = asyncio.Event()
+        calls = [asyncio.ensure_future(create_message(rt, params, CallContext("j", i, cancel)))
+                 for i in range(2)]
+        while sim.stats()["in_flight"] < 1:  # the first call has reached the provider
+            await asyncio.sleep(0.01)
+        cancel.set()
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = rt.run(two_calls())
+
+    assert all(isinstance(o, Cancelled) for o in outcomes)
+    stats = sim.stats()
+    assert stats["in_flight"] == stats["accepted"]  # we stopped waiting; it had not answered
+    limiter, scope = _limiter(redis_url, drover_env)
+    assert limiter.state(scope)["leases"] == 0
+    usage = limiter.usage(scope, 60)
+    # The sent call stays counted, with its input; the unsent one was refunded entirely;
+    # neither generated output.
+    assert sum(row["requests"] for row in usage) == stats["accepted"]
+    assert sum(row["output_tokens"] for row in usage) == 0
+
+
+def test_cancelling_a_job_while_it_plans_ends_it_without_fanning_out(sim, spawn_worker,
+                                                                      drover_env):
+    sim.configure(latency_mean_s=5, latency_p95_s=5, plan_items=5)
+    spawn_worker(concurrency=2)
+    handle = submit(JobSpec(goal="Plan the depot network", max_subtasks=5))
+    while sim.stats()["in_flight"] < 1:  # the planning call is out
+        time.sleep(0.05)
+    assert handle.cancel("changed my mind")
+    result = handle.wait(timeout=60)
+
+    assert result.status == "cancelled" and result.reason == "changed my mind"
+    assert result.results == [] and sim.stats()["accepted"] == 1
+    assert list(handle.as_completed(timeout=5)) == []
+
+
+def test_drover_cancel_and_watch_work_from_another_process(sim, spawn_worker, drover_env):
+    sim.configure(**SLOW)
+    spawn_worker(concurrency=4)
+    handle = submit(JobSpec(subtasks=[f"Assess route {i}" for i in range(40)],
+                            tools=["lookup_fact"]))
+    env = {**os.environ, "COLUMNS": "200"}  # os.environ holds this test's DROVER_* settings
+    watch = subprocess.Popen(_cli("watch", handle.id), cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = next(handle.as_completed(timeout=60))
+    cancel = subprocess.run(_cli("cancel", handle.id), cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    out, err = watch.communicate(timeout=90)
+
+    assert cancel.returncode == 0 and "cancelling job" in cancel.stdout
+    assert watch.returncode == 1, err  # the job did not finish "done"
+    assert f"#{first.index} ok" in out
+    assert "status=cancelled" in out
+    result = JobHandle.attach(handle.id).result()
+    assert result is not None and result.status == "cancelled"
+    again = subprocess.run(_cli("cancel", handle.id), cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "already ended" in again.stdout
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli", *args]
