@@ -117,8 +117,11 @@ class JobHandle:
                      ) -> Iterator[SubagentResult]:
         """Yield each sub-agent's record as it finishes (each once), until all are in.
 
-        Resumable: the handle remembers the last stream entry it yielded (``last_event``), and
-        a new handle can continue from one with ``after=``.
+        Like ``asyncio.as_completed``: the order is the order of finishing, and ``timeout``
+        bounds the whole iteration (TimeoutError). A cancelled job's stream ends too, once
+        every sub-agent has its record. Resumable: the handle remembers the last stream entry
+        it yielded (``last_event``), and any handle, in any process, continues from one with
+        ``after=``.
         """
         if after is not None:
             self._last_event = after
@@ -141,7 +144,8 @@ class JobHandle:
             if (all_in or meta.get("status") not in ACTIVE) and self._caught_up():
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id}: no further records within {timeout:g} s")
+                raise TimeoutError(f"job {self.id}: not every record arrived within {timeout:g} s "
+                                   f"({self.progress()}); resume with after={self._last_event!r}")
 
     @property
     def last_event(self) -> str:

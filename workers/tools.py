@@ -9,8 +9,11 @@ Register a function and name it in ``JobSpec.tools``::
         "Latest price of a stock symbol."
         ...
 
-The input schema comes from the type hints (through pydantic), the description from the
-docstring. Workers import the modules named in ``DROVER_TOOL_MODULES`` at start-up, so every
+The input schema comes from the type hints (through pydantic), or is the model's own when
+the function takes a single pydantic model (it is then called with that model); the
+description comes from the docstring. The model's input is validated against that schema
+before the call, so a bad input is an error result that says which field is wrong, not an
+exception inside the tool. Workers import the modules named in ``DROVER_TOOL_MODULES`` at start-up, so every
 host knows the same tools.
 
 One turn's ``tool_use`` blocks run together: read tools concurrently under a bound, write
@@ -167,7 +170,8 @@ async def _invoke(tool_: Tool, call: dict[str, Any], default_timeout: float) -> 
     except TypeError as error:
         return _result(call["id"], f"tool {tool_.name} got bad input: {error}", True)
     except Exception as error:  # a tool's failure is the model's to see, not the worker's
-        return _result(call["id"], f"tool {tool_.name} raised {type(error).__name__}: {error}", True)
+        kind = type(error).__name__
+        return _result(call["id"], f"tool {tool_.name} raised {kind}: {error}", True)
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return _result(call["id"], text)
 
