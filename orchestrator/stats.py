@@ -36,7 +36,6 @@ DIMENSIONS = (("requests", "rpm", "requests/min"),
               ("output_tokens", "otpm", "output tokens/min"))
 # Scopes drawn in one plot: more would make every panel unreadable.
 MAX_PLOTTED_SCOPES = 6
-DEFAULT_WINDOW_S = 3600  # the limiter's own default
 
 
 @dataclass
@@ -80,7 +79,7 @@ def rolling_sum(values: list[int], window: int = 60) -> list[int]:
 
 def stats_window_s(settings: Settings) -> int:
     """How far back the limiter keeps per-second counters (DROVER_STATS_WINDOW_S)."""
-    return int(getattr(settings, "stats_window_s", DEFAULT_WINDOW_S))
+    return int(settings.stats_window_s)
 
 
 def _limiter(settings: Settings) -> Limiter:

@@ -210,7 +210,7 @@ def test_429_529_and_5xx_are_logged_and_counted_apart(sim, drover_env, worker, c
 
     lines = [r.getMessage() for r in caplog.records if r.name == "drover.llm"]
     for counter, status in (("n429", 429), ("n529", 529), ("n5xx", 500)):
-        matching = [line for line in lines if line.startswith(f"llm call {counter} ")
+        matching = [line for line in lines if line.startswith(f"llm call outcome={counter} ")
                     and f"status={status} " in line]
         assert len(matching) == 1, (counter, lines)
 

@@ -142,7 +142,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         if decision.action == "retry":
             raise RetryLater(decision.countdown, decision.error_type, decision) from None
         raise CallFailed(decision) from None
-    except BaseException:
+    except BaseException as error:
         if sent:
             # Aborted in flight: the provider has counted the request and its input at
             # admission, so those stay counted; the output reservation is refunded.
@@ -151,14 +151,19 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
                                                    output_tokens=0))
         else:  # cancelled while waiting for the reservation: nothing went out
             await asyncio.shield(rt.limiter.release(scope, grant))
+        log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
+                 "call_s=%.3f in=%d out=0 sent=%s",
+                 "cancelled" if isinstance(error, Cancelled) else "aborted", scope, ctx.job_id,
+                 ctx.index, grant.wait_s, max(0.0, time.monotonic() - started - grant.wait_s),
+                 grant.input_tokens if sent else 0, "yes" if sent else "no")
         raise
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
     await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out)
     await rt.limiter.sync_headers(scope, limits, raw.headers)
     rt.calibration.observe(scope, params, message.usage, used_in, cache_reads_count)
-    log.info("llm call ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f in=%d out=%d "
-             "cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
+    log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f "
+             "in=%d out=%d cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
              time.monotonic() - started - grant.wait_s, used_in, used_out,
              message.usage.cache_read_input_tokens or 0)
     return message
@@ -172,7 +177,7 @@ async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: D
         await rt.limiter.record(scope, **{decision.counter: 1})
     # Every failed call, by kind, for the job too: the limiter keeps only the kinds it limits by.
     await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
-    log.warning("llm call %s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f call_s=%.3f "
-                "next=%s countdown=%.1f", decision.counter, scope, decision.status_code,
-                decision.error_type, ctx.job_id, ctx.index, wait_s,
+    log.warning("llm call outcome=%s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f "
+                "call_s=%.3f in=0 out=0 next=%s countdown=%.1f", decision.counter, scope,
+                decision.status_code or "none", decision.error_type, ctx.job_id, ctx.index, wait_s,
                 time.monotonic() - started - wait_s, decision.action, decision.countdown)
