@@ -18,11 +18,14 @@ err = Console(stderr=True)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from orchestrator.demo import DemoConfig, run_demo
+    from orchestrator.demo import DemoConfig, run_demo, run_demo_on_services
 
     plot = None if args.no_plot else Path(args.plot)
-    return run_demo(DemoConfig(subagents=args.subagents, concurrency=args.concurrency,
-                               rpm=args.rpm, plot=plot), console)
+    config = DemoConfig(subagents=args.subagents, concurrency=args.concurrency,
+                        rpm=args.rpm, plot=plot)
+    if args.on_services:
+        return run_demo_on_services(config, console)
+    return run_demo(config, console)
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -151,6 +154,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--rpm", type=int, default=300)
     demo.add_argument("--plot", default="drover-demo-usage.png")
     demo.add_argument("--no-plot", action="store_true")
+    demo.add_argument("--on-services", action="store_true",
+                      help="start nothing: submit the demo job to the Redis, workers and API "
+                      "of the DROVER_* settings (as docker-compose's orchestrator does)")
     demo.set_defaults(fn=_demo)
 
     for name, fn, text in (

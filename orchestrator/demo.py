@@ -114,10 +114,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                                          queues=[settings.queue], shutdown_timeout=30))
         console.print(f"in-process worker pool: {config.concurrency} threads\n")
         started = time.monotonic()
-        spec = JobSpec(goal=GOAL, max_subtasks=config.subagents, system=SYSTEM,
-                       tools=["lookup_fact", "calculator", "save_note"], max_tokens=256,
-                       synthesize=True)
-        handle = submit(spec, settings=settings)
+        handle = submit(demo_spec(config), settings=settings)
         try:
             result = follow(handle, console)
         except KeyboardInterrupt:
@@ -134,7 +131,61 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         return 0 if result.counts.get("ok") == len(result.results) else 1
 
 
-def _table(result: Any, stats: dict[str, Any], wall: float) -> Table:
+def demo_spec(config: DemoConfig) -> Any:
+    from workers.spec import JobSpec
+
+    return JobSpec(goal=GOAL, max_subtasks=config.subagents, system=SYSTEM,
+                   tools=["lookup_fact", "calculator", "save_note"], max_tokens=256,
+                   synthesize=True)
+
+
+def run_demo_on_services(config: DemoConfig = DemoConfig(),
+                         console: Console | None = None) -> int:
+    """The demo's job against services that already run, starting nothing.
+
+    The Redis at DROVER_REDIS_URL, workers consuming DROVER_QUEUE, and the API (or the
+    simulator) at DROVER_ANTHROPIC_BASE_URL: what docker-compose's one-shot ``orchestrator``
+    service uses. The limits are the workers' (DROVER_RPM/ITPM/OTPM), not ``config``'s.
+    """
+    console = console or Console()
+    from config import get_settings
+    from orchestrator.jobs import submit
+    from orchestrator.stats import safe_url
+    from orchestrator.watch import follow
+
+    settings = get_settings()
+    console.print(f"[bold]drover demo[/] on running services: Redis at "
+                  f"{safe_url(settings.redis_url)}, queue {settings.queue!r}, API at "
+                  f"{settings.anthropic_base_url or 'the Anthropic API'}")
+    started = time.monotonic()
+    handle = submit(demo_spec(config), settings=settings)
+    try:
+        result = follow(handle, console)
+    except KeyboardInterrupt:
+        console.print("\n[yellow]Ctrl-C: cancelling the job[/]")
+        handle.cancel("interrupted")
+        raise
+    console.print(_table(result, _simulator_stats(settings.anthropic_base_url),
+                         time.monotonic() - started))
+    _usage(settings, config.plot, console, keeps=True)
+    return 0 if result.counts.get("ok") == len(result.results) else 1
+
+
+def _simulator_stats(base_url: str | None) -> dict[str, Any] | None:
+    """The simulator's counters, when the API is drover's simulator; None for a real API."""
+    import json
+    import urllib.request
+
+    if not base_url:
+        return None
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/_sim/stats", timeout=5) as response:
+            return json.load(response)
+    except (OSError, ValueError):
+        return None
+
+
+def _table(result: Any, stats: dict[str, Any] | None, wall: float) -> Table:
     table = Table(title=f"job {result.job_id}: {result.status}")
     table.add_column("what")
     table.add_column("value", justify="right")
@@ -142,16 +193,19 @@ def _table(result: Any, stats: dict[str, Any], wall: float) -> Table:
         table.add_row(f"sub-agents {status}", str(count))
     usage = result.usage
     table.add_row("LLM calls (sub-agents)", str(usage.calls))
-    table.add_row("LLM calls seen by the provider", str(stats["accepted"]))
+    if stats is not None:
+        table.add_row("LLM calls seen by the provider", str(stats["accepted"]))
     table.add_row("input tokens", f"{usage.input_tokens:,}")
     table.add_row("output tokens", f"{usage.output_tokens:,}")
     table.add_row("cache writes (tokens)", f"{usage.cache_creation_input_tokens:,}")
     table.add_row("cache reads (tokens)", f"{usage.cache_read_input_tokens:,}")
-    table.add_row("429s seen by the provider", str(stats["rejected_429"]))
-    table.add_row("529s seen by the provider", str(stats["overloaded_529"]))
-    peak = stats["max_60s"]
-    limits = stats.get("limits", {})
-    table.add_row("peak requests in any 60 s", f"{peak['requests']} (limit {limits.get('rpm')})")
+    if stats is not None:  # only the simulator can tell what the provider saw
+        table.add_row("429s seen by the provider", str(stats["rejected_429"]))
+        table.add_row("529s seen by the provider", str(stats["overloaded_529"]))
+        peak = stats["max_60s"]
+        limits = stats.get("limits", {})
+        table.add_row("peak requests in any 60 s",
+                      f"{peak['requests']} (limit {limits.get('rpm')})")
     table.add_row("wall time", f"{wall:.1f} s")
     return table
 
@@ -165,6 +219,6 @@ def _usage(settings: Any, plot: Path | None, console: Console, *, keeps: bool) -
     if keeps:  # a Redis the demo started is gone when it ends, and its counters with it
         console.print(f"see them again (within {stats_window_s(settings) // 60} min): "
                       f"DROVER_REDIS_URL={safe_url(settings.redis_url)} "
-                      f"DROVER_KEY_PREFIX={settings.key_prefix} DROVER_RPM={settings.rpm:g} "
-                      f"DROVER_ITPM={settings.itpm:g} DROVER_OTPM={settings.otpm:g} "
+                      f"DROVER_KEY_PREFIX={settings.key_prefix} DROVER_RPM={settings.rpm:.0f} "
+                      f"DROVER_ITPM={settings.itpm:.0f} DROVER_OTPM={settings.otpm:.0f} "
                       "drover stats", soft_wrap=True)
