@@ -1,0 +1,182 @@
+"""What every contender gets (where the simulator is, which workload) and gives back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.workload import Workload, assistant_turn, request_params, tool_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    workload: Workload
+    sim_url: str
+    redis_url: str
+    api_key: str  # a key of this run's own: the simulator keeps buckets per key
+    prefix: str   # Redis key prefix of this run's own (deleted afterwards)
+    workers: int = 4
+    concurrency: int = 8  # threads per worker process (b's semaphore: workers x concurrency)
+    time_cap_s: float = 600.0  # sub-agents unfinished by then count as lost ("timed out")
+
+
+@dataclass
+class Outcome:
+    completed: int
+    lost: int
+    makespan_s: float
+    errors: dict[str, int] = field(default_factory=dict)  # what the lost ones died of
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def subagent_async(create: Any, task: str) -> int:
+    """The loop users write: call, run the tools, call again until the model is done."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    calls = 0
+    while True:
+        reply = await create(**request_params(messages))
+        calls += 1
+        messages.append(assistant_turn(reply.content))
+        follow_up = tool_results(messages[-1]["content"])
+        if follow_up is None:
+            return calls
+        messages.append(follow_up)
+
+
+async def gather_capped(coros: list[Any], cap_s: float) -> list[Any]:
+    """``asyncio.gather(..., return_exceptions=True)``, but unfinished ones become TimeoutError."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    await asyncio.wait(tasks, timeout=cap_s)
+    out: list[Any] = []
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+            out.append(TimeoutError("unfinished at the time cap"))
+        else:
+            out.append(task.exception() or task.result())
+    return out
+
+
+def error_name(error: BaseException) -> str:
+    status = getattr(error, "status_code", None)
+    return f"{type(error).__name__}{f' {status}' if status else ''}"
+
+
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    with contextlib.closing(client):
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(keys), 1000):
+            client.delete(*keys[i:i + 1000])
+
+
+@contextlib.contextmanager
+def celery_workers(app_path: str, env: dict[str, str], queue: str, count: int,
+                   concurrency: int, ping_app: Any, pool: str = "threads",
+                   log_dir: Path | None = None) -> Iterator[list[subprocess.Popen]]:
+    """`count` real `celery worker` processes on `queue`; yields once all answer a ping."""
+    procs: list[subprocess.Popen] = []
+    names = [f"bench{i}-{uuid.uuid4().hex[:6]}@localhost" for i in range(count)]
+    full_env = {**os.environ, **env}
+    try:
+        for i, name in enumerate(names):
+            log = open(log_dir / f"{name.split('@')[0]}.log", "w") if log_dir else subprocess.DEVNULL
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", app_path, "worker", "--pool", pool,
+                 "--concurrency", str(concurrency), "--queues", queue, "--loglevel", "WARNING",
+                 "--without-gossip", "--without-mingle", "-n", name],
+                cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        deadline = time.monotonic() + 90
+        while True:
+            replies = ping_app.control.ping(destination=names, timeout=1.0) or []
+            if len(replies) >= count:
+                break
+            dead = [p for p in procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"{app_path}: {len(replies)}/{count} workers answered "
+                                   f"({len(dead)} exited)")
+        yield procs
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class SimProcess:
+    """`python -m simulator` in a process of its own (its own interpreter, off the harness's
+    GIL), driven over its control endpoints; a context manager."""
+
+    def __init__(self, config: Any) -> None:
+        from orchestrator.services import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "simulator", "--port", str(self.port)]
+        for name, value in config.to_dict().items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + name.replace("_", "-"))
+            elif value is not None:
+                args += [flag, str(value)]
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if "listening" not in line:
+            self.close()
+            raise RuntimeError(f"the simulator did not start: {line!r}")
+
+    def _call(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data,
+                                         method="GET" if body is None else "POST",
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("/_sim/stats")
+
+    def reset(self) -> None:
+        self._call("/_sim/reset", {})
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        return self._call("/_sim/config", changes)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> SimProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
