@@ -1,0 +1,35 @@
+# drover in one image: `drover worker`, `drover sim`, `drover flower`, `drover demo|submit|stats`.
+# docker-compose.yml runs each of them as a service; any host can run the same image.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MPLCONFIGDIR=/tmp/matplotlib
+
+WORKDIR /src
+
+# The runtime dependencies first, read from pyproject.toml: a code change does not reinstall
+# them. Test and benchmark extras stay out of the image.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# Only the four packages that run; tests, bench and docs are not copied (see .dockerignore).
+COPY config ./config
+COPY workers ./workers
+COPY orchestrator ./orchestrator
+COPY simulator ./simulator
+RUN pip install --no-deps . && rm -rf /src/build
+
+# Never root: a worker runs model-chosen tool calls.
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin drover \
+    && mkdir -p /home/drover/out && chown drover:drover /home/drover/out
+USER drover
+WORKDIR /home/drover
+
+EXPOSE 5555 8080
+CMD ["drover", "--help"]
