@@ -105,7 +105,6 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         from orchestrator.jobs import submit
         from orchestrator.watch import follow
         from workers.app import app
-        from workers.spec import JobSpec
 
         app.conf.update(broker_url=settings.broker, result_backend=settings.backend,
                         task_default_queue=settings.queue)

@@ -27,8 +27,8 @@ from rich.table import Table
 from config import Settings, get_settings
 from workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
 
-__all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum", "safe_url",
-           "stats_window_s"]
+__all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
+           "safe_url", "stats_window_s", "usage_figure"]
 
 # (counter in the limiter, ScopeLimits attribute, label)
 DIMENSIONS = (("requests", "rpm", "requests/min"),
@@ -82,13 +82,6 @@ def stats_window_s(settings: Settings) -> int:
     return int(settings.stats_window_s)
 
 
-def _limiter(settings: Settings) -> Limiter:
-    from workers.runtime import sync_redis
-
-    return Limiter(sync_redis(settings.redis_url), prefix=settings.key_prefix,
-                   horizon_s=settings.horizon_s, stats_window_s=stats_window_s(settings))
-
-
 def _configured(settings: Settings, scope: str) -> ScopeLimits | None:
     """The limits drover's settings give a scope; None when only the limiter knows them."""
     kind, _, rest = scope.partition(":")
@@ -132,8 +125,12 @@ def collect(settings: Settings | None = None, *, window_s: int | None = None
             ) -> list[ScopeUsage]:
     """Every scope the limiter saw within the window, with its per-second counters."""
     settings = settings or get_settings()
+    from workers.runtime import sync_redis
+
     window = int(window_s or stats_window_s(settings))
-    limiter = _limiter(settings)
+    client = sync_redis(settings.redis_url)
+    limiter = Limiter(client, prefix=settings.key_prefix, horizon_s=settings.horizon_s,
+                      stats_window_s=window)
     try:
         out = []
         for scope in limiter.scopes():
@@ -150,7 +147,7 @@ def collect(settings: Settings | None = None, *, window_s: int | None = None
                 cooldown_s=float(state.get("cooldown_s", 0.0))))
         return out
     finally:
-        limiter._client.close()
+        client.close()
 
 
 # --- the table ------------------------------------------------------------------------------
@@ -287,7 +284,7 @@ def usage_figure(settings: Settings, usages: list[ScopeUsage]) -> Any:
                     ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
     else:
-        for row_axes, u in zip(axes, active):
+        for row_axes, u in zip(axes, active, strict=True):
             _draw_scope(row_axes, u, span)
     fig.suptitle(f"drover: use of the limits per scope, prefix {settings.key_prefix}",
                  fontsize=11)
@@ -306,7 +303,7 @@ def _draw_scope(axes: Any, u: ScopeUsage, span: tuple[int, int]) -> None:
         return
     x = [ts[i] - start for i in keep]
     for ax, (name, attr, label), color in zip(axes, DIMENSIONS,
-                                              ("tab:blue", "tab:green", "tab:purple")):
+                                              ("tab:blue", "tab:green", "tab:purple"), strict=True):
         sums = rolling_sum([row.get(name, 0) for row in u.series])
         y = [sums[i] for i in keep]
         ax.plot(x, y, color=color, label=f"{label} (rolling 60 s)")
