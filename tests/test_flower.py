@@ -127,10 +127,11 @@ def test_flower_lists_the_jobs_tasks_by_name_with_ids_only_and_its_workers(
     assert sorted(t["args"] for t in by_name["drover.run_subagent"]) == [
         f"('{handle.id}', {i})" for i in range(5)]
     assert all(t["worker"] == name for t in tasks.values())
-    for task in by_name["drover.run_subagent"]:  # nothing of the prompts travels in a task
+    for task in tasks.values():  # nothing of the prompts travels in a task, nor its answers
         assert "ACME-PRIVATE" not in task["args"] + (task.get("kwargs") or "")
+        assert "ACME-PRIVATE" not in (task.get("result") or "")
     # The join's first argument is the chord's header results (Celery puts them there; the
-    # join itself reads the records from Redis), then the job id.
+    # join itself reads the records from Redis): ids, status and counts only.
     (join,) = by_name["drover.join_results"]
     assert join["args"].startswith(f"([{{'job_id': '{handle.id}', 'index': 0, 'status': 'ok'")
     worker.send_signal(signal.SIGTERM)

@@ -34,7 +34,10 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     outcome = rt.run(SubagentRun(rt, job_id, index).run())
     if isinstance(outcome, RetryLater):
         raise self.retry(countdown=outcome.countdown, max_retries=None)
-    return outcome.model_dump(mode="json")
+    # The chord hands these to join_results as its argument, which Flower shows: ids, status
+    # and counts only, no model text (the join reads the full records from the job store).
+    return {"job_id": job_id, "index": index, "status": outcome.status,
+            "calls": outcome.usage.calls}
 
 
 @app.task(name="drover.join_results", bind=True, max_retries=None)
@@ -50,9 +53,9 @@ def join_results(self: Task, results: list[dict[str, Any]], job_id: str) -> dict
 def launch(job_id: str, n: int, queue: str) -> None:
     """Send the chord: one sub-agent task per subtask, joined by ``join_results``.
 
-    Results go to the job's records in Redis, not to Celery's result backend: with
-    ``ignore_result`` the sender does not subscribe to thousands of result channels, and the
-    chord still counts its header tasks (the backend does that whether results are kept).
+    Results go to the job's records in Redis, not to Celery's result backend
+    (``ignore_result``); the chord still counts its header tasks, which the backend does
+    whether results are kept or not.
     """
     options = {"queue": queue, "ignore_result": True}
     header = [run_subagent.s(job_id, i).set(**options) for i in range(n)]
