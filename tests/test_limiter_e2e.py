@@ -38,7 +38,8 @@ def test_four_workers_run_200_subagents_at_the_limits_without_a_single_429(
 
     stats = sim.stats()
     assert result.counts["ok"] == workload.subagents, (
-        [r for r in result.results if r.status != "ok"][:3], {k: v for k, v in stats.items() if k != "timeline"})
+        [r for r in result.results if r.status != "ok"][:3],
+        {k: v for k, v in stats.items() if k != "timeline"})
     assert stats["accepted"] == workload.demand.requests  # every call once, none repeated
     assert stats["input_tokens"] == workload.demand.input_tokens
     assert stats["rejected_429"] == 0

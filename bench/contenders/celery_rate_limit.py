@@ -106,4 +106,5 @@ def run(ctx: RunContext, per_worker_rpm: float) -> Outcome:
         errors["TimeoutError (unfinished at the time cap)"] = len(tasks) - len(outcomes)
     lost = sum(errors.values())
     return Outcome(completed=len(tasks) - lost, lost=lost, makespan_s=makespan,
-                   errors=dict(errors), extra={"rate_limit": env["BENCH_RATE_LIMIT"]})
+                   errors=dict(errors), extra={"rate_limit": env["BENCH_RATE_LIMIT"]},
+                   started_at=started, finished_at=started + makespan)

@@ -43,6 +43,10 @@ class Outcome:
     makespan_s: float
     errors: dict[str, int] = field(default_factory=dict)  # what the lost ones died of
     extra: dict[str, Any] = field(default_factory=dict)
+    # time.monotonic() at the start and the end of the makespan; CLOCK_MONOTONIC is one clock
+    # for every process on the host, so these compare with the simulator's own timestamps.
+    started_at: float = 0.0
+    finished_at: float = 0.0
 
 
 async def subagent_async(create: Any, task: str) -> int:
@@ -95,8 +99,10 @@ def celery_workers(app_path: str, env: dict[str, str], queue: str, count: int,
     names = [f"bench{i}-{uuid.uuid4().hex[:6]}@localhost" for i in range(count)]
     full_env = {**os.environ, **env}
     try:
-        for i, name in enumerate(names):
-            log = open(log_dir / f"{name.split('@')[0]}.log", "w") if log_dir else subprocess.DEVNULL
+        for name in names:
+            log: Any = subprocess.DEVNULL
+            if log_dir is not None:
+                log = open(log_dir / f"{name.split('@')[0]}.log", "w")  # noqa: SIM115
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", app_path, "worker", "--pool", pool,
                  "--concurrency", str(concurrency), "--queues", queue, "--loglevel", "WARNING",

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 
 def use_prefix(redis_url: str, prefix: str) -> None:
-    """Point this process's drover (settings, Celery app) at ``prefix``; call before importing it."""
+    """Point this process's drover (settings, Celery app) at ``prefix``; call it before
+    anything imports ``workers.app``."""
     os.environ.update({"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix})
     from config import get_settings
 
@@ -68,15 +69,22 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
         with probe(settings) if probe else contextlib.nullcontext():
             started = time.monotonic()
             handle = submit(spec, settings=settings)
-            result = handle.wait(timeout=ctx.time_cap_s, poll_s=0.05)
+            try:
+                handle.wait(timeout=ctx.time_cap_s, poll_s=0.05)
+            except TimeoutError:
+                pass  # unfinished sub-agents count as lost
             makespan = time.monotonic() - started
         peak_rss_kb = max(_vm_hwm_kb(p.pid) for p in procs)
-    lost = [r for r in result.results if r.status != "ok"]
-    errors = Counter(f"{r.status}: {r.error_type}" for r in lost)
-    return Outcome(completed=len(tasks) - len(lost), lost=len(lost), makespan_s=makespan,
+    records = list(handle.store.records(handle.id).values())
+    errors = Counter(f"{r.status}: {r.error_type}" for r in records if r.status != "ok")
+    if len(records) < len(tasks):
+        errors["TimeoutError (unfinished at the time cap)"] = len(tasks) - len(records)
+    lost = sum(errors.values())
+    return Outcome(completed=len(tasks) - lost, lost=lost, makespan_s=makespan,
                    errors=dict(errors),
-                   extra={"attempts": sum(r.attempts for r in result.results),
-                          "worker_peak_rss_mb": round(peak_rss_kb / 1024, 1)})
+                   extra={"attempts": sum(r.attempts for r in records),
+                          "worker_peak_rss_mb": round(peak_rss_kb / 1024, 1)},
+                   started_at=started, finished_at=started + makespan)
 
 
 def _vm_hwm_kb(pid: int) -> int:

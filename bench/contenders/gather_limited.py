@@ -40,7 +40,8 @@ async def _main(ctx: RunContext) -> Outcome:
     await client.close()
     lost = [r for r in results if isinstance(r, BaseException)]
     return Outcome(completed=len(results) - len(lost), lost=len(lost), makespan_s=makespan,
-                   errors=dict(Counter(error_name(e) for e in lost)))
+                   errors=dict(Counter(error_name(e) for e in lost)), started_at=started,
+                   finished_at=started + makespan)
 
 
 def run(ctx: RunContext) -> Outcome:

@@ -1,8 +1,8 @@
 """(a) `asyncio.gather` over every sub-agent, no limits: the first thing everyone writes.
 
 `return_exceptions=True` is the kind version (here `gather_capped`: the same plus a time
-cap): without it the first exception would discard every result that came back. The SDK retries each call twice (its default), honouring the
-429's `retry-after`.
+cap): without it the first exception would discard every result that came back. The SDK
+retries each call twice (its default), honouring the 429's `retry-after`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ async def _main(ctx: RunContext) -> Outcome:
     await client.close()
     lost = [r for r in results if isinstance(r, BaseException)]
     return Outcome(completed=len(results) - len(lost), lost=len(lost), makespan_s=makespan,
-                   errors=dict(Counter(error_name(e) for e in lost)))
+                   errors=dict(Counter(error_name(e) for e in lost)), started_at=started,
+                   finished_at=started + makespan)
 
 
 def run(ctx: RunContext) -> Outcome:

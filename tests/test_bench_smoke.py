@@ -1,0 +1,30 @@
+"""`python -m bench.compare --quick` still runs end to end (drover and the overhead part),
+so the benchmark harness cannot rot unnoticed. It asserts what the harness produces, not how
+fast anything was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_quick_compare_runs_drover_and_writes_the_table_and_the_plot(redis_url, tmp_path):
+    out, plot = tmp_path / "RESULTS.md", tmp_path / "compare.png"
+    out.write_text("# Results\n\nkept as it is\n")
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "--quick", "--only", "d", "--out", str(out),
+         "--plot", str(plot)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("# Results\n\nkept as it is\n")  # only its own section is replaced
+    [row] = [line for line in text.splitlines() if line.startswith("| **(d) drover")]
+    completed, lost = (int(x) for x in row.split("|")[2].split("/"))
+    assert completed + lost == 30
+    assert "| drover job |" in text and "bare chord of no-op tasks" in text
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
