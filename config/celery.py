@@ -54,6 +54,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "broker_transport_options": transport,
         "result_backend_transport_options": {"global_keyprefix": f"{settings.key_prefix}:celery:"},
+        # Sending a task (a retry, the chord's join) rides out a broker restart of up to about a
+        # minute, like drover's own Redis clients; Celery's default gives up after ~1 s.
+        "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0,
+                                      "interval_step": 0.5, "interval_max": 2},
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
         "redis_backend_health_check_interval": 10,

@@ -111,6 +111,8 @@ class SubagentRun:
             return await self._fail(spec, state, failure.decision)
         except redis.RedisError as error:
             # The checkpoint is in Redis: nothing to record now, resume from it later.
+            log.warning("sub-agent %s/%d: Redis unavailable (%s: %s); retry in %g s",
+                        self.job_id, self.index, type(error).__name__, error, REDIS_DOWN_RETRY_S)
             return RetryLater(REDIS_DOWN_RETRY_S, f"redis: {type(error).__name__}")
         except Exception as error:
             # A bug or a broken deployment. Raising would fail the chord (the join would never

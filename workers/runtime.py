@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import anthropic
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -55,8 +56,10 @@ def sync_redis(url: str) -> redis.Redis:
 
 
 def async_redis(url: str) -> aioredis.Redis:
+    # redis.asyncio needs its own Retry class: handed the sync one, it gives up at once.
+    retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), REDIS_RETRIES)
     return aioredis.Redis.from_url(
-        url, retry=_retry(), retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        url, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         socket_connect_timeout=5, socket_timeout=30, health_check_interval=10)
 
 
