@@ -97,6 +97,5 @@ def test_the_shared_job_budget_counts_every_call_of_parallel_subagents_once(sim,
     spent = sum(_tokens(r) for r in result.results)
     assert handle.store.spent(handle.id) == spent  # atomic: no update lost between workers
     assert sim.stats()["accepted"] == result.usage.calls
-    assert result.counts["budget_exceeded"] > 0
-    assert set(result.counts) >= {"ok", "budget_exceeded"}
+    assert result.counts["budget_exceeded"] > 0 and result.counts["ok"] > 0
     assert result.counts["ok"] + result.counts["budget_exceeded"] == 24

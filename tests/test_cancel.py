@@ -103,7 +103,6 @@ def test_cancel_in_the_middle_stops_every_worker_and_keeps_finished_results(
     assert clock.last_mono - cancelled_at <= 1.0  # nothing new after the cancel
     assert result.status == "cancelled" and result.reason == "cancelled"
     assert [r.index for r in result.results] == list(range(200))
-    assert set(result.counts) >= {"ok", "cancelled"}
     assert result.counts["ok"] + result.counts["cancelled"] == 200
     assert result.counts["ok"] >= 20 and result.counts["cancelled"] >= 100
     for record in early:  # finished before the cancel: kept as they were

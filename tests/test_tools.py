@@ -176,6 +176,7 @@ def test_write_tools_never_overlap_and_run_in_the_models_order(sim, worker, prob
 @pytest.mark.parametrize("hung_tool", ["probe_hang", "probe_hang_sync"])
 def test_a_hung_tool_times_out_as_an_error_result_and_the_loop_goes_on(sim, worker, probes,
                                                                        hung_tool):
+    agent_tools.RELEASE_HUNG.clear()
     sim.configure(tool_turns=1, tools_per_turn=3)
     worker(concurrency=2)
     try:
@@ -195,7 +196,6 @@ def test_a_hung_tool_times_out_as_an_error_result_and_the_loop_goes_on(sim, work
     fine = [by_id[u["id"]] for u in uses if u["name"] == "lookup_fact"]
     assert fine and not any(a["is_error"] for a in fine)
     assert any(hung_tool in line for line in handle.report(0).failed)
-    agent_tools.RELEASE_HUNG.clear()
 
 
 def test_calls_beyond_the_per_turn_cap_get_error_results_and_do_not_run(sim, worker, probes,
