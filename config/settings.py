@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     # to another worker: the recovery time after a crash. Small values are for tests.
     visibility_timeout_s: int = Field(default=3600, ge=5)
     result_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    # A running job that gains no record for this long is checked for sub-agents whose task
+    # message the broker lost (see workers/recovery.py); those are sent again.
+    resend_after_s: float = Field(default=120.0, gt=0)
 
     # --- the agent runtime --------------------------------------------------------------
     max_turns: int = Field(default=8, ge=1)

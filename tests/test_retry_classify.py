@@ -11,8 +11,8 @@ import random
 import socket
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from datetime import datetime, timedelta, timezone
 
 import anthropic
 import httpx2
@@ -34,7 +34,8 @@ def api_error(status: int, error_type: str, message: str, *, headers: dict[str, 
         body["error"]["details"] = {"error_code": error_code}
 
     def answer(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(status, json=body, headers={"request-id": "req_1", **(headers or {})})
+        return httpx2.Response(status, json=body,
+                               headers={"request-id": "req_1", **(headers or {})})
 
     client = anthropic.Anthropic(api_key="sk-test", base_url="http://api.test", max_retries=0,
                                  http_client=httpx2.Client(transport=httpx2.MockTransport(answer)))
@@ -84,7 +85,7 @@ def test_429_retry_after_forms(headers, expected):
 
 
 def test_429_retry_after_as_an_http_date():
-    when = datetime.now(timezone.utc) + timedelta(seconds=20)
+    when = datetime.now(UTC) + timedelta(seconds=20)
     decision = decide(api_error(429, "rate_limit_error", "slow down",
                                 headers={"retry-after": format_datetime(when, usegmt=True)}))
     assert decision.action == "retry"

@@ -85,6 +85,7 @@ class SubagentRun:
         done = await self._io(self.store.record, self.job_id, self.index)
         if done is not None:  # delivered twice: counted once
             return done
+        await self._io(self.store.note_queue, self.job_id, self.rt.settings.queue)
         spec: JobSpec = await self._io(self.store.spec, self.job_id)
         state = await self._io(self.store.load_checkpoint, self.job_id, self.index)
         if state is None:

@@ -15,9 +15,9 @@ countdown so it stays far below the broker's visibility timeout.
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Literal
 
 import anthropic
@@ -47,7 +47,8 @@ class Decision:
         return "n4xx" if code is not None else "nconn"
 
 
-def full_jitter(attempt: int, base_s: float, cap_s: float, rng: random.Random | None = None) -> float:
+def full_jitter(attempt: int, base_s: float, cap_s: float,
+                rng: random.Random | None = None) -> float:
     """AWS's "full jitter": uniform in [0, min(cap, base * 2**attempt)]."""
     rng = rng or random
     return rng.uniform(0.0, min(cap_s, base_s * 2 ** max(0, attempt)))
@@ -75,7 +76,7 @@ def _retry_after(error: anthropic.APIStatusError) -> float | None:
     except ValueError:
         pass
     try:  # the header may also be an HTTP date
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
     except (TypeError, ValueError):
         return None
 

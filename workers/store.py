@@ -190,6 +190,18 @@ class JobStore:
     def attempts(self, job_id: str, index: int) -> int:
         return int(self.r.hget(self.key(job_id, "attempts"), str(index)) or 0)
 
+    def note_queue(self, job_id: str, queue: str) -> None:
+        """Remember the queue the job's tasks come from (the recovery sweep re-sends there)."""
+        self.r.hsetnx(self.key(job_id, "meta"), "queue", queue)
+
+    def add_resend(self, job_id: str, index: int) -> int:
+        """Count one re-send of a sub-agent's lost task; returns the count so far."""
+        key = self.key(job_id, "resent")
+        pipe = self.r.pipeline()
+        pipe.hincrby(key, str(index), 1)
+        pipe.expire(key, self.ttl_s)
+        return int(pipe.execute()[0])
+
     def count_failed_call(self, job_id: str, kind: str) -> None:
         """Count one failed LLM call of the job by kind (n429, n529, n5xx, n4xx, nconn)."""
         key = self.key(job_id, "failed_calls")

@@ -13,6 +13,7 @@ from workers.app import app
 from workers.join import Incomplete, join
 from workers.llm import CallFailed, Cancelled, RetryLater
 from workers.planning import plan_job_goal
+from workers.recovery import start_sweeper
 from workers.runtime import get_runtime
 
 
@@ -26,6 +27,7 @@ def import_tool_modules() -> None:
 @worker_process_init.connect
 def _on_worker_start(**_: Any) -> None:
     import_tool_modules()
+    start_sweeper()  # re-sends tasks the broker lost (see workers/recovery.py)
 
 
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)

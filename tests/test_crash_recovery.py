@@ -1,0 +1,171 @@
+"""Crashes under a running job: a worker killed with SIGKILL, Redis killed and started again.
+Every sub-agent still ends ``ok`` and no finished result is lost.
+
+The broker hands a dead worker's unacked tasks to another worker once they are older than
+the visibility timeout, so these tests run with a short one (15 s) and the countdown cap and
+task time limit that Settings requires under it. The redelivered sub-agents resume from their
+checkpoints: only a call that was in flight at the moment of the crash can be sent twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from orchestrator import JobHandle, JobSpec, submit
+from orchestrator.services import free_port, redis_answers
+from tests.conftest import ROOT, configure
+from workers.recovery import subagent_of, subagents_in_broker
+
+VISIBILITY_TIMEOUT_S = 15
+# Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.
+MARGIN_S = 75
+SHORT_BROKER_TIMEOUTS = {"visibility_timeout_s": VISIBILITY_TIMEOUT_S, "countdown_cap_s": 3,
+                         "task_time_limit_s": 10, "call_timeout_s": 5, "resend_after_s": 5}
+WORKER_THREADS = 8
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.1)
+
+
+def test_a_worker_killed_mid_job_loses_nothing(sim, drover_env, spawn_worker, monkeypatch):
+    configure(monkeypatch, drover_env, **SHORT_BROKER_TIMEOUTS)
+    sim.configure(latency_mean_s=0.3, latency_p95_s=0.6, output_tokens_mean=20, tool_turns=1,
+                  tools_per_turn=1)
+    victim = spawn_worker(concurrency=WORKER_THREADS)
+    spawn_worker(concurrency=WORKER_THREADS)
+    handle = submit(JobSpec(subtasks=[f"Inspect pier {i}" for i in range(100)],
+                            tools=["lookup_fact"], max_tokens=60))
+    wait_until(lambda: handle.progress()["ok"] >= 25, 120, "25 sub-agents done")
+
+    os.killpg(victim.pid, signal.SIGKILL)  # no warm shutdown, no acks: its tasks are in flight
+    victim.wait()
+    assert handle.progress()["pending"] > 0  # the kill came mid-job
+    # The bound the README states: the visibility timeout, one restore sweep, and a margin.
+    result = handle.wait(timeout=VISIBILITY_TIMEOUT_S + MARGIN_S)
+
+    assert result.status == "done"
+    assert [r.index for r in result.results] == list(range(100))
+    assert result.counts["ok"] == 100, [r.error for r in result.results if r.status != "ok"]
+    stats = sim.stats()
+    # Resumed from checkpoints: at most the calls in flight on the killed worker went twice.
+    assert stats["duplicate_accepted"] <= WORKER_THREADS
+    assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 200
+
+
+def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
+    """Submit from a process of its own (``drover submit``), as a user on another host would.
+
+    This test process's Celery app keeps the broker it was first used with; a job for the
+    private Redis has to be sent by a process that starts with its URL.
+    """
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "-"],
+                          input=spec.model_dump_json(), capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **env}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return JobHandle.attach(proc.stdout.split()[-1])
+
+
+def test_a_task_message_the_broker_lost_is_sent_again(sim, drover_env, spawn_worker,
+                                                      monkeypatch, redis_url):
+    configure(monkeypatch, drover_env, resend_after_s=3)
+    handle = submit(JobSpec(subtasks=[f"Weigh cargo {i}" for i in range(10)], max_tokens=60))
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    prefix, queue = drover_env["DROVER_KEY_PREFIX"], drover_env["DROVER_QUEUE"]
+    assert subagents_in_broker(client, prefix, queue) == {(handle.id, i) for i in range(10)}
+    # Take sub-agent 4's message off the queue, as a worker killed right after its BRPOP does
+    # (before kombu records the message as unacked): the broker has no copy left.
+    queue_key = f"{prefix}:celery:{queue}"
+    lost = [raw for raw in client.lrange(queue_key, 0, -1)
+            if subagent_of(json.loads(raw)) == (handle.id, 4)]
+    assert len(lost) == 1 and client.lrem(queue_key, 1, lost[0]) == 1
+
+    spawn_worker(concurrency=4)
+    result = handle.wait(timeout=90)
+
+    assert result.status == "done"
+    assert result.counts["ok"] == 10, [r.error for r in result.results if r.status != "ok"]
+    assert client.hgetall(f"{prefix}:job:{handle.id}:resent") == {"4": "1"}  # sent once more
+    assert sim.stats()["accepted"] == 10  # nothing else ran twice
+    client.close()
+
+
+class PrivateRedis:
+    """A redis-server of this test's own on a fixed port, with an append-only file fsynced on
+    every write, so it can be killed and started again with its data (like a production Redis
+    with AOF)."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not on PATH")
+        self.proc = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+             "--logfile", str(self.workdir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: redis_answers(self.url), 20, f"redis-server on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # SIGKILL: a crash, not a shutdown that saves
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    with contextlib.suppress(Exception):
+        server.kill()
+
+
+def test_redis_killed_and_restarted_mid_job_loses_no_result(sim, drover_env, spawn_worker,
+                                                            monkeypatch, private_redis):
+    configure(monkeypatch, drover_env, redis_url=private_redis.url, **SHORT_BROKER_TIMEOUTS)
+    sim.configure(latency_mean_s=0.3, latency_p95_s=0.6, output_tokens_mean=20, tool_turns=1,
+                  tools_per_turn=1)
+    spawn_worker(concurrency=WORKER_THREADS)
+    spawn_worker(concurrency=WORKER_THREADS)
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Inspect crane {i}" for i in range(100)], tools=["lookup_fact"],
+        max_tokens=60))
+    wait_until(lambda: handle.progress()["ok"] >= 25, 120, "25 sub-agents done")
+    done_before = {r.index for r in handle.store.records(handle.id).values()}
+
+    private_redis.kill()
+    time.sleep(5)
+    private_redis.start()
+    result = handle.wait(timeout=VISIBILITY_TIMEOUT_S + MARGIN_S + 30)
+
+    assert result.status == "done"
+    assert [r.index for r in result.results] == list(range(100))
+    assert result.counts["ok"] == 100, [r.error for r in result.results if r.status != "ok"]
+    assert done_before <= {r.index for r in result.results if r.status == "ok"}
+    stats = sim.stats()
+    assert stats["duplicate_accepted"] <= 2 * WORKER_THREADS  # only calls in flight at the crash
+    assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 200
