@@ -9,6 +9,7 @@ checkpoints: only a call that was in flight at the moment of the crash can be se
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -23,10 +24,14 @@ from pathlib import Path
 import pytest
 import redis
 
+from config import load_settings
 from orchestrator import JobHandle, JobSpec, submit
 from orchestrator.services import free_port, redis_answers
 from tests.conftest import ROOT, configure
-from workers.recovery import subagent_of, subagents_in_broker
+from workers.records import SubagentResult
+from workers.recovery import subagent_of, subagents_in_broker, sweep
+from workers.runtime import sync_redis
+from workers.store import JobStore
 
 VISIBILITY_TIMEOUT_S = 15
 # Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.
@@ -169,3 +174,70 @@ def test_redis_killed_and_restarted_mid_job_loses_no_result(sim, drover_env, spa
     stats = sim.stats()
     assert stats["duplicate_accepted"] <= 2 * WORKER_THREADS  # only calls in flight at the crash
     assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 200
+
+
+# --- the recovery sweep on its own (real Redis, no workers) ----------------------------------
+
+def kombu_envelope(job_id: str, index: int) -> str:
+    """A run_subagent message as kombu stores it in Redis (the test above reads real ones)."""
+    body = json.dumps([[job_id, index], {}, {"callbacks": None, "errbacks": None,
+                                              "chain": None, "chord": None}])
+    return json.dumps({"body": base64.b64encode(body.encode()).decode(),
+                       "content-type": "application/json",
+                       "headers": {"task": "drover.run_subagent", "id": f"t-{index}"},
+                       "properties": {"body_encoding": "base64", "delivery_tag": f"d-{index}"}})
+
+
+def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_the_end(
+        redis_url, key_prefix):
+    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2,
+                             max_attempts=2)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    job_id = "sweepjob"
+    store.create(job_id, JobSpec(subtasks=["a", "b", "c", "d"]), ["a", "b", "c", "d"],
+                 status="queued")
+    store.claim_launch(job_id)
+    store.note_queue(job_id, "q-sweep")
+    store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
+    # 1 is still queued, 2 is unacked (taken by a worker), 3 is nowhere: lost.
+    store.r.lpush(f"{key_prefix}:celery:q-sweep", kombu_envelope(job_id, 1))
+    store.r.hset(f"{key_prefix}:celery:unacked", "d-2",
+                 json.dumps([json.loads(kombu_envelope(job_id, 2)), "", "q-sweep"]))
+    sent: list[tuple[str, str, int | None]] = []
+
+    def sweep_after_a_stall() -> list:
+        store.r.delete(f"{key_prefix}:recovery:q-sweep")  # the lock of the previous sweep
+        first = sweep(store, settings, lambda *args: sent.append(args))
+        time.sleep(0.3)
+        store.r.delete(f"{key_prefix}:recovery:q-sweep")
+        return first + sweep(store, settings, lambda *args: sent.append(args))
+
+    assert sweep_after_a_stall() == [(job_id, 3)]
+    assert sent == [("q-sweep", job_id, 3)]
+    sweep_after_a_stall()  # lost again: sent a second time (DROVER_MAX_ATTEMPTS=2)
+    assert sent[-1] == ("q-sweep", job_id, 3) and len(sent) == 2
+    sweep_after_a_stall()  # and a third time it is given up on
+    assert len(sent) == 2
+    record = store.record(job_id, 3)
+    assert record is not None and record.status == "failed"
+    assert record.error_type == "task_lost"
+    assert store.record(job_id, 1) is None and store.record(job_id, 2) is None
+
+
+def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, key_prefix):
+    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    store.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued")
+    store.claim_launch("joinjob")
+    store.note_queue("joinjob", "other-queue")  # another deployment's job: not ours to touch
+    store.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued")
+    store.claim_launch("ourjob")
+    store.note_queue("ourjob", "q-sweep")
+    for job_id in ("joinjob", "ourjob"):
+        store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
+    sent: list[tuple[str, str, int | None]] = []
+    sweep(store, settings, lambda *args: sent.append(args))
+    time.sleep(0.3)
+    store.r.delete(f"{key_prefix}:recovery:q-sweep")
+    sweep(store, settings, lambda *args: sent.append(args))
+    assert sent == [("q-sweep", "ourjob", None)]
