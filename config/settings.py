@@ -8,6 +8,8 @@ inside a worker. The API key is the Anthropic SDK's usual ``ANTHROPIC_API_KEY``;
 
 from __future__ import annotations
 
+import json
+import re
 from functools import lru_cache
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -22,7 +24,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 PositiveRate = Annotated[float, Field(gt=0)]
 
@@ -109,7 +112,9 @@ class Settings(BaseSettings):
     max_tool_calls_per_turn: int = Field(default=32, ge=1)
     tool_timeout_s: float = Field(default=30.0, gt=0)
     tool_rps: dict[str, PositiveRate] = Field(default_factory=dict)
-    tool_modules: list[str] = Field(default_factory=lambda: ["workers.demo_tools"])
+    # A JSON list or plain comma-separated module names.
+    tool_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["workers.demo_tools"])
     max_fanout: int = Field(default=10_000, ge=1)
 
     @field_validator("redis_url", "broker_url", "result_backend")
@@ -118,6 +123,16 @@ class Settings(BaseSettings):
         if value is None:
             return None
         return _check_url(value, ("redis", "rediss", "unix"))
+
+    @field_validator("tool_modules", mode="before")
+    @classmethod
+    def _module_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [name.strip() for name in text.split(",") if name.strip()]
+        return value
 
     @field_validator("anthropic_base_url")
     @classmethod
@@ -170,7 +185,9 @@ def _explain(error: ValidationError) -> str:
     lines = ["drover's settings are not valid:"]
     for item in error.errors():
         loc = [str(part) for part in item["loc"] if part != "__root__"]
-        name = "DROVER_" + "_".join(loc).upper() if loc else "(settings)"
+        name = f"DROVER_{loc[0].upper()}" if loc else "(settings)"
+        if len(loc) > 1:  # inside a JSON value, e.g. DROVER_LIMITS
+            name += f" ({'.'.join(loc[1:])})"
         secret = loc == ["anthropic_api_key"]
         if secret:
             name = "ANTHROPIC_API_KEY"
@@ -187,6 +204,13 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as error:
         raise SettingsError(_explain(error)) from None
+    except PydanticSettingsError as error:  # a JSON-valued variable that is not JSON
+        match = re.search(r'field "(\w+)"', str(error))
+        name = f"DROVER_{match.group(1).upper()}" if match else "a DROVER_ variable"
+        raise SettingsError(
+            f"drover's settings are not valid:\n  {name}: not valid JSON; write it as JSON, "
+            'e.g. DROVER_LIMITS=\'{"claude-haiku-4-5": {"rpm": 50, "itpm": 50000, '
+            '"otpm": 10000}}\' or DROVER_TOOL_RPS=\'{"lookup_fact": 5}\'') from None
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@ Anthropic SDK talking HTTP to the simulator."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -129,3 +130,21 @@ def test_task_messages_carry_ids_only(drover_env):
 
     signature = run_subagent.s("job123", 4)
     assert signature.args == ("job123", 4) and not signature.kwargs
+
+
+@pytest.mark.parametrize("value, name", [
+    ("{not json", "DROVER_LIMITS: not valid JSON"),
+    ('{"claude-haiku-4-5": {"rpm": -1}}', "DROVER_LIMITS (claude-haiku-4-5.rpm)"),
+    ('{"claude-haiku-4-5": {"rpn": 5}}', "DROVER_LIMITS (claude-haiku-4-5.rpn)"),
+])
+def test_bad_json_settings_name_the_variable_and_the_entry(monkeypatch, value, name):
+    monkeypatch.setenv("DROVER_LIMITS", value)
+    with pytest.raises(SettingsError, match=re.escape(name)):
+        load_settings()
+
+
+def test_tool_modules_take_a_json_list_or_comma_separated_names(monkeypatch):
+    monkeypatch.setenv("DROVER_TOOL_MODULES", "workers.demo_tools, my_tools")
+    assert load_settings().tool_modules == ["workers.demo_tools", "my_tools"]
+    monkeypatch.setenv("DROVER_TOOL_MODULES", '["workers.demo_tools"]')
+    assert load_settings().tool_modules == ["workers.demo_tools"]
