@@ -11,7 +11,12 @@ import redis.asyncio
 from redis.crc import key_slot
 
 from workers.limiter import (
-    AsyncLimiter, Limiter, ScopeLimits, llm_scope, parse_ratelimit_headers, tool_scope,
+    AsyncLimiter,
+    Limiter,
+    ScopeLimits,
+    llm_scope,
+    parse_ratelimit_headers,
+    tool_scope,
 )
 
 T0 = 1_700_000_000_000_000
@@ -202,6 +207,28 @@ def test_sync_headers_fills_limits_that_were_not_configured(lim):
     assert parse_ratelimit_headers({"anthropic-ratelimit-requests-remaining": "-1"})[0][0] is None
 
 
+def test_settle_with_headers_is_settle_then_sync_in_one_call(redis_url, key_prefix):
+    limits = ScopeLimits(rpm=600, itpm=60_000)  # output tokens not configured: learned
+    headers = {"anthropic-ratelimit-input-tokens-remaining": "300",
+               "anthropic-ratelimit-output-tokens-limit": "12000"}
+    client = redis.Redis.from_url(redis_url)
+    two_calls, one_call = (at(Limiter(client, prefix=key_prefix), 0) for _ in range(2))
+    states = []
+    for lim, scope in ((two_calls, "llm:k:two"), (one_call, "llm:k:one")):
+        g = lim.acquire(scope, limits, input_tokens=400, output_tokens=100)
+        at(lim, 0.5)
+        if lim is two_calls:
+            lim.settle(scope, limits, g, input_tokens=250, output_tokens=80)
+            lim.sync_headers(scope, limits, headers)
+        else:
+            lim.settle(scope, limits, g, input_tokens=250, output_tokens=80, headers=headers)
+        states.append(lim.state(scope, limits))
+    client.close()
+    assert states[0] == states[1]
+    assert states[1]["input_tokens"]["level"] == 300  # lowered by -remaining
+    assert states[1]["learned"]["otpm"] == 12_000 and states[1]["leases"] == 0
+
+
 def test_tool_scope_limits_requests_per_second(lim):
     scope, limits = tool_scope("search"), ScopeLimits.for_tool(rps=4, burst_s=0.5)
     assert limits.rpm == 240 and limits.itpm is None
@@ -226,6 +253,20 @@ def test_keys_share_one_hash_tag_and_expire(lim, redis_client, key_prefix):
     assert lim.scopes() == [scope]
     with pytest.raises(ValueError):
         lim.keys("llm:{bad}")
+
+
+def test_no_key_is_left_without_a_ttl_when_the_last_lease_goes(lim, redis_client, key_prefix):
+    scope, limits = "llm:k:ttl", ScopeLimits(rpm=600, max_in_flight=4)
+    def ttls() -> dict[str, int]:
+        return {k: redis_client.pttl(k) for k in redis_client.scan_iter(match=f"{key_prefix}:*")}
+
+    for _ in range(3):  # the lease set empties after each settle, then fills again
+        g = lim.acquire(scope, limits)
+        assert lim.state(scope)["leases"] == 1
+        assert all(ttl > 0 for ttl in ttls().values()), ttls()
+        lim.settle(scope, limits, g, input_tokens=0, output_tokens=0)
+        assert lim.state(scope)["leases"] == 0
+        assert all(ttl > 0 for ttl in ttls().values()), ttls()
 
 
 def test_usage_counts_per_second(lim):
@@ -299,3 +340,45 @@ def test_async_limiter_agrees_with_limiter(redis_url, key_prefix):
     assert sync_out == async_out
     reasons = {o[1] for o in sync_out if isinstance(o, tuple)}
     assert {"ok", "in_flight"} <= reasons  # the sequence exercised more than one path
+
+
+def test_fakeredis_runs_the_scripts_exactly_like_redis(redis_url, key_prefix):
+    """The demo falls back to fakeredis (Lua 5.1 without the struct library): the scripts'
+    plain-Lua packing must give the very same decisions and state as Redis."""
+    import fakeredis
+
+    limits = ScopeLimits(rpm=120, otpm=600, max_in_flight=2)  # input tokens: learned
+    headers = {"anthropic-ratelimit-input-tokens-limit": "6000",
+               "anthropic-ratelimit-output-tokens-remaining": "4"}
+
+    def run(client) -> list:
+        lim = at(Limiter(client, prefix=key_prefix, horizon_s=5), 0)
+        scope, out, grants = "llm:k:fake", [], []
+        for i, (op, *a) in enumerate([
+                ("acquire", 100, 10), ("acquire", 700, 50), ("settle", 50, 80, headers),
+                ("acquire", 50, 5), ("cooldown", 1.5), ("acquire", 10, 1), ("release",),
+                ("sync", {"anthropic-ratelimit-requests-remaining": "0"}), ("acquire", 9, 9),
+                ("record",), ("acquire", 0, 0), ("acquire", 10**5, 0)]):
+            at(lim, i * 0.7)
+            if op == "acquire":
+                g = lim.acquire(scope, limits, input_tokens=a[0], output_tokens=a[1])
+                grants.append(g)
+                out.append((g.granted, g.reason, g.wait_s, g.retry_after_s, g.send_us))
+            elif op == "settle":
+                lim.settle(scope, limits, grants[0], input_tokens=a[0], output_tokens=a[1],
+                           headers=a[2])
+            elif op == "release":
+                lim.release(scope, grants[-1])
+            elif op == "cooldown":
+                out.append(lim.cooldown(scope, limits, a[0]))
+            elif op == "sync":
+                lim.sync_headers(scope, limits, a[0])
+            else:
+                lim.record(scope, n529=2)
+            out.append(lim.state(scope, limits))
+        return out + [lim.usage(scope, 10), lim.scopes()]
+
+    real = run(redis.Redis.from_url(redis_url))
+    fake = run(fakeredis.FakeRedis())
+    assert fake == real
+    assert {o[1] for o in real if isinstance(o, tuple)} >= {"ok", "in_flight", "horizon"}

@@ -13,7 +13,12 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import (
-    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule,
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    rule,
     run_state_machine_as_test,
 )
 from limiter_model import ScopeModel, window_violations
@@ -30,6 +35,12 @@ limits_strategy = st.builds(
     burst_s=st.sampled_from([0.5, 1.0, 3.0]),
     max_in_flight=st.sampled_from([None, 1, 3, 8]),
     learned_utilization=st.sampled_from([1.0, 0.9]),
+)
+
+# (-remaining, -limit) per dimension: requests, input tokens, output tokens
+headers_strategy = st.tuples(
+    st.lists(st.none() | st.integers(0, 50), min_size=3, max_size=3),
+    st.lists(st.none() | st.sampled_from([60, 6000, 50_000]), min_size=3, max_size=3),
 )
 
 
@@ -93,6 +104,23 @@ def make_machine(client, prefix: str):
             rec[2] = min(rec[2], actual_in)
             rec[3] = min(rec[3], actual_out)
 
+        @rule(item=consumes(grants), actual_in=st.integers(0, 4000),
+              actual_out=st.integers(0, 1000), headers=headers_strategy)
+        def settle_with_headers(self, item, actual_in, actual_out, headers):
+            """One round trip: exactly a settle followed by a header sync at the same time."""
+            if item is None:
+                return
+            g, rec = item
+            remaining, learn = headers
+            self.lim.settle(self.scope, self.limits, g, input_tokens=actual_in,
+                            output_tokens=actual_out, headers=self._headers(remaining, learn))
+            self.model.settle(self.now, self.limits, g.lease_id, actual_in - g.input_tokens,
+                              actual_out - g.output_tokens, 0, g.send_us, g.input_tokens,
+                              g.output_tokens)
+            self._model_sync(remaining, learn)
+            rec[2] = min(rec[2], actual_in)
+            rec[3] = min(rec[3], actual_out)
+
         @rule(item=consumes(grants))
         def release(self, item):
             if item is None:
@@ -112,24 +140,30 @@ def make_machine(client, prefix: str):
             left = self.lim.cooldown(self.scope, self.limits, retry_after)
             assert left == self.model.cooldown(self.now, self.limits, retry_after)
 
-        @rule(remaining=st.lists(st.none() | st.integers(0, 50), min_size=3, max_size=3),
-              learn=st.lists(st.none() | st.sampled_from([60, 6000, 50_000]),
-                             min_size=3, max_size=3))
-        def sync(self, remaining, learn):
+        @staticmethod
+        def _headers(remaining, learn) -> dict[str, str]:
             headers = {}
             for name, rem, lim in zip(("requests", "input-tokens", "output-tokens"),
-                                      remaining, learn):
+                                      remaining, learn, strict=True):
                 if rem is not None:
                     headers[f"anthropic-ratelimit-{name}-remaining"] = str(rem)
                 if lim is not None:
                     headers[f"Anthropic-RateLimit-{name.title()}-Limit"] = str(lim)
-            self.lim.sync_headers(self.scope, self.limits, headers)
+            return headers
+
+        def _model_sync(self, remaining, learn) -> None:
             conf = (self.limits.rpm, self.limits.itpm, self.limits.otpm)
             learned = [float(v) if v is not None and c is None else None
-                       for v, c in zip(learn, conf)]
+                       for v, c in zip(learn, conf, strict=True)]
             rem = [None if v is None else float(v) for v in remaining]
             if any(v is not None for v in (*rem, *learned)):
                 self.model.sync(self.now, self.limits, rem, learned)
+
+        @rule(headers=headers_strategy)
+        def sync(self, headers):
+            remaining, learn = headers
+            self.lim.sync_headers(self.scope, self.limits, self._headers(remaining, learn))
+            self._model_sync(remaining, learn)
 
         @invariant()
         def agrees_with_model(self):
@@ -155,7 +189,7 @@ def make_machine(client, prefix: str):
                 return
             for k, (name, conf) in enumerate(zip(("requests", "input", "output"),
                                                  (self.limits.rpm, self.limits.itpm,
-                                                  self.limits.otpm))):
+                                                  self.limits.otpm), strict=True)):
                 if conf is None:
                     continue
                 rate = conf / 60

@@ -15,15 +15,15 @@ How a call uses it::
         retry later, after grant.retry_after_s (a Celery retry frees the worker slot)
     sleep(grant.wait_s)             # the reservation is made; wait until it is covered
     response = call the API        # on 429: limiter.cooldown(scope, limits, retry_after)
-    limiter.sync_headers(scope, limits, response.headers)
-    limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out)
+    limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
+                   headers=response.headers)   # true-up and header sync, one round trip
     # or limiter.release(scope, grant) when the request was never sent
 
 Decisions worth knowing:
 
 - Time is Redis ``TIME`` inside the scripts, never a worker's clock. (The scripts accept a
-  ``now_us`` override in ARGV[6]; it is empty in production and set only by tests through
-  the private ``_now_us`` attribute, so a reference model can be compared exactly.)
+  ``now_us`` override; it is NaN in production and set only by tests through the private
+  ``_now_us`` attribute, so a reference model can be compared exactly.)
 - Reservation: ``acquire`` debits first (levels may go negative: that is the queue) and
   returns how long to wait until the debit is covered, unless that is further ahead than
   ``horizon_s``; then it debits nothing. A request costlier than a bucket's capacity is
@@ -44,17 +44,29 @@ Decisions worth knowing:
   utilisation). A configured limit always wins over a learned one.
 - ``release`` and ``state`` need no limits: the scripts store the effective limits of the
   last write in the bucket.
+- ``settle(..., headers=...)`` is exactly ``settle`` followed by ``sync_headers`` at the same
+  instant, in one round trip (the agent loop's path).
 - Per-second counters (requests at the planned send second, waits/wait_ms at the acquire
   second, tokens at the settle second, n429 from ``cooldown``, anything via ``record``)
   live in one hash per scope, pruned to ``stats_window_s``. The scope registry for
   ``scopes()`` is refreshed by at most one extra call per scope per minute (the acquire
   script says when).
+
+Cost (``bench/acquire_cost.py``, ``bench/RESULTS-acquire.md``): ``acquire`` is one EVALSHA
+with six Redis commands inside (TIME, GET, ZCOUNT, ZADD, SET, HINCRBY). What keeps it there:
+the bucket is one packed string (one GET, one SET) rather than a hash; TTLs are extended
+with slack instead of on every call; numbers travel as one packed argument; EVALSHA is sent
+straight through ``execute_command`` with pre-encoded arguments (NOSCRIPT -> SCRIPT LOAD and
+retry), not through redis-py's ``Script`` object.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-import uuid
+import os
+import random
+import struct
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -63,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 
 if TYPE_CHECKING:  # pragma: no cover
     import config
@@ -109,7 +122,8 @@ class ScopeLimits:
         if not self.burst_s > 0:
             raise ValueError(f"ScopeLimits.burst_s must be > 0, got {self.burst_s!r}")
         if self.max_in_flight is not None and self.max_in_flight < 1:
-            raise ValueError(f"ScopeLimits.max_in_flight must be >= 1 or None, got {self.max_in_flight!r}")
+            raise ValueError("ScopeLimits.max_in_flight must be >= 1 or None, "
+                             f"got {self.max_in_flight!r}")
         if not 0 < self.learned_utilization <= 1:
             raise ValueError("ScopeLimits.learned_utilization must be in (0, 1]")
 
@@ -131,7 +145,8 @@ class ScopeLimits:
         )
 
     @classmethod
-    def for_tool(cls, rps: float, burst_s: float = 1.0, max_in_flight: int | None = None) -> ScopeLimits:
+    def for_tool(cls, rps: float, burst_s: float = 1.0,
+                 max_in_flight: int | None = None) -> ScopeLimits:
         return cls(rpm=rps * 60, burst_s=burst_s, max_in_flight=max_in_flight)
 
 
@@ -150,10 +165,6 @@ class Grant:
 
 # --- shared logic: keys, arguments, parsing -------------------------------------------------
 
-def _num(x: float | int) -> str:
-    return repr(float(x)) if isinstance(x, float) else str(int(x))
-
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -163,15 +174,28 @@ def _f(value: Any) -> float | None:
     return float(text) if text != "" else None
 
 
+# The scope scripts take their numbers as one string of little-endian doubles (ARGV[1]):
+# redis-py packs each argument of a command separately (~0.8 us each here), so one packed
+# argument instead of a dozen is the cheaper round trip. NaN = "absent", -1 = "stored".
+_NAN = float("nan")
+_STORED = -1.0
+_D = struct.Struct("<d")
+_NAN_NOW = _D.pack(_NAN)
+_ACQUIRE = struct.Struct("<6d")
+_SETTLE = struct.Struct("<10d")
+_HEADERS = struct.Struct("<6d")
+
+
 @lru_cache(maxsize=1024)
-def _limit_args(limits: ScopeLimits) -> tuple[str, ...]:
-    def dim(v: float | None) -> str:
-        return "" if v is None else _num(v)
-    return (dim(limits.rpm), dim(limits.itpm), dim(limits.otpm), _num(limits.burst_s),
-            _num(limits.learned_utilization))
+def _limit_head(limits: ScopeLimits) -> bytes:
+    """A[1..5] of a scope script: the limits per minute, burst_s, learned utilisation."""
+    def dim(v: float | None) -> float:
+        return _NAN if v is None else float(v)
+    return struct.pack("<5d", dim(limits.rpm), dim(limits.itpm), dim(limits.otpm),
+                       float(limits.burst_s), float(limits.learned_utilization))
 
 
-_STORED_LIMITS = ("*", "*", "*", "*", "1")
+_STORED_HEAD = struct.pack("<5d", _STORED, _STORED, _STORED, _STORED, 1.0)
 
 
 def parse_ratelimit_headers(
@@ -195,21 +219,46 @@ def parse_ratelimit_headers(
     return remaining, limit
 
 
+def _header_args(limits: ScopeLimits, headers: Mapping[str, str]) -> bytes | None:
+    """The six header numbers of sync.lua (and settle.lua): -remaining r,i,o, then the
+    -limit values to learn (only for dimensions the limits leave unconfigured); None when
+    there is nothing to fold in."""
+    remaining, limit = parse_ratelimit_headers(headers)
+    configured = (limits.rpm, limits.itpm, limits.otpm)
+    learn = [lim if conf is None and lim is not None and lim > 0 else None
+             for lim, conf in zip(limit, configured, strict=True)]
+    if all(v is None for v in (*remaining, *learn)):
+        return None
+    return _HEADERS.pack(*(_NAN if v is None else v for v in (*remaining, *learn)))
+
+
 def _load_sources() -> dict[str, str]:
     lua = resources.files("workers") / "lua"
     lib = (lua / "_lib.lua").read_text()
-    scoped = ("acquire", "settle", "cooldown", "sync", "state", "record")
-    sources = {name: lib + "\n" + (lua / f"{name}.lua").read_text() for name in scoped}
+    true_up = lib + "\n" + (lua / "_true_up.lua").read_text()
+    sources = {name: (true_up if name in ("settle", "cooldown", "sync") else lib) + "\n"
+               + (lua / f"{name}.lua").read_text()
+               for name in ("acquire", "settle", "cooldown", "sync", "state", "record")}
     for name in ("usage", "scopes"):
         sources[name] = (lua / f"{name}.lua").read_text()
     return sources
 
 
 _SOURCES = _load_sources()
+# EVALSHA arguments pre-encoded: redis-py passes bytes through without encoding them.
+_SHAS = {name: hashlib.sha1(src.encode()).hexdigest().encode()
+         for name, src in _SOURCES.items()}
+_NUMKEYS = (b"0", b"1", b"2", b"3", b"4", b"5")
+
+# Lease ids only need to be unique among a scope's live leases. A private generator (reseeded
+# in forked children) is cheaper than uuid4/urandom and immune to someone seeding `random`.
+_lease_rng = random.Random()
+_lease_bits = _lease_rng.getrandbits
+os.register_at_fork(after_in_child=_lease_rng.seed)
 
 # An operation yields (script name, keys, args) and receives the script's reply; the sync and
 # async limiters only differ in how they run that exchange.
-_Call = tuple[str, list[str], list[str]]
+_Call = tuple[str, list[str], list[Any]]
 _Op = Generator[_Call, Any, Any]
 
 
@@ -224,11 +273,23 @@ class _LimiterBase:
         self.prefix = prefix
         self.horizon_s = float(horizon_s)
         self.stats_window_s = int(stats_window_s)
-        self._scripts = {name: client.register_script(src) for name, src in _SOURCES.items()}
         self._keys: dict[str, list[str]] = {}
+        self._keys_b: dict[str, list[bytes]] = {}
         self._registry = f"{prefix}:scopes"
-        # Tests only: a fixed server time in microseconds (ARGV "now_us override").
-        self._now_us: int | None = None
+        self._now_us = None
+
+    # Tests only: a fixed server time in microseconds (the scripts' "now_us override").
+    @property
+    def _now_us(self) -> int | None:
+        return self._now_override
+
+    @_now_us.setter
+    def _now_us(self, value: int | None) -> None:
+        self._now_override = value
+        self._now_b = _NAN_NOW if value is None else _D.pack(float(int(value)))
+
+    def _now(self) -> str:
+        return "" if self._now_us is None else str(int(self._now_us))
 
     # keys and common arguments
     def keys(self, scope: str) -> list[str]:
@@ -238,98 +299,104 @@ class _LimiterBase:
             if not scope or "{" in scope or "}" in scope:
                 raise ValueError(f"a scope must be non-empty and contain no braces: {scope!r}")
             tag = f"{self.prefix}:{{{scope}}}"
-            keys = [f"{tag}:b", f"{tag}:l", f"{tag}:hl", f"{tag}:s", f"{tag}:si"]
+            keys = [f"{tag}:bs", f"{tag}:l", f"{tag}:hl", f"{tag}:s", f"{tag}:si"]
             self._keys[scope] = keys
         return keys
 
-    def _now(self) -> str:
-        return "" if self._now_us is None else str(int(self._now_us))
+    def _bkeys(self, scope: str) -> list[bytes]:
+        # Arguments already in bytes skip redis-py's per-argument encoding.
+        keys = self._keys_b.get(scope)
+        if keys is None:
+            keys = self._keys_b[scope] = [k.encode() for k in self.keys(scope)]
+        return keys
 
-    # operations
-    def _acquire(self, scope: str, limits: ScopeLimits, input_tokens: int, output_tokens: int,
-                 lease_ttl_s: float) -> _Op:
+    # acquire: the hot path, so its two halves are plain functions (no generator) that the
+    # sync and async limiters call around their one EVALSHA.
+    def _acquire_call(self, scope: str, limits: ScopeLimits, input_tokens: int,
+                      output_tokens: int,
+                      lease_ttl_s: float) -> tuple[list[bytes], list[bytes], str]:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token estimates must be >= 0")
-        lease = uuid.uuid4().hex
-        mif = "" if limits.max_in_flight is None else str(limits.max_in_flight)
-        reply = yield ("acquire", self.keys(scope), [
-            *_limit_args(limits), self._now(), str(int(input_tokens)), str(int(output_tokens)),
-            _num(self.horizon_s), mif, lease, _num(float(lease_ttl_s)), str(self.stats_window_s),
-        ])
-        granted, wait, retry, reason, now_us, register = (_s(x) for x in reply)
-        ok = granted == "1"
-        if register == "1":
-            yield ("scopes", [self._registry], [scope, str(self.stats_window_s), self._now()])
-        return Grant(
-            granted=ok, wait_s=float(wait), retry_after_s=float(retry),
-            lease_id=lease if ok else None, reason=reason,
-            input_tokens=int(input_tokens), output_tokens=int(output_tokens),
-            send_at=float(now_us) / 1e6 + float(wait),
-            send_us=float(now_us) + float(wait) * 1e6,
-        )
+        lease = f"{_lease_bits(96):024x}"
+        mif = limits.max_in_flight
+        nums = _limit_head(limits) + self._now_b + _ACQUIRE.pack(
+            input_tokens, output_tokens, self.horizon_s, _NAN if mif is None else mif,
+            lease_ttl_s, self.stats_window_s)
+        return self._bkeys(scope), [nums, lease.encode()], lease
 
-    def _settle(self, scope: str, limits_args: tuple[str, ...], grant: Grant, d_in: int,
-                d_out: int, d_req: int, used_in: int, used_out: int, req_sec: str) -> _Op:
+    @staticmethod
+    def _grant(reply: Any, lease: str, input_tokens: int, output_tokens: int) -> tuple[Grant, bool]:
+        reason, value, now_us, register = _s(reply).split(" ")
+        now = float(now_us)
+        if reason == "ok":
+            wait = float(value)
+            return Grant(True, wait, 0.0, lease, reason, input_tokens, output_tokens,
+                         now / 1e6 + wait, now + wait * 1e6), register == "1"
+        return Grant(False, 0.0, float(value), None, reason, input_tokens, output_tokens,
+                     now / 1e6, now), False
+
+    def _register_args(self, scope: str) -> tuple[list[str], list[str]]:
+        return [self._registry], [scope, str(self.stats_window_s), self._now()]
+
+    # the other operations
+    def _settle(self, scope: str, head: bytes, grant: Grant, d_in: int, d_out: int,
+                d_req: int, used_in: int, used_out: int, req_sec: float,
+                headers: bytes | None = None) -> _Op:
         if not grant.granted or grant.lease_id is None:
             return None
-        yield ("settle", self.keys(scope), [
-            *limits_args, self._now(), grant.lease_id, str(d_in), str(d_out), str(d_req),
-            str(used_in), str(used_out), str(self.stats_window_s), req_sec,
-            _num(float(grant.send_us)), str(grant.input_tokens), str(grant.output_tokens),
-        ])
+        nums = head + self._now_b + _SETTLE.pack(
+            d_in, d_out, d_req, used_in, used_out, self.stats_window_s, req_sec,
+            grant.send_us, grant.input_tokens, grant.output_tokens)
+        if headers is not None:
+            nums += headers
+        yield ("settle", self._bkeys(scope), [nums, grant.lease_id.encode()])
         return None
 
     def _settle_op(self, scope: str, limits: ScopeLimits, grant: Grant, input_tokens: int,
-                   output_tokens: int) -> _Op:
+                   output_tokens: int, headers: Mapping[str, str] | None = None) -> _Op:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token counts must be >= 0")
-        return self._settle(scope, _limit_args(limits), grant,
+        return self._settle(scope, _limit_head(limits), grant,
                             int(input_tokens) - grant.input_tokens,
                             int(output_tokens) - grant.output_tokens, 0,
-                            int(input_tokens), int(output_tokens), "")
+                            int(input_tokens), int(output_tokens), _NAN,
+                            None if headers is None else _header_args(limits, headers))
 
     def _release_op(self, scope: str, grant: Grant) -> _Op:
-        return self._settle(scope, _STORED_LIMITS, grant, -grant.input_tokens,
-                            -grant.output_tokens, -1, 0, 0, str(math.floor(grant.send_at)))
+        return self._settle(scope, _STORED_HEAD, grant, -grant.input_tokens,
+                            -grant.output_tokens, -1, 0, 0, float(math.floor(grant.send_at)))
 
     def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Op:
         if retry_after_s < 0:
             raise ValueError("retry_after_s must be >= 0")
-        reply = yield ("cooldown", self.keys(scope), [
-            *_limit_args(limits), self._now(), _num(float(retry_after_s)),
-            str(self.stats_window_s),
-        ])
+        nums = _limit_head(limits) + self._now_b + struct.pack(
+            "<2d", float(retry_after_s), self.stats_window_s)
+        reply = yield ("cooldown", self.keys(scope), [nums])
         return float(_s(reply))
 
     def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Op:
-        remaining, limit = parse_ratelimit_headers(headers)
-        configured = (limits.rpm, limits.itpm, limits.otpm)
-        learn = [lim if conf is None else None for lim, conf in zip(limit, configured)]
-        learn = [v if v is not None and v > 0 else None for v in learn]
-        if all(v is None for v in (*remaining, *learn)):
+        packed = _header_args(limits, headers)
+        if packed is None:
             return None
-        yield ("sync", self.keys(scope), [
-            *_limit_args(limits), self._now(),
-            *("" if v is None else _num(v) for v in remaining),
-            *("" if v is None else _num(v) for v in learn),
-        ])
+        yield ("sync", self.keys(scope), [_limit_head(limits) + self._now_b + packed])
         return None
 
     def _record(self, scope: str, counts: Mapping[str, int]) -> _Op:
-        args = [""] * 5 + [self._now(), str(self.stats_window_s)]
+        args: list[Any] = [_STORED_HEAD + self._now_b + _D.pack(self.stats_window_s)]
         for name, n in counts.items():
             if name not in STAT_FIELDS:
                 raise ValueError(f"unknown counter {name!r}; expected one of {STAT_FIELDS}")
             if int(n):
                 args += [name, str(int(n))]
-        if len(args) > 7:
+        if len(args) > 1:
             yield ("record", self.keys(scope), args)
         return None
 
     def _usage(self, scope: str, seconds: int) -> _Op:
         if seconds < 1:
             raise ValueError("seconds must be >= 1")
-        reply = yield ("usage", [self.keys(scope)[3]], [str(int(seconds)), self._now(), *STAT_FIELDS])
+        reply = yield ("usage", [self.keys(scope)[3]],
+                       [str(int(seconds)), self._now(), *STAT_FIELDS])
         first = int(_s(reply[0]))
         values = [_s(v) for v in reply[1:]]
         n = len(STAT_FIELDS)
@@ -347,8 +414,8 @@ class _LimiterBase:
         return sorted(_s(x) for x in reply)
 
     def _state(self, scope: str, limits: ScopeLimits | None) -> _Op:
-        args = _STORED_LIMITS if limits is None else _limit_args(limits)
-        reply = yield ("state", self.keys(scope), [*args, self._now()])
+        head = _STORED_HEAD if limits is None else _limit_head(limits)
+        reply = yield ("state", self.keys(scope), [head + self._now_b])
         r = [_s(x) for x in reply]
         out: dict[str, Any] = {
             "now": float(r[0]) / 1e6, "cooldown_s": float(r[1]), "leases": int(r[2]),
@@ -359,7 +426,8 @@ class _LimiterBase:
             out[name] = None if lim is None else {
                 "limit_per_min": lim, "rate_per_s": lim / 60, "capacity": cap, "level": level,
             }
-        out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[14:17])))
+        out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[14:17]),
+                                  strict=True))
         return out
 
 
@@ -370,21 +438,40 @@ class Limiter(_LimiterBase):
                  stats_window_s: int = 3600) -> None:
         super().__init__(client, prefix=prefix, horizon_s=horizon_s, stats_window_s=stats_window_s)
 
+    def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        # EVALSHA straight through execute_command: redis-py's Script.__call__ costs more.
+        try:
+            return self._client.execute_command("EVALSHA", _SHAS[name], _NUMKEYS[len(keys)],
+                                                *keys, *args)
+        except NoScriptError:
+            self._client.script_load(_SOURCES[name])
+            return self._client.execute_command("EVALSHA", _SHAS[name], _NUMKEYS[len(keys)],
+                                                *keys, *args)
+
     def _run(self, op: _Op) -> Any:
         try:
             name, keys, args = next(op)
             while True:
-                name, keys, args = op.send(self._scripts[name](keys=keys, args=args))
+                name, keys, args = op.send(self._eval(name, keys, args))
         except StopIteration as stop:
             return stop.value
 
     def acquire(self, scope: str, limits: ScopeLimits, *, input_tokens: int = 0,
                 output_tokens: int = 0, lease_ttl_s: float = 180.0) -> Grant:
-        return self._run(self._acquire(scope, limits, input_tokens, output_tokens, lease_ttl_s))
+        input_tokens, output_tokens = int(input_tokens), int(output_tokens)
+        keys, args, lease = self._acquire_call(scope, limits, input_tokens, output_tokens,
+                                               lease_ttl_s)
+        grant, register = self._grant(self._eval("acquire", keys, args), lease, input_tokens,
+                                      output_tokens)
+        if register:
+            self._eval("scopes", *self._register_args(scope))
+        return grant
 
     def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
-               output_tokens: int) -> None:
-        self._run(self._settle_op(scope, limits, grant, input_tokens, output_tokens))
+               output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
+        """True the grant up to what the call really used; ``headers`` (the response's)
+        also folds in what ``sync_headers`` would, in the same round trip."""
+        self._run(self._settle_op(scope, limits, grant, input_tokens, output_tokens, headers))
 
     def release(self, scope: str, grant: Grant) -> None:
         self._run(self._release_op(scope, grant))
@@ -415,22 +502,40 @@ class AsyncLimiter(_LimiterBase):
                  horizon_s: float = 15.0, stats_window_s: int = 3600) -> None:
         super().__init__(client, prefix=prefix, horizon_s=horizon_s, stats_window_s=stats_window_s)
 
+    async def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._client.execute_command("EVALSHA", _SHAS[name],
+                                                      _NUMKEYS[len(keys)], *keys, *args)
+        except NoScriptError:
+            await self._client.script_load(_SOURCES[name])
+            return await self._client.execute_command("EVALSHA", _SHAS[name],
+                                                      _NUMKEYS[len(keys)], *keys, *args)
+
     async def _run(self, op: _Op) -> Any:
         try:
             name, keys, args = next(op)
             while True:
-                name, keys, args = op.send(await self._scripts[name](keys=keys, args=args))
+                name, keys, args = op.send(await self._eval(name, keys, args))
         except StopIteration as stop:
             return stop.value
 
     async def acquire(self, scope: str, limits: ScopeLimits, *, input_tokens: int = 0,
                       output_tokens: int = 0, lease_ttl_s: float = 180.0) -> Grant:
-        return await self._run(
-            self._acquire(scope, limits, input_tokens, output_tokens, lease_ttl_s))
+        input_tokens, output_tokens = int(input_tokens), int(output_tokens)
+        keys, args, lease = self._acquire_call(scope, limits, input_tokens, output_tokens,
+                                               lease_ttl_s)
+        grant, register = self._grant(await self._eval("acquire", keys, args), lease,
+                                      input_tokens, output_tokens)
+        if register:
+            await self._eval("scopes", *self._register_args(scope))
+        return grant
 
     async def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
-                     output_tokens: int) -> None:
-        await self._run(self._settle_op(scope, limits, grant, input_tokens, output_tokens))
+                     output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
+        """True the grant up to what the call really used; ``headers`` (the response's)
+        also folds in what ``sync_headers`` would, in the same round trip."""
+        await self._run(self._settle_op(scope, limits, grant, input_tokens, output_tokens,
+                                        headers))
 
     async def release(self, scope: str, grant: Grant) -> None:
         await self._run(self._release_op(scope, grant))

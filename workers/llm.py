@@ -159,8 +159,8 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         raise
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
-    await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out)
-    await rt.limiter.sync_headers(scope, limits, raw.headers)
+    await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
+                            headers=raw.headers)  # true-up and header sync in one round trip
     rt.calibration.observe(scope, params, message.usage, used_in, cache_reads_count)
     log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f "
              "in=%d out=%d cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
