@@ -9,8 +9,8 @@ prompt and answer sizes) against one simulator process with the same limits, see
 
   (a)  asyncio.gather, no limits
   (b)  asyncio.gather + a semaphore + aiolimiter's requests/min limiter
-  (c1) Celery rate_limit = the key's requests/min / 4, on each of 4 worker processes
-  (c2) Celery rate_limit = the key's full requests/min, on each of 4 worker processes
+  (c1) Celery rate_limit = the key's requests/min / 4, on each of 4 workers (prefork)
+  (c2) Celery rate_limit = the key's full requests/min, on each of 4 workers (prefork)
   (d)  drover, 4 worker processes
 
 Then drover alone at scale (`bench/overhead.py`). Writes its section of bench/RESULTS.md
@@ -51,7 +51,7 @@ def contenders(workload: Workload, workers: int) -> dict[str, Contender]:
               gather_limited.run),
         "c1": (f"Celery rate_limit={rpm / workers:g}/m (RPM/{workers}) x {workers} workers",
                lambda ctx: celery_rate_limit.run(ctx, rpm / workers)),
-        "c2": (f"Celery rate_limit={rpm:g}/m (full RPM) x {workers} workers",
+        "c2": (f"Celery rate_limit={rpm:g}/m (the full RPM) x {workers} workers",
                lambda ctx: celery_rate_limit.run(ctx, rpm)),
         "d": (f"drover, {workers} workers", drover.run),
     }
@@ -154,19 +154,25 @@ def markdown(workload: Workload, results: dict[str, dict[str, Any]],
 
 def overhead_markdown(o: dict[str, Any]) -> str:
     return "\n".join([
-        f"Scale (`python -m bench.overhead`, included above): {o['n']:,} one-call sub-agents "
-        f"on {o['workers']} worker processes x {o['concurrency']} threads, no limits and no "
-        "latency in the simulator, against a bare Celery chord of as many no-op tasks on the "
-        "same workers' settings:",
+        f"Scale (`bench/overhead.py`, run as part of the command above): {o['n']:,} one-call "
+        f"sub-agents on {o['workers']} worker processes x {o['concurrency']} threads, the "
+        "simulator without limits or latency; the baselines are bare Celery chords of as many "
+        "tasks with drover's Celery settings (JSON, late acks, prefetch 1, Redis), once of "
+        "no-op tasks and once of tasks that each make the same one call with the plain sync "
+        "SDK. Per sub-agent = wall time from sending the chord to the stored join result / N.",
         "",
-        "| | wall | per sub-agent | ratio |",
-        "|---|---|---|---|",
-        f"| bare chord of no-op tasks | {o['bare_s']:.1f} s | {o['bare_per_ms']:.2f} ms | 1 |",
-        f"| drover job | {o['drover_s']:.1f} s | {o['drover_per_ms']:.2f} ms "
-        f"| **{o['ratio']:.2f}** |",
+        "| | wall | per sub-agent | drover's ratio to it | worker CPU per sub-agent |",
+        "|---|---|---|---|---|",
+        f"| bare chord, no-op tasks | {o['bare_s']:.1f} s | {o['bare_per_ms']:.2f} ms "
+        f"| **{o['ratio']:.2f}** | {o['bare_cpu_ms']:.2f} ms |",
+        f"| bare chord, one SDK call per task | {o['call_s']:.1f} s | {o['call_per_ms']:.2f} ms "
+        f"| **{o['call_ratio']:.2f}** | {o['call_cpu_ms']:.2f} ms |",
+        f"| drover job | {o['drover_s']:.1f} s | {o['drover_per_ms']:.2f} ms | 1 "
+        f"| {o['drover_cpu_ms']:.2f} ms |",
         "",
-        f"drover: {o['drover_ok']:,} ok of {o['n']:,}; peak RSS of a worker process "
-        f"{o['drover_rss_mb']:.0f} MB (bare chord worker: {o['bare_rss_mb']:.0f} MB).",
+        f"drover: {o['drover_ok']:,} ok of {o['n']:,}; peak RSS of a drover worker process "
+        f"{o['drover_rss_mb']:.0f} MB (a bare chord worker, which imports the SDK too: "
+        f"{o['bare_rss_mb']:.0f} MB).",
     ])
 
 

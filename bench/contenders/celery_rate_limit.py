@@ -7,6 +7,12 @@ it is set once to the key's requests/min divided by the number of workers and on
 full limit (what a user who reads "rate_limit" as global writes; celery#5732). The sync SDK
 client retries each call twice (its default). The worker side is configured from BENCH_*
 environment variables.
+
+Workers use Celery's default pool (prefork, 8 children each). With `--pool threads`, Celery
+5.7 ran rate-limited tasks at exactly one per second per worker once its prefetch was used
+up (the threads pool's blocking consumer loop moves a held task to the pool only between
+broker polls): 4 calls/s in all whatever the rate_limit, which would make this contender
+look worse than what users of the default pool get.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def llm_turn(index: int, messages: list[dict[str, Any]]) -> None:
 
 # --- the harness side ----------------------------------------------------------------------
 
-def run(ctx: RunContext, per_worker_rpm: float) -> Outcome:
+def run(ctx: RunContext, per_worker_rpm: float, pool: str = "prefork") -> Outcome:
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     env = {"BENCH_PREFIX": ctx.prefix, "BENCH_REDIS_URL": ctx.redis_url,
            "BENCH_SIM_URL": ctx.sim_url, "BENCH_API_KEY": ctx.api_key, "BENCH_QUEUE": queue,
@@ -91,7 +97,7 @@ def run(ctx: RunContext, per_worker_rpm: float) -> Outcome:
     r = redis.Redis.from_url(ctx.redis_url, decode_responses=True)
     tasks = ctx.workload.tasks
     with celery_workers("bench.contenders.celery_rate_limit", env, queue, ctx.workers,
-                        ctx.concurrency, sender):
+                        ctx.concurrency, sender, pool=pool):
         started = time.monotonic()
         for i, task in enumerate(tasks):
             sender.send_task(TASK, (i, [{"role": "user", "content": task}]), queue=queue)

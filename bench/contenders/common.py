@@ -82,6 +82,29 @@ def error_name(error: BaseException) -> str:
     return f"{type(error).__name__}{f' {status}' if status else ''}"
 
 
+def peak_rss_kb(pid: int) -> int:
+    """Peak resident set size of a process (VmHWM), in kB; 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far; 0.0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def delete_prefix(redis_url: str, prefix: str) -> None:
     client = redis.Redis.from_url(redis_url)
     with contextlib.closing(client):

@@ -21,7 +21,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from bench.contenders.common import Outcome, RunContext, celery_workers
+from bench.contenders.common import (
+    Outcome,
+    RunContext,
+    celery_workers,
+    cpu_seconds,
+    peak_rss_kb,
+)
 from bench.workload import MAX_TOKENS, MODEL, SYSTEM, TOOL_NAMES
 
 if TYPE_CHECKING:
@@ -67,6 +73,7 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
                    model=MODEL, max_turns=max_turns)
     with celery_workers("workers.app", env, queue, ctx.workers, ctx.concurrency, app) as procs:
         with probe(settings) if probe else contextlib.nullcontext():
+            cpu_before = sum(cpu_seconds(p.pid) for p in procs)
             started = time.monotonic()
             handle = submit(spec, settings=settings)
             try:
@@ -74,7 +81,8 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
             except TimeoutError:
                 pass  # unfinished sub-agents count as lost
             makespan = time.monotonic() - started
-        peak_rss_kb = max(_vm_hwm_kb(p.pid) for p in procs)
+            cpu_s = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
+        rss_kb = max(peak_rss_kb(p.pid) for p in procs)
     records = list(handle.store.records(handle.id).values())
     errors = Counter(f"{r.status}: {r.error_type}" for r in records if r.status != "ok")
     if len(records) < len(tasks):
@@ -83,17 +91,6 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
     return Outcome(completed=len(tasks) - lost, lost=lost, makespan_s=makespan,
                    errors=dict(errors),
                    extra={"attempts": sum(r.attempts for r in records),
-                          "worker_peak_rss_mb": round(peak_rss_kb / 1024, 1)},
+                          "worker_peak_rss_mb": round(rss_kb / 1024, 1),
+                          "worker_cpu_s": round(cpu_s, 2)},
                    started_at=started, finished_at=started + makespan)
-
-
-def _vm_hwm_kb(pid: int) -> int:
-    """Peak resident set size of a process (VmHWM), in kB; 0 when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
