@@ -123,7 +123,7 @@ def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **values: ob
     from workers.runtime import reset_runtime
 
     for key, value in values.items():
-        name = key if key.isupper() else f"DROVER_{key.upper()}"
+        name = key if key.startswith(("DROVER_", "ANTHROPIC_")) else f"DROVER_{key.upper()}"
         env[name] = str(value)
         monkeypatch.setenv(name, str(value))
     get_settings.cache_clear()
