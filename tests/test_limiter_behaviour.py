@@ -277,13 +277,14 @@ def test_usage_counts_per_second(lim):
     at(lim, 1.2)
     lim.settle(scope, limits, g1, input_tokens=12, output_tokens=7)
     lim.settle(scope, limits, g2, input_tokens=3, output_tokens=1)
-    lim.record(scope, n529=2)
+    lim.record(scope, n529=2, n5xx=1)
     rows = lim.usage(scope, 3)
     assert [r["t"] for r in rows] == [T0 // 10**6 - 1, T0 // 10**6, T0 // 10**6 + 1]
     assert rows[1] == {"t": T0 // 10**6, "requests": 1, "input_tokens": 0, "output_tokens": 0,
-                       "waits": 1, "wait_ms": 1000, "n429": 0, "n529": 0}
+                       "waits": 1, "wait_ms": 1000, "n429": 0, "n529": 0, "n5xx": 0, "nconn": 0}
     assert rows[2] == {"t": T0 // 10**6 + 1, "requests": 1, "input_tokens": 15,
-                       "output_tokens": 8, "waits": 0, "wait_ms": 0, "n429": 0, "n529": 2}
+                       "output_tokens": 8, "waits": 0, "wait_ms": 0, "n429": 0, "n529": 2,
+                       "n5xx": 1, "nconn": 0}
     with pytest.raises(ValueError):
         lim.record(scope, bogus=1)
 

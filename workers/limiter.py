@@ -85,7 +85,8 @@ __all__ = [
     "llm_scope", "parse_ratelimit_headers", "tool_scope",
 ]
 
-STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "n429", "n529")
+STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "n429", "n529",
+               "n5xx", "nconn")
 _HEADER_DIMS = ("requests", "input-tokens", "output-tokens")
 
 

@@ -208,7 +208,7 @@ local function stat_add(window_s, now, sec, field, n)
       local f = {}
       for _, o in ipairs(old) do
         for _, name in ipairs({'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms',
-                               'n429', 'n529'}) do
+                               'n429', 'n529', 'n5xx', 'nconn'}) do
           f[#f + 1] = o .. ':' .. name
         end
       end
