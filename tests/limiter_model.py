@@ -7,12 +7,15 @@ and reasons. Time is in integer microseconds, like the scripts' ``redis.call('TI
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from workers.limiter import ScopeLimits
 
 MIN_RETRY_S = 0.05
 MARGIN_S = 5
+NW, W_US = 12, 250000   # the send-side peak ring (_lib.lua)
+NEG = float("-inf")
 
 
 @dataclass
@@ -23,6 +26,8 @@ class Dim:
     level: float
     S: float | None = None   # send-side bucket right after the latest send q (us)
     q: float | None = None
+    n: float | None = None   # latest window of the peak ring, and the ring (NW maxima)
+    P: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -41,6 +46,7 @@ class ScopeModel:
     horizon_s: float
     levels: list[float | None] = field(default_factory=lambda: [None, None, None])
     sends_side: list[tuple[float, float] | None] = field(default_factory=lambda: [None] * 3)
+    rings: list[tuple[float, list[float]] | None] = field(default_factory=lambda: [None] * 3)
     stored_lims: list[float | None] = field(default_factory=lambda: [None, None, None])
     stored_burst: float | None = None
     t: float | None = None
@@ -78,7 +84,11 @@ class ScopeModel:
                 else:
                     level = min(cap, level)
                 side = self.sends_side[k]
-                dims.append(Dim(lim, rate, cap, level, *(side if side else (None, None))))
+                d = Dim(lim, rate, cap, level, *(side if side else (None, None)))
+                ring = self.rings[k]
+                if ring is not None:
+                    d.n, d.P = ring[0], list(ring[1])
+                dims.append(d)
             else:
                 dims.append(None)
         return max(t, now), dims, burst
@@ -89,6 +99,7 @@ class ScopeModel:
         for k, d in enumerate(dims):
             self.levels[k] = None if d is None else d.level
             self.sends_side[k] = None if d is None or d.q is None else (d.S, d.q)
+            self.rings[k] = None if d is None or d.n is None else (d.n, list(d.P))
             self.stored_lims[k] = None if d is None else d.lim
 
     @staticmethod
@@ -97,28 +108,63 @@ class ScopeModel:
             return d.cap
         return min(d.cap, d.S + d.rate * ((t - d.q) / 1e6))
 
+    @staticmethod
+    def _peak(d: Dim, s: float, v: float) -> None:
+        m = math.floor(s / W_US)
+        if d.n is None or m >= d.n + NW:
+            d.P = [NEG] * NW
+            d.n = m
+        elif m > d.n:
+            for j in range(int(d.n) + 1, m + 1):
+                d.P[j % NW] = NEG
+            d.n = m
+        else:
+            m = d.n
+        i = int(m) % NW
+        d.P[i] = max(d.P[i], v)
+
     def _adjust(self, t: float, d: Dim | None, delta: float, s_x: float, reserved: int) -> None:
         if d is None or delta == 0:
             return
+        P, n = d.P, d.n
+        m = math.floor(s_x / W_US)
         if delta > 0:
             d.level = d.level - delta
             if d.q is not None:
                 d.S = d.S - delta
+            if n is not None:
+                for j in range(max(m + 1, int(n) - NW + 1), int(n) + 1):
+                    P[j % NW] = P[j % NW] - delta
             return
         if d.q is not None:
             saved = min(reserved, d.cap) - min(reserved + delta, d.cap)
+            credit, frm = saved, None
             if s_x < d.q:
-                saved = max(0, saved - d.rate * ((d.q - s_x) / 1e6))
-            d.S = min(d.cap, d.S + saved)
+                credit = max(0, saved - d.rate * ((d.q - s_x) / 1e6))
+            if n is not None and m > n - NW:
+                frm = min(m, int(n))
+                top = NEG
+                for j in range(frm, int(n) + 1):
+                    top = max(top, P[j % NW])
+                credit = max(credit, min(saved, max(0, d.cap - top)))
+            elif n is not None:
+                frm = int(n) - NW + 1
+            if frm is not None:
+                for j in range(frm, int(n) + 1):
+                    P[j % NW] = P[j % NW] + credit
+            d.S = min(d.cap, d.S + credit)
         d.level = min(self._ceiling(t, d), d.level - delta)
 
     @staticmethod
     def _sent(d: Dim, s: float, c: float) -> None:
         c = min(c, d.cap)
         if d.q is None:
+            ScopeModel._peak(d, s, d.cap)
             d.S, d.q = d.cap - c, s
         elif s >= d.q:
-            d.S, d.q = min(d.cap, d.S + d.rate * ((s - d.q) / 1e6)) - c, s
+            pre = min(d.cap, d.S + d.rate * ((s - d.q) / 1e6))
+            ScopeModel._peak(d, s, pre)
+            d.S, d.q = pre - c, s
         else:
             d.S = d.S - c
 
@@ -171,6 +217,7 @@ class ScopeModel:
                 d.level = min(d.level, 0)
                 if d.q is None or self.cd >= d.q:
                     d.S, d.q = min(self._ceiling(self.cd, d), 0), self.cd
+                    self._peak(d, self.cd, d.S)
                 else:
                     d.S = min(d.S, d.rate * ((d.q - self.cd) / 1e6))
         tref = max(tref, self.cd)

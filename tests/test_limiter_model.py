@@ -225,3 +225,64 @@ def test_request_costlier_than_capacity_gets_through(redis_client, key_prefix, t
     # the next small request queues behind the whole debt
     g2 = lim.acquire("llm:k:big", limits, input_tokens=1)
     assert not g2.granted and g2.reason == "horizon"
+
+
+def _run_both(redis_client, key_prefix, limits, steps):
+    """Drive the Lua bucket and the model through the same steps; returns the grants and the
+    model's state after each. Steps: ("at", s) | ("acquire", name, input_tokens) |
+    ("settle", name, actual_input_tokens)."""
+    lim = Limiter(redis_client, prefix=key_prefix, horizon_s=15)
+    model = ScopeModel(horizon_s=15)
+    scope = f"llm:k:{uuid.uuid4().hex[:8]}"
+    now, grants, sends = T0, {}, {}
+    for step in steps:
+        if step[0] == "at":
+            now = T0 + int(step[1] * 1e6)
+            lim._now_us = now
+        elif step[0] == "acquire":
+            _, name, tokens = step
+            g = lim.acquire(scope, limits, input_tokens=tokens)
+            m = model.acquire(now, limits, tokens, 0, g.lease_id, 180.0)
+            assert g.granted and m.granted and g.wait_s == m.wait_s
+            grants[name] = g
+            sends[name] = [g.send_us / 1e6, tokens]
+        else:
+            _, name, actual = step
+            g = grants[name]
+            lim.settle(scope, limits, g, input_tokens=actual, output_tokens=0)
+            model.settle(now, limits, g.lease_id, actual - g.input_tokens, 0, 0, g.send_us,
+                         g.input_tokens, 0)
+            sends[name][1] = actual
+        assert lim.state(scope, limits)["input_tokens"]["level"] == \
+            model.state(now, limits)["levels"][1]
+    return grants, list(sends.values())
+
+
+def test_refund_while_callers_are_queued_is_credited_up_to_the_peak_since_its_send(
+        redis_client, key_prefix):
+    # input capacity 100 tokens, refill 100/s. x and y queue behind a full burst; x's
+    # over-estimate of 50 is refunded while y is still queued. Since x's send the send-side
+    # level has been at most 60 (just before y), so 40 of it was really saved: z, planned
+    # next, goes out with y. (The old bound, 50 - 100/s x 0.6 s, credited nothing.)
+    limits = ScopeLimits(itpm=6000, burst_s=1)
+    grants, sends = _run_both(redis_client, key_prefix, limits, [
+        ("at", 0), ("acquire", "a", 100), ("at", 0.3), ("acquire", "x", 60),
+        ("acquire", "y", 60), ("settle", "x", 10), ("acquire", "z", 40)])
+    assert (grants["x"].send_us - T0) / 1e6 == pytest.approx(0.6)
+    assert (grants["y"].send_us - T0) / 1e6 == pytest.approx(1.2)
+    assert grants["z"].send_us == grants["y"].send_us
+    assert not window_violations(sends, rate=100, cap=100)
+
+
+def test_refund_is_not_credited_past_the_level_the_queue_already_reached(
+        redis_client, key_prefix):
+    # x takes the whole burst; y is planned once 99 tokens have refilled, 0.99 s later.
+    # Refunding x in full would let z (100) leave with y: 199 tokens in one instant with a
+    # capacity of 100. Since x's send the level reached 99, so at most 1 is credited.
+    limits = ScopeLimits(itpm=6000, burst_s=1)
+    grants, sends = _run_both(redis_client, key_prefix, limits, [
+        ("at", 0), ("acquire", "x", 100), ("at", 0.3), ("acquire", "y", 99),
+        ("settle", "x", 0), ("acquire", "z", 100)])
+    assert (grants["y"].send_us - T0) / 1e6 == pytest.approx(0.99)
+    assert (grants["z"].send_us - grants["y"].send_us) / 1e6 >= 0.99 - 1e-9
+    assert not window_violations(sends, rate=100, cap=100)

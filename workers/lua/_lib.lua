@@ -16,6 +16,10 @@
 --                       Refunds never lift a level above what that allows, so a refund
 --                       cannot slot a new request in next to one already queued.
 --                   [17] x = when this key expires (us); [18] lx = when KEYS[2] expires
+--                   [19..] per dimension k, 1 + NW doubles from 19 + (k-1)(1+NW): n = the
+--                       latest window (of W_US) that holds a send-side level, then a ring
+--                       of NW maxima: the highest send-side level in windows n-NW+1..n
+--                       (-inf = none), which bounds what a refund may restore (adjust())
 --   KEYS[2] leases  zset  member = lease id, score = expiry us; and '~' at +inf, which keeps
 --                         the set from being deleted with its last lease (see acquire.lua)
 --   KEYS[3] learned hash  r,i,o = raw per-minute limits from -limit headers
@@ -95,7 +99,12 @@ for j = 1, NA do
   if A[j] ~= A[j] then A[j] = nil end  -- NaN = absent
 end
 local STORED = -1
-local REC = '<dddddddddddddddddd'
+-- Send-side peak ring (see adjust() in _true_up.lua): NW windows of W_US each.
+local NW, W_US = 12, 250000
+local NREC = 18 + 3 * (1 + NW)
+local REC = '<' .. string.rep('d', NREC)
+local REC18 = '<' .. string.rep('d', 18)
+local NEG = -math.huge
 local NAN = 0 / 0
 local MARGIN_S = 5
 
@@ -111,15 +120,18 @@ local function clock()
 end
 
 -- Bring the bucket record `raw` (false when absent) to `now`: continuous refill, capped at
--- capacity. Returns st = {now, t, cd, reg, x, burst, dims[k] = {lim, rate, cap, level, S, q}
--- or false}.
+-- capacity. Returns st = {now, t, cd, reg, x, burst, dims[k] = {lim, rate, cap, level, S, q,
+-- n, P} or false}.
 local function load(now, raw)
   local h = {}
   if raw then
-    h = {unpack_d(REC, raw)}
+    -- A bucket written before the peak ring (18 doubles) loads without one.
+    local ring = #raw >= 8 * NREC
+    h = {unpack_d(ring and REC or REC18, raw)}
     for j = 1, 18 do
       if h[j] ~= h[j] then h[j] = nil end
     end
+    if not ring then h[19] = nil end  -- unpack's next position
   end
   local learned = nil
   if A[1] == nil or A[2] == nil or A[3] == nil then
@@ -148,8 +160,15 @@ local function load(now, raw)
       else
         level = min(cap, level)
       end
-      st.dims[k] = {lim = lim, rate = rate, cap = cap, level = level, S = h[10 + k],
-                    q = h[13 + k]}
+      local d = {lim = lim, rate = rate, cap = cap, level = level, S = h[10 + k],
+                 q = h[13 + k], P = {}}
+      local o = 18 + (k - 1) * (1 + NW)
+      local n = h[o + 1]
+      if n == n and n ~= nil then
+        d.n = n
+        for i = 1, NW do d.P[i] = h[o + 1 + i] end
+      end
+      st.dims[k] = d
     else
       st.dims[k] = false
     end
@@ -157,15 +176,40 @@ local function load(now, raw)
   return st
 end
 
--- The bucket as a record (18 doubles, NaN = absent).
+-- The send-side level reached v at time s (us): note it in the window of s. Windows
+-- skipped since the latest one get -inf: the level only rose through them (refill) up to
+-- v, which the window of s holds, and every query that spans them spans that one too.
+-- A time before the latest window counts in the latest (a higher bound is safe).
+local function peak(d, s, v)
+  local m = floor(s / W_US)
+  if d.n == nil or m >= d.n + NW then
+    for i = 1, NW do d.P[i] = NEG end
+    d.n = m
+  elseif m > d.n then
+    for j = d.n + 1, m do d.P[j % NW + 1] = NEG end
+    d.n = m
+  else
+    m = d.n
+  end
+  local i = m % NW + 1
+  d.P[i] = max(d.P[i], v)
+end
+
+-- The bucket as a record (NREC doubles, NaN = absent).
 local function encode(st)
   local v = {NAN, NAN, NAN, st.t, st.cd, NAN, NAN, NAN, st.burst, st.reg or NAN,
              NAN, NAN, NAN, NAN, NAN, NAN, st.x or NAN, st.lx or NAN}
+  for j = 19, NREC do v[j] = NAN end
   for k = 1, 3 do
     local d = st.dims[k]
     if d then
       v[k] = d.level; v[5 + k] = d.lim
       if d.q then v[10 + k] = d.S; v[13 + k] = d.q end
+      if d.n then
+        local o = 18 + (k - 1) * (1 + NW)
+        v[o + 1] = d.n
+        for i = 1, NW do v[o + 1 + i] = d.P[i] end
+      end
     end
   end
   return pack(REC, unpack(v))

@@ -8,22 +8,51 @@ local function ceiling(st, d)
 end
 
 -- True up dimension k by -delta for a request sent at s_x (us) that reserved `reserved`.
--- An extra debit (delta > 0) lowers both views of the bucket. A refund (delta < 0) lifts
--- the send-side level by what that send really saved (less what refill clamped at capacity
--- may have absorbed since: at most rate x (q - s_x)), then the level, never above the
--- ceiling.
+-- An extra debit (delta > 0) lowers both views of the bucket, and the peaks of the windows
+-- wholly after s_x. A refund (delta < 0) lifts the send-side level by what that send
+-- really saved, then the level, never above the ceiling.
+-- What it saved: lifting every send-side level since s_x by the refund is exact until one
+-- of them would pass capacity (refill there was really lost), so the credit is at most
+-- capacity less the highest send-side level since s_x, which the peak ring bounds from
+-- above (its windows from that of s_x to the latest, each lifted in turn by the credit).
+-- Also sound, and better for a send older than the ring or alone in its window after an
+-- idle spell (whose own level before it, capacity, is in its window): the level right
+-- after s_x is at most capacity - reserved and rose by at most rate x (q - s_x) since.
 local function adjust(st, k, delta, s_x, reserved)
   local d = st.dims[k]
   if not d or delta == 0 then return end
+  local P, n = d.P, d.n
+  local m = floor(s_x / W_US)
   if delta > 0 then
     d.level = d.level - delta
     if d.q then d.S = d.S - delta end
+    if n then
+      for j = max(m + 1, n - NW + 1), n do
+        local i = j % NW + 1
+        P[i] = P[i] - delta
+      end
+    end
     return
   end
   if d.q then
     local saved = min(reserved, d.cap) - min(reserved + delta, d.cap)
-    if s_x < d.q then saved = max(0, saved - d.rate * ((d.q - s_x) / 1e6)) end
-    d.S = min(d.cap, d.S + saved)
+    local credit, from = saved, nil
+    if s_x < d.q then credit = max(0, saved - d.rate * ((d.q - s_x) / 1e6)) end
+    if n and m > n - NW then
+      from = min(m, n)
+      local top = NEG
+      for j = from, n do top = max(top, P[j % NW + 1]) end
+      credit = max(credit, min(saved, max(0, d.cap - top)))
+    elseif n then
+      from = n - NW + 1
+    end
+    if from then
+      for j = from, n do
+        local i = j % NW + 1
+        P[i] = P[i] + credit
+      end
+    end
+    d.S = min(d.cap, d.S + credit)
   end
   d.level = min(ceiling(st, d), d.level - delta)
 end

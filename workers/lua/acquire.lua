@@ -16,13 +16,18 @@
 
 local MIN_RETRY_S = 0.05
 
--- A send of cost c at time s (us) as the send-side bucket sees it.
+-- A send of cost c at time s (us) as the send-side bucket sees it. The level it finds is
+-- noted in the peak ring (refunds are bounded by it). A send planned before the latest
+-- one only lowers the levels, so it notes nothing.
 local function sent(d, s, c)
   c = min(c, d.cap)
   if not d.q then
+    peak(d, s, d.cap)
     d.S = d.cap - c; d.q = s
   elseif s >= d.q then
-    d.S = min(d.cap, d.S + d.rate * ((s - d.q) / 1e6)) - c; d.q = s
+    local pre = min(d.cap, d.S + d.rate * ((s - d.q) / 1e6))
+    peak(d, s, pre)
+    d.S = pre - c; d.q = s
   else
     d.S = d.S - c
   end

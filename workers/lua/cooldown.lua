@@ -14,6 +14,7 @@ for k = 1, 3 do
     d.level = min(d.level, 0)
     if not d.q or st.cd >= d.q then
       d.S = min(ceiling({t = st.cd}, d), 0); d.q = st.cd
+      peak(d, st.cd, d.S)
     else
       d.S = min(d.S, d.rate * ((d.q - st.cd) / 1e6))
     end
