@@ -113,15 +113,17 @@ def test_each_service_command_exists_here_and_takes_its_arguments(compose, servi
     assert re.search(r"usage|Usage", out.stdout + out.stderr)
 
 
-def test_redis_service_command_starts_a_redis(compose):
-    """redis-server has no --help after other options: start it with the file's arguments."""
+def test_redis_service_command_starts_a_redis_that_keeps_its_data(compose, tmp_path):
+    """redis-server has no --help after other options: start it with the file's arguments
+    (its data directory moved to a temporary one)."""
     command = compose["services"]["redis"]["command"]
     if shutil.which(command[0]) is None:
         pytest.skip(f"{command[0]} is not installed here")
     import redis
 
     port = free_port()
-    proc = subprocess.Popen([*command, "--port", str(port), "--bind", "127.0.0.1"],
+    proc = subprocess.Popen([*command, "--port", str(port), "--bind", "127.0.0.1",
+                             "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         client = redis.Redis(port=port, socket_connect_timeout=1)
@@ -132,7 +134,7 @@ def test_redis_service_command_starts_a_redis(compose):
             except redis.ConnectionError:
                 time.sleep(0.1)
         assert client.config_get("save") == {"save": ""}
-        assert client.config_get("appendonly") == {"appendonly": "no"}
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
         client.close()
     finally:
         proc.terminate()
