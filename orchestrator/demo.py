@@ -103,7 +103,6 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         from celery.contrib.testing.worker import start_worker
 
         from orchestrator.jobs import submit
-        from orchestrator.watch import follow
         from workers.app import app
 
         app.conf.update(broker_url=settings.broker, result_backend=settings.backend,
@@ -113,13 +112,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                                          queues=[settings.queue], shutdown_timeout=30))
         console.print(f"in-process worker pool: {config.concurrency} threads\n")
         started = time.monotonic()
-        handle = submit(demo_spec(config), settings=settings)
-        try:
-            result = follow(handle, console)
-        except KeyboardInterrupt:
-            console.print("\n[yellow]Ctrl-C: cancelling the job and stopping everything[/]")
-            handle.cancel("interrupted")
-            raise
+        result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
         wall = time.monotonic() - started
         stats = sim.stats()
         console.print(_table(result, stats, wall))
@@ -128,6 +121,18 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             console.print("\n".join(result.synthesis.splitlines()[:4]))
         _usage(settings, config.plot, console, keeps=redis.kind == "existing")
         return 0 if result.counts.get("ok") == len(result.results) else 1
+
+
+def _follow_or_cancel(handle: Any, console: Console) -> Any:
+    """Follow the job to its result; on Ctrl-C cancel it on every worker first."""
+    from orchestrator.watch import follow
+
+    try:
+        return follow(handle, console)
+    except KeyboardInterrupt:
+        console.print("\n[yellow]Ctrl-C: cancelling the job[/]")
+        handle.cancel("interrupted")
+        raise
 
 
 def demo_spec(config: DemoConfig) -> Any:
@@ -150,20 +155,13 @@ def run_demo_on_services(config: DemoConfig = DemoConfig(),
     from config import get_settings
     from orchestrator.jobs import submit
     from orchestrator.stats import safe_url
-    from orchestrator.watch import follow
 
     settings = get_settings()
     console.print(f"[bold]drover demo[/] on running services: Redis at "
                   f"{safe_url(settings.redis_url)}, queue {settings.queue!r}, API at "
                   f"{settings.anthropic_base_url or 'the Anthropic API'}")
     started = time.monotonic()
-    handle = submit(demo_spec(config), settings=settings)
-    try:
-        result = follow(handle, console)
-    except KeyboardInterrupt:
-        console.print("\n[yellow]Ctrl-C: cancelling the job[/]")
-        handle.cancel("interrupted")
-        raise
+    result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
     console.print(_table(result, _simulator_stats(settings.anthropic_base_url),
                          time.monotonic() - started))
     _usage(settings, config.plot, console, keeps=True)
