@@ -53,7 +53,8 @@ def start_redis_server(host: str = "127.0.0.1", port: int | None = None) -> Redi
     """Start a private ``redis-server`` (no persistence) on a free port; raise if none on PATH."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise FileNotFoundError("redis-server is not on PATH (Debian: apt-get install redis-server)")
+        raise FileNotFoundError(
+            "redis-server is not on PATH (Debian: apt-get install redis-server)")
     port = port or free_port(host)
     workdir = tempfile.mkdtemp(prefix="drover-redis-")
     proc = subprocess.Popen(

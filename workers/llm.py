@@ -102,7 +102,9 @@ def counted_input(usage: Any, cache_reads_count: bool) -> int:
 
 async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext, *,
                   input_tokens: int, output_tokens: int) -> Grant:
-    """A grant from the limiter, polling briefly for in-flight slots; RetryLater past the horizon."""
+    """A grant from the limiter, polling briefly for in-flight slots.
+
+    Raises RetryLater when the wait is past the horizon (or a cooldown is that long)."""
     lease_ttl = rt.settings.call_timeout_s + rt.settings.horizon_s + 30
     while True:
         grant = await rt.limiter.acquire(scope, limits, input_tokens=input_tokens,
@@ -110,7 +112,8 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
         if grant.granted:
             return grant
         if grant.reason in ("horizon", "cooldown") and grant.retry_after_s > POLL_S * 4:
-            raise RetryLater(grant.retry_after_s + random.uniform(0, 0.5), f"limiter: {grant.reason}")
+            raise RetryLater(grant.retry_after_s + random.uniform(0, 0.5),
+                             f"limiter: {grant.reason}")
         await wait_or_cancel(grant.retry_after_s * random.uniform(1.0, 1.5), ctx.cancel)
 
 

@@ -225,7 +225,8 @@ class JobStore:
         return int(self.r.get(self.key(job_id, "spent")) or 0)
 
     # --- records and the stream ---------------------------------------------------------
-    def finish(self, result: SubagentResult, report: SubagentReport | None = None) -> SubagentResult:
+    def finish(self, result: SubagentResult,
+               report: SubagentReport | None = None) -> SubagentResult:
         """Store a sub-agent's record once; a second delivery gets the first record back."""
         job_id, index = result.job_id, result.index
         first = self.r.hsetnx(self.key(job_id, "records"), str(index), result.model_dump_json())

@@ -13,8 +13,8 @@ The input schema comes from the type hints (through pydantic), or is the model's
 the function takes a single pydantic model (it is then called with that model); the
 description comes from the docstring. The model's input is validated against that schema
 before the call, so a bad input is an error result that says which field is wrong, not an
-exception inside the tool. Workers import the modules named in ``DROVER_TOOL_MODULES`` at start-up, so every
-host knows the same tools.
+exception inside the tool. Workers import the modules named in ``DROVER_TOOL_MODULES`` at
+start-up, so every host knows the same tools.
 
 One turn's ``tool_use`` blocks run together: read tools concurrently under a bound, write
 tools one after another in the model's order (a write may depend on the one before it). Every
