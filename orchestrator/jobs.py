@@ -54,10 +54,11 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     store = _store(settings)
     job_id = uuid.uuid4().hex
     if spec.goal:
-        store.create(job_id, spec, [], status="planning")
+        store.create(job_id, spec, [], status="planning", queue=settings.queue)
         plan_job.apply_async((job_id,), queue=settings.queue, ignore_result=True)
     else:
-        store.create(job_id, spec, list(spec.subtasks), status="queued")
+        store.create(job_id, spec, list(spec.subtasks), status="queued",
+                     queue=settings.queue)
         if store.claim_launch(job_id):
             launch(job_id, len(spec.subtasks), settings.queue)
     return JobHandle(job_id, settings=settings)

@@ -195,9 +195,8 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
     job_id = "sweepjob"
     store.create(job_id, JobSpec(subtasks=["a", "b", "c", "d"]), ["a", "b", "c", "d"],
-                 status="queued")
+                 status="queued", queue="q-sweep")
     store.claim_launch(job_id)
-    store.note_queue(job_id, "q-sweep")
     store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
     # 1 is still queued, 2 is unacked (taken by a worker), 3 is nowhere: lost.
     store.r.lpush(f"{key_prefix}:celery:q-sweep", kombu_envelope(job_id, 1))
@@ -227,12 +226,11 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
 def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, key_prefix):
     settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
-    store.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued")
+    # joinjob is another deployment's job (another queue): not ours to touch.
+    store.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="other-queue")
     store.claim_launch("joinjob")
-    store.note_queue("joinjob", "other-queue")  # another deployment's job: not ours to touch
-    store.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued")
+    store.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="q-sweep")
     store.claim_launch("ourjob")
-    store.note_queue("ourjob", "q-sweep")
     for job_id in ("joinjob", "ourjob"):
         store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
     sent: list[tuple[str, str, int | None]] = []

@@ -82,17 +82,13 @@ class SubagentRun:
         return await asyncio.to_thread(fn, *args)
 
     async def run(self) -> SubagentResult | RetryLater:
-        done = await self._io(self.store.record, self.job_id, self.index)
-        if done is not None:  # delivered twice: counted once
-            return done
-        await self._io(self.store.note_queue, self.job_id, self.rt.settings.queue)
-        spec: JobSpec = await self._io(self.store.spec, self.job_id)
-        state = await self._io(self.store.load_checkpoint, self.job_id, self.index)
-        if state is None:
-            state = _new_state(await self._io(self.store.subtask, self.job_id, self.index))
-        deadline_in = (await self._io(self.store.deadline_in, self.job_id)
-                       if spec.deadline_s else None)
-        with self.rt.job_scope(self.job_id, deadline_in) as cancel:
+        start = await self._io(self.store.start, self.job_id, self.index)
+        if start.record is not None:  # delivered twice: counted once
+            return start.record
+        spec = start.spec
+        assert spec is not None
+        state = start.checkpoint or _new_state(start.task or "")
+        with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state["failures"])
             return await self._run(spec, state, ctx)
 

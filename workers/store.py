@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -34,6 +35,17 @@ class JobNotFound(LookupError):
     pass
 
 
+@dataclass
+class SubagentStart:
+    """A sub-agent's starting point: its record if it already finished, else what it needs."""
+
+    record: SubagentResult | None = None
+    spec: JobSpec | None = None
+    checkpoint: dict[str, Any] | None = None
+    task: str | None = None
+    deadline_in: float | None = None  # seconds until the job's deadline, on Redis's clock
+
+
 class JobStore:
     def __init__(self, client: redis.Redis, *, prefix: str = "drover", ttl_s: int = 604800):
         self.r = client
@@ -49,7 +61,8 @@ class JobStore:
         return f"{self.prefix}:cancel"
 
     # --- the job ------------------------------------------------------------------------
-    def create(self, job_id: str, spec: JobSpec, subtasks: list[str], *, status: str) -> None:
+    def create(self, job_id: str, spec: JobSpec, subtasks: list[str], *, status: str,
+               queue: str) -> None:
         stored = spec.model_copy(update={"subtasks": []})  # they go to the "tasks" list
         now = time.time()
         pipe = self.r.pipeline()
@@ -57,7 +70,8 @@ class JobStore:
         if subtasks:
             pipe.rpush(self.key(job_id, "tasks"), *subtasks)
             pipe.expire(self.key(job_id, "tasks"), self.ttl_s)
-        meta = {"status": status, "n": len(subtasks), "created": now}
+        # The queue is where the recovery sweep re-sends lost tasks of this job.
+        meta = {"status": status, "n": len(subtasks), "created": now, "queue": queue}
         if spec.deadline_s:
             # On Redis's clock, like every check of it: the hosts' clocks may disagree.
             meta["deadline"] = self.server_time() + spec.deadline_s
@@ -81,12 +95,6 @@ class JobStore:
         # Validated at submit; stored without its subtasks (those live in a list of their own,
         # read one at a time), which validation would refuse.
         return JobSpec.model_construct(**json.loads(raw))
-
-    def subtask(self, job_id: str, index: int) -> str:
-        raw = self.r.lindex(self.key(job_id, "tasks"), index)
-        if raw is None:
-            raise JobNotFound(f"job {job_id!r} has no subtask {index}")
-        return raw.decode() if isinstance(raw, bytes) else raw
 
     def subtasks(self, job_id: str) -> list[str]:
         return [x.decode() if isinstance(x, bytes) else x
@@ -161,6 +169,28 @@ class JobStore:
         return seconds + micros / 1e6
 
     # --- per sub-agent state ------------------------------------------------------------
+    def start(self, job_id: str, index: int) -> SubagentStart:
+        """Everything a sub-agent needs to start or resume, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(self.key(job_id, "records"), str(index))
+        pipe.get(self.key(job_id, "spec"))
+        pipe.get(self.key(job_id, "ckpt", index))
+        pipe.lindex(self.key(job_id, "tasks"), index)
+        pipe.hget(self.key(job_id, "meta"), "deadline")
+        pipe.time()
+        record, spec, checkpoint, task, deadline, (seconds, micros) = pipe.execute()
+        if record is not None:
+            return SubagentStart(record=SubagentResult.model_validate_json(record))
+        if spec is None:
+            raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
+        if checkpoint is None and task is None:
+            raise JobNotFound(f"job {job_id!r} has no subtask {index}")
+        return SubagentStart(
+            spec=JobSpec.model_construct(**json.loads(spec)),  # validated at submit
+            checkpoint=json.loads(checkpoint) if checkpoint else None,
+            task=_s(task) if task is not None else None,
+            deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None)
+
     def load_checkpoint(self, job_id: str, index: int) -> dict[str, Any] | None:
         raw = self.r.get(self.key(job_id, "ckpt", index))
         return json.loads(raw) if raw else None
@@ -189,10 +219,6 @@ class JobStore:
 
     def attempts(self, job_id: str, index: int) -> int:
         return int(self.r.hget(self.key(job_id, "attempts"), str(index)) or 0)
-
-    def note_queue(self, job_id: str, queue: str) -> None:
-        """Remember the queue the job's tasks come from (the recovery sweep re-sends there)."""
-        self.r.hsetnx(self.key(job_id, "meta"), "queue", queue)
 
     def add_resend(self, job_id: str, index: int) -> int:
         """Count one re-send of a sub-agent's lost task; returns the count so far."""
