@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,18 @@ async def gather_capped(coros: list[Any], cap_s: float) -> list[Any]:
         else:
             out.append(task.exception() or task.result())
     return out
+
+
+async def gather_outcome(ctx: RunContext, create: Any) -> Outcome:
+    """Run every sub-agent with ``create`` as its messages.create, all at once; tally them."""
+    started = time.monotonic()
+    results = await gather_capped([subagent_async(create, task) for task in ctx.workload.tasks],
+                                  ctx.time_cap_s)
+    makespan = time.monotonic() - started
+    lost = [r for r in results if isinstance(r, BaseException)]
+    return Outcome(completed=len(results) - len(lost), lost=len(lost), makespan_s=makespan,
+                   errors=dict(Counter(error_name(e) for e in lost)), started_at=started,
+                   finished_at=started + makespan)
 
 
 def error_name(error: BaseException) -> str:

@@ -8,20 +8,12 @@ nothing about tokens. The SDK retries each call twice (its default).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import Counter
 from typing import Any
 
 import anthropic
 from aiolimiter import AsyncLimiter
 
-from bench.contenders.common import (
-    Outcome,
-    RunContext,
-    error_name,
-    gather_capped,
-    subagent_async,
-)
+from bench.contenders.common import Outcome, RunContext, gather_outcome
 
 
 async def _main(ctx: RunContext) -> Outcome:
@@ -33,15 +25,10 @@ async def _main(ctx: RunContext) -> Outcome:
         async with slots, rpm:
             return await client.messages.create(**params)
 
-    started = time.monotonic()
-    results = await gather_capped([subagent_async(create, task) for task in ctx.workload.tasks],
-                                  ctx.time_cap_s)
-    makespan = time.monotonic() - started
-    await client.close()
-    lost = [r for r in results if isinstance(r, BaseException)]
-    return Outcome(completed=len(results) - len(lost), lost=len(lost), makespan_s=makespan,
-                   errors=dict(Counter(error_name(e) for e in lost)), started_at=started,
-                   finished_at=started + makespan)
+    try:
+        return await gather_outcome(ctx, create)
+    finally:
+        await client.close()
 
 
 def run(ctx: RunContext) -> Outcome:
