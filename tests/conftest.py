@@ -176,3 +176,27 @@ def spawn_worker(drover_env: dict[str, str]) -> Iterator[Callable[..., subproces
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
+    """Poll ``check`` until it returns something true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM a process started with start_new_session, SIGKILL it if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

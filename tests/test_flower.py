@@ -5,17 +5,15 @@ shows up in a command line or a log."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import pytest
 from orchestrator import JobSpec, submit
 from orchestrator.flower import AUTH_ENV, FlowerRefused, is_loopback, resolve
 from orchestrator.services import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stop_process_group, wait_until
 
 
 @dataclass
@@ -52,17 +50,6 @@ class Flower:
             return status, body
 
 
-def _wait(what: str, check: Callable[[], object], timeout: float = 60) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
-
-
 @pytest.fixture
 def flower(drover_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
     """``drover flower`` on a free loopback port, with basic auth from the environment."""
@@ -83,25 +70,19 @@ def flower(drover_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
             except OSError:
                 return False
 
-        _wait("Flower to answer", up)
+        wait_until("Flower to answer", up)
         # Its event receiver must be connected before the job runs: events are not replayed.
-        _wait("Flower's event receiver", lambda: "Connected to" in log.read_text())
+        wait_until("Flower's event receiver", lambda: "Connected to" in log.read_text())
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc, timeout=15)
 
 
 def test_flower_lists_the_jobs_tasks_by_name_with_ids_only_and_its_workers(
         flower, spawn_worker, drover_env, sim):
     worker = spawn_worker(concurrency=4)
     # /api/workers asks the workers over the broker: this one must answer.
-    workers = _wait("the worker in /api/workers",
+    workers = wait_until("the worker in /api/workers",
                     lambda: flower.get("/api/workers?refresh=1")[1] or None)
     assert isinstance(workers, dict)
     (name,) = [n for n in workers if n.startswith("w0-")]
@@ -119,7 +100,7 @@ def test_flower_lists_the_jobs_tasks_by_name_with_ids_only_and_its_workers(
         done = [t for t in mine.values() if t.get("state") == "SUCCESS"]
         return mine if len(done) == 6 else None  # five sub-agents and the join
 
-    tasks = _wait("the job's tasks in /api/tasks", job_tasks)
+    tasks = wait_until("the job's tasks in /api/tasks", job_tasks)
     by_name: dict[str, list[dict]] = {}
     for task in tasks.values():
         by_name.setdefault(task["name"], []).append(task)

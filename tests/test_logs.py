@@ -3,10 +3,8 @@ neither the API key nor any prompt text, at INFO."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from orchestrator import JobSpec, submit
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stop_process_group
 
 LINE = re.compile(r"llm call (outcome=\S+(?: [a-z_]+=\S+)+)$")
 KEYS_OK = ["outcome", "scope", "status", "job", "sub", "wait_s", "call_s", "in", "out",
@@ -33,16 +31,6 @@ def _worker_at_info(env: dict[str, str], log: Path) -> subprocess.Popen:
             start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def test_worker_logs_one_line_per_call_outcome_without_secrets_or_prompts(
         sim, drover_env, tmp_path):
     log = tmp_path / "worker.log"
@@ -59,7 +47,7 @@ def test_worker_logs_one_line_per_call_outcome_without_secrets_or_prompts(
         assert result.counts["ok"] == 4
         time.sleep(0.5)  # the last lines reach the file
     finally:
-        _stop(proc)
+        stop_process_group(proc)
     text = log.read_text(errors="replace")
     provider = sim.stats()
 

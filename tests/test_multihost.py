@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from config import SettingsError, load_settings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 
 NS_PREFIX = "drovertest-"
 SUBNET = "10.213.7"  # inside our own namespaces only: no route to it exists outside them
@@ -158,17 +158,6 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
         assert not any(ns in left for ns in names.values()), left
 
 
-def _wait_for(what: str, check, timeout: float = 60.0):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
-
-
 # The orchestrator, run on host B: submit, report progress as JSON lines, wait, then report
 # the result and what the simulator saw.
 DRIVER = r"""
@@ -231,9 +220,9 @@ def test_two_worker_hosts_share_the_limits_and_survive_losing_one(hosts: Hosts):
              "except Exception:\n print('unreachable')")
     assert hosts.run("b", sys.executable, "-c", probe).stdout.strip() == "unreachable"
     ping = f"import redis; print(redis.Redis(host='{a}', port={REDIS_PORT}).ping())"
-    _wait_for("Redis on host A, from host B",
+    wait_until("Redis on host A, from host B",
               lambda: hosts.run("b", sys.executable, "-c", ping).stdout.strip() == "True")
-    _wait_for("the simulator on host A", lambda: "listening" in hosts.log("sim"))
+    wait_until("the simulator on host A", lambda: "listening" in hosts.log("sim"))
 
     for h in "bc":
         hosts.start(f"worker-{h}", h, sys.executable, "-m", "celery", "-A", "workers.app",
@@ -241,7 +230,7 @@ def test_two_worker_hosts_share_the_limits_and_survive_losing_one(hosts: Hosts):
                     "multihost", "--loglevel", "INFO", "--without-gossip",
                     "--without-mingle", "-n", f"worker@host-{h}", env=env)
     for h in "bc":
-        _wait_for(f"the worker on host {h}", lambda h=h: "ready." in hosts.log(f"worker-{h}"))
+        wait_until(f"the worker on host {h}", lambda h=h: "ready." in hosts.log(f"worker-{h}"))
 
     driver = subprocess.Popen(
         ["ip", "netns", "exec", hosts.names["b"], sys.executable, "-c", DRIVER,
