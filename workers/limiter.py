@@ -48,16 +48,22 @@ Decisions worth knowing:
   instant, in one round trip (the agent loop's path).
 - Per-second counters (requests at the planned send second, waits/wait_ms at the acquire
   second, tokens at the settle second, n429 from ``cooldown``, anything via ``record``)
-  live in one hash per scope, pruned to ``stats_window_s``. The scope registry for
-  ``scopes()`` is refreshed by at most one extra call per scope per minute (the acquire
+  live in one hash per scope, pruned to ``stats_window_s``. A grant's requests, waits and
+  wait_ms are written by its ``settle`` (a ``release`` writes its wait only: nothing was
+  sent), so a call shows in the counters once it ends; a grant whose worker died before
+  settling is never counted there (its debit and lease are unaffected). The scope registry
+  for ``scopes()`` is refreshed by at most one extra call per scope per minute (the acquire
   script says when).
 
 Cost (``bench/acquire_cost.py``, ``bench/RESULTS-acquire.md``): ``acquire`` is one EVALSHA
-with six Redis commands inside (TIME, GET, ZCOUNT, ZADD, SET, HINCRBY). What keeps it there:
-the bucket is one packed string (one GET, one SET) rather than a hash; TTLs are extended
-with slack instead of on every call; numbers travel as one packed argument; EVALSHA is sent
-straight through ``execute_command`` with pre-encoded arguments (NOSCRIPT -> SCRIPT LOAD and
-retry), not through redis-py's ``Script`` object.
+with four Redis commands inside (TIME, GET, ZADD, SET). What keeps it there: the bucket is
+one packed string (one GET, one SET) rather than a hash, and the script works on it as a
+flat array and defines no function (each would be a new closure on every call); the bucket
+keeps an upper bound of the lease count, so the lease set is counted only near
+``max_in_flight``; counters are written at ``settle``; TTLs are extended with slack instead
+of on every call; numbers travel as one packed argument; EVALSHA is sent straight through
+``execute_command`` with pre-encoded arguments (NOSCRIPT -> SCRIPT LOAD and retry), not
+through redis-py's ``Script`` object.
 """
 
 from __future__ import annotations
@@ -68,10 +74,10 @@ import os
 import random
 import struct
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 import redis.asyncio
@@ -150,9 +156,20 @@ class ScopeLimits:
                  max_in_flight: int | None = None) -> ScopeLimits:
         return cls(rpm=rps * 60, burst_s=burst_s, max_in_flight=max_in_flight)
 
+    @cached_property
+    def _head(self) -> bytes:
+        """A[1..5] of a scope script: the limits per minute, burst_s, learned utilisation.
+        (Kept on the instance: hashing the dataclass for a cache lookup costs more.)"""
+        def dim(v: float | None) -> float:
+            return _NAN if v is None else float(v)
+        return struct.pack("<5d", dim(self.rpm), dim(self.itpm), dim(self.otpm),
+                           float(self.burst_s), float(self.learned_utilization))
 
-@dataclass(frozen=True)
-class Grant:
+
+class Grant(NamedTuple):
+    """What ``acquire`` decided. (A named tuple: immutable, and cheaper to make than a frozen
+    dataclass on the path before every call.)"""
+
     granted: bool          # True: the debit was made (and a lease taken); send after wait_s
     wait_s: float          # when granted: seconds to wait before sending (0.0 = now)
     retry_after_s: float   # when not granted: seconds until it is worth coming back
@@ -160,8 +177,22 @@ class Grant:
     reason: str            # "ok" | "horizon" | "cooldown" | "in_flight"
     input_tokens: int      # what was reserved (echo), for settle
     output_tokens: int
-    send_at: float = 0.0   # Redis server time (epoch s) of the planned send (now + wait_s)
-    send_us: float = field(default=0.0, repr=False)  # the same in us, exactly as the script has it
+    now_us: float = 0.0    # Redis server time (us) of the acquire
+
+    @property
+    def send_us(self) -> float:
+        """Redis server time (us) of the planned send, exactly as the script has it."""
+        return self.now_us + self.wait_s * 1e6
+
+    @property
+    def send_at(self) -> float:
+        """Redis server time (epoch s) of the planned send (now + wait_s)."""
+        return self.now_us / 1e6 + self.wait_s
+
+    @property
+    def acquired_s(self) -> int:
+        """The Redis second of the acquire (its wait is counted there)."""
+        return int(self.now_us // 1e6)
 
 
 # --- shared logic: keys, arguments, parsing -------------------------------------------------
@@ -182,18 +213,10 @@ _NAN = float("nan")
 _STORED = -1.0
 _D = struct.Struct("<d")
 _NAN_NOW = _D.pack(_NAN)
-_ACQUIRE = struct.Struct("<6d")
-_SETTLE = struct.Struct("<10d")
+_ACQUIRE = struct.Struct("<5d")
+_SETTLE = struct.Struct("<11d")
 _HEADERS = struct.Struct("<6d")
-
-
-@lru_cache(maxsize=1024)
-def _limit_head(limits: ScopeLimits) -> bytes:
-    """A[1..5] of a scope script: the limits per minute, burst_s, learned utilisation."""
-    def dim(v: float | None) -> float:
-        return _NAN if v is None else float(v)
-    return struct.pack("<5d", dim(limits.rpm), dim(limits.itpm), dim(limits.otpm),
-                       float(limits.burst_s), float(limits.learned_utilization))
+_ACQUIRE_KEYS = 3  # bucket, leases, learned limits: acquire writes no counters
 
 
 _STORED_HEAD = struct.pack("<5d", _STORED, _STORED, _STORED, _STORED, 1.0)
@@ -235,11 +258,15 @@ def _header_args(limits: ScopeLimits, headers: Mapping[str, str]) -> bytes | Non
 
 def _load_sources() -> dict[str, str]:
     lua = resources.files("workers") / "lua"
-    lib = (lua / "_lib.lua").read_text()
-    true_up = lib + "\n" + (lua / "_true_up.lua").read_text()
-    sources = {name: (true_up if name in ("settle", "cooldown", "sync") else lib) + "\n"
-               + (lua / f"{name}.lua").read_text()
-               for name in ("acquire", "settle", "cooldown", "sync", "state", "record")}
+
+    def read(*names: str) -> str:
+        return "\n".join((lua / f"{name}.lua").read_text() for name in names)
+
+    sources = {"acquire": read("_head", "acquire")}
+    for name in ("settle", "cooldown", "sync"):
+        sources[name] = read("_head", "_lib", "_true_up", name)
+    for name in ("state", "record"):
+        sources[name] = read("_head", "_lib", name)
     for name in ("usage", "scopes"):
         sources[name] = (lua / f"{name}.lua").read_text()
     return sources
@@ -276,6 +303,7 @@ class _LimiterBase:
         self.stats_window_s = int(stats_window_s)
         self._keys: dict[str, list[str]] = {}
         self._keys_b: dict[str, list[bytes]] = {}
+        self._acq_keys: dict[str, list[bytes]] = {}
         self._registry = f"{prefix}:scopes"
         self._now_us = None
 
@@ -315,39 +343,41 @@ class _LimiterBase:
     # sync and async limiters call around their one EVALSHA.
     def _acquire_call(self, scope: str, limits: ScopeLimits, input_tokens: int,
                       output_tokens: int,
-                      lease_ttl_s: float) -> tuple[list[bytes], list[bytes], str]:
+                      lease_ttl_s: float) -> tuple[list[bytes], list[bytes | str], str]:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token estimates must be >= 0")
-        lease = f"{_lease_bits(96):024x}"
+        lease = _lease_bits(96).to_bytes(12, "little").hex()
         mif = limits.max_in_flight
-        nums = _limit_head(limits) + self._now_b + _ACQUIRE.pack(
+        nums = limits._head + self._now_b + _ACQUIRE.pack(
             input_tokens, output_tokens, self.horizon_s, _NAN if mif is None else mif,
-            lease_ttl_s, self.stats_window_s)
-        return self._bkeys(scope), [nums, lease.encode()], lease
+            lease_ttl_s)
+        keys = self._acq_keys.get(scope)
+        if keys is None:
+            keys = self._acq_keys[scope] = self._bkeys(scope)[:_ACQUIRE_KEYS]
+        return keys, [nums, lease], lease
 
     @staticmethod
     def _grant(reply: Any, lease: str, input_tokens: int, output_tokens: int) -> tuple[Grant, bool]:
-        reason, value, now_us, register = _s(reply).split(" ")
-        now = float(now_us)
+        reason, value, now_us, register = (
+            reply.decode() if type(reply) is bytes else reply).split(" ")
         if reason == "ok":
-            wait = float(value)
-            return Grant(True, wait, 0.0, lease, reason, input_tokens, output_tokens,
-                         now / 1e6 + wait, now + wait * 1e6), register == "1"
+            return Grant(True, float(value), 0.0, lease, reason, input_tokens, output_tokens,
+                         float(now_us)), register == "1"
         return Grant(False, 0.0, float(value), None, reason, input_tokens, output_tokens,
-                     now / 1e6, now), False
+                     float(now_us)), False
 
     def _register_args(self, scope: str) -> tuple[list[str], list[str]]:
         return [self._registry], [scope, str(self.stats_window_s), self._now()]
 
     # the other operations
     def _settle(self, scope: str, head: bytes, grant: Grant, d_in: int, d_out: int,
-                d_req: int, used_in: int, used_out: int, req_sec: float,
+                d_req: int, used_in: int, used_out: int,
                 headers: bytes | None = None) -> _Op:
         if not grant.granted or grant.lease_id is None:
             return None
         nums = head + self._now_b + _SETTLE.pack(
-            d_in, d_out, d_req, used_in, used_out, self.stats_window_s, req_sec,
-            grant.send_us, grant.input_tokens, grant.output_tokens)
+            d_in, d_out, d_req, used_in, used_out, self.stats_window_s, grant.acquired_s,
+            grant.send_us, grant.input_tokens, grant.output_tokens, grant.wait_s)
         if headers is not None:
             nums += headers
         yield ("settle", self._bkeys(scope), [nums, grant.lease_id.encode()])
@@ -357,20 +387,20 @@ class _LimiterBase:
                    output_tokens: int, headers: Mapping[str, str] | None = None) -> _Op:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token counts must be >= 0")
-        return self._settle(scope, _limit_head(limits), grant,
+        return self._settle(scope, limits._head, grant,
                             int(input_tokens) - grant.input_tokens,
                             int(output_tokens) - grant.output_tokens, 0,
-                            int(input_tokens), int(output_tokens), _NAN,
+                            int(input_tokens), int(output_tokens),
                             None if headers is None else _header_args(limits, headers))
 
     def _release_op(self, scope: str, grant: Grant) -> _Op:
         return self._settle(scope, _STORED_HEAD, grant, -grant.input_tokens,
-                            -grant.output_tokens, -1, 0, 0, float(math.floor(grant.send_at)))
+                            -grant.output_tokens, -1, 0, 0)
 
     def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Op:
         if retry_after_s < 0:
             raise ValueError("retry_after_s must be >= 0")
-        nums = _limit_head(limits) + self._now_b + struct.pack(
+        nums = limits._head + self._now_b + struct.pack(
             "<2d", float(retry_after_s), self.stats_window_s)
         reply = yield ("cooldown", self.keys(scope), [nums])
         return float(_s(reply))
@@ -379,7 +409,7 @@ class _LimiterBase:
         packed = _header_args(limits, headers)
         if packed is None:
             return None
-        yield ("sync", self.keys(scope), [_limit_head(limits) + self._now_b + packed])
+        yield ("sync", self.keys(scope), [limits._head + self._now_b + packed])
         return None
 
     def _record(self, scope: str, counts: Mapping[str, int]) -> _Op:
@@ -415,7 +445,7 @@ class _LimiterBase:
         return sorted(_s(x) for x in reply)
 
     def _state(self, scope: str, limits: ScopeLimits | None) -> _Op:
-        head = _STORED_HEAD if limits is None else _limit_head(limits)
+        head = _STORED_HEAD if limits is None else limits._head
         reply = yield ("state", self.keys(scope), [head + self._now_b])
         r = [_s(x) for x in reply]
         out: dict[str, Any] = {

@@ -1,10 +1,12 @@
 -- _true_up.lua: helpers of settle, cooldown and sync, prepended after _lib.lua (acquire
 -- does without them: every function defined here is a closure made on every call).
 
--- The highest level a refund may restore at st.t: what the send-side bucket allows.
-local function ceiling(st, d)
-  if not d.q then return d.cap end
-  return min(d.cap, d.S + d.rate * ((st.t - d.q) / 1e6))
+-- The highest level a refund of dimension k may restore at time t: what the send-side
+-- bucket allows.
+local function ceiling(h, k, t)
+  local q = h[SQ + k]
+  if q ~= q then return CAP[k] end
+  return min(CAP[k], h[SS + k] + RATE[k] * ((t - q) / 1e6))
 end
 
 -- True up dimension k by -delta for a request sent at s_x (us) that reserved `reserved`.
@@ -18,43 +20,45 @@ end
 -- Also sound, and better for a send older than the ring or alone in its window after an
 -- idle spell (whose own level before it, capacity, is in its window): the level right
 -- after s_x is at most capacity - reserved and rose by at most rate x (q - s_x) since.
-local function adjust(st, k, delta, s_x, reserved)
-  local d = st.dims[k]
-  if not d or delta == 0 then return end
-  local P, n = d.P, d.n
+local function adjust(h, k, delta, s_x, reserved)
+  local rate = RATE[k]
+  if not rate or delta == 0 then return end
+  local cap = CAP[k]
+  local o = ring(k)
+  local n, q = h[o], h[SQ + k]
   local m = floor(s_x / W_US)
   if delta > 0 then
-    d.level = d.level - delta
-    if d.q then d.S = d.S - delta end
-    if n then
+    h[k] = h[k] - delta
+    if q == q then h[SS + k] = h[SS + k] - delta end
+    if n == n then
       for j = max(m + 1, n - NW + 1), n do
-        local i = j % NW + 1
-        P[i] = P[i] - delta
+        local i = o + 1 + j % NW
+        h[i] = h[i] - delta
       end
     end
     return
   end
-  if d.q then
-    local saved = min(reserved, d.cap) - min(reserved + delta, d.cap)
+  if q == q then
+    local saved = min(reserved, cap) - min(reserved + delta, cap)
     local credit, from = saved, nil
-    if s_x < d.q then credit = max(0, saved - d.rate * ((d.q - s_x) / 1e6)) end
-    if n and m > n - NW then
+    if s_x < q then credit = max(0, saved - rate * ((q - s_x) / 1e6)) end
+    if n == n and m > n - NW then
       from = min(m, n)
       local top = NEG
-      for j = from, n do top = max(top, P[j % NW + 1]) end
-      credit = max(credit, min(saved, max(0, d.cap - top)))
-    elseif n then
+      for j = from, n do top = max(top, h[o + 1 + j % NW]) end
+      credit = max(credit, min(saved, max(0, cap - top)))
+    elseif n == n then
       from = n - NW + 1
     end
     if from then
       for j = from, n do
-        local i = j % NW + 1
-        P[i] = P[i] + credit
+        local i = o + 1 + j % NW
+        h[i] = h[i] + credit
       end
     end
-    d.S = min(d.cap, d.S + credit)
+    h[SS + k] = min(cap, h[SS + k] + credit)
   end
-  d.level = min(ceiling(st, d), d.level - delta)
+  h[k] = min(ceiling(h, k, h[T]), h[k] - delta)
 end
 
 -- Response headers (sync.lua, and settle.lua when given them), A[j0..j0+2] = -remaining of
@@ -77,10 +81,9 @@ local function learn(j0)
 end
 
 -- lower(): a -remaining value can only lower a level, never raise it.
-local function lower(st, j0)
+local function lower(h, j0)
   for k = 1, 3 do
-    local d = st.dims[k]
     local rem = A[j0 - 1 + k]
-    if d and rem then d.level = min(d.level, rem) end
+    if RATE[k] and rem then h[k] = min(h[k], rem) end
   end
 end

@@ -1,7 +1,9 @@
 -- acquire.lua: reserve one request (and its token estimate) from every dimension of a scope,
--- atomically. Prepended with _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described there).
+-- atomically. Prepended with _head.lua (KEYS, the bucket record and A[1..6] = ARGV[1] are
+-- described there; only KEYS[1..3] are passed: a grant's counters are written when it is
+-- settled or released).
 -- A[7] input_tokens   A[8] output_tokens   A[9] horizon_s
--- A[10] max_in_flight (NaN = no limit)   A[11] lease_ttl_s   A[12] stats_window_s
+-- A[10] max_in_flight (NaN = no limit)   A[11] lease_ttl_s
 -- ARGV[2] lease id
 -- Returns one string "<reason> <wait_s or retry_after_s> <now_us> <register 0|1>";
 -- reason is ok | horizon | cooldown | in_flight; ok means granted (the second field is then
@@ -10,106 +12,211 @@
 -- horizon. Sends of one scope leave in the order of their reservations. A request costlier
 -- than a bucket's capacity is judged on min(cost, capacity) for the horizon test (so it is
 -- not refused for ever) but still waits for its full cost.
--- Per call when nothing waits: TIME, GET, ZCOUNT, ZADD, SET, HINCRBY; everything else only
--- on a refusal or about once a minute (TTL extensions, pruning, the scope registry) or
--- second (the stats index).
+-- Per call when nothing waits: TIME, GET, ZADD, SET; everything else only on a refusal,
+-- near max_in_flight (counting the leases), or about once a minute (TTL extensions, pruning,
+-- the scope registry).
+
+-- This is the path before every call, so it defines no function: in a script each function
+-- is a new closure (with its upvalues) on every call. The steps of _lib.lua's clock(),
+-- load(), peak() and save() are written out in place instead; they must stay the same as
+-- there (tests/test_limiter_model.py checks every script against one reference model).
 
 local MIN_RETRY_S = 0.05
 
--- A send of cost c at time s (us) as the send-side bucket sees it. The level it finds is
--- noted in the peak ring (refunds are bounded by it). A send planned before the latest
--- one only lowers the levels, so it notes nothing.
-local function sent(d, s, c)
-  c = min(c, d.cap)
-  if not d.q then
-    peak(d, s, d.cap)
-    d.S = d.cap - c; d.q = s
-  elseif s >= d.q then
-    local pre = min(d.cap, d.S + d.rate * ((s - d.q) / 1e6))
-    peak(d, s, pre)
-    d.S = pre - c; d.q = s
-  else
-    d.S = d.S - c
-  end
+local now = A[6]  -- clock()
+if not now then
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-
-local now = clock()
 local cost = {1, A[7], A[8]}
 local horizon = A[9]
 local max_if = A[10]
-local window = A[12]
-local st = load(now, call('GET', KEYS[1]))
 local now_s = format('%d', now)
 
-local cd_rem = max(0, (st.cd - now) / 1e6)
+-- load(now, GET bucket)
+local raw = call('GET', KEYS[1])
+local h
+if raw and #raw == 8 * NREC then
+  h = {unpack_d(REC, raw)}
+else
+  local nd = raw and #raw / 8 or 0
+  h = nd > 0 and {unpack_d('<' .. string.rep('d', nd), raw)} or {}
+  for j = nd + 1, NREC do h[j] = NAN end
+end
+h[NREC + 1] = nil
+local learned = nil
+if A[1] == nil or A[2] == nil or A[3] == nil then
+  learned = call('HMGET', KEYS[3], 'r', 'i', 'o')
+end
+local burst = A[4]
+if burst == STORED then
+  burst = h[BURST]
+  if burst ~= burst then burst = 1 end
+end
+h[BURST] = burst
+local t = h[T]
+if t ~= t then t = now end
+h[T] = max(t, now)
+if h[CD] ~= h[CD] then h[CD] = 0 end
+for k = 1, 3 do
+  local lim = A[k]
+  if lim == STORED then
+    lim = h[LIM + k]
+    if lim ~= lim then lim = nil end
+  elseif lim == nil and learned and learned[k] then
+    lim = tonumber(learned[k]) * A[5]
+  end
+  if lim and lim > 0 then
+    local rate = lim / 60
+    local cap = rate * burst
+    local level = h[k]
+    if level ~= level then
+      level = cap
+    elseif now > t then
+      level = min(cap, level + rate * ((now - t) / 1e6))
+    else
+      level = min(cap, level)
+    end
+    h[k] = level; h[LIM + k] = lim
+    RATE[k] = rate; CAP[k] = cap
+  else
+    h[k] = NAN; h[LIM + k] = NAN; h[SS + k] = NAN; h[SQ + k] = NAN
+    local o = 19 + (k - 1) * (1 + NW)
+    for j = o, o + NW do h[j] = NAN end
+  end
+end
+
+local cd_rem = max(0, (h[CD] - now) / 1e6)
 if cd_rem > horizon then
-  return 'cooldown ' .. fmt(max(cd_rem - horizon, MIN_RETRY_S)) .. ' ' .. now_s .. ' 0'
+  return 'cooldown ' .. format('%.17g', max(cd_rem - horizon, MIN_RETRY_S)) .. ' ' .. now_s
+         .. ' 0'
 end
 
--- Leases that expired (their worker died) are not counted; they are removed only when that
--- matters (a refusal) and once a minute, not on every call.
-local live = call('ZCOUNT', KEYS[2], '(' .. now_s, '(+inf')
-if max_if and live >= max_if then
+-- In-flight leases: the bucket keeps how many the set holds (h[NL]), live or expired (their
+-- worker died). Below the limit that bound is enough; at it (or when unknown) the expired
+-- ones are removed and the rest counted, so a count is never taken on the common path.
+local nl = h[NL]
+if max_if and not (nl < max_if) then
   call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  local first = call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  local poll = max(0.005, min(0.1, (tonumber(first[2]) - now) / 1e6))
-  return 'in_flight ' .. fmt(poll) .. ' ' .. now_s .. ' 0'
+  nl = call('ZCOUNT', KEYS[2], '-inf', '(+inf')
+  if nl >= max_if then
+    local first = call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    local poll = max(0.005, min(0.1, (tonumber(first[2]) - now) / 1e6))
+    return 'in_flight ' .. format('%.17g', poll) .. ' ' .. now_s .. ' 0'
+  end
 end
 
-local base = (st.t - now) / 1e6
+local base = (h[T] - now) / 1e6
 local need, need_h = 0, 0
 for k = 1, 3 do
-  local d = st.dims[k]
-  if d and (k == 1 or cost[k] > 0) then
-    need = max(need, (cost[k] - d.level) / d.rate)
-    need_h = max(need_h, (min(cost[k], d.cap) - d.level) / d.rate)
+  local rate = RATE[k]
+  if rate and (k == 1 or cost[k] > 0) then
+    need = max(need, (cost[k] - h[k]) / rate)
+    need_h = max(need_h, (min(cost[k], CAP[k]) - h[k]) / rate)
   end
 end
 local wait = max(cd_rem, base + need)
 local wait_h = max(cd_rem, base + need_h)
 if wait_h > horizon then
-  return 'horizon ' .. fmt(max(wait_h - horizon, MIN_RETRY_S)) .. ' ' .. now_s .. ' 0'
+  return 'horizon ' .. format('%.17g', max(wait_h - horizon, MIN_RETRY_S)) .. ' ' .. now_s
+         .. ' 0'
 end
 
--- Tokens are spent at the send time, not now: headroom that would overflow the capacity
+-- Tokens are spent at the send time s, not now: headroom that would overflow the capacity
 -- before then is not ours to hand out (else a request held back by one dimension would
 -- bunch up with later ones in the others). A request costlier than the capacity absorbs
 -- all refill until it goes (its level is then 0).
+-- The send is also noted on the send-side view, and the level it finds there in the peak
+-- ring (peak()); a send planned before the latest one only lowers those levels.
 local ahead = wait - base
+local s = now + wait * 1e6
 for k = 1, 3 do
-  local d = st.dims[k]
-  if d and (k == 1 or cost[k] > 0) then
-    d.level = min(d.level, d.cap - d.rate * ahead) - min(cost[k], d.cap)
-    sent(d, now + wait * 1e6, cost[k])
+  local rate = RATE[k]
+  if rate and (k == 1 or cost[k] > 0) then
+    local cap = CAP[k]
+    local c = min(cost[k], cap)
+    h[k] = min(h[k], cap - rate * ahead) - c
+    local q = h[SQ + k]
+    local pre = nil
+    if q ~= q then
+      pre = cap
+    elseif s >= q then
+      pre = min(cap, h[SS + k] + rate * ((s - q) / 1e6))
+    end
+    if pre then
+      local o = 19 + (k - 1) * (1 + NW)  -- peak(h, k, s, pre)
+      local n = h[o]
+      local m = floor(s / W_US)
+      if n ~= n or m >= n + NW then
+        for i = o + 1, o + NW do h[i] = NEG end
+        h[o] = m
+      elseif m > n then
+        for j = n + 1, m do h[o + 1 + j % NW] = NEG end
+        h[o] = m
+      else
+        m = n
+      end
+      local i = o + 1 + m % NW
+      h[i] = max(h[i], pre)
+      h[SS + k] = pre - c; h[SQ + k] = s
+    else
+      h[SS + k] = h[SS + k] - c
+    end
   end
 end
+
 local expiry = now + (wait + A[11]) * 1e6
--- The lease set must outlive its latest lease. The bucket keeps the set's expiry (st.lx), so
+-- The lease set must outlive its latest lease. The bucket keeps the set's expiry (h[LX]), so
 -- no PTTL is needed, and the set holds a member '~' at +inf that keeps it from being deleted
--- by the ZREM of its last lease: ZADD adds 2 members only to a new set, which then gets its
--- TTL; else the TTL is extended only when this lease would outlive it, with a minute of
--- slack so that this is not needed on every call as time moves on.
-local new_set = call('ZADD', KEYS[2], expiry, ARGV[2], 'inf', '~') == 2
+-- by the ZREM of its last lease. While h[LX] lies ahead the set is there, with its '~' (a
+-- set deleted from outside, e.g. evicted, only has its TTL set again within a minute, below,
+-- and nl stays an upper bound); else '~' is added too, and if the set was new (2 members
+-- added) it gets its TTL. The TTL is extended only when this lease would outlive it, with a
+-- minute of slack so that this is not needed on every call as time moves on.
+local new_set = false
+if now < h[LX] then
+  call('ZADD', KEYS[2], expiry, ARGV[2])
+  nl = nl + 1
+else
+  new_set = call('ZADD', KEYS[2], expiry, ARGV[2], 'inf', '~') == 2
+  if new_set then nl = 1 else nl = nl + 1 end
+end
 local lease_need = expiry + 1e6
-if new_set or st.lx == nil or lease_need > st.lx then
-  st.lx = lease_need + 60e6
-  call('PEXPIRE', KEYS[2], format('%d', ceil((st.lx - now) / 1000)))
+if new_set or not (lease_need <= h[LX]) then
+  h[LX] = lease_need + 60e6
+  call('PEXPIRE', KEYS[2], format('%d', ceil((h[LX] - now) / 1000)))
 end
 
 local minute = floor(now / 60e6)
 local register = ' 0'
-if st.reg ~= minute then
+if h[REG] ~= minute then
   register = ' 1'
-  st.reg = minute
-  call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  h[REG] = minute
+  nl = nl - call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 end
-save(st)
+h[NL] = nl
 
-stat_add(window, now, floor((now + wait * 1e6) / 1e6), 'requests', 1)
+-- save(h, now)
+local need_x = max(h[T], h[CD])
+if h[LX] == h[LX] then need_x = max(need_x, h[LX]) end
+for k = 1, 3 do
+  local rate = RATE[k]
+  if rate then
+    local cap = CAP[k]
+    need_x = max(need_x, h[T] + (cap - h[k]) / rate * 1e6)
+    local q = h[SQ + k]
+    if q == q then need_x = max(need_x, q + (cap - h[SS + k]) / rate * 1e6) end
+  end
+end
+need_x = need_x + MARGIN_S * 1e6
+local extend = not (h[X] >= need_x)
+if extend then h[X] = need_x + TTL_SLACK_US end
+call('SET', KEYS[1], pack(REC, unpack(h, 1, NREC)), 'KEEPTTL')
+if extend then
+  call('PEXPIRE', KEYS[1], format('%d', ceil((h[X] - now) / 1000)))
+end
+
 if wait > 0 then
-  local sec = floor(now / 1e6)
-  stat_add(window, now, sec, 'waits', 1)
-  stat_add(window, now, sec, 'wait_ms', floor(wait * 1000 + 0.5))
-  return 'ok ' .. fmt(wait) .. ' ' .. now_s .. register
+  return 'ok ' .. format('%.17g', wait) .. ' ' .. now_s .. register
 end
 return 'ok 0 ' .. now_s .. register

@@ -6,21 +6,23 @@
 -- resumes at the refill rate instead of in a burst. Counts a 429. Returns seconds left.
 
 local now = clock()
-local st = load(now, call('GET', KEYS[1]))
-st.cd = max(st.cd, now + A[7] * 1e6)
+local h = load(now, call('GET', KEYS[1]))
+local cd = max(h[CD], now + A[7] * 1e6)
+h[CD] = cd
 for k = 1, 3 do
-  local d = st.dims[k]
-  if d then
-    d.level = min(d.level, 0)
-    if not d.q or st.cd >= d.q then
-      d.S = min(ceiling({t = st.cd}, d), 0); d.q = st.cd
-      peak(d, st.cd, d.S)
+  if RATE[k] then
+    h[k] = min(h[k], 0)
+    local q = h[SQ + k]
+    if q ~= q or cd >= q then
+      local s = min(ceiling(h, k, cd), 0)
+      h[SS + k] = s; h[SQ + k] = cd
+      peak(h, k, cd, s)
     else
-      d.S = min(d.S, d.rate * ((d.q - st.cd) / 1e6))
+      h[SS + k] = min(h[SS + k], RATE[k] * ((q - cd) / 1e6))
     end
   end
 end
-st.t = max(st.t, st.cd)
-save(st)
+h[T] = max(h[T], cd)
+save(h, now)
 stat_add(A[8], now, floor(now / 1e6), 'n429', 1)
-return fmt((st.cd - now) / 1e6)
+return fmt((cd - now) / 1e6)

@@ -6,14 +6,13 @@
 --          then learned raw limits r, i, o ('' when absent)}
 
 local now = clock()
-local st = load(now, call('GET', KEYS[1]))
-local out = {fmt(now), fmt(max(0, (st.cd - now) / 1e6)),
+local h = load(now, call('GET', KEYS[1]))
+local out = {fmt(now), fmt(max(0, (h[CD] - now) / 1e6)),
              call('ZCOUNT', KEYS[2], '(' .. fmt(now), '(+inf'),
-             fmt(st.t), fmt(st.burst or 0)}
+             fmt(h[T]), fmt(h[BURST])}
 for k = 1, 3 do
-  local d = st.dims[k]
-  if d then
-    out[#out + 1] = fmt(d.lim); out[#out + 1] = fmt(d.cap); out[#out + 1] = fmt(d.level)
+  if RATE[k] then
+    out[#out + 1] = fmt(h[LIM + k]); out[#out + 1] = fmt(CAP[k]); out[#out + 1] = fmt(h[k])
   else
     out[#out + 1] = ''; out[#out + 1] = ''; out[#out + 1] = ''
   end

@@ -8,7 +8,7 @@
 
 learn(7)
 local now = clock()
-local st = load(now, call('GET', KEYS[1]))
-lower(st, 7)
-save(st)
+local h = load(now, call('GET', KEYS[1]))
+lower(h, 7)
+save(h, now)
 return 1
