@@ -1,9 +1,16 @@
 """What one limiter decision costs: median latency of ``acquire`` against a bare PING on the
 same connection, and of the whole limiter work of one LLM call (``acquire``, then ``settle``
 with the response's rate-limit headers, as ``workers/llm.py`` does); acquires/s from one
-process.
+process. Measured twice: with the sync ``Limiter`` over ``redis.Redis``, and on the path a
+worker takes for every LLM call, ``AsyncLimiter`` over ``redis.asyncio`` (PING on the same
+async connection).
 
-    python -m bench.acquire_cost [--n 5000] [--redis redis://127.0.0.1:6379/0]
+    python -m bench.acquire_cost [--n 5000] [--redis redis://127.0.0.1:6379/0] [--breakdown]
+
+``--breakdown`` also times, interleaved with PING in the same loop, what an acquire is made
+of: an EVALSHA that returns at once (with acquire's keys and arguments), one that only runs
+acquire's four commands, the same plus unpacking and packing the bucket record, the acquire
+script alone (arguments built beforehand), and ``Limiter.acquire``.
 
 Uses a key prefix of its own and deletes its keys afterwards (never flushes). The machine's
 load average is printed too: on a small shared box a PING gets slower under load while the
@@ -13,14 +20,16 @@ script's own work does not, so the ratio moves with the load (see bench/RESULTS-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import time
 import uuid
 
 import redis
+import redis.asyncio
 
-from workers.limiter import Limiter, ScopeLimits
+from workers.limiter import _SOURCES, AsyncLimiter, Limiter, ScopeLimits
 
 # Limits high enough that nothing waits: we measure the decision, not the queue.
 LIMITS = ScopeLimits(rpm=1e9, itpm=1e12, otpm=1e12, max_in_flight=10**9)
@@ -39,11 +48,84 @@ def _median_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1000
 
 
+# Stand-ins for the parts of acquire.lua, run with its keys and arguments.
+_REPLY = "return 'ok 0 1700000000000000 0'"
+_COMMANDS = ("local t = redis.call('TIME') local r = redis.call('GET', KEYS[1]) "
+             "redis.call('ZADD', KEYS[2], t[1], ARGV[2]) "
+             "redis.call('SET', KEYS[1], r, 'KEEPTTL') ")
+_RECORD = ("local h = {struct.unpack('<' .. string.rep('d', #r / 8), r)} "
+           "r = struct.pack('<' .. string.rep('d', #r / 8), unpack(h, 1, #r / 8)) ")
+
+
+def _breakdown(client: redis.Redis, lim: Limiter, scope: str,
+               n: int) -> dict[str, tuple[float, float]]:
+    """Median of each part of an acquire, and its ratio to the median PING of the same loop.
+    Each sample follows an acquire and a settle, as in the main loop, so caches are as cold."""
+    sources = {
+        "EVALSHA returning at once": _REPLY,
+        "+ TIME, GET, ZADD, SET (no logic)": _COMMANDS + _REPLY,
+        "+ unpack and pack the bucket record": _COMMANDS.replace(
+            "redis.call('SET'", _RECORD + "redis.call('SET'") + _REPLY,
+        "acquire.lua (arguments built beforehand)": _SOURCES["acquire"],
+    }
+    shas = {name: client.script_load(src) for name, src in sources.items()}
+    samples: dict[str, list[int]] = {"PING": [], **{name: [] for name in shas},
+                                     "Limiter.acquire": []}
+    clock = time.perf_counter_ns
+    for _ in range(n):
+        for name in [*shas, "Limiter.acquire"]:
+            g = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
+            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, headers=HEADERS)
+            keys, argv, lease = lim._acquire_call(scope, LIMITS, 1000, 200, 180.0)
+            t0 = clock()
+            client.ping()
+            t1 = clock()
+            if name == "Limiter.acquire":
+                lease = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200).lease_id
+            else:
+                client.execute_command("EVALSHA", shas[name], len(keys), *keys, *argv)
+            t2 = clock()
+            client.zrem(keys[1], lease)  # the stand-ins add leases too; none is left behind
+            samples["PING"].append(t1 - t0)
+            samples[name].append(t2 - t1)
+    ping = statistics.median(samples["PING"])
+    return {name: (_median_us(s), statistics.median(s) / ping) for name, s in samples.items()}
+
+
+async def _worker_path(url: str, prefix: str, n: int) -> tuple[float, float, float]:
+    """Median PING, acquire and settle (us) through AsyncLimiter on one async connection."""
+    client = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool.from_url(
+        url, max_connections=1))
+    lim = AsyncLimiter(client, prefix=prefix)
+    scope = "llm:bench:async"
+    ping, acq, settle = [], [], []
+    clock = time.perf_counter_ns
+    try:
+        for i in range(n + 500):  # the first 500 warm up
+            t0 = clock()
+            await client.ping()
+            t1 = clock()
+            g = await lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
+            t2 = clock()
+            await lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150,
+                             headers=HEADERS)
+            t3 = clock()
+            if i >= 500:
+                ping.append(t1 - t0)
+                acq.append(t2 - t1)
+                settle.append(t3 - t2)
+    finally:
+        await client.aclose()
+    return _median_us(ping), _median_us(acq), _median_us(settle)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--redis", default=os.environ.get("DROVER_REDIS_URL",
                                                           "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the parts of an acquire (see the module docstring)")
     args = parser.parse_args()
 
     prefix = f"drover-bench-{uuid.uuid4().hex[:8]}"
@@ -73,6 +155,7 @@ def main() -> None:
             settle.append(t3 - t2)
             pair.append(t3 - t1)
         load_after = os.getloadavg()[0]
+        breakdown = _breakdown(client, lim, scope, args.n // 2) if args.breakdown else None
 
         count, t_end = 0, time.perf_counter() + 3.0
         start = time.perf_counter()
@@ -92,6 +175,15 @@ def main() -> None:
         print(f"acquires/s, one process    {rate:8.0f}   (sequential, one connection)")
         print(f"nproc                      {os.cpu_count()}")
         print(f"load average (1 min)       {load_before:.2f} before, {load_after:.2f} after")
+        wp, wa, ws = asyncio.run(_worker_path(args.redis, prefix, args.n))
+        print("\nthe worker's path (AsyncLimiter over redis.asyncio, as workers/llm.py calls it):")
+        print(f"median PING                {wp:8.1f} us")
+        print(f"median acquire             {wa:8.1f} us   ratio to PING {wa / wp:.2f}")
+        print(f"median settle (+headers)   {ws:8.1f} us   ratio to PING {ws / wp:.2f}")
+        if breakdown:
+            print("\nwhat an acquire is made of (medians, interleaved with PING in one loop):")
+            for name, (us, ratio) in breakdown.items():
+                print(f"  {name:44} {us:8.1f} us   x PING {ratio:.2f}")
     finally:
         keys = list(client.scan_iter(match=f"{prefix}:*"))
         if keys:

@@ -1,10 +1,11 @@
-"""`python -m bench.compare --quick` still runs end to end (drover and the overhead part),
-so the benchmark harness cannot rot unnoticed. It asserts what the harness produces, not how
-fast anything was."""
+"""`python -m bench.compare --quick` (drover and the overhead part) and
+`python -m bench.acquire_cost` still run end to end, so the benchmark harness cannot rot
+unnoticed. It asserts what the harness produces, not how fast anything was."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -30,3 +31,22 @@ def test_quick_compare_runs_drover_and_writes_the_table_and_the_plot(redis_url, 
                 "| bare chord, one SDK call per task |"):
         assert row in text
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_acquire_cost_runs_both_paths_and_the_breakdown_and_leaves_no_key(redis_url,
+                                                                          redis_client):
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    before = set(redis_client.scan_iter(match="drover-bench-*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.acquire_cost", "--n", "50", "--breakdown"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    # the sync Limiter, then the worker's path
+    assert len(re.findall(r"^median acquire +[\d.]+ us +ratio to PING", out, re.M)) == 2
+    assert "the worker's path (AsyncLimiter" in out
+    for part in ("EVALSHA returning at once", "+ TIME, GET, ZADD, SET (no logic)",
+                 "acquire.lua (arguments built beforehand)", "Limiter.acquire"):
+        assert part in out
+    assert set(redis_client.scan_iter(match="drover-bench-*")) == before

@@ -6,9 +6,9 @@
 -- Every scope script uses the same KEYS layout (all keys share the scope's hash tag):
 --   KEYS[1] bucket  string ({prefix}:{scope}:bs), NREC = 58 little-endian doubles (NaN =
 --                   absent), read with one GET and written with one SET (a hash cost ~15 us
---                   more per call in HMGET, HSET and number formatting). The scripts work on
---                   it as the flat array it unpacks to (see load()): a table per dimension
---                   cost more to build and write back than the whole decision.
+--                   more per call in HMGET, HSET and number formatting). The scripts work
+--                   on it as the flat array it unpacks to (load() in _lib.lua): a table
+--                   per dimension cost more to build and write back than the decision.
 --                   [1..3] r,i,o = levels (requests, input tokens, output tokens) at time t
 --                   [4] t = us of the levels (may lie in the future while a cooldown
 --                       freezes refill)   [5] cd = cooldown_until us
