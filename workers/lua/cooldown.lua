@@ -1,5 +1,5 @@
--- cooldown.lua: a 429 said "retry after R seconds". Prepended with _lib.lua
--- (KEYS[1..5] and A[1..6] = ARGV[1] are described there).
+-- cooldown.lua: a 429 said "retry after R seconds". Prepended with _head.lua
+-- and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described in _head.lua).
 -- A[7] retry_after_s   A[8] stats_window_s
 -- cooldown_until = max(current, now + R). Every bucket of the scope is emptied (levels
 -- above 0 drop to 0, debts stay) and frozen until cooldown_until, so after it traffic

@@ -1,5 +1,6 @@
--- record.lua: add to this second's usage counters (e.g. n529=1). Prepended with _lib.lua
--- (KEYS[1..5] and A[1..6] = ARGV[1] are described there; A[1..5] unused).
+-- record.lua: add to this second's usage counters (e.g. n529=1). Prepended with _head.lua
+-- and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described in _head.lua; A[1..5]
+-- unused).
 -- A[7] stats_window_s   ARGV[2], ARGV[3], ... field, count pairs
 
 local now = clock()

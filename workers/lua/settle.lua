@@ -1,5 +1,6 @@
--- settle.lua: a call ended (settle) or never went out (release). Prepended with _lib.lua
--- (KEYS[1..5] and A[1..6] = ARGV[1] are described there; limits -1 = stored).
+-- settle.lua: a call ended (settle) or never went out (release). Prepended with _head.lua
+-- and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described in _head.lua; limits
+-- -1 = stored).
 -- A[7] input delta (actual - reserved)   A[8] output delta
 -- A[9] request delta (0 for settle: the request stays counted; -1 for release)
 -- A[10] actual input tokens   A[11] actual output tokens (for the stats)

@@ -1,6 +1,6 @@
--- state.lua: read-only view of a scope, levels brought to now. Prepended with _lib.lua
--- (KEYS[1..5] and A[1..6] = ARGV[1] are described there; limits -1 = the ones stored by
--- the last write).
+-- state.lua: read-only view of a scope, levels brought to now. Prepended with _head.lua
+-- and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described in _head.lua; limits
+-- -1 = the ones stored by the last write).
 -- Returns {now_us, cooldown_s, leases, t_us, burst_s,
 --          then per dimension: limit/min, capacity, level ('' when not limited),
 --          then learned raw limits r, i, o ('' when absent)}

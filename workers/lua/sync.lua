@@ -1,5 +1,5 @@
 -- sync.lua: fold a response's anthropic-ratelimit-* headers into the scope. Prepended
--- with _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described there).
+-- with _head.lua and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1]: see _head.lua).
 -- A[7..9]   -remaining of requests / input / output (NaN = header absent)
 -- A[10..12] -limit of requests / input / output, sent only for dimensions that are not
 --           configured (NaN otherwise); stored raw in KEYS[3] (24 h), acquire uses it
