@@ -89,6 +89,33 @@ def test_a_crashed_worker_frees_its_in_flight_slot_when_the_lease_expires(lim):
     assert lim.state(scope)["leases"] == 1
 
 
+def test_the_in_flight_limit_holds_when_the_bucket_does_not_know_its_lease_count(
+        lim, redis_url):
+    # A bucket written by the previous version (57 doubles: no lease count) or a lease set
+    # emptied from outside: acquire must count the set, not trust a bound it lacks.
+    scope, limits = "llm:k:legacy", ScopeLimits(rpm=600, max_in_flight=2)
+    at(lim, 0)
+    first = lim.acquire(scope, limits)
+    second = lim.acquire(scope, limits)
+    assert first.granted and second.granted
+    bucket, leases = lim.keys(scope)[:2]
+    raw = redis.Redis.from_url(redis_url)  # the record is binary
+    raw.set(bucket, raw.get(bucket)[:57 * 8], keepttl=True)
+    at(lim, 0.1)
+    blocked = lim.acquire(scope, limits)
+    assert (blocked.granted, blocked.reason) == (False, "in_flight")
+    lim.settle(scope, limits, first, input_tokens=0, output_tokens=0)
+    assert lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).reason == "in_flight"
+    raw.delete(leases)  # e.g. evicted: the bound only over-counts, then recounts
+    at(lim, 0.2)
+    assert lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).reason == "in_flight"
+    assert lim.state(scope)["leases"] == 2
+    raw.close()
+
+
 def test_settle_refunds_overestimates_and_debits_underestimates(lim):
     scope, limits = "llm:k:settle", ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
     at(lim, 0)
