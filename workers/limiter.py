@@ -72,6 +72,7 @@ import hashlib
 import math
 import os
 import random
+import re
 import struct
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
@@ -256,11 +257,20 @@ def _header_args(limits: ScopeLimits, headers: Mapping[str, str]) -> bytes | Non
     return _HEADERS.pack(*(_NAN if v is None else v for v in (*remaining, *learn)))
 
 
+_INCLUDE = re.compile(r"^[ \t]*--#include (_\w+)[ \t]*$", re.MULTILINE)
+
+
 def _load_sources() -> dict[str, str]:
     lua = resources.files("workers") / "lua"
 
+    def include(match: re.Match[str]) -> str:
+        return (lua / f"{match.group(1)}.lua").read_text()
+
     def read(*names: str) -> str:
-        return "\n".join((lua / f"{name}.lua").read_text() for name in names)
+        # A line `--#include _name` stands for the fragment _name.lua: acquire uses the
+        # bucket code in place, the other scripts through _lib.lua's functions.
+        text = "\n".join((lua / f"{name}.lua").read_text() for name in names)
+        return _INCLUDE.sub(include, text)
 
     sources = {"acquire": read("_head", "acquire")}
     for name in ("settle", "cooldown", "sync"):

@@ -17,9 +17,9 @@
 -- the scope registry).
 
 -- This is the path before every call, so it defines no function: in a script each function
--- is a new closure (with its upvalues) on every call. The steps of _lib.lua's clock(),
--- load(), peak() and save() are written out in place instead; they must stay the same as
--- there (tests/test_limiter_model.py checks every script against one reference model).
+-- is a new closure (with its upvalues) on every call. It includes the fragments that
+-- _lib.lua's load(), peak() and save() are made of in place instead (`--#include _name`
+-- lines, replaced by workers/limiter.py with _name.lua), and reads the clock itself.
 
 local MIN_RETRY_S = 0.05
 
@@ -33,58 +33,9 @@ local horizon = A[9]
 local max_if = A[10]
 local now_s = format('%d', now)
 
--- load(now, GET bucket)
 local raw = call('GET', KEYS[1])
 local h
-if raw and #raw == 8 * NREC then
-  h = {unpack_d(REC, raw)}
-else
-  local nd = raw and #raw / 8 or 0
-  h = nd > 0 and {unpack_d('<' .. string.rep('d', nd), raw)} or {}
-  for j = nd + 1, NREC do h[j] = NAN end
-end
-h[NREC + 1] = nil
-local learned = nil
-if A[1] == nil or A[2] == nil or A[3] == nil then
-  learned = call('HMGET', KEYS[3], 'r', 'i', 'o')
-end
-local burst = A[4]
-if burst == STORED then
-  burst = h[BURST]
-  if burst ~= burst then burst = 1 end
-end
-h[BURST] = burst
-local t = h[T]
-if t ~= t then t = now end
-h[T] = max(t, now)
-if h[CD] ~= h[CD] then h[CD] = 0 end
-for k = 1, 3 do
-  local lim = A[k]
-  if lim == STORED then
-    lim = h[LIM + k]
-    if lim ~= lim then lim = nil end
-  elseif lim == nil and learned and learned[k] then
-    lim = tonumber(learned[k]) * A[5]
-  end
-  if lim and lim > 0 then
-    local rate = lim / 60
-    local cap = rate * burst
-    local level = h[k]
-    if level ~= level then
-      level = cap
-    elseif now > t then
-      level = min(cap, level + rate * ((now - t) / 1e6))
-    else
-      level = min(cap, level)
-    end
-    h[k] = level; h[LIM + k] = lim
-    RATE[k] = rate; CAP[k] = cap
-  else
-    h[k] = NAN; h[LIM + k] = NAN; h[SS + k] = NAN; h[SQ + k] = NAN
-    local o = 19 + (k - 1) * (1 + NW)
-    for j = o, o + NW do h[j] = NAN end
-  end
-end
+--#include _load
 
 local cd_rem = max(0, (h[CD] - now) / 1e6)
 if cd_rem > horizon then
@@ -144,20 +95,8 @@ for k = 1, 3 do
       pre = min(cap, h[SS + k] + rate * ((s - q) / 1e6))
     end
     if pre then
-      local o = 19 + (k - 1) * (1 + NW)  -- peak(h, k, s, pre)
-      local n = h[o]
-      local m = floor(s / W_US)
-      if n ~= n or m >= n + NW then
-        for i = o + 1, o + NW do h[i] = NEG end
-        h[o] = m
-      elseif m > n then
-        for j = n + 1, m do h[o + 1 + j % NW] = NEG end
-        h[o] = m
-      else
-        m = n
-      end
-      local i = o + 1 + m % NW
-      h[i] = max(h[i], pre)
+      local v = pre
+      --#include _peak
       h[SS + k] = pre - c; h[SQ + k] = s
     else
       h[SS + k] = h[SS + k] - c
@@ -196,25 +135,7 @@ if h[REG] ~= minute then
 end
 h[NL] = nl
 
--- save(h, now)
-local need_x = max(h[T], h[CD])
-if h[LX] == h[LX] then need_x = max(need_x, h[LX]) end
-for k = 1, 3 do
-  local rate = RATE[k]
-  if rate then
-    local cap = CAP[k]
-    need_x = max(need_x, h[T] + (cap - h[k]) / rate * 1e6)
-    local q = h[SQ + k]
-    if q == q then need_x = max(need_x, q + (cap - h[SS + k]) / rate * 1e6) end
-  end
-end
-need_x = need_x + MARGIN_S * 1e6
-local extend = not (h[X] >= need_x)
-if extend then h[X] = need_x + TTL_SLACK_US end
-call('SET', KEYS[1], pack(REC, unpack(h, 1, NREC)), 'KEEPTTL')
-if extend then
-  call('PEXPIRE', KEYS[1], format('%d', ceil((h[X] - now) / 1000)))
-end
+--#include _save
 
 if wait > 0 then
   return 'ok ' .. format('%.17g', wait) .. ' ' .. now_s .. register
