@@ -7,7 +7,7 @@
 --   KEYS[1] bucket  string ({prefix}:{scope}:bs), NREC = 58 little-endian doubles (NaN =
 --                   absent), read with one GET and written with one SET (a hash cost ~15 us
 --                   more per call in HMGET, HSET and number formatting). The scripts work
---                   on it as the flat array it unpacks to (load() in _lib.lua): a table
+--                   on it as the flat array it unpacks to (_load.lua): a table
 --                   per dimension cost more to build and write back than the decision.
 --                   [1..3] r,i,o = levels (requests, input tokens, output tokens) at time t
 --                   [4] t = us of the levels (may lie in the future while a cooldown
@@ -112,9 +112,10 @@ local STORED = -1
 local NW, W_US = 12, 250000
 local NREC = 58
 -- The record's fields (h[...]): per dimension k = 1..3, level h[k], limit h[LIM + k],
--- send-side level h[SS + k] and time h[SQ + k], and from o = 19 + (k - 1) * (1 + NW) its
--- ring: h[o] = latest window n, h[o + i] (i = 1..NW) the maxima.
+-- send-side level h[SS + k] and time h[SQ + k], and from o = RING[k] its ring: h[o] =
+-- latest window n, h[o + i] (i = 1..NW) the maxima.
 local T, CD, LIM, BURST, REG, SS, SQ, X, LX, NL = 4, 5, 5, 9, 10, 10, 13, 17, 18, 58
+local RING = {19, 20 + NW, 21 + 2 * NW}
 local REC = '<dddddddddddddddddddddddddddddddddddddddddddddddddddddddddd'  -- NREC x 'd'
 local NEG = -math.huge
 local NAN = 0 / 0

@@ -1,11 +1,7 @@
 -- _lib.lua: helpers of settle, cooldown, sync, state and record, prepended after _head.lua
 -- (which describes the keys, the bucket record and the arguments). load(), peak() and
--- save() are the fragments _load.lua, _peak.lua and _save.lua, which acquire.lua includes
--- in place instead (it defines no function).
-
-local function ring(k)
-  return 19 + (k - 1) * (1 + NW)
-end
+-- save() (and clock()) are the fragments _load.lua, _peak.lua and _save.lua (_clock.lua),
+-- which acquire.lua includes in place instead (it defines no function).
 
 local function fmt(x)
   return format('%.17g', x)
@@ -13,9 +9,8 @@ end
 
 local function clock()
   local now = A[6]
-  if now then return now end
-  local t = call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  --#include _clock
+  return now
 end
 
 local function load(now, raw)

@@ -51,7 +51,7 @@ do
     else
       RATE[k] = nil; CAP[k] = nil
       h[k] = NAN; h[LIM + k] = NAN; h[SS + k] = NAN; h[SQ + k] = NAN
-      local o = 19 + (k - 1) * (1 + NW)
+      local o = RING[k]
       for j = o, o + NW do h[j] = NAN end
     end
   end

@@ -5,7 +5,7 @@
 -- that spans them spans that one too. A time before the latest window counts in the latest
 -- (a higher bound is safe).
 do
-  local o = 19 + (k - 1) * (1 + NW)
+  local o = RING[k]
   local n = h[o]
   local m = floor(s / W_US)
   if n ~= n or m >= n + NW then

@@ -24,7 +24,7 @@ local function adjust(h, k, delta, s_x, reserved)
   local rate = RATE[k]
   if not rate or delta == 0 then return end
   local cap = CAP[k]
-  local o = ring(k)
+  local o = RING[k]
   local n, q = h[o], h[SQ + k]
   local m = floor(s_x / W_US)
   if delta > 0 then

@@ -18,16 +18,13 @@
 
 -- This is the path before every call, so it defines no function: in a script each function
 -- is a new closure (with its upvalues) on every call. It includes the fragments that
--- _lib.lua's load(), peak() and save() are made of in place instead (`--#include _name`
--- lines, replaced by workers/limiter.py with _name.lua), and reads the clock itself.
+-- _lib.lua's clock(), load(), peak() and save() are made of in place instead
+-- (`--#include _name` lines, replaced by workers/limiter.py with _name.lua).
 
 local MIN_RETRY_S = 0.05
 
 local now = A[6]  -- clock()
-if not now then
-  local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+--#include _clock
 local cost = {1, A[7], A[8]}
 local horizon = A[9]
 local max_if = A[10]
@@ -88,16 +85,15 @@ for k = 1, 3 do
     local c = min(cost[k], cap)
     h[k] = min(h[k], cap - rate * ahead) - c
     local q = h[SQ + k]
-    local pre = nil
+    local v = nil  -- the send-side level this send finds (nil: one planned before the latest)
     if q ~= q then
-      pre = cap
+      v = cap
     elseif s >= q then
-      pre = min(cap, h[SS + k] + rate * ((s - q) / 1e6))
+      v = min(cap, h[SS + k] + rate * ((s - q) / 1e6))
     end
-    if pre then
-      local v = pre
+    if v then
       --#include _peak
-      h[SS + k] = pre - c; h[SQ + k] = s
+      h[SS + k] = v - c; h[SQ + k] = s
     else
       h[SS + k] = h[SS + k] - c
     end
