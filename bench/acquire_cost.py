@@ -53,6 +53,7 @@ _REPLY = "return 'ok 0 1700000000000000 0'"
 _COMMANDS = ("local t = redis.call('TIME') local r = redis.call('GET', KEYS[1]) "
              "redis.call('ZADD', KEYS[2], t[1], ARGV[2]) "
              "redis.call('SET', KEYS[1], r, 'KEEPTTL') ")
+_ACQUIRE_LUA = "acquire.lua (arguments built beforehand)"
 _RECORD = ("local h = {struct.unpack('<' .. string.rep('d', #r / 8), r)} "
            "r = struct.pack('<' .. string.rep('d', #r / 8), unpack(h, 1, #r / 8)) ")
 
@@ -66,7 +67,7 @@ def _breakdown(client: redis.Redis, lim: Limiter, scope: str,
         "+ TIME, GET, ZADD, SET (no logic)": _COMMANDS + _REPLY,
         "+ unpack and pack the bucket record": _COMMANDS.replace(
             "redis.call('SET'", _RECORD + "redis.call('SET'") + _REPLY,
-        "acquire.lua (arguments built beforehand)": _SOURCES["acquire"],
+        _ACQUIRE_LUA: _SOURCES["acquire"],
     }
     shas = {name: client.script_load(src) for name, src in sources.items()}
     samples: dict[str, list[int]] = {"PING": [], **{name: [] for name in shas},
@@ -81,11 +82,18 @@ def _breakdown(client: redis.Redis, lim: Limiter, scope: str,
             client.ping()
             t1 = clock()
             if name == "Limiter.acquire":
-                lease = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200).lease_id
+                grant = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
             else:
-                client.execute_command("EVALSHA", shas[name], len(keys), *keys, *argv)
+                reply = client.execute_command("EVALSHA", shas[name], len(keys), *keys, *argv)
             t2 = clock()
-            client.zrem(keys[1], lease)  # the stand-ins add leases too; none is left behind
+            # Leases go back as the bucket counts them: a grant is released, a stand-in's
+            # bare ZADD is undone.
+            if name == "Limiter.acquire":
+                lim.release(scope, grant)
+            elif name == _ACQUIRE_LUA:
+                lim.release(scope, lim._grant(reply, lease, 1000, 200)[0])
+            else:
+                client.zrem(keys[1], lease)
             samples["PING"].append(t1 - t0)
             samples[name].append(t2 - t1)
     ping = statistics.median(samples["PING"])
