@@ -29,7 +29,7 @@ import uuid
 import redis
 import redis.asyncio
 
-from workers.limiter import _SOURCES, AsyncLimiter, Limiter, ScopeLimits
+from workers.limiter._limiter import _SOURCES, AsyncLimiter, Limiter, ScopeLimits
 
 # Limits high enough that nothing waits: we measure the decision, not the queue.
 LIMITS = ScopeLimits(rpm=1e9, itpm=1e12, otpm=1e12, max_in_flight=10**9)

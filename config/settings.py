@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(default=3600, ge=5)
     result_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     # A running job that gains no record for this long is checked for sub-agents whose task
-    # message the broker lost (see workers/recovery.py); those are sent again.
+    # message the broker lost (see workers/jobs/recovery.py); those are sent again.
     resend_after_s: float = Field(default=120.0, gt=0)
 
     # --- the agent runtime --------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from orchestrator.jobs import JobHandle, JobNotFound, submit
 from orchestrator.planning import plan
-from workers.records import JobResult, SubagentResult
-from workers.spec import JobSpec
+from workers.jobs.records import JobResult, SubagentResult
+from workers.jobs.spec import JobSpec
 
 __all__ = ["JobHandle", "JobNotFound", "JobResult", "JobSpec", "SubagentResult", "plan", "submit"]

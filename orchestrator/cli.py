@@ -45,7 +45,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _load_spec(path: str) -> object:
-    from workers.spec import JobSpec
+    from workers.jobs.spec import JobSpec
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()

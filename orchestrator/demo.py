@@ -93,7 +93,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             "DROVER_KEY_ALIAS": "demo",
         }))
         from config import get_settings
-        from workers.runtime import reset_runtime
+        from workers.agent.runtime import reset_runtime
 
         get_settings.cache_clear()
         stack.callback(get_settings.cache_clear)
@@ -136,7 +136,7 @@ def _follow_or_cancel(handle: Any, console: Console) -> Any:
 
 
 def demo_spec(config: DemoConfig) -> Any:
-    from workers.spec import JobSpec
+    from workers.jobs.spec import JobSpec
 
     return JobSpec(goal=GOAL, max_subtasks=config.subagents, system=SYSTEM,
                    tools=["lookup_fact", "calculator", "save_note"], max_tokens=256,

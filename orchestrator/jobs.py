@@ -16,10 +16,10 @@ from functools import lru_cache
 from typing import Any
 
 from config import Settings, get_settings
-from workers.records import STATUSES, JobResult, SubagentReport, SubagentResult
-from workers.runtime import sync_redis
-from workers.spec import JobSpec
-from workers.store import ACTIVE, JobNotFound, JobStore
+from workers.agent.runtime import sync_redis
+from workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
+from workers.jobs.spec import JobSpec
+from workers.jobs.store import ACTIVE, JobNotFound, JobStore
 from workers.tools import get_tools
 
 

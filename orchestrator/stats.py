@@ -125,7 +125,7 @@ def collect(settings: Settings | None = None, *, window_s: int | None = None
             ) -> list[ScopeUsage]:
     """Every scope the limiter saw within the window, with its per-second counters."""
     settings = settings or get_settings()
-    from workers.runtime import sync_redis
+    from workers.agent.runtime import sync_redis
 
     window = int(window_s or stats_window_s(settings))
     client = sync_redis(settings.redis_url)

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.jobs import JobHandle
-from workers.records import JobResult
+from workers.jobs.records import JobResult
 
 
 def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -> JobResult:

@@ -95,7 +95,7 @@ def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
                sim: SimulatorServer) -> Iterator[dict[str, str]]:
     """DROVER_* variables for this test (also handed to worker subprocesses)."""
     from config import get_settings
-    from workers.runtime import reset_runtime
+    from workers.agent.runtime import reset_runtime
 
     test_id = uuid.uuid4().hex[:8]
     env = {
@@ -120,7 +120,7 @@ def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
 def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **values: object) -> None:
     """Change DROVER_* settings of the running test (before its workers start)."""
     from config import get_settings
-    from workers.runtime import reset_runtime
+    from workers.agent.runtime import reset_runtime
 
     for key, value in values.items():
         name = key if key.startswith(("DROVER_", "ANTHROPIC_")) else f"DROVER_{key.upper()}"

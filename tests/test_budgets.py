@@ -4,7 +4,7 @@ job's token budget shared in Redis. The simulator's request count is the referee
 from __future__ import annotations
 
 from orchestrator import JobSpec, submit
-from workers.records import SubagentResult
+from workers.jobs.records import SubagentResult
 
 
 def _tokens(record: SubagentResult) -> int:

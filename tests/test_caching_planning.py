@@ -16,10 +16,10 @@ import redis
 from orchestrator import JobSpec, plan, submit
 from orchestrator.demo import SYSTEM as LONG_SYSTEM
 from tests.conftest import ROOT, configure
-from workers.join import SYNTHESIS_PROMPT, synthesis_request
+from workers.agent.join import SYNTHESIS_PROMPT, synthesis_request
+from workers.agent.planning import fit_plan
+from workers.jobs.records import SubagentResult
 from workers.limiter import Limiter, llm_scope
-from workers.planning import fit_plan
-from workers.records import SubagentResult
 
 TOOL_MODULES = json.dumps(["workers.demo_tools", "tests.agent_tools"])
 

@@ -18,8 +18,9 @@ import redis
 
 from orchestrator import JobHandle, JobSpec, submit
 from tests.conftest import ROOT, configure
+from workers.agent.errors import Cancelled
+from workers.agent.llm import CallContext, create_message
 from workers.limiter import Limiter, llm_scope
-from workers.llm import CallContext, Cancelled, create_message
 
 RECEIVED = ("accepted", "rejected_429", "spend_cap_429", "overloaded_529", "errors_5xx",
             "errors_4xx")
@@ -164,7 +165,7 @@ def test_cancel_aborts_in_flight_calls_and_refunds_what_was_not_sent(sim, monkey
     # One request/s: the first call goes out at once, the second waits for the bucket.
     configure(monkeypatch, drover_env, rpm=60, target_utilization=1)
     sim.configure(latency_mean_s=4, latency_p95_s=4)
-    from workers.runtime import get_runtime
+    from workers.agent.runtime import get_runtime
 
     rt = get_runtime()
     params = {"model": rt.settings.model, "max_tokens": 50,

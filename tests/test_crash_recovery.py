@@ -28,10 +28,10 @@ from config import load_settings
 from orchestrator import JobHandle, JobSpec, submit
 from orchestrator.services import free_port, redis_answers
 from tests.conftest import ROOT, configure
-from workers.records import SubagentResult
-from workers.recovery import subagent_of, subagents_in_broker, sweep
-from workers.runtime import sync_redis
-from workers.store import JobStore
+from workers.agent.runtime import sync_redis
+from workers.jobs.records import SubagentResult
+from workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
+from workers.jobs.store import JobStore
 
 VISIBILITY_TIMEOUT_S = 15
 # Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.

@@ -17,10 +17,10 @@ from config.celery import celery_config
 from orchestrator import JobSpec, submit
 from tests.conftest import configure
 from tests.fault_tools import HANG_TIMEOUT_S
+from workers.agent.runtime import sync_redis
+from workers.jobs.records import JobResult, SubagentResult
+from workers.jobs.store import JobStore
 from workers.limiter import Limiter, llm_scope
-from workers.records import JobResult, SubagentResult
-from workers.runtime import sync_redis
-from workers.store import JobStore
 
 FAULT_TOOLS = '["workers.demo_tools", "tests.fault_tools"]'
 

@@ -1,4 +1,4 @@
-"""The failure table of DESIGN.md, decided by ``workers.retry.classify``.
+"""The failure table of DESIGN.md, decided by ``workers.agent.retry.classify``.
 
 The errors are the SDK's own: a real ``anthropic.Anthropic`` client (``max_retries=0``) parses
 real ``httpx2`` responses served by an ``httpx2.MockTransport`` (the HTTP layer is the only
@@ -19,7 +19,7 @@ import httpx2
 import pytest
 
 from orchestrator.services import free_port
-from workers.retry import Decision, classify, full_jitter
+from workers.agent.retry import Decision, classify, full_jitter
 
 BASE_S, CAP_S = 0.5, 30.0
 REQUEST = {"model": "claude-sonnet-4-6", "max_tokens": 10,

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 from celery import Task, chord
 from celery.signals import worker_process_init, worker_ready
 
-from workers.agent import SubagentRun
+from workers.agent import (
+    CallFailed,
+    Cancelled,
+    Incomplete,
+    RetryLater,
+    SubagentRun,
+    get_runtime,
+    join,
+    plan_job_goal,
+)
 from workers.app import app
-from workers.join import Incomplete, join
-from workers.llm import CallFailed, Cancelled, RetryLater
-from workers.planning import plan_job_goal
-from workers.recovery import start_sweeper
-from workers.runtime import get_runtime
+from workers.jobs import start_sweeper
+
+__all__ = ["import_tool_modules", "join_results", "launch", "plan_job", "run_subagent",
+           "send_again"]
+
+log = logging.getLogger("drover.recovery")
 
 
 def import_tool_modules() -> None:
@@ -27,15 +38,16 @@ def import_tool_modules() -> None:
 @worker_process_init.connect
 def _on_worker_start(**_: Any) -> None:
     import_tool_modules()
-    start_sweeper()  # re-sends tasks the broker lost (see workers/recovery.py)
+    start_sweeper(send_again)  # re-sends tasks the broker lost (see workers/jobs/recovery.py)
 
 
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)
 def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
-    outcome = rt.run(SubagentRun(rt, job_id, index).run())
-    if isinstance(outcome, RetryLater):
-        raise self.retry(countdown=outcome.countdown, max_retries=None)
+    try:
+        outcome = rt.run(SubagentRun(rt, job_id, index).run())
+    except RetryLater as later:
+        raise self.retry(countdown=later.countdown, max_retries=None) from None
     # The chord hands these to join_results as its argument, which Flower shows: ids, status
     # and counts only, no model text (the join reads the full records from the job store).
     return {"job_id": job_id, "index": index, "status": outcome.status,
@@ -110,3 +122,15 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     if rt.store.claim_launch(job_id):
         launch(job_id, len(subtasks), rt.settings.queue)
     return {"job_id": job_id, "status": "launched", "subtasks": len(subtasks)}
+
+
+def send_again(queue: str, job_id: str, index: int | None) -> None:
+    """Put a lost sub-agent (or, with ``index`` None, the join) on the broker again."""
+    if index is None:
+        log.warning("job %s: every record is in but the join never ran; sending it again",
+                    job_id)
+        join_results.s([], job_id).set(queue=queue, ignore_result=True).apply_async()
+    else:
+        log.warning("sub-agent %s/%d: its task is gone from the broker; sending it again",
+                    job_id, index)
+        run_subagent.s(job_id, index).set(queue=queue, ignore_result=True).apply_async()

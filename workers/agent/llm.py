@@ -6,7 +6,7 @@
   caller gets ``RetryLater`` and turns it into a Celery retry with that countdown.
 - The HTTP call races the job's cancel event and is aborted at the transport when it fires;
   the lease is released and the unused reservation refunded on every path out.
-- Errors are classified by ``workers.retry``; a 429 with retry-after also starts a cooldown of
+- Errors are classified by ``workers.agent.retry``; a 429 with retry-after also starts a cooldown of
   the whole scope, so every worker on every host backs off, not only this one.
 """
 
@@ -22,34 +22,13 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
+from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from workers.agent.retry import Decision, classify
+from workers.agent.runtime import Runtime
 from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
-from workers.retry import Decision, classify
-from workers.runtime import Runtime
 
 log = logging.getLogger("drover.llm")
 POLL_S = 0.05
-
-
-class Cancelled(Exception):
-    """The job was cancelled (or its deadline passed) while this call waited or ran."""
-
-
-class RetryLater(Exception):
-    """Free the worker slot and come back after ``countdown`` seconds (a Celery retry)."""
-
-    def __init__(self, countdown: float, reason: str, decision: Decision | None = None):
-        super().__init__(f"retry in {countdown:.1f} s: {reason}")
-        self.countdown = countdown
-        self.reason = reason
-        self.decision = decision  # None when only the limiter said "later" (not a failure)
-
-
-class CallFailed(Exception):
-    """A call that will not succeed by retrying (or whose attempts are used up)."""
-
-    def __init__(self, decision: Decision):
-        super().__init__(f"{decision.status_code or ''} {decision.error_type}: {decision.message}")
-        self.decision = decision
 
 
 @dataclass
@@ -112,7 +91,7 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
         if grant.granted:
             return grant
         if grant.reason in ("horizon", "cooldown") and grant.retry_after_s > POLL_S * 4:
-            raise RetryLater(grant.retry_after_s + random.uniform(0, 0.5),
+            raise LimiterSaysLater(grant.retry_after_s + random.uniform(0, 0.5),
                              f"limiter: {grant.reason}")
         await wait_or_cancel(grant.retry_after_s * random.uniform(1.0, 1.5), ctx.cancel)
 
@@ -143,7 +122,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
                             cap_s=settings.countdown_cap_s)
         await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started)
         if decision.action == "retry":
-            raise RetryLater(decision.countdown, decision.error_type, decision) from None
+            raise RetryableFailure(decision.countdown, decision) from None
         raise CallFailed(decision) from None
     except BaseException as error:
         if sent:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from workers.llm import CallContext, Cancelled, create_message
-from workers.runtime import Runtime
-from workers.spec import JobSpec
+from workers.agent.errors import Cancelled
+from workers.agent.llm import CallContext, create_message
+from workers.agent.runtime import Runtime
+from workers.jobs.spec import JobSpec
 
 PLAN_TOOL = {
     "name": "submit_plan",

@@ -36,8 +36,9 @@ from typing import Any
 import redis
 
 from config import Settings, get_settings
-from workers.records import SubagentResult
-from workers.store import ACTIVE, JobStore
+from workers.jobs.connections import sync_redis
+from workers.jobs.records import SubagentResult
+from workers.jobs.store import ACTIVE, JobStore
 
 log = logging.getLogger("drover.recovery")
 
@@ -148,45 +149,33 @@ def _give_up(store: JobStore, job_id: str, index: int, attempts: int) -> None:
                                 error_type="task_lost", error=message, finished_at=time.time()))
 
 
-def send_with_celery(queue: str, job_id: str, index: int | None) -> None:
-    from workers.tasks import join_results, run_subagent  # the tasks module imports this one
-
-    if index is None:
-        log.warning("job %s: every record is in but the join never ran; sending it again",
-                    job_id)
-        join_results.s([], job_id).set(queue=queue, ignore_result=True).apply_async()
-    else:
-        log.warning("sub-agent %s/%d: its task is gone from the broker; sending it again",
-                    job_id, index)
-        run_subagent.s(job_id, index).set(queue=queue, ignore_result=True).apply_async()
-
-
 _started = threading.Lock()
 _thread: threading.Thread | None = None
 
 
-def start_sweeper(settings: Settings | None = None) -> None:
-    """Start this process's sweeper thread (once); called when a worker is ready."""
+def start_sweeper(send: Send, settings: Settings | None = None) -> None:
+    """Start this process's sweeper thread (once); called when a worker is ready.
+
+    ``send`` puts a task on the broker again (the tasks module passes Celery's; this package
+    knows no Celery)."""
     global _thread
     with _started:
         if _thread is not None and _thread.is_alive():
             return
         settings = settings or get_settings()
-        _thread = threading.Thread(target=_sweep_forever, args=(settings,),
+        _thread = threading.Thread(target=_sweep_forever, args=(settings, send),
                                    name="drover-recovery", daemon=True)
         _thread.start()
 
 
-def _sweep_forever(settings: Settings) -> None:
-    from workers.runtime import sync_redis
-
+def _sweep_forever(settings: Settings, send: Send) -> None:
     store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
                      ttl_s=settings.result_ttl_s)
     interval = sweep_interval_s(settings)
     while True:
         time.sleep(interval * random.uniform(0.8, 1.2))
         try:
-            sweep(store, settings, send_with_celery)
+            sweep(store, settings, send)
         except Exception as error:  # Redis away, a broker hiccup: try again next time
             log.warning("recovery sweep failed (%s: %s)", type(error).__name__, error)
 

@@ -261,7 +261,7 @@ _INCLUDE = re.compile(r"^[ \t]*--#include (_\w+)[ \t]*$", re.MULTILINE)
 
 
 def _load_sources() -> dict[str, str]:
-    lua = resources.files("workers") / "lua"
+    lua = resources.files("workers.limiter") / "lua"
 
     def include(match: re.Match[str]) -> str:
         return (lua / f"{match.group(1)}.lua").read_text()

@@ -19,14 +19,14 @@ from typing import Any
 
 import redis
 
-from workers.records import (
+from workers.jobs.records import (
     JobResult,
     SubagentReport,
     SubagentResult,
     Usage,
     status_counts,
 )
-from workers.spec import JobSpec
+from workers.jobs.spec import JobSpec
 
 ACTIVE = ("queued", "planning", "running")
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from workers.llm import CallContext, CallFailed, Cancelled, RetryLater, create_message
-from workers.records import JobResult, SubagentResult, status_counts, total_usage
-from workers.runtime import Runtime
-from workers.spec import JobSpec
+from workers.agent.errors import CallFailed, Cancelled, RetryLater
+from workers.agent.llm import CallContext, create_message
+from workers.agent.runtime import Runtime
+from workers.jobs.records import JobResult, SubagentResult, status_counts, total_usage
+from workers.jobs.spec import JobSpec
 
 SYNTHESIS_PROMPT = (
     "You are given the reports of sub-agents that worked on parts of one job. Write one "

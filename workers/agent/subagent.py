@@ -6,7 +6,7 @@ saved as it completes, so a crash mid-turn does not run a finished tool again). 
 redelivered task resumes from the checkpoint.
 
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
-(``ok | failed | cancelled | budget_exceeded``), or asks for a Celery retry (``RetryLater``).
+(``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
 """
 
 from __future__ import annotations
@@ -18,20 +18,13 @@ from typing import Any
 
 import redis
 
+from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from workers.agent.llm import CallContext, create_message, race, wait_or_cancel
+from workers.agent.retry import Decision
+from workers.agent.runtime import Runtime
+from workers.jobs.records import SUMMARY_CHARS, SubagentReport, SubagentResult, Usage
+from workers.jobs.spec import JobSpec
 from workers.limiter import ScopeLimits, tool_scope
-from workers.llm import (
-    CallContext,
-    CallFailed,
-    Cancelled,
-    RetryLater,
-    create_message,
-    race,
-    wait_or_cancel,
-)
-from workers.records import SUMMARY_CHARS, SubagentReport, SubagentResult, Usage
-from workers.retry import Decision
-from workers.runtime import Runtime
-from workers.spec import JobSpec
 from workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
@@ -81,7 +74,8 @@ class SubagentRun:
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    async def run(self) -> SubagentResult | RetryLater:
+    async def run(self) -> SubagentResult:
+        """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
         start = await self._io(self.store.start, self.job_id, self.index)
         if start.record is not None:  # delivered twice: counted once
             return start.record
@@ -93,24 +87,25 @@ class SubagentRun:
             return await self._run(spec, state, ctx)
 
     async def _run(self, spec: JobSpec, state: dict[str, Any], ctx: CallContext
-                   ) -> SubagentResult | RetryLater:
+                   ) -> SubagentResult:
         try:
             return await self._loop(spec, state, ctx)
         except Cancelled:
             reason = await self._io(self.store.cancelled, self.job_id) or "cancelled"
             return await self._finish(state, "cancelled", error=reason, error_type="cancelled")
-        except RetryLater as later:
-            if later.decision is not None:
-                return await self._failed_attempt(spec, state, later)
+        except RetryableFailure as failure:
+            return await self._failed_attempt(spec, state, failure)
+        except LimiterSaysLater:
             await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
-            return later
+            raise
         except CallFailed as failure:
             return await self._fail(spec, state, failure.decision)
         except redis.RedisError as error:
             # The checkpoint is in Redis: nothing to record now, resume from it later.
             log.warning("sub-agent %s/%d: Redis unavailable (%s: %s); retry in %g s",
                         self.job_id, self.index, type(error).__name__, error, REDIS_DOWN_RETRY_S)
-            return RetryLater(REDIS_DOWN_RETRY_S, f"redis: {type(error).__name__}")
+            raise LimiterSaysLater(REDIS_DOWN_RETRY_S, f"redis: {type(error).__name__}"
+                                   ) from None
         except Exception as error:
             # A bug or a broken deployment. Raising would fail the chord (the join would never
             # run); a failed record keeps the job going and says what happened.
@@ -201,16 +196,15 @@ class SubagentRun:
             await wait_or_cancel(grant.retry_after_s, cancel)
 
     async def _failed_attempt(self, spec: JobSpec, state: dict[str, Any],
-                              later: RetryLater) -> SubagentResult | RetryLater:
-        decision = later.decision
-        assert decision is not None
+                              failure: RetryableFailure) -> SubagentResult:
+        decision = failure.decision
         state["failures"] += 1
         state["last_error"] = {"type": decision.error_type, "status": decision.status_code,
                                "message": decision.message}
         if state["failures"] >= self.rt.settings.max_attempts:
             return await self._fail(spec, state, decision)
         await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
-        return later
+        raise failure
 
     async def _fail(self, spec: JobSpec, state: dict[str, Any], decision: Decision
                     ) -> SubagentResult:

@@ -1,0 +1,56 @@
+"""What can end an agent step early, as one small hierarchy.
+
+``AgentError`` is the base. ``RetryLater`` means "free the worker slot and come back after
+``countdown`` seconds" (a Celery retry); it has two kinds that callers must tell apart:
+``LimiterSaysLater`` (nothing failed, the limiter or a cooldown wants a later start) and
+``RetryableFailure`` (an attempt failed and counts against ``DROVER_MAX_ATTEMPTS``).
+``CallFailed`` will not succeed by retrying; ``Cancelled`` means the job was cancelled or ran
+out of time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.agent.retry import Decision
+
+__all__ = ["AgentError", "CallFailed", "Cancelled", "LimiterSaysLater", "RetryLater",
+           "RetryableFailure"]
+
+
+class AgentError(Exception):
+    """Base of every exception the agent raises on purpose."""
+
+
+class Cancelled(AgentError):
+    """The job was cancelled (or its deadline passed) while this step waited or ran."""
+
+
+class RetryLater(AgentError):
+    """Free the worker slot and come back after ``countdown`` seconds (a Celery retry)."""
+
+    def __init__(self, countdown: float, reason: str):
+        super().__init__(f"retry in {countdown:.1f} s: {reason}")
+        self.countdown = countdown
+        self.reason = reason
+
+
+class LimiterSaysLater(RetryLater):
+    """Nothing failed: the limiter (horizon, cooldown) or Redis wants a later start."""
+
+
+class RetryableFailure(RetryLater):
+    """An attempt failed in a way that may succeed later (529, 5xx, 429, connection)."""
+
+    def __init__(self, countdown: float, decision: Decision):
+        super().__init__(countdown, decision.error_type)
+        self.decision = decision
+
+
+class CallFailed(AgentError):
+    """A call that will not succeed by retrying (or whose attempts are used up)."""
+
+    def __init__(self, decision: Decision):
+        super().__init__(f"{decision.status_code or ''} {decision.error_type}: {decision.message}")
+        self.decision = decision
