@@ -247,3 +247,22 @@ def test_a_pydantic_tool_is_called_with_its_model_through_the_whole_stack(sim, w
     assert result.counts["ok"] == 1
     calls = [e for e in probes() if e["tool"] == "probe_quote"]
     assert len(calls) == 2 and all(e["type"] == "Quote" and e["days"] == 5 for e in calls)
+
+
+def test_drover_tool_rps_limits_a_tool_that_declares_no_rate_and_overrides_one_that_does(
+        sim, worker, probes, redis_url, drover_env, monkeypatch):
+    configure(monkeypatch, drover_env, tool_rps=json.dumps({"probe_read": 3, "probe_rps": 2}))
+    limiter = Limiter(redis.Redis.from_url(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
+    sim.configure(tool_turns=1, tools_per_turn=4)
+    worker(concurrency=2)
+    result = submit(JobSpec(subtasks=["Poll the services"],
+                            tools=["probe_read", "probe_rps"])).wait(timeout=60)
+
+    assert result.counts["ok"] == 1
+    calls = {name: len([e for e in probes() if e["tool"] == name])
+             for name in ("probe_read", "probe_rps")}
+    for name, rps in (("probe_read", 3), ("probe_rps", 2)):
+        scope = tool_scope(name)
+        assert sum(row["requests"] for row in limiter.usage(scope, 600)) == calls[name]
+        assert limiter.state(scope)["requests"]["limit_per_min"] == rps * 60
+    assert sum(calls.values()) == 4 and all(calls.values()), calls
