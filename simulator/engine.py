@@ -13,6 +13,7 @@ attempt counter, or a body that drew a 529 would draw it on every retry.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import math
@@ -87,6 +88,9 @@ class Engine:
         self.cache = PromptCache()
         self._buckets: dict[str, KeyBuckets] = {}
         self._attempts: dict[bytes, int] = {}
+        # When each Messages request arrived (this process's wall clock), so a test can put
+        # requests in order with events on the same host without polling the counters.
+        self.arrivals: collections.deque[float] = collections.deque(maxlen=100_000)
 
     def configure(self, **changes: Any) -> SimConfig:
         new = self.config.replaced(**changes)
@@ -178,6 +182,7 @@ class Engine:
                      self._headers(req_id, self._buckets.get(api_key), now))
 
     def begin_message(self, headers: Mapping[str, str], raw: bytes) -> Reply | Pending:
+        self.arrivals.append(time.time())
         now = time.monotonic()
         req_id = responses.request_id()
         parsed = self._parse(headers, raw, req_id, now, need_max_tokens=True)

@@ -184,6 +184,10 @@ class SimulatorServer:
     def reset(self) -> None:
         self._on_loop(self.engine.reset)
 
+    def arrivals(self) -> list[float]:
+        """Wall-clock arrival time of every Messages request since the last reset."""
+        return self._on_loop(lambda: list(self.engine.arrivals))
+
     def configure(self, **changes: Any) -> SimConfig:
         return self._on_loop(lambda: self.engine.configure(**changes))
 
