@@ -122,3 +122,17 @@ def probe_quote(query: Quote) -> str:
     _log(r, key, tool="probe_quote", type=type(query).__name__, symbol=query.symbol,
          days=query.days)
     return f"{query.symbol}: flat for {query.days} days"
+
+
+@tool(kind="read", timeout_s=60)
+async def probe_slow(item: str) -> str:
+    """A lookup that takes a long time (records whether it was stopped or let finish)."""
+    r, key = _redis()
+    _log(r, key, tool="probe_slow", item=item, event="started")
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        _log(r, key, tool="probe_slow", item=item, event="stopped")
+        raise
+    _log(r, key, tool="probe_slow", item=item, event="finished")
+    return f"slowly read {item}"

@@ -9,6 +9,7 @@ the same host, after the workers have stopped), never on a poller's timing.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 import redis
 
 from orchestrator import JobHandle, JobSpec, submit
-from tests.conftest import ROOT, configure, stop_process_group
+from tests.conftest import ROOT, configure, stop_process_group, wait_until
 from workers.agent.errors import Cancelled
 from workers.agent.llm import CallContext, create_message
 from workers.limiter import Limiter, llm_scope
@@ -218,3 +219,72 @@ def test_drover_cancel_and_watch_work_from_another_process(sim, spawn_worker, dr
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", *args]
+
+
+TOOL_MODULES = "workers.demo_tools,tests.agent_tools"
+
+
+def test_cancel_stops_the_tools_that_are_running(sim, worker, monkeypatch, drover_env,
+                                                 redis_client):
+    from tests import agent_tools
+
+    configure(monkeypatch, drover_env, tool_modules=TOOL_MODULES)
+    sim.configure(tool_turns=1, tools_per_turn=2)
+    worker(concurrency=4)
+    key = f"{agent_tools.probe_key()}:log"
+
+    def events() -> list[dict]:
+        return [json.loads(x) for x in redis_client.lrange(key, 0, -1)]
+
+    handle = submit(JobSpec(subtasks=[f"Survey archive {i}" for i in range(3)],
+                            tools=["probe_slow"]))
+    wait_until("six slow lookups running",
+               lambda: len([e for e in events() if e["event"] == "started"]) == 6)
+    assert handle.cancel()
+    result = handle.wait(timeout=60)
+
+    assert result.status == "cancelled" and result.counts["cancelled"] == 3
+    started = sorted(e["item"] for e in events() if e["event"] == "started")
+    stopped = sorted(e["item"] for e in events() if e["event"] == "stopped")
+    assert stopped == started  # every running tool was stopped, not left to run 30 s
+    assert not [e for e in events() if e["event"] == "finished"]
+
+
+def test_a_cancelled_job_gets_no_synthesis(sim, spawn_worker, drover_env):
+    sim.configure(**SLOW)
+    workers = [spawn_worker(concurrency=8)]
+    _wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=[f"Assess warehouse {i}" for i in range(40)],
+                            tools=["lookup_fact"], synthesize=True))
+    next(handle.as_completed(timeout=60))
+    assert handle.cancel()
+    result = handle.wait(timeout=60)
+    _stop_workers(workers)
+
+    assert result.status == "cancelled" and not result.synthesis
+    _no_request_after_the_records(sim, result)  # a synthesis call would come after them
+
+
+def test_a_subagent_waiting_out_a_countdown_ends_cancelled_without_another_call(
+        sim, worker, drover_env):
+    from workers.app import app
+
+    # Every first call draws a 429 with retry-after 6 s: both sub-agents end up waiting out
+    # a Celery countdown (one for its 429, the other for the scope's cooldown).
+    sim.configure(inject_429_rate=1.0, inject_429_retry_after=6, tool_turns=0)
+    worker(concurrency=4)
+    handle = submit(JobSpec(subtasks=["Assess port A", "Assess port B"]))
+
+    def scheduled() -> int:
+        replies = app.control.inspect(timeout=0.5).scheduled() or {}
+        return sum(len(tasks) for tasks in replies.values())
+
+    wait_until("both sub-agents waiting out a countdown", lambda: scheduled() == 2)
+    sim.configure(inject_429_rate=0.0)
+    received = len(sim.arrivals())
+    assert handle.cancel()
+    result = handle.wait(timeout=60)
+
+    assert result.status == "cancelled" and result.counts["cancelled"] == 2
+    assert all(r.usage.calls == 0 and r.error == "cancelled" for r in result.results)
+    assert len(sim.arrivals()) == received  # no call once the countdown was over
