@@ -45,6 +45,20 @@ class SimConfig:
     # sync with tiny limits may want exact values.
     round_token_headers: bool = True
     seed: int = 0
+    # --- the Message Batches API (simulator/batches.py) ---
+    # Each request of a batch finishes at a seeded time within this many seconds of the
+    # batch's creation; the batch ends when its last request has (or at batch_expires_s).
+    batch_processing_s: float = 1.0
+    # Requests not finished this long after creation become `expired` (the provider: 24 h).
+    batch_expires_s: float = 86400.0
+    # Fractions of requests that end `errored` (a retryable overloaded_error) or `expired`.
+    batch_errored_rate: float = 0.0
+    batch_expired_rate: float = 0.0
+    # The batches endpoints' own limits, per API key: requests/min to /v1/messages/batches*
+    # and requests waiting in in-progress batches; None = unlimited.
+    batch_rpm: float | None = None
+    batch_queue_cap: int | None = None
+    batch_max_requests: int = 100_000
 
     def __post_init__(self) -> None:
         for name in ("rpm", "itpm", "otpm"):
@@ -73,6 +87,17 @@ class SimConfig:
             raise ValueError("plan_items must be >= 0")
         if self.cache_min_tokens < 0 or self.cache_ttl_s < 0:
             raise ValueError("cache_min_tokens and cache_ttl_s must be >= 0")
+        if self.batch_processing_s < 0 or not self.batch_expires_s > 0:
+            raise ValueError("batch_processing_s must be >= 0 and batch_expires_s > 0")
+        for name in ("batch_errored_rate", "batch_expired_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)!r}")
+        if self.batch_rpm is not None and not self.batch_rpm > 0:
+            raise ValueError("batch_rpm must be > 0 or None (unlimited)")
+        if self.batch_queue_cap is not None and self.batch_queue_cap < 1:
+            raise ValueError("batch_queue_cap must be >= 1 or None (unlimited)")
+        if self.batch_max_requests < 1:
+            raise ValueError("batch_max_requests must be >= 1")
 
     def replaced(self, **changes: Any) -> SimConfig:
         """A copy with `changes` applied; unknown names and bad values raise ValueError."""
@@ -86,11 +111,13 @@ class SimConfig:
         return dataclasses.asdict(self)
 
 
-_FLOAT_OR_NONE = {"rpm", "itpm", "otpm"}
+_FLOAT_OR_NONE = {"rpm", "itpm", "otpm", "batch_rpm"}
+_INT_OR_NONE = {"batch_queue_cap"}
 _FLOATS = {"burst_s", "overload_rate", "error_5xx_rate", "inject_429_rate",
-           "latency_mean_s", "latency_p95_s", "cache_ttl_s"}
+           "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
+           "batch_expires_s", "batch_errored_rate", "batch_expired_rate"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
-         "plan_items", "cache_min_tokens", "seed"}
+         "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
 _BOOLS = {"cache_reads_count", "round_token_headers"}
 
 
@@ -100,6 +127,10 @@ def _coerce(name: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             return None
         return _number(name, value, float)
+    if name in _INT_OR_NONE:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        return _number(name, value, int)
     if name in _FLOATS:
         return _number(name, value, float)
     if name in _INTS:

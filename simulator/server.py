@@ -10,11 +10,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from .batches import Batches
 from .config import SimConfig
 from .engine import Engine, Pending, Reply
 from .responses import error_body, json_body, request_id
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+BATCHES_KEY = web.AppKey("batches", Batches)
 T = TypeVar("T")
 
 
@@ -43,13 +45,35 @@ async def _count_tokens(request: web.Request) -> web.Response:
     return _response(request.app[ENGINE_KEY].count_tokens(request.headers, await request.read()))
 
 
+def _origin(request: web.Request) -> str:
+    return f"{request.scheme}://{request.host}"
+
+
+def _batch_route(op: str) -> Callable[[web.Request], Any]:
+    async def handler(request: web.Request) -> web.Response:
+        raw = await request.read() if op == "create" else b""
+        return _response(request.app[BATCHES_KEY].handle(
+            op, request.headers, _origin(request), request.match_info.get("batch_id"), raw,
+            request.query))
+    return handler
+
+
+def snapshot(engine: Engine, batches: Batches) -> dict[str, Any]:
+    """/_sim/stats: the realtime counters, with the batches' under "batches"."""
+    snap = engine.snapshot()
+    snap["batches"] = batches.snapshot()
+    return snap
+
+
 async def _stats(request: web.Request) -> web.Response:
-    return web.Response(body=json_body(request.app[ENGINE_KEY].snapshot()),
+    return web.Response(body=json_body(snapshot(request.app[ENGINE_KEY],
+                                                request.app[BATCHES_KEY])),
                         content_type="application/json")
 
 
 async def _reset(request: web.Request) -> web.Response:
     request.app[ENGINE_KEY].reset()
+    request.app[BATCHES_KEY].reset()
     return web.Response(body=b'{"ok":true}', content_type="application/json")
 
 
@@ -81,12 +105,20 @@ async def _api_errors(request: web.Request, handler: Any) -> web.StreamResponse:
                             headers={"Content-Type": "application/json", "request-id": req_id})
 
 
-def make_app(config: SimConfig | None = None, engine: Engine | None = None) -> web.Application:
+def make_app(config: SimConfig | None = None, engine: Engine | None = None,
+             batches: Batches | None = None) -> web.Application:
     """The simulator as an aiohttp Application (one Engine, i.e. one set of limits and stats)."""
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_api_errors])
     app[ENGINE_KEY] = engine or Engine(config or SimConfig())
+    app[BATCHES_KEY] = batches or Batches(app[ENGINE_KEY])
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/messages/count_tokens", _count_tokens)
+    app.router.add_post("/v1/messages/batches", _batch_route("create"))
+    app.router.add_get("/v1/messages/batches", _batch_route("list"))
+    app.router.add_get("/v1/messages/batches/{batch_id}", _batch_route("retrieve"))
+    app.router.add_delete("/v1/messages/batches/{batch_id}", _batch_route("delete"))
+    app.router.add_get("/v1/messages/batches/{batch_id}/results", _batch_route("results"))
+    app.router.add_post("/v1/messages/batches/{batch_id}/cancel", _batch_route("cancel"))
     app.router.add_get("/_sim/stats", _stats)
     app.router.add_post("/_sim/reset", _reset)
     app.router.add_post("/_sim/config", _config)
@@ -113,6 +145,7 @@ class SimulatorServer:
     def __init__(self, config: SimConfig | None = None, host: str = "127.0.0.1",
                  port: int = 0) -> None:
         self.engine = Engine(config or SimConfig())
+        self.batches = Batches(self.engine)
         self.host = host
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -141,7 +174,8 @@ class SimulatorServer:
             asyncio.set_event_loop(loop)
             try:
                 self._runner, self.port = loop.run_until_complete(
-                    start_runner(make_app(engine=self.engine), self.host, self.port))
+                    start_runner(make_app(engine=self.engine, batches=self.batches), self.host,
+                                 self.port))
             except BaseException as exc:  # report to start(), not to a dead thread
                 failure.append(exc)
                 ready.set()
@@ -179,10 +213,10 @@ class SimulatorServer:
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=30)
 
     def stats(self) -> dict[str, Any]:
-        return self._on_loop(self.engine.snapshot)
+        return self._on_loop(lambda: snapshot(self.engine, self.batches))
 
     def reset(self) -> None:
-        self._on_loop(self.engine.reset)
+        self._on_loop(lambda: (self.engine.reset(), self.batches.reset()))
 
     def arrivals(self) -> list[float]:
         """Wall-clock arrival time of every Messages request since the last reset."""
