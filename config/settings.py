@@ -117,6 +117,16 @@ class Settings(BaseSettings):
         default_factory=lambda: ["workers.demo_tools"])
     max_fanout: int = Field(default=10_000, ge=1)
 
+    # --- observability (see workers/telemetry) ------------------------------------------
+    # OpenTelemetry traces; also on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set.
+    tracing: bool = False
+    # Prompt and completion text on LLM and tool spans: off unless asked for.
+    trace_content: bool = False
+    # How often each process adds its counters and histograms to Redis for `drover metrics`.
+    metrics_flush_s: float = Field(default=1.0, gt=0, le=60)
+    # Active jobs that get series of their own (newest first); the rest count in their tenant's.
+    metrics_max_jobs: int = Field(default=100, ge=0)
+
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod
     def _redis_like(cls, value: str | None) -> str | None:

@@ -134,6 +134,12 @@ def _stats(args: argparse.Namespace) -> int:
     return print_stats(console, plot=Path(args.plot) if args.plot else None)
 
 
+def _metrics(args: argparse.Namespace) -> int:
+    from orchestrator.metrics import serve
+
+    return serve(args.port, args.addr)
+
+
 def _flower(args: argparse.Namespace) -> int:
     from orchestrator.flower import run_flower
 
@@ -184,6 +190,12 @@ def parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="per-scope use of the limits over the last minute")
     stats.add_argument("--plot", metavar="FILE.png", help="also draw usage over time")
     stats.set_defaults(fn=_stats)
+
+    metrics = sub.add_parser("metrics", help="serve the fleet's Prometheus metrics from Redis")
+    metrics.add_argument("--port", type=int, default=9808)
+    metrics.add_argument("--addr", default="127.0.0.1",
+                         help="address to listen on (0.0.0.0 for every interface)")
+    metrics.set_defaults(fn=_metrics)
     return top
 
 

@@ -20,6 +20,7 @@ from workers.agent.runtime import sync_redis
 from workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from workers.jobs.spec import JobSpec
 from workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from workers.telemetry import job_submitted
 from workers.tools import get_tools
 
 
@@ -43,6 +44,7 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")
 
 
+@job_submitted
 def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) -> JobHandle:
     """Validate ``spec``, store it and start the job; returns at once with a handle."""
     from workers.tasks import launch, plan_job  # the Celery app is built only when needed

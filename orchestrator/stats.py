@@ -28,7 +28,7 @@ from config import Settings, get_settings
 from workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
-           "safe_url", "stats_window_s", "usage_figure"]
+           "safe_url", "scope_usage", "stats_window_s", "usage_figure"]
 
 # (counter in the limiter, ScopeLimits attribute, label)
 DIMENSIONS = (("requests", "rpm", "requests/min"),
@@ -132,22 +132,23 @@ def collect(settings: Settings | None = None, *, window_s: int | None = None
     limiter = Limiter(client, prefix=settings.key_prefix, horizon_s=settings.horizon_s,
                       stats_window_s=window)
     try:
-        out = []
-        for scope in limiter.scopes():
-            configured = _configured(settings, scope)
-            # The bucket remembers the limits the workers used, until it expires when idle;
-            # only then do this process's settings stand in for them.
-            state = limiter.state(scope)
-            if configured is not None and all(state.get(n) is None for n, _, _ in DIMENSIONS):
-                state = limiter.state(scope, configured)
-            limits, targets = _limits_of(settings, scope, state, configured)
-            out.append(ScopeUsage(
-                scope=scope, series=limiter.usage(scope, window), limits=limits,
-                targets=targets, leases=int(state.get("leases", 0)),
-                cooldown_s=float(state.get("cooldown_s", 0.0))))
-        return out
+        return [scope_usage(limiter, settings, scope, window) for scope in limiter.scopes()]
     finally:
         client.close()
+
+
+def scope_usage(limiter: Limiter, settings: Settings, scope: str, seconds: int) -> ScopeUsage:
+    """One scope's limits, targets, leases, cooldown and its last ``seconds`` of counters."""
+    configured = _configured(settings, scope)
+    # The bucket remembers the limits the workers used, until it expires when idle;
+    # only then do this process's settings stand in for them.
+    state = limiter.state(scope)
+    if configured is not None and all(state.get(n) is None for n, _, _ in DIMENSIONS):
+        state = limiter.state(scope, configured)
+    limits, targets = _limits_of(settings, scope, state, configured)
+    return ScopeUsage(scope=scope, series=limiter.usage(scope, seconds), limits=limits,
+                      targets=targets, leases=int(state.get("leases", 0)),
+                      cooldown_s=float(state.get("cooldown_s", 0.0)))
 
 
 # --- the table ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from workers.agent import (
 )
 from workers.app import app
 from workers.jobs import start_sweeper
+from workers.telemetry import worker_started
 
 __all__ = ["import_tool_modules", "join_results", "launch", "plan_job", "run_subagent",
            "send_again"]
@@ -36,8 +37,9 @@ def import_tool_modules() -> None:
 
 @worker_ready.connect
 @worker_process_init.connect
-def _on_worker_start(**_: Any) -> None:
+def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
+    worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     start_sweeper(send_again)  # re-sends tasks the broker lost (see workers/jobs/recovery.py)
 
 

@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from workers.telemetry import tool_call
+
 ToolKind = Literal["read", "write"]
 RESULT_CHARS = 20_000
 
@@ -147,6 +149,7 @@ def _result(tool_use_id: str, content: str, is_error: bool = False) -> dict[str,
             "is_error": is_error}
 
 
+@tool_call
 async def _invoke(tool_: Tool, call: dict[str, Any], default_timeout: float) -> dict[str, Any]:
     try:
         kwargs = tool_.arguments(call.get("input") or {})

@@ -26,6 +26,7 @@ from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, Retrya
 from workers.agent.retry import Decision, classify
 from workers.agent.runtime import Runtime
 from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
+from workers.telemetry import acquire_wait, llm_call
 
 log = logging.getLogger("drover.llm")
 POLL_S = 0.05
@@ -79,6 +80,7 @@ def counted_input(usage: Any, cache_reads_count: bool) -> int:
     return total
 
 
+@acquire_wait
 async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext, *,
                   input_tokens: int, output_tokens: int) -> Grant:
     """A grant from the limiter, polling briefly for in-flight slots.
@@ -96,6 +98,7 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
         await wait_or_cancel(grant.retry_after_s * random.uniform(1.0, 1.5), ctx.cancel)
 
 
+@llm_call
 async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Message:
     """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled."""
     settings = rt.settings

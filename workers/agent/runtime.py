@@ -32,6 +32,7 @@ from workers.agent.estimate import Calibration
 from workers.jobs.connections import async_redis, sync_redis
 from workers.jobs.store import JobStore
 from workers.limiter import AsyncLimiter
+from workers.telemetry import with_trace_context
 
 log = logging.getLogger("drover.runtime")
 T = TypeVar("T")
@@ -82,7 +83,7 @@ class Runtime:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.submit(coro).result()
+        return self.submit(with_trace_context(coro)).result()
 
     # --- cancellation -------------------------------------------------------------------
     def cancel_event(self, job_id: str) -> asyncio.Event:

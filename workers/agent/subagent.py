@@ -25,6 +25,7 @@ from workers.agent.runtime import Runtime
 from workers.jobs.records import SUMMARY_CHARS, SubagentReport, SubagentResult, Usage
 from workers.jobs.spec import JobSpec
 from workers.limiter import ScopeLimits, tool_scope
+from workers.telemetry import subagent_finished, subagent_run
 from workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
@@ -74,6 +75,7 @@ class SubagentRun:
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
+    @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
         start = await self._io(self.store.start, self.job_id, self.index)
@@ -221,6 +223,7 @@ class SubagentRun:
                            f"sub-agent {self.index} failed: {decision.error_type}")
         return result
 
+    @subagent_finished
     async def _finish(self, state: dict[str, Any], status: str, *, error: str | None = None,
                       error_type: str | None = None, status_code: int | None = None
                       ) -> SubagentResult:

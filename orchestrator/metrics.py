@@ -1,0 +1,347 @@
+"""``drover metrics --port 9808``: one Prometheus scrape target for the whole fleet.
+
+A small exporter process (like celery-exporter): at each scrape a custom ``Collector``
+reads, from Redis,
+
+- the counters and histograms every worker and submitter adds there
+  (``workers.telemetry._recorder``): LLM calls by outcome, their duration, tokens by type,
+  limiter waits and deferrals, tool calls, finished sub-agents, submitted jobs;
+- the limiter's state of every scope it saw within ``DROVER_STATS_WINDOW_S``, through the
+  limiter's public ``Limiter.scopes/state/usage`` (what ``drover stats`` reads): limits,
+  targets, planned use over the last 60 s and headroom per dimension, leases, cooldown;
+- the active jobs (registered at submit, dropped here once they end): sub-agents by status,
+  how long the waiting ones have waited, per job (newest ``DROVER_METRICS_MAX_JOBS``) and per
+  tenant; the broker queues' backlog; the workers whose heartbeat is fresh.
+
+So it can run anywhere that reaches Redis and the broker, as one instance: every series is
+fleet-wide, and Prometheus needs no service discovery of the workers. Finished records are
+read from each job's event stream incrementally (only the entries since the last scrape).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from config import Settings, get_settings
+from orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
+from orchestrator.stats import scope_usage
+from workers.jobs.connections import sync_redis
+from workers.jobs.records import STATUSES
+from workers.jobs.store import ACTIVE, JobStore
+from workers.limiter import Limiter
+from workers.telemetry import METRICS, SUBAGENT_STATUSES, keys, metric, parse_field
+
+__all__ = ["DroverCollector", "serve"]
+
+log = logging.getLogger("drover.metrics")
+STREAM_PAGE = 2000
+
+
+@dataclass
+class _JobSeen:
+    """What the exporter has read of one active job's event stream so far."""
+
+    last_id: str = "0-0"
+    done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+
+
+class DroverCollector(Collector):
+    """Reads the fleet's series from Redis at every ``collect()`` (every scrape)."""
+
+    def __init__(self, settings: Settings | None = None, *, client: redis.Redis | None = None,
+                 broker_queues: bool = True):
+        self.settings = settings or get_settings()
+        self.r = client or sync_redis(self.settings.redis_url)
+        self.keys = keys(self.settings.key_prefix)
+        self.limiter = Limiter(self.r, prefix=self.settings.key_prefix,
+                               horizon_s=self.settings.horizon_s,
+                               stats_window_s=self.settings.stats_window_s)
+        self.store = JobStore(self.r, prefix=self.settings.key_prefix,
+                              ttl_s=self.settings.result_ttl_s)
+        self.broker_queues = broker_queues
+        self._broker: Any = None
+        self._jobs: dict[str, _JobSeen] = {}
+        self._lock = threading.Lock()  # one scrape at a time: the stream cursors are shared
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # registering must not read Redis
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            started = time.perf_counter()
+            families: list[Metric] = []
+            up = 1.0
+            try:
+                families += self._process_series()
+                families += self._scope_series()
+                procs = self._procs()
+                families += self._job_series(procs)
+                families.append(self._gauge("drover_workers_alive", [((), len(
+                    {p["node"] for p in procs if p.get("node")}))]))
+            except redis.RedisError as error:
+                log.warning("cannot read Redis for this scrape (%s: %s)",
+                            type(error).__name__, error)
+                up = 0.0
+            families.append(self._gauge("drover_exporter_redis_up", [((), up)]))
+            families.append(self._gauge("drover_exporter_scrape_duration_seconds",
+                                        [((), time.perf_counter() - started)]))
+        yield from families
+
+    # --- what the processes counted -------------------------------------------------------
+    def _process_series(self) -> list[Metric]:
+        raw = self.r.hgetall(self.keys["counters"])
+        counters: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
+        hists: dict[str, dict[tuple[str, ...], dict[str, float]]] = defaultdict(
+            lambda: defaultdict(dict))
+        known = {m.name: m for m in METRICS if m.source == "process"}
+        for key, value in raw.items():
+            try:
+                name, labels, part = parse_field(_s(key))
+            except (ValueError, TypeError):
+                continue
+            m = known.get(name)
+            if m is None or len(labels) != len(m.labels):  # another version's series
+                continue
+            if m.kind == "counter":
+                counters[name][labels] = float(value)
+            elif part is not None:
+                hists[name][labels][part] = float(value)
+        out: list[Metric] = []
+        for m in known.values():
+            if m.kind == "counter":
+                family = CounterMetricFamily(m.name, m.help, labels=m.labels)
+                for labels, value in sorted(counters.get(m.name, {}).items()):
+                    family.add_metric(list(labels), value)
+            else:
+                family = HistogramMetricFamily(m.name, m.help, labels=m.labels)
+                for labels, parts in sorted(hists.get(m.name, {}).items()):
+                    total, buckets = 0.0, []
+                    for bound in (*m.buckets, float("inf")):
+                        le = "+Inf" if bound == float("inf") else repr(float(bound))
+                        total += parts.get(le, 0.0)
+                        buckets.append((le, total))
+                    family.add_metric(list(labels), buckets, parts.get("sum", 0.0))
+            out.append(family)
+        return out
+
+    # --- the limiter ----------------------------------------------------------------------
+    def _scope_series(self) -> list[Metric]:
+        rows: dict[str, list[tuple[tuple[str, ...], float]]] = defaultdict(list)
+        for scope in self.limiter.scopes():
+            usage = scope_usage(self.limiter, self.settings, scope, 60)
+            last = usage.last(60)
+            for name, _attr, _label in STAT_DIMENSIONS:
+                limit, target = usage.limits.get(name), usage.targets.get(name)
+                planned = last.get(name, 0) / 60.0
+                labels = (scope, name)
+                if limit is not None:
+                    rows["drover_scope_limit_per_second"].append((labels, limit / 60.0))
+                if target is not None:
+                    rows["drover_scope_target_per_second"].append((labels, target / 60.0))
+                    rows["drover_scope_headroom_per_second"].append(
+                        (labels, target / 60.0 - planned))
+                rows["drover_scope_planned_per_second"].append((labels, planned))
+            rows["drover_scope_leases_in_flight"].append(((scope,), usage.leases))
+            rows["drover_scope_cooldown_seconds"].append(((scope,), max(0.0, usage.cooldown_s)))
+        names = ("drover_scope_limit_per_second", "drover_scope_target_per_second",
+                 "drover_scope_planned_per_second", "drover_scope_headroom_per_second",
+                 "drover_scope_leases_in_flight", "drover_scope_cooldown_seconds")
+        return [self._gauge(name, rows.get(name, [])) for name in names]
+
+    # --- processes, jobs, tenants, queues -------------------------------------------------
+    def _procs(self) -> list[dict[str, str]]:
+        """The live processes' heartbeats (an expired one leaves the registry here)."""
+        ids = sorted(_s(x) for x in self.r.smembers(self.keys["procs"]))
+        pipe = self.r.pipeline(transaction=False)
+        for proc in ids:
+            pipe.hgetall(self.keys["proc"] + proc)
+        alive, gone = [], []
+        for proc, beat in zip(ids, pipe.execute() if ids else [], strict=True):
+            if beat:
+                alive.append({_s(k): _s(v) for k, v in beat.items()})
+            else:
+                gone.append(proc)
+        if gone:
+            self.r.srem(self.keys["procs"], *gone)
+        # HOOK(workerloss): once workers/jobs keeps per-worker heartbeat keys, count those
+        # nodes here (through its public reader) instead of the telemetry heartbeats.
+        return alive
+
+    def _job_series(self, procs: list[dict[str, str]]) -> list[Metric]:
+        now = time.time()
+        job_ids = [_s(x) for x in self.r.zrevrange(self.keys["jobs"], 0, -1)]
+        running: dict[str, int] = defaultdict(int)
+        for beat in procs:
+            for k, v in beat.items():
+                if k.startswith("running:"):
+                    running[k.removeprefix("running:")] += int(v)
+        metas: list[list[Any]] = []
+        tenants: list[Any] = []
+        if job_ids:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hmget(self.store.key(job_id, "meta"), "status", "n", "launched", "created",
+                           "queue")
+            pipe.hmget(self.keys["tenants"], *job_ids)
+            *metas, tenants = pipe.execute()
+        ended = [j for j, meta in zip(job_ids, metas, strict=True)
+                 if meta[0] is None or _s(meta[0]) not in ACTIVE]
+        if ended:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.zrem(self.keys["jobs"], *ended)
+            pipe.hdel(self.keys["tenants"], *ended)
+            pipe.execute()
+            for job_id in ended:
+                self._jobs.pop(job_id, None)
+        active = [(j, m, _s(t) if t else "default")
+                  for j, m, t in zip(job_ids, metas, tenants, strict=True) if j not in ended]
+        self._read_streams([j for j, _, _ in active])
+
+        per_job: list[tuple[tuple[str, ...], float]] = []
+        oldest_job: list[tuple[tuple[str, ...], float]] = []
+        by_tenant: dict[str, dict[str, int]] = defaultdict(
+            lambda: dict.fromkeys(SUBAGENT_STATUSES, 0))
+        tenant_jobs: dict[str, int] = defaultdict(int)
+        tenant_oldest: dict[str, float] = defaultdict(float)
+        queues = {self.settings.queue}
+        cap = self.settings.metrics_max_jobs
+        for rank, (job_id, meta, tenant) in enumerate(active):
+            _status, n, launched, created, queue = (_s(x) if x is not None else None
+                                                    for x in meta)
+            if queue:
+                queues.add(queue)
+            done = self._jobs[job_id].done
+            counts = dict.fromkeys(SUBAGENT_STATUSES, 0)
+            counts.update(done)
+            counts["running"] = running.get(job_id, 0)
+            total = int(n or 0)
+            counts["waiting"] = max(0, total - sum(done.values()) - counts["running"])
+            since = float(launched or created or now)
+            oldest = max(0.0, now - since) if counts["waiting"] else 0.0
+            tenant_jobs[tenant] += 1
+            tenant_oldest[tenant] = max(tenant_oldest[tenant], oldest)
+            for status, value in counts.items():
+                by_tenant[tenant][status] += value
+            if rank < cap:
+                per_job += [((job_id, tenant, s), v) for s, v in counts.items()]
+                oldest_job.append(((job_id, tenant), oldest))
+        tenant_rows = [((t, s), v) for t, counts in sorted(by_tenant.items())
+                       for s, v in counts.items()]
+        return [
+            self._gauge("drover_job_subagents", per_job),
+            self._gauge("drover_job_oldest_waiting_seconds", oldest_job),
+            self._gauge("drover_tenant_subagents", tenant_rows),
+            self._gauge("drover_tenant_jobs_active", [((t,), n) for t, n in tenant_jobs.items()]),
+            self._gauge("drover_tenant_oldest_waiting_seconds",
+                        [((t,), v) for t, v in tenant_oldest.items()]),
+            self._gauge("drover_queue_messages", self._queue_lengths(sorted(queues))),
+            self._gauge("drover_exporter_jobs_without_series",
+                        [((), max(0, len(active) - cap))]),
+        ]
+
+    def _read_streams(self, job_ids: list[str]) -> None:
+        """Count the records each job's stream gained since the last scrape."""
+        todo = list(job_ids)
+        while todo:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in todo:
+                seen = self._jobs.setdefault(job_id, _JobSeen())
+                pipe.xrange(self.store.key(job_id, "events"), min=f"({seen.last_id}",
+                            count=STREAM_PAGE)
+            more = []
+            for job_id, entries in zip(todo, pipe.execute(), strict=True):
+                seen = self._jobs[job_id]
+                for entry_id, fields in entries:
+                    seen.last_id = _s(entry_id)
+                    raw = fields.get(b"record") or fields.get("record")
+                    try:
+                        status = json.loads(raw)["status"]
+                    except (TypeError, ValueError, KeyError):
+                        continue
+                    if status in seen.done:
+                        seen.done[status] += 1
+                if len(entries) == STREAM_PAGE:
+                    more.append(job_id)
+            todo = more
+
+    def _queue_lengths(self, queues: list[str]) -> list[tuple[tuple[str, ...], float]]:
+        if not self.broker_queues:
+            return []
+        from kombu.exceptions import ChannelError, OperationalError
+
+        try:
+            if self._broker is None:
+                from workers.app import app
+
+                self._broker = app.connection_for_read()
+            channel = self._broker.default_channel
+            out = []
+            for queue in queues:
+                try:
+                    count = channel.queue_declare(queue=queue, passive=True).message_count
+                except ChannelError:  # no message ever, or none now: Redis drops empty lists
+                    count = 0
+                out.append(((queue,), float(count)))
+            return out
+        except (OperationalError, OSError, redis.RedisError) as error:
+            log.warning("cannot read the broker's queues (%s)", type(error).__name__)
+            if self._broker is not None:
+                self._broker.release()
+            self._broker = None
+            return []
+
+    @staticmethod
+    def _gauge(name: str, rows: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
+        m = metric(name)
+        family = GaugeMetricFamily(m.name, m.help, labels=m.labels)
+        for labels, value in rows:
+            family.add_metric(list(labels), float(value))
+        return family
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def serve(port: int = 9808, addr: str = "127.0.0.1", settings: Settings | None = None,
+          *, ready: threading.Event | None = None) -> int:
+    """Serve ``/metrics`` until SIGTERM or Ctrl-C."""
+    from prometheus_client import start_http_server
+
+    settings = settings or get_settings()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DroverCollector(settings))
+    server, thread = start_http_server(port, addr=addr, registry=registry)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log.info("serving drover's metrics on http://%s:%d/metrics", addr, port)
+    print(f"drover metrics on http://{addr}:{port}/metrics "
+          f"(prefix {settings.key_prefix!r})", flush=True)
+    if ready is not None:
+        ready.set()
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+    return 0

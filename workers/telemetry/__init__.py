@@ -1,0 +1,36 @@
+"""Prometheus metrics and OpenTelemetry traces of the fleet.
+
+The call path wears the hooks (``llm_call``, ``acquire_wait``, ``tool_call``, ``subagent_run``,
+``subagent_finished``, ``job_submitted``, ``worker_started``); each process adds its counts to
+Redis (``_recorder``) and ``drover metrics`` (``orchestrator.metrics``) serves them with the
+state the limiter and the job store keep there. ``METRICS`` lists every series.
+"""
+
+from workers.telemetry._hooks import (
+    acquire_wait,
+    job_submitted,
+    llm_call,
+    subagent_finished,
+    subagent_run,
+    tenant_of,
+    tool_call,
+    with_trace_context,
+    worker_started,
+)
+from workers.telemetry._metrics import (
+    CALL_OUTCOMES,
+    DIMENSIONS,
+    METRICS,
+    SUBAGENT_STATUSES,
+    TOKEN_TYPES,
+    Metric,
+    metric,
+)
+from workers.telemetry._recorder import Recorder, get_recorder, keys, parse_field
+from workers.telemetry._tracing import content_capture, enabled, ensure_tracing, tracer
+
+__all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
+           "Metric", "Recorder", "acquire_wait", "content_capture", "enabled",
+           "ensure_tracing", "get_recorder", "job_submitted", "keys", "llm_call", "metric",
+           "parse_field", "subagent_finished", "subagent_run", "tenant_of", "tool_call",
+           "tracer", "with_trace_context", "worker_started"]

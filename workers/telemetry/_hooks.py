@@ -1,0 +1,333 @@
+"""The hooks the call path wears: one decorator (or one call) per place, each counting into
+this process's recorder and opening the span of that step.
+
+They are decorators so that the code they measure reads as before: ``create_message``,
+``acquire``, a tool's ``_invoke``, a sub-agent's ``run`` and ``_finish``, ``submit``.
+Nothing here raises into the call path: a metric or span that cannot be made is skipped.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from workers.telemetry import _tracing
+from workers.telemetry._recorder import get_recorder
+
+__all__ = ["acquire_wait", "job_submitted", "llm_call", "subagent_finished", "subagent_run",
+           "tool_call", "with_trace_context", "worker_started"]
+
+log = logging.getLogger("drover.telemetry")
+T = TypeVar("T")
+PROVIDER = "anthropic"
+# How long the current LLM call waited for the limiter (set by acquire_wait, read by llm_call:
+# both run in the same task, so they share the context).
+_WAITED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+    "drover_waited", default=None)
+_OUTCOMES = {"n429": "429", "n529": "529", "n5xx": "5xx", "n4xx": "4xx", "nconn": "connection"}
+
+
+def _settings() -> Any:
+    from config import get_settings
+
+    return get_settings()
+
+
+def _safe(what: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as error:  # a metric must never break the call it measures
+        log.debug("telemetry: %s skipped (%s: %s)", what, type(error).__name__, error)
+
+
+# --- the LLM call ------------------------------------------------------------------------
+
+def acquire_wait(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """For ``acquire(rt, scope, limits, ctx, ...)``: the wait until the grant may be sent."""
+
+    @functools.wraps(fn)
+    async def wrapper(rt: Any, scope: str, *args: Any, **kwargs: Any) -> T:
+        started = time.monotonic()
+        try:
+            grant = await fn(rt, scope, *args, **kwargs)
+        except Exception as error:
+            reason = getattr(error, "reason", None)
+            if reason is not None and getattr(error, "countdown", None) is not None:
+                kind = str(reason).removeprefix("limiter: ")
+                _safe("deferral", lambda: get_recorder().inc(
+                    "drover_limiter_deferrals", (scope, kind)))
+            raise
+        waited = time.monotonic() - started + float(getattr(grant, "wait_s", 0.0) or 0.0)
+        box = _WAITED.get()
+        if box is not None:
+            box.append(waited)
+        _safe("wait", lambda: get_recorder().observe(
+            "drover_limiter_acquire_wait_seconds", (scope,), waited))
+        return grant
+
+    return wrapper
+
+
+def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """For ``create_message(rt, params, ctx)``: the chat span, call outcome, duration, tokens."""
+
+    @functools.wraps(fn)
+    async def wrapper(rt: Any, params: dict[str, Any], ctx: Any) -> T:
+        from workers.agent.errors import Cancelled, RetryLater
+        from workers.limiter import llm_scope
+
+        settings = rt.settings
+        model = str(params.get("model"))
+        scope = llm_scope(settings.key_alias, model)
+        waited: list[float] = []
+        token = _WAITED.set(waited)
+        started = time.monotonic()
+        with _tracing.tracer().start_as_current_span(
+                f"chat {model}", kind=SpanKind.CLIENT, record_exception=False,
+                set_status_on_exception=False) as span:
+            if span.is_recording():
+                _request_attributes(span, settings, scope, params, ctx)
+            outcome, error_type, message = "ok", "", None
+            try:
+                message = await fn(rt, params, ctx)
+                return message
+            except Cancelled:
+                outcome, error_type = "cancelled", "cancelled"
+                raise
+            except RetryLater as error:
+                decision = getattr(error, "decision", None)
+                if decision is None:  # the limiter deferred it: no call was made
+                    outcome = ""
+                    span.set_attribute("drover.deferred", error.reason)
+                    raise
+                outcome, error_type = _OUTCOMES.get(decision.counter, "4xx"), decision.error_type
+                raise
+            except BaseException as error:
+                decision = getattr(error, "decision", None)
+                if decision is not None:
+                    outcome = _OUTCOMES.get(decision.counter, "4xx")
+                    error_type = decision.error_type
+                else:  # a cancelled task (shutdown) or a bug: the call did not complete
+                    outcome, error_type = "cancelled", type(error).__name__
+                raise
+            finally:
+                _WAITED.reset(token)
+                if outcome:
+                    duration = max(0.0, time.monotonic() - started - sum(waited))
+                    _safe("llm call", lambda: _record_call(
+                        scope, model, outcome, error_type, duration, message))
+                    if span.is_recording():
+                        _response_attributes(span, settings, outcome, error_type, message,
+                                             sum(waited))
+
+    return wrapper
+
+
+def _request_attributes(span: Any, settings: Any, scope: str, params: dict[str, Any],
+                        ctx: Any) -> None:
+    span.set_attributes({
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": str(params.get("model")),
+        "gen_ai.request.max_tokens": int(params.get("max_tokens") or 0),
+        "drover.scope": scope, "drover.job_id": str(getattr(ctx, "job_id", "")),
+        "drover.subagent.index": int(getattr(ctx, "index", -1)),
+    })
+    if _tracing.content_capture(settings):
+        span.set_attribute("gen_ai.input.messages", _tracing.content(params.get("messages")))
+        if params.get("system"):
+            span.set_attribute("gen_ai.system_instructions", _tracing.content(params["system"]))
+
+
+def _response_attributes(span: Any, settings: Any, outcome: str, error_type: str,
+                         message: Any, waited: float) -> None:
+    span.set_attribute("drover.limiter.wait_s", round(waited, 6))
+    span.set_attribute("drover.outcome", outcome)
+    if outcome != "ok":
+        span.set_attribute("error.type", error_type or outcome)
+        span.set_status(Status(StatusCode.ERROR, error_type or outcome))
+        return
+    usage = message.usage
+    span.set_attributes({
+        "gen_ai.response.model": str(getattr(message, "model", "") or ""),
+        "gen_ai.response.id": str(getattr(message, "id", "") or ""),
+        "gen_ai.response.finish_reasons": [str(message.stop_reason or "")],
+        "gen_ai.usage.input_tokens": int(usage.input_tokens or 0),
+        "gen_ai.usage.output_tokens": int(usage.output_tokens or 0),
+        "gen_ai.usage.cache_read.input_tokens": int(
+            getattr(usage, "cache_read_input_tokens", 0) or 0),
+        "gen_ai.usage.cache_creation.input_tokens": int(
+            getattr(usage, "cache_creation_input_tokens", 0) or 0),
+    })
+    if _tracing.content_capture(settings):
+        span.set_attribute("gen_ai.output.messages", _tracing.content(
+            [block.model_dump(mode="json") for block in message.content]))
+
+
+def _record_call(scope: str, model: str, outcome: str, error_type: str, duration: float,
+                 message: Any) -> None:
+    rec = get_recorder()
+    rec.inc("drover_llm_calls", (scope, outcome))
+    genai = ("chat", PROVIDER, model)
+    rec.observe("drover_gen_ai_client_operation_duration_seconds",
+                (*genai, "" if outcome == "ok" else error_type or outcome), duration)
+    if message is None:
+        return
+    usage = message.usage
+    for kind, value in (("input", usage.input_tokens),
+                        ("output", usage.output_tokens),
+                        ("cache_read", getattr(usage, "cache_read_input_tokens", 0)),
+                        ("cache_write", getattr(usage, "cache_creation_input_tokens", 0))):
+        rec.inc("drover_gen_ai_client_token_usage", (*genai, kind), float(value or 0))
+
+
+# --- tools, sub-agents, jobs -------------------------------------------------------------
+
+def tool_call(fn: Callable[..., Awaitable[dict[str, Any]]]
+              ) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """For a tool's ``_invoke(tool_, call, default_timeout)``: its span, outcome and duration."""
+
+    @functools.wraps(fn)
+    async def wrapper(tool_: Any, call: dict[str, Any], *args: Any, **kwargs: Any
+                      ) -> dict[str, Any]:
+        started = time.monotonic()
+        with _tracing.tracer().start_as_current_span(
+                f"execute_tool {tool_.name}", kind=SpanKind.INTERNAL) as span:
+            if span.is_recording():
+                span.set_attributes({"gen_ai.operation.name": "execute_tool",
+                                     "gen_ai.tool.name": tool_.name,
+                                     "gen_ai.tool.call.id": str(call.get("id", "")),
+                                     "gen_ai.tool.type": "function"})
+                if _tracing.content_capture(_settings()):
+                    span.set_attribute("gen_ai.tool.call.arguments",
+                                       _tracing.content(call.get("input")))
+            result = await fn(tool_, call, *args, **kwargs)
+            outcome = "error" if result.get("is_error") else "ok"
+            if span.is_recording() and outcome == "error":
+                span.set_attribute("error.type", "tool_error")
+                span.set_status(Status(StatusCode.ERROR, "tool_error"))
+        duration = time.monotonic() - started
+
+        def record() -> None:
+            rec = get_recorder()
+            rec.inc("drover_tool_calls", (tool_.name, outcome))
+            rec.observe("drover_tool_call_duration_seconds", (tool_.name,), duration)
+
+        _safe("tool call", record)
+        return result
+
+    return wrapper
+
+
+def subagent_run(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """For ``SubagentRun.run(self)``: the sub-agent's span, and it counts as running here."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any) -> T:
+        job_id, index = str(self.job_id), int(self.index)
+        _safe("running", lambda: get_recorder().running(job_id, +1))
+        try:
+            with _tracing.tracer().start_as_current_span(
+                    "invoke_agent drover.subagent", kind=SpanKind.INTERNAL) as span:
+                span.set_attributes({"gen_ai.operation.name": "invoke_agent",
+                                     "gen_ai.agent.name": "drover.subagent",
+                                     "drover.job_id": job_id, "drover.subagent.index": index})
+                result = await fn(self)
+                span.set_attribute("drover.subagent.status", str(getattr(result, "status", "")))
+                return result
+        finally:
+            _safe("running", lambda: get_recorder().running(job_id, -1))
+
+    return wrapper
+
+
+def subagent_finished(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """For ``SubagentRun._finish(self, state, status, ...)``: one finished sub-agent."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, state: Any, status: str, *args: Any, **kwargs: Any) -> T:
+        result = await fn(self, state, status, *args, **kwargs)
+        _safe("finished", lambda: get_recorder().inc(
+            "drover_subagents_finished", (str(getattr(result, "status", status)),)))
+        return result
+
+    return wrapper
+
+
+def tenant_of(spec: Any) -> str:
+    """A job's tenant: ``JobSpec.tenant`` where the spec has one, else metadata["tenant"]."""
+    if isinstance(spec, dict):
+        value = spec.get("tenant") or (spec.get("metadata") or {}).get("tenant")
+    else:
+        value = getattr(spec, "tenant", None) or (getattr(spec, "metadata", None) or {}).get(
+            "tenant")
+    return str(value or "default")
+
+
+def job_submitted(fn: Callable[..., T]) -> Callable[..., T]:
+    """For ``submit(spec, *, settings=None)``: the job's root span; the job is active."""
+
+    @functools.wraps(fn)
+    def wrapper(spec: Any, *args: Any, **kwargs: Any) -> T:
+        settings = kwargs.get("settings") or _settings()
+        _tracing.ensure_tracing(settings, "drover")
+        with _tracing.tracer().start_as_current_span("drover.submit",
+                                                     kind=SpanKind.PRODUCER) as span:
+            handle = fn(spec, *args, **kwargs)
+            job_id = str(getattr(handle, "id", ""))
+            span.set_attribute("drover.job_id", job_id)
+        _safe("submit", lambda: _job_active(settings, job_id, tenant_of(spec), handle))
+        return handle
+
+    return wrapper
+
+
+def _job_active(settings: Any, job_id: str, tenant: str, handle: Any) -> None:
+    from workers.telemetry._recorder import keys
+
+    k = keys(settings.key_prefix)
+    pipe = handle.store.r.pipeline(transaction=False)
+    pipe.zadd(k["jobs"], {job_id: time.time()})
+    pipe.hset(k["tenants"], job_id, tenant)
+    pipe.execute()
+    get_recorder().inc("drover_jobs_submitted", (tenant,))
+
+
+# --- the worker process ------------------------------------------------------------------
+
+def worker_started(sender: Any = None) -> None:
+    """From the worker's start signals: tracing on if asked, the heartbeat named."""
+    settings = _settings()
+    _tracing.ensure_tracing(settings, "drover-worker")
+    node = getattr(sender, "hostname", None)
+    rec = get_recorder()
+    if node:
+        rec.worker_ready(str(node))
+
+
+def with_trace_context(coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """``coro`` carrying the caller's trace context onto the loop it is handed to.
+
+    The worker runs each sub-agent on its runtime's event loop, in another thread: without
+    this, the task's span (opened in Celery's thread) would not be the sub-agent's parent.
+    """
+    span = trace.get_current_span()
+    if not span.get_span_context().is_valid:
+        return coro
+    ctx = otel_context.get_current()
+
+    async def carried() -> T:
+        token = otel_context.attach(ctx)
+        try:
+            return await coro
+        finally:
+            otel_context.detach(token)
+
+    return carried()

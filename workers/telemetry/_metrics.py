@@ -1,0 +1,143 @@
+"""Every metric drover exports, in one table: name, type, labels, buckets, help.
+
+Two sources feed the same scrape target (``drover metrics``):
+
+- ``process`` series are counted where they happen (the LLM call, the limiter wait, a tool
+  call, a finished sub-agent, a submit) by whichever process on whichever host did it. Each
+  process sums them in memory and adds the sums to one Redis hash every
+  ``DROVER_METRICS_FLUSH_S`` (``workers.telemetry._recorder``), so the exporter reads fleet-wide
+  cumulative counters and histogram buckets. Prometheus' multiprocess mode would sum the
+  processes of one host only; Redis already holds everything else that is fleet-wide.
+- ``state`` series are read by the exporter from the state the fleet already keeps in Redis:
+  the limiter (through ``workers.limiter.Limiter``), the job store, the broker queue, the
+  processes' heartbeats.
+
+Names follow Prometheus' conventions (``drover_`` prefix, base units, ``_total`` counters;
+``prometheus_client`` adds ``_total`` and the histogram suffixes). The LLM call series carry
+the OpenTelemetry GenAI semantic conventions' meanings and attribute names (dots become
+underscores): ``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``.
+
+Labels stay bounded: scopes, models, tools, tenants and outcomes are few. Job ids appear only
+on the ``drover_job_*`` gauges, and only for active jobs, at most ``DROVER_METRICS_MAX_JOBS``
+of them (the newest); every job counts in its tenant's series whatever the cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "Metric", "SUBAGENT_STATUSES",
+           "TOKEN_TYPES", "metric"]
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+# The GenAI semconv's advice for gen_ai.client.operation.duration, in seconds.
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                    40.96, 81.92)
+# A limiter wait is 0 when there is headroom and up to the horizon (15 s) when there is not.
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0,
+                30.0, 60.0)
+TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0)
+
+CALL_OUTCOMES = ("ok", "429", "529", "5xx", "4xx", "connection", "cancelled")
+TOKEN_TYPES = ("input", "output", "cache_read", "cache_write")
+DIMENSIONS = ("requests", "input_tokens", "output_tokens")
+SUBAGENT_STATUSES = ("waiting", "running", "ok", "failed", "cancelled", "budget_exceeded")
+
+GENAI = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family as prometheus_client names it (counters without ``_total``)."""
+
+    name: str
+    kind: Kind
+    labels: tuple[str, ...]
+    help: str
+    source: Literal["process", "state"]
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def exposed(self) -> str:
+        """The sample name a scrape shows (counters get ``_total``)."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+METRICS: tuple[Metric, ...] = (
+    # --- counted by the processes that do the work --------------------------------------
+    Metric("drover_gen_ai_client_operation_duration_seconds", "histogram",
+           (*GENAI, "error_type"), "gen_ai.client.operation.duration: one LLM call, from "
+           "sending the request to its response or error (the limiter wait excluded); "
+           "error_type is empty for a success", "process", DURATION_BUCKETS),
+    Metric("drover_gen_ai_client_token_usage", "counter", (*GENAI, "gen_ai_token_type"),
+           "gen_ai.client.token.usage summed: tokens of finished LLM calls by type (input = "
+           "uncached input, output, cache_read, cache_write = cache creation)", "process"),
+    Metric("drover_llm_calls", "counter", ("scope", "outcome"),
+           "LLM calls by outcome: ok, 429, 529, 5xx, 4xx, connection (incl. timeouts), "
+           "cancelled (the job was cancelled or ran out of time during the wait or the call)",
+           "process"),
+    Metric("drover_limiter_acquire_wait_seconds", "histogram", ("scope",),
+           "time from asking the limiter to being allowed to send (in-flight polls and the "
+           "reservation's wait)", "process", WAIT_BUCKETS),
+    Metric("drover_limiter_deferrals", "counter", ("scope", "reason"),
+           "acquires the limiter sent away for a Celery retry (reason: horizon, cooldown, "
+           "in_flight), freeing the worker slot", "process"),
+    Metric("drover_tool_calls", "counter", ("tool", "outcome"),
+           "tool calls by outcome (ok, error: the model got an is_error result)", "process"),
+    Metric("drover_tool_call_duration_seconds", "histogram", ("tool",),
+           "one tool call, its rate-limit wait excluded", "process", TOOL_BUCKETS),
+    Metric("drover_subagents_finished", "counter", ("status",),
+           "sub-agents that ended, by their record's status", "process"),
+    Metric("drover_jobs_submitted", "counter", ("tenant",), "jobs submitted", "process"),
+    # --- read from the fleet's state in Redis at each scrape ----------------------------
+    Metric("drover_scope_limit_per_second", "gauge", ("scope", "dimension"),
+           "the provider's limit of a scope (configured, else learned from -limit headers), "
+           "per second (a per-minute limit / 60)", "state"),
+    Metric("drover_scope_target_per_second", "gauge", ("scope", "dimension"),
+           "what the limiter aims at: the limit times DROVER_TARGET_UTILIZATION, per second",
+           "state"),
+    Metric("drover_scope_planned_per_second", "gauge", ("scope", "dimension"),
+           "planned use: the limiter's counters over the last 60 s (requests at their "
+           "planned send second, tokens as settled) / 60", "state"),
+    Metric("drover_scope_headroom_per_second", "gauge", ("scope", "dimension"),
+           "target minus planned use (negative: over the target)", "state"),
+    Metric("drover_scope_leases_in_flight", "gauge", ("scope",),
+           "requests holding an in-flight lease of the scope", "state"),
+    Metric("drover_scope_cooldown_seconds", "gauge", ("scope",),
+           "seconds left of the scope's cooldown after a 429 (0: none)", "state"),
+    Metric("drover_job_subagents", "gauge", ("job", "tenant", "status"),
+           "an active job's sub-agents by status (waiting: queued or waiting for a retry; "
+           "running: in a worker's loop now); active jobs only, at most "
+           "DROVER_METRICS_MAX_JOBS of them", "state"),
+    Metric("drover_job_oldest_waiting_seconds", "gauge", ("job", "tenant"),
+           "how long the job's waiting sub-agents have been outstanding (since its fan-out; "
+           "0 when none waits)", "state"),
+    Metric("drover_tenant_subagents", "gauge", ("tenant", "status"),
+           "sub-agents of a tenant's active jobs by status", "state"),
+    Metric("drover_tenant_jobs_active", "gauge", ("tenant",),
+           "a tenant's jobs that are queued, planning or running", "state"),
+    Metric("drover_tenant_oldest_waiting_seconds", "gauge", ("tenant",),
+           "the longest drover_job_oldest_waiting_seconds among a tenant's active jobs",
+           "state"),
+    Metric("drover_queue_messages", "gauge", ("queue",),
+           "task messages waiting in the broker queue (retries counting down in a worker's "
+           "memory are not in it: see the waiting sub-agents)", "state"),
+    Metric("drover_workers_alive", "gauge", (),
+           "Celery worker nodes whose heartbeat is fresh", "state"),
+    Metric("drover_exporter_jobs_without_series", "gauge", (),
+           "active jobs left out of the drover_job_* series by DROVER_METRICS_MAX_JOBS",
+           "state"),
+    Metric("drover_exporter_redis_up", "gauge", (),
+           "1 when the exporter could read Redis at this scrape", "state"),
+    Metric("drover_exporter_scrape_duration_seconds", "gauge", (),
+           "how long the exporter took to read the fleet's state", "state"),
+)
+
+_BY_NAME = {m.name: m for m in METRICS}
+
+
+def metric(name: str) -> Metric:
+    return _BY_NAME[name]

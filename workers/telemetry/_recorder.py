@@ -1,0 +1,190 @@
+"""This process's counters and histograms, added to Redis so one exporter sees the fleet.
+
+Each process sums what it counts in memory (a dict under a lock: recording is a dict update,
+no I/O on the call path) and a daemon thread adds the sums to one Redis hash every
+``DROVER_METRICS_FLUSH_S``, with ``HINCRBYFLOAT``, so the hash holds fleet-wide cumulative
+values, whatever the number of hosts and processes. A flush that fails (Redis away) keeps
+its sums for the next one; nothing is counted twice or lost while the process lives.
+
+The same thread keeps this process's heartbeat: a hash of its own with a short TTL
+(Redis's clock expires it), naming its Celery node once the worker is ready and the
+sub-agents running here per job. The exporter counts the live nodes and sums the running
+sub-agents from those hashes.
+
+Keys (all under ``{prefix}:telemetry:``): ``counters`` (the hash above; field = JSON
+``[name, [label values], part]``, part None for a counter, ``"sum"`` or a bucket's upper
+bound for a histogram, buckets stored per bucket, not cumulated), ``procs`` (set of process
+ids), ``proc:{id}`` (a process's heartbeat hash), ``jobs`` (zset of active jobs by submit
+time) and ``tenants`` (hash job id -> tenant).
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import redis
+
+from workers.telemetry._metrics import Metric, metric
+
+__all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field"]
+
+log = logging.getLogger("drover.telemetry")
+
+
+def keys(prefix: str) -> dict[str, str]:
+    base = f"{prefix}:telemetry"
+    return {"counters": f"{base}:counters", "procs": f"{base}:procs", "proc": f"{base}:proc:",
+            "jobs": f"{base}:jobs", "tenants": f"{base}:tenants"}
+
+
+def field(name: str, values: tuple[str, ...], part: str | None = None) -> str:
+    return json.dumps([name, list(values), part], separators=(",", ":"))
+
+
+def parse_field(raw: str) -> tuple[str, tuple[str, ...], str | None]:
+    name, values, part = json.loads(raw)
+    return name, tuple(values), part
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+class Recorder:
+    """Counts of one process for one Redis and key prefix."""
+
+    def __init__(self, redis_url: str, prefix: str, flush_s: float):
+        from workers.jobs.connections import sync_redis
+
+        self.prefix = prefix
+        self.redis_url = redis_url
+        self.keys = keys(prefix)
+        self.flush_s = flush_s
+        self.pid = os.getpid()
+        self.proc_id = f"{socket.gethostname()}:{self.pid}:{uuid.uuid4().hex[:6]}"
+        self.node: str | None = None
+        self._client = sync_redis(redis_url)
+        self._lock = threading.Lock()
+        self._pending: dict[str, float] = defaultdict(float)
+        self._running: dict[str, int] = defaultdict(int)
+        self._beat = False  # a heartbeat is kept once this process runs or is a worker
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="drover-metrics", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    @property
+    def identity(self) -> tuple[int, str, str]:
+        return (self.pid, self.redis_url, self.prefix)
+
+    # --- recording (any thread; no I/O) --------------------------------------------------
+    def inc(self, name: str, labels: tuple[str, ...], value: float = 1.0) -> None:
+        if value:
+            key = field(name, labels)
+            with self._lock:
+                self._pending[key] += value
+
+    def observe(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        m: Metric = metric(name)
+        i = bisect.bisect_left(m.buckets, value)
+        bound = m.buckets[i] if i < len(m.buckets) else float("inf")
+        with self._lock:
+            self._pending[field(name, labels, _bound(bound))] += 1
+            self._pending[field(name, labels, "sum")] += value
+
+    def running(self, job_id: str, delta: int) -> None:
+        with self._lock:
+            self._running[job_id] += delta
+            if self._running[job_id] <= 0:
+                del self._running[job_id]
+            self._beat = True
+
+    def worker_ready(self, node: str) -> None:
+        with self._lock:
+            self.node = node
+            self._beat = True
+        self.flush()
+
+    # --- flushing (the daemon thread) ----------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, defaultdict(float)
+            running = dict(self._running)
+            beat, node = self._beat, self.node
+        pipe = self._client.pipeline(transaction=False)
+        for key, value in batch.items():
+            pipe.hincrbyfloat(self.keys["counters"], key, value)
+        if beat:
+            self._heartbeat(pipe, node, running)
+        if not len(pipe):
+            return
+        try:
+            pipe.execute()
+        except redis.RedisError as error:
+            log.warning("metrics not flushed to Redis (%s); kept for the next flush",
+                        type(error).__name__)
+            with self._lock:
+                for key, value in batch.items():
+                    self._pending[key] += value
+
+    def _heartbeat(self, pipe: Any, node: str | None, running: dict[str, int]) -> None:
+        key = self.keys["proc"] + self.proc_id
+        mapping: dict[str, Any] = {"pid": self.pid,
+                                   **{f"running:{job}": n for job, n in running.items()}}
+        if node:
+            mapping["node"] = node
+        pipe.delete(key)
+        pipe.hset(key, mapping=mapping)
+        # Three missed flushes and this process no longer counts as alive.
+        pipe.pexpire(key, int(max(5.0, 3 * self.flush_s) * 1000))
+        pipe.sadd(self.keys["procs"], self.proc_id)
+
+    def close(self) -> None:
+        if self._stop.is_set() or os.getpid() != self.pid:
+            return
+        self._stop.set()
+        with self._lock:
+            self._beat = False
+        try:
+            self.flush()
+            self._client.delete(self.keys["proc"] + self.proc_id)
+        except Exception:  # at exit Redis may be gone: nothing to report to anyway
+            pass
+        self._client.close()
+
+
+_recorder: Recorder | None = None
+_lock = threading.Lock()
+
+
+def get_recorder() -> Recorder:
+    """This process's recorder for the current settings (made again after a fork)."""
+    global _recorder
+    from config import get_settings
+
+    settings = get_settings()
+    want = (os.getpid(), settings.redis_url, settings.key_prefix)
+    current = _recorder
+    if current is not None and current.identity == want:
+        return current
+    with _lock:
+        current = _recorder
+        if current is None or current.identity != want:
+            if current is not None and current.pid == os.getpid():
+                current.close()
+            _recorder = Recorder(settings.redis_url, settings.key_prefix,
+                                 settings.metrics_flush_s)
+        return _recorder
