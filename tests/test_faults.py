@@ -37,16 +37,21 @@ def by_index(result: JobResult) -> dict[int, SubagentResult]:
 
 
 def test_flaky_provider_100_subagents_all_ok_and_no_turn_repeated(sim, drover_env,
-                                                                   spawn_worker, monkeypatch):
-    # 30% of requests 529, 5% 429 with retry-after 1 s (each one cools the whole scope down).
+                                                                   spawn_worker, monkeypatch,
+                                                                   redis_url):
+    # 30% of requests 529, 5% 429 with retry-after 1 s (each one cools the whole scope down),
+    # and limits that bind: 1,200 requests/min on both sides, and 32 worker slots for 8
+    # requests in flight, so waits, cooldowns and lease contention all happen during the run.
     sim.configure(overload_rate=0.3, inject_429_rate=0.05, inject_429_retry_after=1,
-                  latency_mean_s=0.02, latency_p95_s=0.05, output_tokens_mean=20,
-                  tool_turns=1, tools_per_turn=1)
+                  latency_mean_s=0.05, latency_p95_s=0.1, output_tokens_mean=20,
+                  tool_turns=1, tools_per_turn=1, rpm=1200)
     # Attempts count every failed call of a sub-agent (two calls each here); 15 leaves the
-    # chance that a sub-agent draws 15 failures at p ~ 0.33 negligible.
-    configure(monkeypatch, drover_env, max_attempts=15, countdown_cap_s=4)
-    spawn_worker(concurrency=8)
-    spawn_worker(concurrency=8)
+    # chance that a sub-agent draws 15 failures at p ~ 0.33 negligible (with the default 8,
+    # about one run in twenty would see one sub-agent end failed; README says so).
+    configure(monkeypatch, drover_env, max_attempts=15, countdown_cap_s=4, rpm=1200,
+              max_in_flight=8)
+    spawn_worker(concurrency=16)
+    spawn_worker(concurrency=16)
     handle = submit(JobSpec(subtasks=[f"Summarise shipping route {i}" for i in range(100)],
                             tools=["lookup_fact"], max_tokens=60))
     result = handle.wait(timeout=240)
@@ -57,6 +62,15 @@ def test_flaky_provider_100_subagents_all_ok_and_no_turn_repeated(sim, drover_en
     stats = sim.stats()
     assert stats["overloaded_529"] > 0 and stats["rejected_429"] > 0  # the faults happened
     assert stats["duplicate_accepted"] == 0  # no completed LLM turn was sent again
+    # The limiter bound, and held: never more than 8 in flight for 32 slots, no 60 s window
+    # over the limit, and callers waited for the bucket.
+    assert stats["max_in_flight"] <= 8
+    assert stats["max_60s"]["requests"] <= 1200
+    limiter = Limiter(redis.Redis.from_url(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
+    from config import get_settings
+
+    scope = llm_scope(drover_env["DROVER_KEY_ALIAS"], get_settings().model)
+    assert sum(row["waits"] for row in limiter.usage(scope, 600)) > 0
     # Every accepted request is one the records account for (no lost or doubled turn).
     assert stats["accepted"] == result.usage.calls == 200
     assert stats["input_tokens"] == result.usage.input_tokens
