@@ -163,7 +163,7 @@ class JobHandle:
     def transcript(self, index: int) -> list[dict[str, Any]]:
         """The sub-agent's full conversation (for debugging), while the job's records live."""
         state = self.store.load_checkpoint(self.id, index)
-        return state["messages"] if state else []
+        return state.messages if state else []
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Stop the job on every host; False when it had already ended."""

@@ -253,16 +253,19 @@ def test_drover_tool_rps_limits_a_tool_that_declares_no_rate_and_overrides_one_t
         sim, worker, probes, redis_url, drover_env, monkeypatch):
     configure(monkeypatch, drover_env, tool_rps=json.dumps({"probe_read": 3, "probe_rps": 2}))
     limiter = Limiter(redis.Redis.from_url(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
+    names = ("probe_read", "probe_rps")
+
+    def counted(name: str) -> int:  # tool scopes are shared by the test session: count deltas
+        return sum(row["requests"] for row in limiter.usage(tool_scope(name), 600))
+
+    before = {name: counted(name) for name in names}
     sim.configure(tool_turns=1, tools_per_turn=4)
     worker(concurrency=2)
-    result = submit(JobSpec(subtasks=["Poll the services"],
-                            tools=["probe_read", "probe_rps"])).wait(timeout=60)
+    result = submit(JobSpec(subtasks=["Poll the services"], tools=list(names))).wait(timeout=60)
 
     assert result.counts["ok"] == 1
-    calls = {name: len([e for e in probes() if e["tool"] == name])
-             for name in ("probe_read", "probe_rps")}
-    for name, rps in (("probe_read", 3), ("probe_rps", 2)):
-        scope = tool_scope(name)
-        assert sum(row["requests"] for row in limiter.usage(scope, 600)) == calls[name]
-        assert limiter.state(scope)["requests"]["limit_per_min"] == rps * 60
+    calls = {name: len([e for e in probes() if e["tool"] == name]) for name in names}
     assert sum(calls.values()) == 4 and all(calls.values()), calls
+    for name, rps in (("probe_read", 3), ("probe_rps", 2)):
+        assert counted(name) - before[name] == calls[name]
+        assert limiter.state(tool_scope(name))["requests"]["limit_per_min"] == rps * 60

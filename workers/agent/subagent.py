@@ -22,7 +22,13 @@ from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, Retrya
 from workers.agent.llm import CallContext, create_message, race, wait_or_cancel
 from workers.agent.retry import Decision
 from workers.agent.runtime import Runtime
-from workers.jobs.records import SUMMARY_CHARS, SubagentReport, SubagentResult, Usage
+from workers.jobs.records import (
+    SUMMARY_CHARS,
+    Checkpoint,
+    SubagentReport,
+    SubagentResult,
+    budget_tokens,
+)
 from workers.jobs.spec import JobSpec
 from workers.limiter import ScopeLimits, tool_scope
 from workers.telemetry import subagent_finished, subagent_run
@@ -46,21 +52,8 @@ def request_params(spec: JobSpec, model: str, tools: list[Tool],
     return params
 
 
-def _new_state(task: str) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": task}], "turns": 0, "stop_reason": None,
-            "usage": Usage().model_dump(), "tried": [], "failed": [], "failures": 0,
-            "last_error": None}
-
-
 def _text(content: list[dict[str, Any]]) -> str:
     return "\n".join(b.get("text", "") for b in content if b.get("type") == "text").strip()
-
-
-def _pending_tool_calls(state: dict[str, Any]) -> list[dict[str, Any]]:
-    last = state["messages"][-1]
-    if last["role"] != "assistant":
-        return []
-    return [b for b in last["content"] if b.get("type") == "tool_use"]
 
 
 class SubagentRun:
@@ -83,12 +76,12 @@ class SubagentRun:
             return start.record
         spec = start.spec
         assert spec is not None
-        state = start.checkpoint or _new_state(start.task or "")
+        state = start.checkpoint or Checkpoint.first(start.task or "")
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
-            ctx = CallContext(self.job_id, self.index, cancel, failures=state["failures"])
+            ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures)
             return await self._run(spec, state, ctx)
 
-    async def _run(self, spec: JobSpec, state: dict[str, Any], ctx: CallContext
+    async def _run(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                    ) -> SubagentResult:
         try:
             return await self._loop(spec, state, ctx)
@@ -115,7 +108,7 @@ class SubagentRun:
             return await self._fail(spec, state, Decision(
                 "fail", type(error).__name__, str(error)[:500] or type(error).__name__))
 
-    async def _loop(self, spec: JobSpec, state: dict[str, Any], ctx: CallContext
+    async def _loop(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                     ) -> SubagentResult:
         settings = self.rt.settings
         model = spec.model or settings.model
@@ -123,37 +116,35 @@ class SubagentRun:
         allowed = {t.name: t for t in tools}
         max_turns = spec.max_turns or settings.max_turns
         while True:
-            calls = _pending_tool_calls(state)
+            calls = state.pending_tool_calls()
             if calls:
                 # A cancel stops a turn's tools too (saved results stay for the record).
                 await race(self._run_tools(spec, state, calls, allowed), ctx.cancel)
-            elif state["turns"] and state["stop_reason"] != "tool_use":
+            elif state.turns and state.stop_reason != "tool_use":
                 return await self._finish(state, "ok")
-            usage = Usage.model_validate(state["usage"])
-            over = await self._over_budget(spec, state, usage, max_turns)
+            over = await self._over_budget(spec, state, max_turns)
             if over:
                 return await self._finish(state, "budget_exceeded", error=over,
                                           error_type="budget_exceeded")
             if await self._io(self.store.cancelled, self.job_id):
                 raise Cancelled()
-            params = request_params(spec, model, tools, state["messages"])
+            params = request_params(spec, model, tools, state.messages)
             message = await create_message(self.rt, params, ctx)
             content = [block.model_dump(mode="json", exclude_none=True)
                        for block in message.content]
-            state["messages"].append({"role": "assistant", "content": content})
-            state["turns"] += 1
-            state["stop_reason"] = message.stop_reason
-            usage.add(message.usage)
-            state["usage"] = usage.model_dump()
+            state.messages.append({"role": "assistant", "content": content})
+            state.turns += 1
+            state.stop_reason = message.stop_reason
+            state.usage.add(message.usage)
             await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
             if spec.token_budget:
-                await self._io(self.store.spend, self.job_id, _budget_tokens(message.usage))
+                await self._io(self.store.spend, self.job_id, budget_tokens(message.usage))
 
-    async def _over_budget(self, spec: JobSpec, state: dict[str, Any], usage: Usage,
-                           max_turns: int) -> str | None:
-        if state["turns"] >= max_turns:
+    async def _over_budget(self, spec: JobSpec, state: Checkpoint, max_turns: int
+                           ) -> str | None:
+        if state.turns >= max_turns:
             return f"turn cap of {max_turns} reached"
-        if spec.subagent_token_budget and _budget_tokens(usage) >= spec.subagent_token_budget:
+        if spec.subagent_token_budget and state.usage.budget_tokens >= spec.subagent_token_budget:
             return f"sub-agent token budget of {spec.subagent_token_budget} spent"
         if spec.token_budget:
             spent = await self._io(self.store.spent, self.job_id)
@@ -161,7 +152,7 @@ class SubagentRun:
                 return f"job token budget of {spec.token_budget} spent ({spent} used)"
         return None
 
-    async def _run_tools(self, spec: JobSpec, state: dict[str, Any],
+    async def _run_tools(self, spec: JobSpec, state: Checkpoint,
                          calls: list[dict[str, Any]], allowed: dict[str, Tool]) -> None:
         settings = self.rt.settings
         done = await self._io(self.store.tool_results, self.job_id, self.index)
@@ -177,10 +168,10 @@ class SubagentRun:
             max_calls=settings.max_tool_calls_per_turn, default_timeout=settings.tool_timeout_s,
             save=save, gate=self._tool_gate)
         for call, result in zip(calls, results, strict=True):
-            state["tried"].append(f"{call['name']}({_short(call.get('input'))})")
+            state.tried.append(f"{call['name']}({_short(call.get('input'))})")
             if result["is_error"]:
-                state["failed"].append(f"{call['name']}: {result['content'][:200]}")
-        state["messages"].append({"role": "user", "content": results})
+                state.failed.append(f"{call['name']}: {result['content'][:200]}")
+        state.messages.append({"role": "user", "content": results})
         await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
 
     async def _tool_gate(self, tool_: Tool) -> None:
@@ -197,24 +188,24 @@ class SubagentRun:
                 return
             await wait_or_cancel(grant.retry_after_s, cancel)
 
-    async def _failed_attempt(self, spec: JobSpec, state: dict[str, Any],
+    async def _failed_attempt(self, spec: JobSpec, state: Checkpoint,
                               failure: RetryableFailure) -> SubagentResult:
         decision = failure.decision
-        state["failures"] += 1
-        state["last_error"] = {"type": decision.error_type, "status": decision.status_code,
+        state.failures += 1
+        state.last_error = {"type": decision.error_type, "status": decision.status_code,
                                "message": decision.message}
-        if state["failures"] >= self.rt.settings.max_attempts:
+        if state.failures >= self.rt.settings.max_attempts:
             return await self._fail(spec, state, decision)
         await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
         raise failure
 
-    async def _fail(self, spec: JobSpec, state: dict[str, Any], decision: Decision
+    async def _fail(self, spec: JobSpec, state: Checkpoint, decision: Decision
                     ) -> SubagentResult:
         if decision.action == "fail":
-            state["failures"] += 1
+            state.failures += 1
         message = decision.message
         if decision.action == "retry":
-            message = f"gave up after {state['failures']} attempts; last error: {message}"
+            message = f"gave up after {state.failures} attempts; last error: {message}"
         result = await self._finish(state, "failed", error=message,
                                     error_type=decision.error_type,
                                     status_code=decision.status_code)
@@ -224,26 +215,21 @@ class SubagentRun:
         return result
 
     @subagent_finished
-    async def _finish(self, state: dict[str, Any], status: str, *, error: str | None = None,
+    async def _finish(self, state: Checkpoint, status: str, *, error: str | None = None,
                       error_type: str | None = None, status_code: int | None = None
                       ) -> SubagentResult:
         # The latest thing the model said: its answer, or for a sub-agent stopped mid-way
         # (a budget, a cancel) its partial summary so far.
-        findings = next((text for m in reversed(state["messages"]) if m["role"] == "assistant"
+        findings = next((text for m in reversed(state.messages) if m["role"] == "assistant"
                          and (text := _text(m["content"]))), "")
         result = SubagentResult(
             job_id=self.job_id, index=self.index, status=status,  # type: ignore[arg-type]
-            summary=findings[:SUMMARY_CHARS], usage=Usage.model_validate(state["usage"]),
-            turns=state["turns"],
-            attempts=state["failures"] + (0 if status == "failed" else 1), error_type=error_type,
+            summary=findings[:SUMMARY_CHARS], usage=state.usage,
+            turns=state.turns,
+            attempts=state.failures + (0 if status == "failed" else 1), error_type=error_type,
             status_code=status_code, error=error, finished_at=time.time())
-        report = SubagentReport(findings=findings, tried=state["tried"], failed=state["failed"])
+        report = SubagentReport(findings=findings, tried=state.tried, failed=state.failed)
         return await self._io(self.store.finish, result, report)
-
-
-def _budget_tokens(usage: Any) -> int:
-    return ((usage.input_tokens or 0) + (usage.output_tokens or 0)
-            + (getattr(usage, "cache_creation_input_tokens", 0) or 0))
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -5,10 +5,11 @@ Nothing outside the job store touches its Redis keys.
 """
 
 from workers.jobs.connections import async_redis, sync_redis
-from workers.jobs.records import JobResult, SubagentReport, SubagentResult, Usage
+from workers.jobs.records import Checkpoint, JobResult, SubagentReport, SubagentResult, Usage
 from workers.jobs.recovery import start_sweeper, sweep
 from workers.jobs.spec import JobSpec
 from workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
-__all__ = ["ACTIVE", "JobNotFound", "JobResult", "JobSpec", "JobStore", "SubagentReport",
-           "SubagentResult", "Usage", "async_redis", "start_sweeper", "sweep", "sync_redis"]
+__all__ = ["ACTIVE", "Checkpoint", "JobNotFound", "JobResult", "JobSpec", "JobStore",
+           "SubagentReport", "SubagentResult", "Usage", "async_redis", "start_sweeper", "sweep",
+           "sync_redis"]

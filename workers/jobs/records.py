@@ -7,7 +7,7 @@ under the job and expire with it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -32,9 +32,49 @@ class Usage(BaseModel):
         self.cache_read_input_tokens += getattr(usage, "cache_read_input_tokens", 0) or 0
 
     @property
+    def budget_tokens(self) -> int:
+        return budget_tokens(self)
+
+    @property
     def total_tokens(self) -> int:
         return (self.input_tokens + self.output_tokens + self.cache_creation_input_tokens
                 + self.cache_read_input_tokens)
+
+
+def budget_tokens(usage: object) -> int:
+    """What a call costs against a token budget: input, output and cache writes (cache reads
+    are cheap and left out). ``usage`` is an SDK ``Usage`` or ours."""
+    return ((getattr(usage, "input_tokens", 0) or 0) + (getattr(usage, "output_tokens", 0) or 0)
+            + (getattr(usage, "cache_creation_input_tokens", 0) or 0))
+
+
+class Checkpoint(BaseModel):
+    """Where a running sub-agent is: the conversation so far and what it has cost.
+
+    Saved after every LLM reply and every turn's tool results; a retry or a redelivered task
+    resumes from it, so no completed call runs again.
+    """
+
+    messages: list[dict[str, Any]]
+    turns: int = 0
+    stop_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    tried: list[str] = Field(default_factory=list)  # tool calls made, for the report
+    failed: list[str] = Field(default_factory=list)  # tool calls that failed, for the report
+    failures: int = 0  # failed LLM attempts so far: the backoff exponent and the attempt cap
+    last_error: dict[str, Any] | None = None
+
+    @classmethod
+    def first(cls, task: str) -> Checkpoint:
+        """The state of a sub-agent that has not started: its task as the first message."""
+        return cls(messages=[{"role": "user", "content": task}])
+
+    def pending_tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls of the model's last reply that still need their results."""
+        last = self.messages[-1]
+        if last["role"] != "assistant":
+            return []
+        return [b for b in last["content"] if b.get("type") == "tool_use"]
 
 
 class SubagentResult(BaseModel):

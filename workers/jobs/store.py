@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from workers.jobs.records import (
+    Checkpoint,
     JobResult,
     SubagentReport,
     SubagentResult,
@@ -41,7 +42,7 @@ class SubagentStart:
 
     record: SubagentResult | None = None
     spec: JobSpec | None = None
-    checkpoint: dict[str, Any] | None = None
+    checkpoint: Checkpoint | None = None
     task: str | None = None
     deadline_in: float | None = None  # seconds until the job's deadline, on Redis's clock
 
@@ -187,16 +188,16 @@ class JobStore:
             raise JobNotFound(f"job {job_id!r} has no subtask {index}")
         return SubagentStart(
             spec=JobSpec.model_construct(**json.loads(spec)),  # validated at submit
-            checkpoint=json.loads(checkpoint) if checkpoint else None,
+            checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             task=_s(task) if task is not None else None,
             deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None)
 
-    def load_checkpoint(self, job_id: str, index: int) -> dict[str, Any] | None:
+    def load_checkpoint(self, job_id: str, index: int) -> Checkpoint | None:
         raw = self.r.get(self.key(job_id, "ckpt", index))
-        return json.loads(raw) if raw else None
+        return Checkpoint.model_validate_json(raw) if raw else None
 
-    def save_checkpoint(self, job_id: str, index: int, state: dict[str, Any]) -> None:
-        self.r.set(self.key(job_id, "ckpt", index), json.dumps(state), ex=self.ttl_s)
+    def save_checkpoint(self, job_id: str, index: int, state: Checkpoint) -> None:
+        self.r.set(self.key(job_id, "ckpt", index), state.model_dump_json(), ex=self.ttl_s)
 
     def tool_results(self, job_id: str, index: int) -> dict[str, dict[str, Any]]:
         raw = self.r.hgetall(self.key(job_id, "tools", index))
