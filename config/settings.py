@@ -42,6 +42,15 @@ class ModelLimits(BaseModel):
     cache_reads_count: bool = False
 
 
+class TenantBudget(BaseModel):
+    """A tenant's own token budget (input + output tokens), on top of the key's limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    per_minute: PositiveRate | None = None
+    per_day: PositiveRate | None = None
+
+
 class SettingsError(ValueError):
     """Raised instead of pydantic's ValidationError so the message tells the user what to fix."""
 
@@ -127,6 +136,22 @@ class Settings(BaseSettings):
     # Active jobs that get series of their own (newest first); the rest count in their tenant's.
     metrics_max_jobs: int = Field(default=100, ge=0)
 
+    # --- fair share between jobs and tenants (workers/jobs/fairshare.py) ----------------
+    # Sub-agent messages of one queue allowed in the broker or running at once, over all jobs
+    # (each finished sub-agent frees one for whichever job is furthest below its share).
+    # 0: the live workers' slots, as they report them (DISPATCH_WINDOW_FALLBACK before any has).
+    dispatch_window: int = Field(default=0, ge=0)
+    dispatch_window_fallback: int = Field(default=32, ge=1)
+    # Tenant -> weight; tenants not named weigh DEFAULT_TENANT_WEIGHT.
+    tenant_weights: dict[str, PositiveRate] = Field(default_factory=dict)
+    default_tenant_weight: PositiveRate = 1.0
+    # Each priority level below the highest one waiting in a tenant gets at least this share
+    # of the tenant's window (so batch work is never starved by interactive work).
+    priority_floor: float = Field(default=0.1, gt=0, le=0.33)
+    # Tenant -> token budget (input + output tokens), enforced by the limiter as a scope of
+    # the tenant's own: {"team-a": {"per_minute": 200000, "per_day": 20000000}}.
+    tenant_budgets: dict[str, TenantBudget] = Field(default_factory=dict)
+
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod
     def _redis_like(cls, value: str | None) -> str | None:
@@ -189,6 +214,9 @@ class Settings(BaseSettings):
                 cache_reads_count=self.cache_reads_count,
             )
         return None
+
+    def tenant_weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, self.default_tenant_weight)
 
 
 def _explain(error: ValidationError) -> str:

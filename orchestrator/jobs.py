@@ -62,7 +62,8 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         store.create(job_id, spec, list(spec.subtasks), status="queued",
                      queue=settings.queue)
         if store.claim_launch(job_id):
-            launch(job_id, len(spec.subtasks), settings.queue)
+            launch(job_id, len(spec.subtasks), settings.queue, tenant=spec.tenant,
+                   priority=spec.priority)
     return JobHandle(job_id, settings=settings)
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import socket
+from functools import lru_cache
 from typing import Any
 
-from celery import Task, chord
+from celery import Signature, Task
 from celery.signals import worker_process_init, worker_ready
 
+from config import Settings, get_settings
 from workers.agent import (
     CallFailed,
     Cancelled,
@@ -20,11 +23,13 @@ from workers.agent import (
     plan_job_goal,
 )
 from workers.app import app
-from workers.jobs import start_sweeper
+from workers.jobs import start_sweeper, sync_redis
+from workers.jobs.fairshare import Dispatch, FairShare, start_pump
+from workers.jobs.store import JobStore
 from workers.telemetry import worker_started
 
-__all__ = ["import_tool_modules", "join_results", "launch", "plan_job", "run_subagent",
-           "send_again"]
+__all__ = ["dispatch", "import_tool_modules", "join_results", "launch", "plan_job",
+           "run_subagent", "send_again"]
 
 log = logging.getLogger("drover.recovery")
 
@@ -41,6 +46,16 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     start_sweeper(send_again)  # re-sends tasks the broker lost (see workers/jobs/recovery.py)
+    # The worker's slots size the fair-share window; worker_ready's sender is the consumer
+    # of the node (a prefork child has none: the node's main process reports for it).
+    controller = getattr(sender, "controller", None)
+    slots = int(getattr(controller, "concurrency", 0) or 0)
+    node = getattr(sender, "hostname", None) or f"{socket.gethostname()}"
+    settings = get_settings()
+    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                     ttl_s=settings.result_ttl_s)
+    start_pump(_fairshare(settings, settings.queue), store,
+               lambda runs: dispatch(runs, settings.queue), node=node, slots=slots)
 
 
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)
@@ -50,6 +65,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         outcome = rt.run(SubagentRun(rt, job_id, index).run())
     except RetryLater as later:
         raise self.retry(countdown=later.countdown, max_retries=None) from None
+    _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
     # The chord hands these to join_results as its argument, which Flower shows: ids, status
     # and counts only, no model text (the join reads the full records from the job store).
     return {"job_id": job_id, "index": index, "status": outcome.status,
@@ -66,37 +82,68 @@ def join_results(self: Task, results: list[dict[str, Any]], job_id: str) -> dict
     return result.model_dump(mode="json", include={"job_id", "status", "counts"})
 
 
-def launch(job_id: str, n: int, queue: str) -> None:
-    """Send the chord: one sub-agent task per subtask, joined by ``join_results``.
+def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
+           priority: str = "normal") -> None:
+    """Start the chord: one sub-agent task per subtask, joined by ``join_results``.
 
-    Results go to the job's records in Redis, not to Celery's result backend
-    (``ignore_result``); the chord still counts its header tasks, which the backend does
-    whether results are kept or not.
+    The chord is Celery's own (group id = job id, the header's size in the result backend,
+    each member carrying the body), but its members are published as the job's fair share
+    of the queue's window allows (``workers/jobs/fairshare.py``): the first ones now, the
+    rest each time one of the queue's sub-agents finishes. Results go to the job's records
+    in Redis, not to Celery's result backend (``ignore_result``); the chord still counts its
+    members, which the backend does whether results are kept or not.
     """
-    options = {"queue": queue, "ignore_result": True}
-    header = [run_subagent.s(job_id, i).set(**options) for i in range(n)]
-    sent = chord(header)(join_results.s(job_id).set(**options))
-    _forget_header_results(sent.backend, [r.id for r in getattr(sent.parent, "results", ())])
+    settings = get_settings()
+    app.backend.set_chord_size(job_id, n)
+    fs = _fairshare(settings, queue)
+    dispatch(fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
+                    priority=priority), queue)
 
 
-def _forget_header_results(backend: Any, task_ids: list[str]) -> None:
-    """Drop the result subscriptions Celery made for a chord's header in this process.
-
-    The Redis result backend's ``apply_chord`` builds a GroupResult whose ready barrier
-    subscribes the sending process to every header task's result channel and keeps each
-    AsyncResult until its result arrives. Nothing here waits on them (records come from the
-    job store), so a long-lived submitter would pile up subscriptions, and they would try to
-    unsubscribe when collected, perhaps after Redis has gone away.
-    """
-    pending = getattr(backend, "_pending_results", None)
-    consumer = getattr(backend, "result_consumer", None)
-    if pending is None or consumer is None:
+def dispatch(runs: list[Dispatch], queue: str) -> None:
+    """Publish the chord members the fair-share scheduler handed out, on one connection."""
+    if not runs:
         return
-    for mapping in pending:
-        for task_id in task_ids:
-            mapping.pop(task_id, None)
-    for task_id in task_ids:
-        consumer.cancel_for(task_id)
+    with app.producer_or_acquire() as producer:
+        for run in runs:
+            body = _join_of(run.job_id, queue)
+            for index in run.indices():
+                run_subagent.s(run.job_id, index).set(
+                    queue=queue, ignore_result=True, group_id=run.job_id, group_index=index,
+                    chord=body).apply_async(producer=producer, add_to_parent=False)
+
+
+def _join_of(job_id: str, queue: str) -> Signature:
+    """The chord's body, the same for every member (as ``chord()`` would freeze it)."""
+    body = join_results.s(job_id).set(queue=queue, ignore_result=True)
+    body.freeze(f"{job_id}-join", group_id=job_id)
+    return body
+
+
+def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
+    """A sub-agent has its record: its place in the window goes to the next sub-agents."""
+    settings = get_settings()
+    fs = _fairshare(settings, settings.queue)
+    try:
+        runs = fs.drain(job_id) if cancelled else []
+        runs += fs.finished(job_id, store.record_count(job_id))
+        dispatch(runs, settings.queue)
+    except Exception as error:  # the record is safe; the pump tops the window up later
+        log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,
+                    type(error).__name__, error)
+
+
+@lru_cache(maxsize=16)
+def _fairshare_for(redis_url: str, prefix: str, queue: str, window: int, fallback: int,
+                   floor: float, ttl_s: int) -> FairShare:
+    return FairShare(sync_redis(redis_url), prefix=prefix, queue=queue, window=window,
+                     fallback_window=fallback, floor=floor, ttl_s=ttl_s)
+
+
+def _fairshare(settings: Settings, queue: str) -> FairShare:
+    return _fairshare_for(settings.redis_url, settings.key_prefix, queue,
+                          settings.dispatch_window, settings.dispatch_window_fallback,
+                          settings.priority_floor, settings.result_ttl_s)
 
 
 @app.task(name="drover.plan_job", bind=True, max_retries=None)
@@ -122,7 +169,8 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
         return {"job_id": job_id, "status": "cancelled"}
     rt.store.set_subtasks(job_id, subtasks)
     if rt.store.claim_launch(job_id):
-        launch(job_id, len(subtasks), rt.settings.queue)
+        launch(job_id, len(subtasks), rt.settings.queue, tenant=spec.tenant or "default",
+               priority=spec.priority or "normal")
     return {"job_id": job_id, "status": "launched", "subtasks": len(subtasks)}
 
 

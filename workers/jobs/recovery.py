@@ -37,6 +37,7 @@ import redis
 
 from config import Settings, get_settings
 from workers.jobs.connections import sync_redis
+from workers.jobs.fairshare import FairShare
 from workers.jobs.records import SubagentResult
 from workers.jobs.store import ACTIVE, JobStore
 
@@ -89,6 +90,7 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, in
     lock = f"{store.prefix}:recovery:{settings.queue}"
     if not r.set(lock, "1", nx=True, px=int(sweep_interval_s(settings) * 900)):
         return []  # another worker swept this queue a moment ago
+    fairshare = FairShare.from_settings(r, settings)
     now = store.server_time()
     in_broker: set[tuple[str, int]] | None = None
     sent: list[tuple[str, int | None]] = []
@@ -108,7 +110,9 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, in
         if in_broker is None:
             in_broker = subagents_in_broker(r, store.prefix, settings.queue)
         recorded = {int(i) for i in r.hkeys(store.key(job_id, "records"))}
-        for index in range(n):
+        # Sub-agents the fair-share window has not published yet are not lost, only waiting.
+        dispatched = fairshare.dispatched(job_id)
+        for index in range(n if dispatched is None else min(n, dispatched)):
             if index in recorded or (job_id, index) in in_broker:
                 continue
             if store.add_resend(job_id, index) > settings.max_attempts:

@@ -11,6 +11,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200_000)]
+TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+# Highest first: a job's level decides its place among its tenant's jobs (workers/jobs/fairshare.py).
+PRIORITIES = ("interactive", "normal", "batch")
+Priority = Literal["interactive", "normal", "batch"]
+DEFAULT_TENANT = "default"
 
 
 class JobSpec(BaseModel):
@@ -37,6 +42,10 @@ class JobSpec(BaseModel):
     max_parallel_tools: int | None = Field(default=None, ge=1, le=256)
     synthesize: bool | str = False
     metadata: dict[str, str] = Field(default_factory=dict)
+    # Fair share (README "Fair share, tenants, priorities"): the tenant's weight and token
+    # budget are settings; the priority orders the jobs of one tenant.
+    tenant: TenantName = DEFAULT_TENANT
+    priority: Priority = "normal"
 
     @model_validator(mode="after")
     def _one_source_of_work(self) -> JobSpec:

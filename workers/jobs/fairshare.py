@@ -1,0 +1,276 @@
+"""Fair share of one queue between jobs, tenants and priorities: bounded per-job dispatch.
+
+Why bounded dispatch on one queue rather than a queue per job or tenant: a Celery queue is
+FIFO, so whoever publishes first is served first; the only way to change who runs next
+without a queue per job is to decide *when* each sub-agent's message is published. Every
+active job of a queue keeps only its share of a *window* of messages out (in the broker or
+running); each finished sub-agent frees one place, and ``fairshare.lua`` hands it to whichever
+job is furthest below its share. A job submitted behind a large backlog is therefore behind at
+most one window, never behind the whole backlog. A queue per job would need
+``add_consumer``/``cancel_consumer`` broadcast to every worker on each submit and finish,
+workers finding the active queues at start-up, and kombu's round-robin cycle gives equal
+turns only (no weights, no priorities, and a worker's prefetch still takes whole batches
+from one queue); per-message priorities cannot reorder what is already queued.
+
+The window is the live workers' slots (each worker reports its concurrency every few seconds),
+or ``DROVER_DISPATCH_WINDOW``. So the share of the window is the share of the worker slots;
+and since every running sub-agent queues for the limiter on equal terms, it is also, for
+sub-agents of similar size, the share of the key's capacity. A tenant's own token budget is a
+limiter scope of its own (``tenant_budget_scopes``) acquired beside the model's scope.
+
+The guarantee, while a tenant has sub-agents waiting: it keeps at least
+``weight / sum of the weights of the tenants with work waiting`` of the window (more when the
+others need less); inside a tenant, every waiting priority level below the highest keeps at
+least ``DROVER_PRIORITY_FLOOR`` (10 %) of the tenant's part, the highest level the rest;
+inside a level, the jobs share equally. So a ``batch`` job behind continuous ``interactive``
+work of its tenant still runs at no less than 10 % of that tenant's slots.
+
+State: one hash per queue, ``{prefix}:fs:{<queue>}:jobs`` (a hash tag per queue, so it works
+on Redis Cluster), changed only by the Lua script; ``done`` is only ever raised to the job
+store's record count, so a duplicate delivery or a lost update cannot make it drift.
+Knows no Celery: the caller publishes the ``Dispatch`` runs it gets back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+
+import redis
+
+from config import Settings
+from workers.jobs.spec import PRIORITIES
+from workers.jobs.store import ACTIVE, JobNotFound, JobStore
+
+__all__ = ["Dispatch", "FairShare", "JobShare", "PUMP_S", "start_pump", "tenant_budget_scopes"]
+
+log = logging.getLogger("drover.fairshare")
+PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the window up
+_SCRIPT = resources.files("workers.jobs").joinpath("lua/fairshare.lua").read_text()
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Sub-agents ``first .. first + count - 1`` of a job: publish them now."""
+
+    job_id: str
+    first: int
+    count: int
+
+    def indices(self) -> range:
+        return range(self.first, self.first + self.count)
+
+
+@dataclass(frozen=True)
+class JobShare:
+    """One active job as the scheduler sees it."""
+
+    job_id: str
+    tenant: str
+    priority: str
+    weight: float
+    n: int
+    dispatched: int  # sub-agents published so far
+    done: int        # records in
+    arrival: int     # order of arrival on the queue
+
+    @property
+    def out(self) -> int:
+        """Sub-agents in the broker or running: its part of the window."""
+        return max(0, self.dispatched - self.done)
+
+    @property
+    def waiting(self) -> int:
+        """Sub-agents not yet published: its backlog."""
+        return self.n - self.dispatched
+
+
+class FairShare:
+    """The dispatch window of one queue (every method is one atomic script call or a read)."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "drover", queue: str = "drover",
+                 window: int = 0, fallback_window: int = 32, floor: float = 0.1,
+                 ttl_s: int = 7 * 24 * 3600):
+        self.r = client
+        self.queue = queue
+        self.base = f"{prefix}:fs:{{{queue}}}"
+        self.window = window
+        self.fallback_window = fallback_window
+        self.floor = floor
+        self.ttl_s = ttl_s
+        self._script = client.register_script(_SCRIPT)
+
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings: Settings, queue: str | None = None
+                      ) -> FairShare:
+        return cls(client, prefix=settings.key_prefix, queue=queue or settings.queue,
+                   window=settings.dispatch_window,
+                   fallback_window=settings.dispatch_window_fallback,
+                   floor=settings.priority_floor, ttl_s=settings.result_ttl_s)
+
+    @property
+    def jobs_key(self) -> str:
+        return f"{self.base}:jobs"
+
+    @property
+    def slots_key(self) -> str:
+        return f"{self.base}:slots"
+
+    # --- the window ---------------------------------------------------------------------
+    def report_slots(self, node: str, slots: int, ttl_s: float = PUMP_S * 3) -> None:
+        """A worker's concurrency, valid for ``ttl_s`` (workers call this every PUMP_S)."""
+        until = self.server_time() + ttl_s
+        pipe = self.r.pipeline()
+        pipe.hset(self.slots_key, node, f"{slots}:{until}")
+        pipe.expire(self.slots_key, int(ttl_s * 10) + 1)
+        pipe.execute()
+
+    def live_slots(self) -> int:
+        now = self.server_time()
+        total = 0
+        for node, value in self.r.hgetall(self.slots_key).items():
+            slots, until = _s(value).split(":")
+            if float(until) >= now:
+                total += int(slots)
+            else:
+                self.r.hdel(self.slots_key, node)
+        return total
+
+    def current_window(self) -> int:
+        if self.window:
+            return self.window
+        return self.live_slots() or self.fallback_window
+
+    # --- the scheduler ------------------------------------------------------------------
+    def add(self, job_id: str, *, n: int, tenant: str, weight: float, priority: str
+            ) -> list[Dispatch]:
+        """Register a job of ``n`` sub-agents; returns what to publish at once."""
+        return self._call("add", job_id, n, tenant, weight, PRIORITIES.index(priority))
+
+    def finished(self, job_id: str, done: int) -> list[Dispatch]:
+        """The job now has ``done`` records: its finished sub-agents free their places."""
+        return self._call("done", job_id, done)
+
+    def drain(self, job_id: str) -> list[Dispatch]:
+        """A cancelled job: the rest of it only writes its records, publish all of it now."""
+        return self._call("drain", job_id)
+
+    def remove(self, job_id: str) -> list[Dispatch]:
+        """Forget a job (ended, expired) and hand its places to the others."""
+        return self._call("remove", job_id)
+
+    def fill(self) -> list[Dispatch]:
+        """Hand out the free places of the window (after it grew, or a lost update)."""
+        return self._call("fill", "")
+
+    def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
+        reply = self._script(keys=[self.jobs_key, f"{self.base}:seq"],
+                             args=[op, self.current_window(), self.floor, self.ttl_s, job_id,
+                                   *args])
+        return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
+                for i in range(0, len(reply), 3)]
+
+    # --- reading ------------------------------------------------------------------------
+    def dispatched(self, job_id: str) -> int | None:
+        """Sub-agents of the job published so far; None when the scheduler holds no such job
+        (it never did, or every record is in)."""
+        raw = self.r.hget(self.jobs_key, job_id)
+        return None if raw is None else int(json.loads(raw)["next"])
+
+    def jobs(self) -> list[JobShare]:
+        """The jobs with sub-agents out or waiting, in order of arrival."""
+        shares = []
+        for job_id, raw in self.r.hgetall(self.jobs_key).items():
+            j = json.loads(raw)
+            shares.append(JobShare(job_id=_s(job_id), tenant=j["tenant"],
+                                   priority=PRIORITIES[int(j["rank"])], weight=float(j["w"]),
+                                   n=int(j["n"]), dispatched=int(j["next"]), done=int(j["done"]),
+                                   arrival=int(j["seq"])))
+        return sorted(shares, key=lambda s: s.arrival)
+
+    def server_time(self) -> float:
+        seconds, micros = self.r.time()
+        return seconds + micros / 1e6
+
+
+def tenant_budget_scopes(tenant: str, per_minute: float | None, per_day: float | None
+                         ) -> list[tuple[str, float, float]]:
+    """The limiter scopes of a tenant's token budget: (scope, tokens/min, burst seconds).
+
+    A per-minute budget is a bucket holding one minute of it; a per-day budget a bucket
+    holding one day of it, refilled continuously (so a tenant that spent its day waits for
+    the refill, not for midnight). Both count input + output tokens.
+    """
+    scopes = []
+    if per_minute:
+        scopes.append((f"tenant:{tenant}:minute", float(per_minute), 60.0))
+    if per_day:
+        scopes.append((f"tenant:{tenant}:day", float(per_day) / 1440.0, 86400.0))
+    return scopes
+
+
+# --- the pump: a backstop that keeps the window full -----------------------------------------
+
+Publish = Callable[[list[Dispatch]], None]
+
+
+def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch]:
+    """Reconcile the scheduler with the job store and top the window up (under a lock)."""
+    if not fs.r.set(f"{fs.base}:pump", "1", nx=True, px=int(PUMP_S * 900)):
+        return []
+    runs: list[Dispatch] = []
+    for share in fs.jobs():
+        try:
+            meta = store.meta(share.job_id)
+        except JobNotFound:
+            runs += fs.remove(share.job_id)
+            continue
+        if meta.get("status") not in ACTIVE:
+            runs += fs.remove(share.job_id)
+            continue
+        if meta.get("cancelled"):
+            runs += fs.drain(share.job_id)
+        runs += fs.finished(share.job_id, store.record_count(share.job_id))
+    runs += fs.fill()
+    if runs:
+        publish(runs)
+    return runs
+
+
+_started = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+def start_pump(fs: FairShare, store: JobStore, publish: Publish, *, node: str | None = None,
+               slots: int = 0) -> None:
+    """This process's pump thread (once): reports ``slots`` under ``node`` and, on one worker
+    of the queue at a time, reconciles the window (a lost update, workers that came or went)."""
+    global _thread
+    with _started:
+        if _thread is not None and _thread.is_alive():
+            return
+        _thread = threading.Thread(target=_pump_forever, args=(fs, store, publish, node, slots),
+                                   name="drover-fairshare", daemon=True)
+        _thread.start()
+
+
+def _pump_forever(fs: FairShare, store: JobStore, publish: Publish, node: str | None,
+                  slots: int) -> None:
+    while True:
+        try:
+            if node and slots:
+                fs.report_slots(node, slots)
+            pump_once(fs, store, publish)
+        except Exception as error:  # Redis or the broker away: again next time
+            log.warning("fair-share pump failed (%s: %s)", type(error).__name__, error)
+        time.sleep(PUMP_S * random.uniform(0.8, 1.2))
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

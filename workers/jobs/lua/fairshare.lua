@@ -1,0 +1,155 @@
+-- Fair share of one queue's dispatch window: which job's next sub-agents go to the broker.
+--
+-- KEYS[1]  hash   job id -> cjson {n, next, done, tenant, w, rank, seq} of every job that still
+--                 has sub-agents out or waiting (n: sub-agents, next: first index not yet
+--                 published, done: records in, w: tenant weight, rank: 0 interactive,
+--                 1 normal, 2 batch, seq: arrival order)
+-- KEYS[2]  string arrival counter
+-- ARGV[1]  op: add | done | drain | remove | fill
+-- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
+-- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
+-- ARGV[4]  ttl of KEYS[1] in seconds
+-- ARGV[5]  job id (not for fill)
+-- add:  ARGV[6] n, ARGV[7] tenant, ARGV[8] weight, ARGV[9] rank
+-- done: ARGV[6] records of the job now in (the job store's count; only raises `done`)
+--
+-- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
+--
+-- The rule (max-min fairness of the window, three levels): give the next free place to the
+-- tenant with the least out per weight among tenants with sub-agents waiting; inside it, to
+-- the waiting priority level with the least out per level weight (the highest waiting level
+-- weighs 1 - floor x (levels waiting - 1), each lower one floor); inside the level, to the job
+-- with the least out (the oldest on a tie). It looks only at what is out now, so it needs no
+-- history, and a job that arrives is served at the next free place.
+
+local op, window, floor, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local id = ARGV[5]
+
+local jobs, by_id = {}, {}
+local raw = redis.call('HGETALL', KEYS[1])
+for i = 1, #raw, 2 do
+  local job = cjson.decode(raw[i + 1])
+  job.id = raw[i]
+  jobs[#jobs + 1] = job
+  by_id[job.id] = job
+end
+
+local function save(job)
+  local copy = {n = job.n, next = job.next, done = job.done, tenant = job.tenant, w = job.w,
+                rank = job.rank, seq = job.seq}
+  redis.call('HSET', KEYS[1], job.id, cjson.encode(copy))
+end
+
+local function forget(job)
+  redis.call('HDEL', KEYS[1], job.id)
+  by_id[job.id] = nil
+  for i, other in ipairs(jobs) do
+    if other == job then table.remove(jobs, i) break end
+  end
+end
+
+local function out(job)
+  return math.max(0, job.next - job.done)
+end
+
+local grants = {}
+local function grant(job, first, count)
+  grants[#grants + 1] = job.id
+  grants[#grants + 1] = first
+  grants[#grants + 1] = count
+end
+
+local job = by_id[id]
+if op == 'add' then
+  if not job then  -- a second add (a launch delivered twice) changes nothing
+    job = {id = id, n = tonumber(ARGV[6]), next = 0, done = 0, tenant = ARGV[7],
+           w = tonumber(ARGV[8]), rank = tonumber(ARGV[9]),
+           seq = redis.call('INCR', KEYS[2])}
+    jobs[#jobs + 1] = job
+    by_id[id] = job
+    save(job)
+  end
+elseif op == 'done' and job then
+  job.done = math.max(job.done, tonumber(ARGV[6]))
+  if job.done >= job.n then forget(job) else save(job) end
+elseif op == 'drain' and job then  -- cancelled: the rest only write their records, send them
+  if job.next < job.n then grant(job, job.next, job.n - job.next) end
+  job.next = job.n
+  save(job)
+elseif op == 'remove' and job then
+  forget(job)
+end
+
+-- One place at a time, each to the most deserving waiting job.
+local total = 0
+for _, j in ipairs(jobs) do total = total + out(j) end
+local free = window - total
+local pending = {}  -- job id -> {first, count} granted in this call
+while free > 0 do
+  local tenants = {}
+  for _, j in ipairs(jobs) do
+    local t = tenants[j.tenant]
+    if not t then
+      t = {out = 0, w = j.w, waiting = false, seq = j.seq, levels = {}}
+      tenants[j.tenant] = t
+    end
+    t.out = t.out + out(j)
+    t.w = math.max(t.w, j.w)
+    t.seq = math.min(t.seq, j.seq)
+    local level = t.levels[j.rank]
+    if not level then
+      level = {out = 0, waiting = {}}
+      t.levels[j.rank] = level
+    end
+    level.out = level.out + out(j)
+    if j.next < j.n then
+      t.waiting = true
+      level.waiting[#level.waiting + 1] = j
+    end
+  end
+  local best, best_key, best_seq = nil, nil, nil
+  for _, t in pairs(tenants) do
+    if t.waiting then
+      local key = t.out / t.w
+      if not best or key < best_key or (key == best_key and t.seq < best_seq) then
+        best, best_key, best_seq = t, key, t.seq
+      end
+    end
+  end
+  if not best then break end
+  local ranks = {}
+  for rank, level in pairs(best.levels) do
+    if #level.waiting > 0 then ranks[#ranks + 1] = rank end
+  end
+  table.sort(ranks)
+  local chosen, chosen_key = nil, nil
+  for i, rank in ipairs(ranks) do
+    local weight = floor
+    if i == 1 then weight = 1 - floor * (#ranks - 1) end
+    local key = best.levels[rank].out / weight
+    if not chosen or key < chosen_key then chosen, chosen_key = best.levels[rank], key end
+  end
+  local pick = nil
+  for _, j in ipairs(chosen.waiting) do
+    if not pick or out(j) < out(pick) or (out(j) == out(pick) and j.seq < pick.seq) then
+      pick = j
+    end
+  end
+  local run = pending[pick.id]
+  if run then
+    run[2] = run[2] + 1
+  else
+    pending[pick.id] = {pick.next, 1}
+  end
+  pick.next = pick.next + 1
+  free = free - 1
+end
+for _, j in ipairs(jobs) do
+  local run = pending[j.id]
+  if run then
+    grant(j, run[1], run[2])
+    save(j)
+  end
+end
+redis.call('EXPIRE', KEYS[1], ttl)
+return grants
