@@ -140,6 +140,23 @@ def _metrics(args: argparse.Namespace) -> int:
     return serve(args.port, args.addr)
 
 
+def _jobs(args: argparse.Namespace) -> int:
+    from config import get_settings
+    from orchestrator.shares import active_jobs, jobs_table, tenants_table
+    from workers.jobs.connections import sync_redis
+    from workers.jobs.fairshare import FairShare
+
+    settings = get_settings()
+    fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
+    active = active_jobs(settings, fs)
+    if not active:
+        console.print(f"no active jobs on queue {settings.queue!r} (DROVER_QUEUE)")
+        return 0
+    console.print(jobs_table(active, fs.current_window()))
+    console.print(tenants_table(active, settings))
+    return 0
+
+
 def _flower(args: argparse.Namespace) -> int:
     from orchestrator.flower import run_flower
 
@@ -196,6 +213,9 @@ def parser() -> argparse.ArgumentParser:
     metrics.add_argument("--addr", default="127.0.0.1",
                          help="address to listen on (0.0.0.0 for every interface)")
     metrics.set_defaults(fn=_metrics)
+
+    jobs = sub.add_parser("jobs", help="active jobs with tenant, priority, progress and share")
+    jobs.set_defaults(fn=_jobs)
     return top
 
 

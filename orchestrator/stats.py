@@ -230,10 +230,24 @@ def print_stats(console: Console, plot: Path | None = None, *,
         console.print(events_table(usages))
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
+    _print_shares(console, settings)
     if plot is not None:
         plot_usage(settings, plot, usages=usages)
         console.print(f"usage plot written to {plot.resolve()}")
     return 0
+
+
+def _print_shares(console: Console, settings: Settings) -> None:
+    """Per active job and tenant: its share of the window (so of the limits) and backlog."""
+    from orchestrator.shares import active_jobs, jobs_table, tenants_table
+    from workers.jobs.connections import sync_redis
+    from workers.jobs.fairshare import FairShare
+
+    fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
+    active = active_jobs(settings, fs)
+    if active:
+        console.print(jobs_table(active, fs.current_window()))
+        console.print(tenants_table(active, settings))
 
 
 # --- the plot -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from orchestrator.jobs import JobHandle
+from orchestrator.shares import active_jobs
 from workers.jobs.records import JobResult
 
 
@@ -23,10 +24,13 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("sub-agents", total=total, status="")
         counts: dict[str, int] = {}
+        share, looked = "", 0.0
         for record in handle.as_completed():
             counts[record.status] = counts.get(record.status, 0) + 1
-            progress.update(bar, advance=1,
-                            status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+            if time.monotonic() - looked > 1.0:  # one read of the window per second
+                share, looked = _share(handle), time.monotonic()
+            progress.update(bar, advance=1, status=" ".join(
+                f"{k}={v}" for k, v in sorted(counts.items())) + share)
             if show_records:
                 text = record.error if record.error else record.summary
                 progress.console.print(f"#{record.index} {record.status} "
@@ -35,6 +39,17 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
         result = handle.wait()
         progress.update(bar, description=result.status)
     return result
+
+
+def _share(handle: JobHandle) -> str:
+    """The job's part of the fair-share window, its backlog and its turn ('' once all out)."""
+    for a in active_jobs(handle.settings):
+        if a.share.job_id == handle.id:
+            turn = f" next#{a.position}" if a.position else ""
+            return (f"  share={a.held:.0%} due={a.due:.0%} out={a.share.out} "
+                    f"waiting={a.share.waiting}{turn} tenant={a.share.tenant} "
+                    f"{a.share.priority}")
+    return ""
 
 
 def watch(handle: JobHandle, console: Console) -> int:

@@ -13,6 +13,7 @@ import time
 import redis
 
 from orchestrator import JobSpec, submit
+from orchestrator.cli import main as cli_main
 from tests.conftest import configure, wait_until
 from workers.jobs.fairshare import FairShare
 
@@ -36,7 +37,7 @@ def _jobs(n: int, what: str, **fields: object) -> JobSpec:
 
 
 def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(
-        sim, spawn_worker, drover_env, redis_url, monkeypatch):
+        sim, spawn_worker, drover_env, redis_url, monkeypatch, capsys):
     sim.configure(tool_turns=0, latency_mean_s=0.5, latency_p95_s=0.6, rpm=6000)
     configure(monkeypatch, drover_env, rpm=4800)
     _fleet(spawn_worker, redis_url)
@@ -44,6 +45,8 @@ def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(
     time.sleep(6)
     small_at = time.time()
     small = submit(_jobs(10, "Check invoice"))
+    assert cli_main(["jobs"]) == 0  # both listed, with their share and backlog
+    listing = capsys.readouterr().out
     small_result = small.wait(timeout=120)
     big_result = big.wait(timeout=180)
 
@@ -56,6 +59,7 @@ def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(
     # through within a window's turn: every one of them ends before the big job's last 150.
     assert small_end < big_ends[-100]
     assert sim.stats()["rejected_429"] == 0
+    assert big.id[:12] in listing and small.id[:12] in listing and "waiting" in listing
 
 
 def test_two_tenants_weighted_two_to_one_share_the_key_two_to_one(
@@ -134,3 +138,19 @@ def test_interactive_goes_first_and_batch_keeps_its_floor(
     # 10 % of the work meanwhile (10 % of 18 places is 1.8: it holds 2).
     assert min(held) >= 1
     assert 0.07 <= share <= 0.2
+
+
+def test_a_tenant_token_budget_holds_its_jobs_to_it(
+        sim, spawn_worker, drover_env, redis_url, monkeypatch):
+    sim.configure(tool_turns=0, latency_mean_s=0.05, latency_p95_s=0.08)
+    configure(monkeypatch, drover_env, tenant_budgets='{"capped": {"per_minute": 3000}}')
+    _fleet(spawn_worker, redis_url, workers=1)
+    # 100 sub-agents of ~100 tokens: unbudgeted they all end within a second or two; the
+    # budget lets about a minute's 3000 tokens through, then 50 tokens/s.
+    result = submit(_jobs(100, "Draft reply", tenant="capped", deadline_s=4)).wait(timeout=60)
+
+    spent = sum(r.usage.input_tokens + r.usage.output_tokens for r in result.by_status("ok"))
+    print(f"\ncapped tenant: {result.counts['ok']} sub-agents, {spent} tokens in "
+          f"{result.wall_s:.1f} s (budget 3000/min)")
+    assert result.counts["ok"] >= 10 and result.counts["cancelled"] >= 30
+    assert spent <= 3000 + 50 * result.wall_s + 500  # + estimates trued up after the call

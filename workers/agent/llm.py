@@ -25,6 +25,7 @@ from anthropic.types import Message
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from workers.agent.retry import Decision, classify
 from workers.agent.runtime import Runtime
+from workers.jobs.fairshare import tenant_budget_scopes
 from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
 from workers.telemetry import acquire_wait, llm_call
 
@@ -40,6 +41,7 @@ class CallContext:
     index: int
     cancel: asyncio.Event
     failures: int = 0  # failed attempts so far, for the backoff exponent
+    tenant: str | None = None  # whose token budget (DROVER_TENANT_BUDGETS) the call spends
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -98,6 +100,45 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
         await wait_or_cancel(grant.retry_after_s * random.uniform(1.0, 1.5), ctx.cancel)
 
 
+Held = list[tuple[str, ScopeLimits, Grant]]
+
+
+async def acquire_tenant_budget(rt: Runtime, ctx: CallContext, tokens: int) -> Held:
+    """Reserve ``tokens`` from the tenant's own budget scopes (none when it has no budget).
+
+    The tenant's budget is a limiter scope beside the model's, counting input + output tokens
+    in its one token dimension; a wait past the horizon becomes a Celery retry like any
+    other, its countdown capped (a spent day budget refills slowly)."""
+    budget = rt.settings.tenant_budgets.get(ctx.tenant or "")
+    if budget is None:
+        return []
+    held: Held = []
+    try:
+        for scope, per_minute, burst_s in tenant_budget_scopes(
+                ctx.tenant or "", budget.per_minute, budget.per_day):
+            limits = ScopeLimits(itpm=per_minute, burst_s=burst_s)
+            held.append((scope, limits, await acquire(rt, scope, limits, ctx,
+                                                      input_tokens=tokens, output_tokens=0)))
+    except LimiterSaysLater as later:
+        await release_tenant_budget(rt, held)
+        raise LimiterSaysLater(min(later.countdown, rt.settings.countdown_cap_s),
+                               f"tenant {ctx.tenant} token budget") from None
+    except BaseException:
+        await release_tenant_budget(rt, held)
+        raise
+    return held
+
+
+async def release_tenant_budget(rt: Runtime, held: Held, spent: int | None = None) -> None:
+    """Settle the tenant's reservations with what the call spent (None: nothing was sent)."""
+    for scope, limits, grant in held:
+        if spent is None:
+            await asyncio.shield(rt.limiter.release(scope, grant))
+        else:
+            await asyncio.shield(rt.limiter.settle(scope, limits, grant, input_tokens=spent,
+                                                   output_tokens=0))
+
+
 @llm_call
 async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Message:
     """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled."""
@@ -110,17 +151,24 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     est_in = rt.calibration.input_tokens(scope, params, cache_reads_count)
     est_out = rt.calibration.output_tokens(scope, params["max_tokens"])
 
-    grant = await acquire(rt, scope, limits, ctx, input_tokens=est_in, output_tokens=est_out)
+    budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
+    try:
+        grant = await acquire(rt, scope, limits, ctx, input_tokens=est_in,
+                              output_tokens=est_out)
+    except BaseException:
+        await release_tenant_budget(rt, budget)
+        raise
     started = time.monotonic()
     sent = False
     try:
-        await wait_or_cancel(grant.wait_s, ctx.cancel)
+        await wait_or_cancel(max([grant.wait_s, *(g.wait_s for _, _, g in budget)]), ctx.cancel)
         sent = True
         raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
         message = await raw.parse()
     except anthropic.APIError as error:
         # The request reached the provider (or tried to): it stays counted, its tokens do not.
         await rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
+        await release_tenant_budget(rt, budget, spent=0)
         decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                             cap_s=settings.countdown_cap_s)
         await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started)
@@ -136,6 +184,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
                                                    output_tokens=0))
         else:  # cancelled while waiting for the reservation: nothing went out
             await asyncio.shield(rt.limiter.release(scope, grant))
+        await release_tenant_budget(rt, budget, spent=grant.input_tokens if sent else None)
         log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
                  "call_s=%.3f in=%d out=0 sent=%s",
                  "cancelled" if isinstance(error, Cancelled) else "aborted", scope, ctx.job_id,
@@ -146,6 +195,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     used_out = message.usage.output_tokens or 0
     await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
                             headers=raw.headers)  # true-up and header sync in one round trip
+    await release_tenant_budget(rt, budget, spent=used_in + used_out)
     rt.calibration.observe(scope, params, message.usage, used_in, cache_reads_count)
     log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f "
              "in=%d out=%d cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,

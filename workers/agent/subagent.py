@@ -78,7 +78,8 @@ class SubagentRun:
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
-            ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures)
+            ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
+                              tenant=spec.tenant)
             return await self._run(spec, state, ctx)
 
     async def _run(self, spec: JobSpec, state: Checkpoint, ctx: CallContext

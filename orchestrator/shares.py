@@ -1,0 +1,99 @@
+"""Who has which share of the fleet now: the active jobs and tenants of the fair-share window.
+
+Read from the scheduler's state (``workers.jobs.fairshare``) and the job store, so it sees
+every worker on every host. A job's *share* is its part of the window (sub-agents in the
+broker or running) out of what is out now: since running sub-agents queue for the limiter on
+equal terms, that is also its share of the key's capacity. *Due* is what the fair-share rule
+gives it when every job that waits keeps waiting; *waiting* is its backlog, not yet published.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from config import Settings, get_settings
+from workers.jobs.connections import sync_redis
+from workers.jobs.fairshare import FairShare, JobShare
+from workers.jobs.spec import PRIORITIES
+
+__all__ = ["ActiveJob", "active_jobs", "due_shares", "jobs_table", "tenants_table"]
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    share: JobShare
+    held: float  # part of what is out now
+    due: float   # part of the window the rule gives it under contention
+    position: int  # 1 = next to get a free place
+
+
+def due_shares(jobs: list[JobShare], floor: float) -> dict[str, float]:
+    """The window's split when every job with a backlog keeps one: tenant by weight, then
+    priority level (the highest waiting level all but ``floor`` per lower level), then jobs
+    equally. Jobs without a backlog keep what they hold."""
+    waiting = [j for j in jobs if j.waiting]
+    due: dict[str, float] = {}
+    tenants: dict[str, list[JobShare]] = {}
+    for j in waiting:
+        tenants.setdefault(j.tenant, []).append(j)
+    total_w = sum(max(j.weight for j in group) for group in tenants.values())
+    for group in tenants.values():
+        tenant_part = max(j.weight for j in group) / total_w
+        ranks = sorted({PRIORITIES.index(j.priority) for j in group})
+        for i, rank in enumerate(ranks):
+            level = [j for j in group if PRIORITIES.index(j.priority) == rank]
+            level_part = (1 - floor * (len(ranks) - 1)) if i == 0 else floor
+            for j in level:
+                due[j.job_id] = tenant_part * level_part / len(level)
+    return due
+
+
+def active_jobs(settings: Settings | None = None, fs: FairShare | None = None
+                ) -> list[ActiveJob]:
+    settings = settings or get_settings()
+    fs = fs or FairShare.from_settings(sync_redis(settings.redis_url), settings)
+    jobs = fs.jobs()
+    out = sum(j.out for j in jobs) or 1
+    due = due_shares(jobs, settings.priority_floor)
+    # Next free place: the waiting job furthest below what it is due.
+    order = sorted((j for j in jobs if j.waiting),
+                   key=lambda j: (j.out / out - due.get(j.job_id, 0.0), j.arrival))
+    position = {j.job_id: i + 1 for i, j in enumerate(order)}
+    return [ActiveJob(j, j.out / out, due.get(j.job_id, 0.0), position.get(j.job_id, 0))
+            for j in jobs]
+
+
+def jobs_table(active: list[ActiveJob], window: int) -> Table:
+    table = Table(title=f"active jobs (window {window} sub-agents)")
+    table.add_column("job", no_wrap=True, min_width=12)
+    for column in ("tenant", "priority", "progress", "out", "waiting", "share", "due", "next"):
+        table.add_column(column, justify="left" if column in ("tenant", "priority")
+                         else "right")
+    for a in active:
+        s = a.share
+        table.add_row(s.job_id[:12], s.tenant, s.priority, f"{s.done}/{s.n}", str(s.out),
+                      str(s.waiting), f"{a.held:.0%}", f"{a.due:.0%}" if s.waiting else "-",
+                      str(a.position) if a.position else "-")
+    return table
+
+
+def tenants_table(active: list[ActiveJob], settings: Settings) -> Table:
+    table = Table(title="tenants")
+    for column in ("tenant", "weight", "jobs", "out", "waiting", "share", "due", "budget"):
+        table.add_column(column, justify="left" if column in ("tenant", "budget") else "right")
+    tenants: dict[str, list[ActiveJob]] = {}
+    for a in active:
+        tenants.setdefault(a.share.tenant, []).append(a)
+    for tenant, group in sorted(tenants.items()):
+        budget = settings.tenant_budgets.get(tenant)
+        text = "-" if budget is None else ", ".join(
+            f"{value:g}/{unit}" for value, unit in ((budget.per_minute, "min"),
+                                                    (budget.per_day, "day")) if value)
+        table.add_row(tenant, f"{settings.tenant_weight(tenant):g}", str(len(group)),
+                      str(sum(a.share.out for a in group)),
+                      str(sum(a.share.waiting for a in group)),
+                      f"{sum(a.held for a in group):.0%}",
+                      f"{sum(a.due for a in group if a.share.waiting):.0%}", text)
+    return table
