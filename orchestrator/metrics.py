@@ -46,7 +46,14 @@ from workers.jobs.connections import sync_redis
 from workers.jobs.records import STATUSES
 from workers.jobs.store import ACTIVE, JobStore
 from workers.limiter import Limiter
-from workers.telemetry import METRICS, SUBAGENT_STATUSES, keys, metric, parse_field
+from workers.telemetry import (
+    CALL_OUTCOMES,
+    METRICS,
+    SUBAGENT_STATUSES,
+    keys,
+    metric,
+    parse_field,
+)
 
 __all__ = ["DroverCollector", "serve"]
 
@@ -89,8 +96,9 @@ class DroverCollector(Collector):
             families: list[Metric] = []
             up = 1.0
             try:
-                families += self._process_series()
-                families += self._scope_series()
+                scopes = self.limiter.scopes()
+                families += self._process_series(scopes)
+                families += self._scope_series(scopes)
                 procs = self._procs()
                 families += self._job_series(procs)
                 families.append(self._gauge("drover_workers_alive", [((), len(
@@ -105,9 +113,14 @@ class DroverCollector(Collector):
         yield from families
 
     # --- what the processes counted -------------------------------------------------------
-    def _process_series(self) -> list[Metric]:
+    def _process_series(self, scopes: list[str]) -> list[Metric]:
         raw = self.r.hgetall(self.keys["counters"])
         counters: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
+        # Every outcome of every LLM scope exists from the scope's first call on, at 0 until
+        # it happens: rate() and increase() see the first 429 only if the series was there
+        # before it.
+        counters["drover_llm_calls"] = {(scope, outcome): 0.0 for scope in scopes
+                                        if scope.startswith("llm:") for outcome in CALL_OUTCOMES}
         hists: dict[str, dict[tuple[str, ...], dict[str, float]]] = defaultdict(
             lambda: defaultdict(dict))
         known = {m.name: m for m in METRICS if m.source == "process"}
@@ -142,9 +155,9 @@ class DroverCollector(Collector):
         return out
 
     # --- the limiter ----------------------------------------------------------------------
-    def _scope_series(self) -> list[Metric]:
+    def _scope_series(self, scopes: list[str]) -> list[Metric]:
         rows: dict[str, list[tuple[tuple[str, ...], float]]] = defaultdict(list)
-        for scope in self.limiter.scopes():
+        for scope in scopes:
             usage = scope_usage(self.limiter, self.settings, scope, 60)
             last = usage.last(60)
             for name, _attr, _label in STAT_DIMENSIONS:
