@@ -19,8 +19,9 @@ from tests.conftest import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML parses docker-compose.yml in this test")
 
-SERVICES = {"redis", "simulator", "worker", "flower", "orchestrator"}
-DROVER_SERVICES = SERVICES - {"redis"}
+SERVICES = {"redis", "simulator", "worker", "flower", "metrics", "prometheus", "grafana",
+            "orchestrator"}
+DROVER_SERVICES = SERVICES - {"redis", "prometheus", "grafana"}  # test_metrics checks those two
 
 
 @pytest.fixture(scope="module")
@@ -176,5 +177,5 @@ def test_the_image_installs_every_runtime_package_and_its_lua():
     packages = set(find_packages(str(ROOT), include=tool["packages"]["find"]["include"]))
     assert {"config", "workers", "orchestrator", "simulator"} <= packages
     assert not any(p.startswith(("tests", "bench")) for p in packages)
-    assert tool["package-data"]["workers"] == ["lua/*.lua"]
-    assert (ROOT / "workers" / "lua" / "acquire.lua").exists()
+    assert tool["package-data"]["workers.limiter"] == ["lua/*.lua"]
+    assert (ROOT / "workers" / "limiter" / "lua" / "acquire.lua").exists()

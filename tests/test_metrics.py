@@ -234,3 +234,60 @@ def _tokens(families: dict[str, object], model: str, kind: str) -> float:
     return sum(s.value for s in families["drover_gen_ai_client_token_usage"].samples
                if s.labels.get("gen_ai_request_model") == model
                and s.labels.get("gen_ai_token_type") == kind)
+
+
+# --- the dashboard and the compose Prometheus use these series ------------------------------
+
+def _exposed_names() -> set[str]:
+    names = set()
+    for m in METRICS:
+        names.add(m.exposed)
+        if m.kind == "histogram":
+            names |= {f"{m.name}_bucket", f"{m.name}_sum", f"{m.name}_count"}
+    return names
+
+
+def test_the_grafana_dashboard_queries_only_series_that_exist():
+    import json
+    import re
+
+    from tests.conftest import ROOT
+
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/drover.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) > 20
+    used = {name for e in exprs for name in re.findall(r"\b(drover_[a-z0-9_]+)", e)}
+    assert used <= _exposed_names(), used - _exposed_names()
+    # limits vs use per scope, waits, 429/529 rates, jobs and backlog, workers alive
+    for wanted in ("drover_scope_planned_per_second", "drover_scope_limit_per_second",
+                   "drover_limiter_acquire_wait_seconds_bucket", "drover_llm_calls_total",
+                   "drover_tenant_subagents", "drover_queue_messages", "drover_workers_alive"):
+        assert wanted in used, wanted
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_compose_runs_prometheus_on_the_exporter_and_flower_and_grafana_on_the_dashboard():
+    import shutil
+    import subprocess
+
+    yaml = pytest.importorskip("yaml", reason="PyYAML parses docker-compose.yml")
+    from tests.conftest import ROOT
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert services["metrics"]["command"][:2] == ["drover", "metrics"]
+    port = services["metrics"]["command"][services["metrics"]["command"].index("--port") + 1]
+    config_path = ROOT / "deploy/prometheus/prometheus.yml"
+    mounts = services["prometheus"]["volumes"]
+    assert f"./{config_path.relative_to(ROOT)}:/etc/prometheus/prometheus.yml:ro" in mounts
+    config = yaml.safe_load(config_path.read_text())
+    targets = {job["job_name"]: job["static_configs"][0]["targets"]
+               for job in config["scrape_configs"]}
+    assert targets == {"drover": [f"metrics:{port}"], "flower": ["flower:5555"]}
+    grafana = services["grafana"]["volumes"]
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool (Debian package prometheus) checks the config's syntax")
+    out = subprocess.run(["promtool", "check", "config", str(config_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
