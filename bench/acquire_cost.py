@@ -1,6 +1,6 @@
 """What one limiter decision costs: median latency of ``acquire`` against a bare PING on the
 same connection, and of the whole limiter work of one LLM call (``acquire``, then ``settle``
-with the response's rate-limit headers, as ``workers/llm.py`` does); acquires/s from one
+with the response's rate-limit headers, as ``workers/agent/llm.py`` does); acquires/s from one
 process. Measured twice: with the sync ``Limiter`` over ``redis.Redis``, and on the path a
 worker takes for every LLM call, ``AsyncLimiter`` over ``redis.asyncio`` (PING on the same
 async connection).
@@ -8,9 +8,8 @@ async connection).
     python -m bench.acquire_cost [--n 5000] [--redis redis://127.0.0.1:6379/0] [--breakdown]
 
 ``--breakdown`` also times, interleaved with PING in the same loop, what an acquire is made
-of: an EVALSHA that returns at once (with acquire's keys and arguments), one that only runs
-acquire's four commands, the same plus unpacking and packing the bucket record, the acquire
-script alone (arguments built beforehand), and ``Limiter.acquire``.
+of: a script that returns at once (with acquire's keys and arguments), the acquire script
+alone (arguments built beforehand), and ``Limiter.acquire``.
 
 Uses a key prefix of its own and deletes its keys afterwards (never flushes). The machine's
 load average is printed too: on a small shared box a PING gets slower under load while the
@@ -29,7 +28,7 @@ import uuid
 import redis
 import redis.asyncio
 
-from workers.limiter._limiter import _SOURCES, AsyncLimiter, Limiter, ScopeLimits
+from workers.limiter import AsyncLimiter, Limiter, ScopeLimits
 
 # Limits high enough that nothing waits: we measure the decision, not the queue.
 LIMITS = ScopeLimits(rpm=1e9, itpm=1e12, otpm=1e12, max_in_flight=10**9)
@@ -48,52 +47,35 @@ def _median_us(samples: list[int]) -> float:
     return statistics.median(samples) / 1000
 
 
-# Stand-ins for the parts of acquire.lua, run with its keys and arguments.
-_REPLY = "return 'ok 0 1700000000000000 0'"
-_COMMANDS = ("local t = redis.call('TIME') local r = redis.call('GET', KEYS[1]) "
-             "redis.call('ZADD', KEYS[2], t[1], ARGV[2]) "
-             "redis.call('SET', KEYS[1], r, 'KEEPTTL') ")
 _ACQUIRE_LUA = "acquire.lua (arguments built beforehand)"
-_RECORD = ("local h = {struct.unpack('<' .. string.rep('d', #r / 8), r)} "
-           "r = struct.pack('<' .. string.rep('d', #r / 8), unpack(h, 1, #r / 8)) ")
 
 
 def _breakdown(client: redis.Redis, lim: Limiter, scope: str,
                n: int) -> dict[str, tuple[float, float]]:
     """Median of each part of an acquire, and its ratio to the median PING of the same loop.
     Each sample follows an acquire and a settle, as in the main loop, so caches are as cold."""
-    sources = {
-        "EVALSHA returning at once": _REPLY,
-        "+ TIME, GET, ZADD, SET (no logic)": _COMMANDS + _REPLY,
-        "+ unpack and pack the bucket record": _COMMANDS.replace(
-            "redis.call('SET'", _RECORD + "redis.call('SET'") + _REPLY,
-        _ACQUIRE_LUA: _SOURCES["acquire"],
-    }
-    shas = {name: client.script_load(src) for name, src in sources.items()}
-    samples: dict[str, list[int]] = {"PING": [], **{name: [] for name in shas},
-                                     "Limiter.acquire": []}
+    at_once = client.register_script("return {'ok', '0', '1700000000000000', 0}")
+    names = ("EVALSHA returning at once", _ACQUIRE_LUA, "Limiter.acquire")
+    samples: dict[str, list[int]] = {"PING": [], **{name: [] for name in names}}
     clock = time.perf_counter_ns
     for _ in range(n):
-        for name in [*shas, "Limiter.acquire"]:
+        for name in names:
             g = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
             lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, headers=HEADERS)
-            keys, argv, lease = lim._acquire_call(scope, LIMITS, 1000, 200, 180.0)
+            call = lim._acquire(scope, LIMITS, 1000, 200, 180.0)
+            script = at_once if name == names[0] else lim._scripts["acquire"]
             t0 = clock()
             client.ping()
             t1 = clock()
             if name == "Limiter.acquire":
                 grant = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
             else:
-                reply = client.execute_command("EVALSHA", shas[name], len(keys), *keys, *argv)
+                reply = script(keys=call.keys, args=call.args)
             t2 = clock()
-            # Leases go back as the bucket counts them: a grant is released, a stand-in's
-            # bare ZADD is undone.
             if name == "Limiter.acquire":
                 lim.release(scope, grant)
             elif name == _ACQUIRE_LUA:
-                lim.release(scope, lim._grant(reply, lease, 1000, 200)[0])
-            else:
-                client.zrem(keys[1], lease)
+                lim.release(scope, call.finish(reply)[0])
             samples["PING"].append(t1 - t0)
             samples[name].append(t2 - t1)
     ping = statistics.median(samples["PING"])
@@ -184,7 +166,8 @@ def main() -> None:
         print(f"nproc                      {os.cpu_count()}")
         print(f"load average (1 min)       {load_before:.2f} before, {load_after:.2f} after")
         wp, wa, ws = asyncio.run(_worker_path(args.redis, prefix, args.n))
-        print("\nthe worker's path (AsyncLimiter over redis.asyncio, as workers/llm.py calls it):")
+        print("\nthe worker's path (AsyncLimiter over redis.asyncio, as "
+              "workers/agent/llm.py calls it):")
         print(f"median PING                {wp:8.1f} us")
         print(f"median acquire             {wa:8.1f} us   ratio to PING {wa / wp:.2f}")
         print(f"median settle (+headers)   {ws:8.1f} us   ratio to PING {ws / wp:.2f}")

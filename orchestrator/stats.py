@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from config import Settings, get_settings
+from workers.agent.limits import llm_limits
 from workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
@@ -88,7 +89,7 @@ def _configured(settings: Settings, scope: str) -> ScopeLimits | None:
     if kind == "llm":
         _alias, _, model = rest.partition(":")
         if settings.limits_for(model) is not None:
-            return ScopeLimits.from_settings(settings, model)
+            return llm_limits(settings, model)
     elif kind == "tool" and rest in settings.tool_rps:
         return ScopeLimits.for_tool(settings.tool_rps[rest])
     return None

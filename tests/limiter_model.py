@@ -1,33 +1,51 @@
-"""A pure-Python reference model of the limiter's Lua scripts, with an explicit clock.
+"""A reference model of the limiter's algorithm, in exact arithmetic, and the bound it keeps.
 
-It performs the same floating-point operations in the same order as ``workers/lua/*.lua``,
-so with the scripts' ``now_us`` override the two must agree exactly: levels, waits, grants
-and reasons. Time is in integer microseconds, like the scripts' ``redis.call('TIME')``.
+The Lua scripts keep one time per dimension (GCRA); this model keeps what a reader pictures:
+a token level per dimension, refilled continuously at ``rate`` up to ``capacity``, as seen
+at the latest operation. Reservations already made for later instants are in that level,
+so it may be negative (callers are queued). Numbers are Fractions of microseconds and
+tokens, so with inputs that are whole microseconds the Lua's float results and the
+model's agree exactly on every decision; levels agree to rounding.
+
+What the algorithm promises, in these terms:
+
+- acquire plans the send at the earliest s >= max(now, cooldown end) at which the level,
+  refilled to s, covers the cost in every limited dimension with a cost; the horizon test
+  uses the cost capped at the capacity. The level at s then drops by the (capped) cost.
+- settle debits extra use now and credits unused reservation in full, but never above the
+  capacity nor above what refilled since a cooldown's end (``rate x (now - cd)``).
+- a cooldown to cd leaves every level at cd at most 0; a ``-remaining`` r caps a level at r.
+- a change of a dimension's limit keeps the time until its bucket is full again.
+
+``window_violations`` is the bound the hypothesis state machine checks (see there).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+from fractions import Fraction as F
 
 from workers.limiter import ScopeLimits
 
-MIN_RETRY_S = 0.05
-MARGIN_S = 5
-NW, W_US = 12, 250000   # the send-side peak ring (_lib.lua)
-NEG = float("-inf")
+MIN_RETRY_S = F(5, 100)
+T0 = 1_700_000_000_000_000  # us: where the tests' clocks start
+
+
+class Clock:
+    """A clock to inject into a Limiter (``clock=``): the time its scripts see, in us."""
+
+    def __init__(self, us: int = T0) -> None:
+        self.us = us
+
+    def __call__(self) -> int:
+        return self.us
 
 
 @dataclass
 class Dim:
-    lim: float
-    rate: float
-    cap: float
-    level: float
-    S: float | None = None   # send-side bucket right after the latest send q (us)
-    q: float | None = None
-    n: float | None = None   # latest window of the peak ring, and the ring (NW maxima)
-    P: list[float] = field(default_factory=list)
+    rate: F        # tokens per microsecond
+    cap: F         # tokens
+    level: F       # tokens, at the model's time t
 
 
 @dataclass
@@ -36,233 +54,160 @@ class ModelGrant:
     wait_s: float
     retry_after_s: float
     reason: str
-    lease_id: str | None = None
 
 
 @dataclass
 class ScopeModel:
-    """One scope: the bucket hash, the leases and the learned limits."""
-
     horizon_s: float
-    levels: list[float | None] = field(default_factory=lambda: [None, None, None])
-    sends_side: list[tuple[float, float] | None] = field(default_factory=lambda: [None] * 3)
-    rings: list[tuple[float, list[float]] | None] = field(default_factory=lambda: [None] * 3)
-    stored_lims: list[float | None] = field(default_factory=lambda: [None, None, None])
-    stored_burst: float | None = None
-    t: float | None = None
-    cd: float = 0.0
-    leases: dict[str, float] = field(default_factory=dict)
-    learned: list[float | None] = field(default_factory=lambda: [None, None, None])
+    t: F = F(0)
+    dims: list[Dim | None] = field(default_factory=lambda: [None, None, None])
+    lims: list[F | None] = field(default_factory=lambda: [None, None, None])  # last written
+    burst: F = F(1)
+    cd: F = F(0)
+    leases: dict[str, F] = field(default_factory=dict)
+    learned: list[F | None] = field(default_factory=lambda: [None, None, None])
 
-    # -- _lib.lua ------------------------------------------------------------------------
-    def _load(self, now: int, limits: ScopeLimits | None) -> tuple[float, list[Dim | None], float]:
-        if limits is None:  # '*': what the last write stored
-            lims = list(self.stored_lims)
-            burst = self.stored_burst if self.stored_burst is not None else 1.0
-        else:
-            burst = limits.burst_s
-            lims = []
-            for k, conf in enumerate((limits.rpm, limits.itpm, limits.otpm)):
-                if conf is not None:
-                    lims.append(float(conf))
-                elif self.learned[k] is not None:
-                    lims.append(self.learned[k] * limits.learned_utilization)
-                else:
-                    lims.append(None)
-        t = self.t if self.t is not None else now
-        dims: list[Dim | None] = []
-        for k in range(3):
-            lim = lims[k]
-            if lim is not None and lim > 0:
-                rate = lim / 60
-                cap = rate * burst
-                level = self.levels[k]
-                if level is None:
-                    level = cap
-                elif now > t:
-                    level = min(cap, level + rate * ((now - t) / 1e6))
-                else:
-                    level = min(cap, level)
-                side = self.sends_side[k]
-                d = Dim(lim, rate, cap, level, *(side if side else (None, None)))
-                ring = self.rings[k]
-                if ring is not None:
-                    d.n, d.P = ring[0], list(ring[1])
-                dims.append(d)
+    def _limits(self, limits: ScopeLimits | None) -> tuple[list[F | None], F]:
+        if limits is None:  # what the last write stored
+            return list(self.lims), self.burst
+        lims: list[F | None] = []
+        for k, conf in enumerate((limits.rpm, limits.itpm, limits.otpm)):
+            if conf is not None:
+                lims.append(F(conf))
+            elif self.learned[k] is not None:
+                lims.append(self.learned[k] * F(limits.learned_utilization))
             else:
+                lims.append(None)
+        return lims, F(limits.burst_s)
+
+    def _at(self, now: int, limits: ScopeLimits | None) -> tuple[list[Dim | None], list, F]:
+        """The dimensions seen at ``now`` under ``limits`` (nothing is written)."""
+        lims, burst = self._limits(limits)
+        dims: list[Dim | None] = []
+        for k, lim in enumerate(lims):
+            if lim is None:
                 dims.append(None)
-        return max(t, now), dims, burst
+                continue
+            rate, cap = lim / 60_000_000, lim / 60 * burst
+            old = self.dims[k]
+            if old is None:
+                dims.append(Dim(rate, cap, cap))
+                continue
+            to_full = max(F(0), (old.cap - old.level) / old.rate - (now - self.t))
+            dims.append(Dim(rate, cap, cap - rate * to_full))
+        return dims, lims, burst
 
-    def _save(self, tref: float, dims: list[Dim | None], burst: float) -> None:
-        self.t = tref
-        self.stored_burst = burst
-        for k, d in enumerate(dims):
-            self.levels[k] = None if d is None else d.level
-            self.sends_side[k] = None if d is None or d.q is None else (d.S, d.q)
-            self.rings[k] = None if d is None or d.n is None else (d.n, list(d.P))
-            self.stored_lims[k] = None if d is None else d.lim
+    def _write(self, now: int, dims: list[Dim | None], lims: list, burst: F) -> None:
+        self.t, self.dims, self.lims, self.burst = F(now), dims, lims, burst
 
-    @staticmethod
-    def _ceiling(t: float, d: Dim) -> float:
-        if d.q is None:
-            return d.cap
-        return min(d.cap, d.S + d.rate * ((t - d.q) / 1e6))
-
-    @staticmethod
-    def _peak(d: Dim, s: float, v: float) -> None:
-        m = math.floor(s / W_US)
-        if d.n is None or m >= d.n + NW:
-            d.P = [NEG] * NW
-            d.n = m
-        elif m > d.n:
-            for j in range(int(d.n) + 1, m + 1):
-                d.P[j % NW] = NEG
-            d.n = m
-        else:
-            m = d.n
-        i = int(m) % NW
-        d.P[i] = max(d.P[i], v)
-
-    def _adjust(self, t: float, d: Dim | None, delta: float, s_x: float, reserved: int) -> None:
-        if d is None or delta == 0:
-            return
-        P, n = d.P, d.n
-        m = math.floor(s_x / W_US)
-        if delta > 0:
-            d.level = d.level - delta
-            if d.q is not None:
-                d.S = d.S - delta
-            if n is not None:
-                for j in range(max(m + 1, int(n) - NW + 1), int(n) + 1):
-                    P[j % NW] = P[j % NW] - delta
-            return
-        if d.q is not None:
-            saved = min(reserved, d.cap) - min(reserved + delta, d.cap)
-            credit, frm = saved, None
-            if s_x < d.q:
-                credit = max(0, saved - d.rate * ((d.q - s_x) / 1e6))
-            if n is not None and m > n - NW:
-                frm = min(m, int(n))
-                top = NEG
-                for j in range(frm, int(n) + 1):
-                    top = max(top, P[j % NW])
-                credit = max(credit, min(saved, max(0, d.cap - top)))
-            elif n is not None:
-                frm = int(n) - NW + 1
-            if frm is not None:
-                for j in range(frm, int(n) + 1):
-                    P[j % NW] = P[j % NW] + credit
-            d.S = min(d.cap, d.S + credit)
-        d.level = min(self._ceiling(t, d), d.level - delta)
-
-    @staticmethod
-    def _sent(d: Dim, s: float, c: float) -> None:
-        c = min(c, d.cap)
-        if d.q is None:
-            ScopeModel._peak(d, s, d.cap)
-            d.S, d.q = d.cap - c, s
-        elif s >= d.q:
-            pre = min(d.cap, d.S + d.rate * ((s - d.q) / 1e6))
-            ScopeModel._peak(d, s, pre)
-            d.S, d.q = pre - c, s
-        else:
-            d.S = d.S - c
-
-    # -- scripts -------------------------------------------------------------------------
     def acquire(self, now: int, limits: ScopeLimits, input_tokens: int, output_tokens: int,
                 lease_id: str, lease_ttl_s: float) -> ModelGrant:
-        cost = [1, input_tokens, output_tokens]
-        tref, dims, burst = self._load(now, limits)
-        cd_rem = max(0, (self.cd - now) / 1e6)
-        if cd_rem > self.horizon_s:
-            return ModelGrant(False, 0.0, max(cd_rem - self.horizon_s, MIN_RETRY_S), "cooldown")
+        dims, lims, burst = self._at(now, limits)
+        horizon = F(self.horizon_s) * 1_000_000
+        if self.cd - now > horizon:
+            return ModelGrant(False, 0.0, float(max((self.cd - now - horizon) / 10**6,
+                                                    MIN_RETRY_S)), "cooldown")
         self.leases = {k: v for k, v in self.leases.items() if v > now}
         if limits.max_in_flight is not None and len(self.leases) >= limits.max_in_flight:
             first = min(self.leases.values())
-            poll = max(0.005, min(0.1, (first - now) / 1e6))
-            return ModelGrant(False, 0.0, poll, "in_flight")
-        base = (tref - now) / 1e6
-        need, need_h = 0, 0
-        for k, d in enumerate(dims):
-            if d is not None and (k == 0 or cost[k] > 0):
-                need = max(need, (cost[k] - d.level) / d.rate)
-                need_h = max(need_h, (min(cost[k], d.cap) - d.level) / d.rate)
-        wait = max(cd_rem, base + need)
-        wait_h = max(cd_rem, base + need_h)
-        if wait_h > self.horizon_s:
-            return ModelGrant(False, 0.0, max(wait_h - self.horizon_s, MIN_RETRY_S), "horizon")
-        ahead = wait - base
-        for k, d in enumerate(dims):
-            if d is not None and (k == 0 or cost[k] > 0):
-                d.level = min(d.level, d.cap - d.rate * ahead) - min(cost[k], d.cap)
-                self._sent(d, now + wait * 1e6, cost[k])
-        self.leases[lease_id] = now + (wait + lease_ttl_s) * 1e6
-        self._save(tref, dims, burst)
-        return ModelGrant(True, float(wait), 0.0, "ok", lease_id)
+            poll = max(F(5, 1000), min(F(1, 10), (first - now) / 10**6))
+            return ModelGrant(False, 0.0, float(poll), "in_flight")
+        costs = (1, input_tokens, output_tokens)
+        charged = [(d, F(c)) for k, (d, c) in enumerate(zip(dims, costs, strict=True))
+                   if d is not None and (k == 0 or c > 0)]
+        start = max(F(now), self.cd)
+        send = max([start] + [now + (c - d.level) / d.rate for d, c in charged])
+        judged = max([start] + [now + (min(c, d.cap) - d.level) / d.rate for d, c in charged])
+        if judged - now > horizon:
+            return ModelGrant(False, 0.0, float(max((judged - now - horizon) / 10**6,
+                                                    MIN_RETRY_S)), "horizon")
+        for d, c in charged:
+            d.level = min(d.level, d.cap - d.rate * (send - now)) - min(c, d.cap)
+        self.leases[lease_id] = send + F(lease_ttl_s) * 1_000_000
+        self._write(now, dims, lims, burst)
+        return ModelGrant(True, float((send - now) / 10**6), 0.0, "ok")
 
-    def settle(self, now: int, limits: ScopeLimits | None, lease_id: str, d_in: int, d_out: int,
-               d_req: int, send_us: float, res_in: int, res_out: int) -> None:
-        tref, dims, burst = self._load(now, limits)
+    def settle(self, now: int, limits: ScopeLimits | None, lease_id: str, sent: bool,
+               reserved: tuple[int, int], used: tuple[int, int]) -> None:
+        dims, lims, burst = self._at(now, limits)
         self.leases.pop(lease_id, None)
-        self._adjust(tref, dims[0], d_req, send_us, 1)
-        self._adjust(tref, dims[1], d_in, send_us, res_in)
-        self._adjust(tref, dims[2], d_out, send_us, res_out)
-        self._save(tref, dims, burst)
+        for d, res, use in zip(dims, (1, *reserved), (int(sent), *used), strict=True):
+            if d is None:
+                continue
+            if use > res:
+                d.level -= use - res
+            elif use < res:
+                credit = min(F(res), d.cap) - min(F(use), d.cap)
+                d.level = max(d.level, min(d.level + credit, d.cap, d.rate * (now - self.cd)))
+        self._write(now, dims, lims, burst)
 
     def cooldown(self, now: int, limits: ScopeLimits, retry_after_s: float) -> float:
-        tref, dims, burst = self._load(now, limits)
-        self.cd = max(self.cd, now + retry_after_s * 1e6)
+        dims, lims, burst = self._at(now, limits)
+        self.cd = max(self.cd, now + F(retry_after_s) * 1_000_000)
         for d in dims:
             if d is not None:
-                d.level = min(d.level, 0)
-                if d.q is None or self.cd >= d.q:
-                    d.S, d.q = min(self._ceiling(self.cd, d), 0), self.cd
-                    self._peak(d, self.cd, d.S)
-                else:
-                    d.S = min(d.S, d.rate * ((d.q - self.cd) / 1e6))
-        tref = max(tref, self.cd)
-        self._save(tref, dims, burst)
-        return (self.cd - now) / 1e6
+                d.level = min(d.level, -d.rate * (self.cd - now))
+        self._write(now, dims, lims, burst)
+        return float((self.cd - now) / 10**6)
 
     def sync(self, now: int, limits: ScopeLimits, remaining: list[float | None],
              learn: list[float | None]) -> None:
         for k, v in enumerate(learn):
             if v is not None:
-                self.learned[k] = v
-        tref, dims, burst = self._load(now, limits)
-        for k, d in enumerate(dims):
-            if d is not None and remaining[k] is not None:
-                d.level = min(d.level, remaining[k])
-        self._save(tref, dims, burst)
+                self.learned[k] = F(v)
+        dims, lims, burst = self._at(now, limits)
+        for d, rem in zip(dims, remaining, strict=True):
+            if d is not None and rem is not None:
+                d.level = min(d.level, F(rem))
+        self._write(now, dims, lims, burst)
 
     def state(self, now: int, limits: ScopeLimits | None) -> dict:
-        tref, dims, _ = self._load(now, limits)
-        return {
-            "cooldown_s": max(0, (self.cd - now) / 1e6),
-            "leases": sum(1 for v in self.leases.values() if v > now),
-            "levels": [None if d is None else d.level for d in dims],
-            "caps": [None if d is None else d.cap for d in dims],
-        }
+        dims, _, _ = self._at(now, limits)
+        return {"cooldown_s": float(max(F(0), self.cd - now) / 10**6),
+                "leases": sum(1 for v in self.leases.values() if v > now),
+                "levels": [None if d is None else d.level for d in dims],
+                "caps": [None if d is None else d.cap for d in dims]}
 
 
-def window_violations(sends: list[tuple[float, float]], rate: float, cap: float,
-                      eps: float = 1e-6) -> list[tuple[float, float, float, float]]:
-    """Windows [s_i, s_j] whose total cost exceeds what a bucket of ``cap`` refilled at ``rate``
-    lets through: cap + rate * (s_j - s_i), plus, for each send in the window costlier than
-    the capacity, its excess over the capacity (it absorbed the refill while it waited).
+@dataclass
+class Send:
+    """One granted request as the window bound sees it, in one dimension."""
 
-    ``sends`` are (send time in seconds, cost). Returns (start, end, total, allowed) per breach.
+    at_s: float          # planned send time (s)
+    planned: int         # step at which it was acquired
+    cost: float          # what it finally cost: min(reserved, used); 0 if released
+    credits: list[tuple[int, float]] = field(default_factory=list)  # (step, at most credited)
+
+
+def window_violations(sends: list[Send], rate: float, cap: float, eps: float = 1e-6
+                      ) -> list[tuple[float, float, float, float]]:
+    """Windows [a, b] of send times whose sends cost more than the algorithm allows:
+
+        capacity + rate x (b - a) + the excess over the capacity of each send in it (an
+        oversized request absorbed the refill while it waited) + what refunds of sends
+        outside the window credited while the window's sends were being planned (between the
+        first and the last acquire of them).
+
+    That last term is the worst case of crediting refunds in full: the provider's bucket may
+    have been full meanwhile and lost the refund, while ours hands it out again. It is 0
+    when nothing is refunded, and then this is the plain token-bucket bound.
+    Returns (a, b, total, allowed) per breach.
     """
-    items = sorted(sends, key=lambda x: (x[0], -x[1]))
+    items = sorted(sends, key=lambda x: x.at_s)
+    credits = [(k, step, c) for k, y in enumerate(items) for step, c in y.credits]
     bad = []
     for i in range(len(items)):
         total = excess = 0.0
-        s_i = items[i][0]
+        first = last = items[i].planned
         for j in range(i, len(items)):
-            s_j, c_j = items[j]
-            total += c_j
-            excess += max(0.0, c_j - cap)
-            allowed = cap + rate * (s_j - s_i) + excess
+            x = items[j]
+            total += x.cost
+            excess += max(0.0, x.cost - cap)
+            first, last = min(first, x.planned), max(last, x.planned)
+            a, b = items[i].at_s, x.at_s
+            credited = sum(c for k, step, c in credits
+                           if not i <= k <= j and first < step < last)
+            allowed = cap + rate * (b - a) + excess + credited
             if total > allowed + eps * max(1.0, allowed):
-                bad.append((s_i, s_j, total, allowed))
+                bad.append((a, b, total, allowed))
     return bad

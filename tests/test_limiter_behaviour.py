@@ -8,9 +8,12 @@ import time
 import pytest
 import redis
 import redis.asyncio
+from limiter_model import T0, Clock
 from redis.crc import key_slot
 
+from workers.agent.limits import llm_limits
 from workers.limiter import (
+    STAT_FIELDS,
     AsyncLimiter,
     Limiter,
     ScopeLimits,
@@ -19,17 +22,20 @@ from workers.limiter import (
     tool_scope,
 )
 
-T0 = 1_700_000_000_000_000
+
+def clocked(cls, client, key_prefix, **kw):
+    """A limiter whose scripts see an injected clock (``at`` sets it) instead of Redis TIME."""
+    return cls(client, prefix=key_prefix, clock=Clock(), **kw)
 
 
 @pytest.fixture
 def lim(redis_client, key_prefix):
-    return Limiter(redis_client, prefix=key_prefix, horizon_s=5.0)
+    return clocked(Limiter, redis_client, key_prefix, horizon_s=5.0)
 
 
 def at(limiter, seconds: float):
-    """Put the limiter's (test-only) server-time override at T0 + seconds."""
-    limiter._now_us = T0 + int(round(seconds * 1e6))
+    """Put the limiter's injected clock at T0 + seconds."""
+    limiter._clock.us = T0 + int(round(seconds * 1e6))
     return limiter
 
 
@@ -38,14 +44,14 @@ def test_scope_names():
     assert tool_scope("search") == "tool:search"
 
 
-def test_from_settings_scales_by_target_utilisation():
+def test_settings_give_limits_scaled_by_target_utilisation():
     from config import load_settings
     s = load_settings(rpm=100, itpm=10_000, otpm=2_000, target_utilization=0.5,
                       burst_seconds=2, max_in_flight=7, model="m1")
-    limits = ScopeLimits.from_settings(s, "m1")
+    limits = llm_limits(s, "m1")
     assert (limits.rpm, limits.itpm, limits.otpm) == (50, 5_000, 1_000)
     assert (limits.burst_s, limits.max_in_flight, limits.learned_utilization) == (2, 7, 0.5)
-    unknown = ScopeLimits.from_settings(s, "other-model")
+    unknown = llm_limits(s, "other-model")
     assert (unknown.rpm, unknown.itpm, unknown.otpm) == (None, None, None)
 
 
@@ -89,31 +95,20 @@ def test_a_crashed_worker_frees_its_in_flight_slot_when_the_lease_expires(lim):
     assert lim.state(scope)["leases"] == 1
 
 
-def test_the_in_flight_limit_holds_when_the_bucket_does_not_know_its_lease_count(
-        lim, redis_url):
-    # A bucket written by the previous version (57 doubles: no lease count) or a lease set
-    # emptied from outside: acquire must count the set, not trust a bound it lacks.
-    scope, limits = "llm:k:legacy", ScopeLimits(rpm=600, max_in_flight=2)
+def test_the_in_flight_limit_counts_the_lease_set_itself(lim, redis_client):
+    scope, limits = "llm:k:count", ScopeLimits(rpm=600, max_in_flight=2)
     at(lim, 0)
     first = lim.acquire(scope, limits)
-    second = lim.acquire(scope, limits)
-    assert first.granted and second.granted
-    bucket, leases = lim.keys(scope)[:2]
-    raw = redis.Redis.from_url(redis_url)  # the record is binary
-    raw.set(bucket, raw.get(bucket)[:57 * 8], keepttl=True)
-    at(lim, 0.1)
-    blocked = lim.acquire(scope, limits)
-    assert (blocked.granted, blocked.reason) == (False, "in_flight")
+    assert first.granted and lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).reason == "in_flight"
     lim.settle(scope, limits, first, input_tokens=0, output_tokens=0)
     assert lim.acquire(scope, limits).granted
     assert lim.acquire(scope, limits).reason == "in_flight"
-    raw.delete(leases)  # e.g. evicted: the bound only over-counts, then recounts
+    redis_client.delete(lim.keys(scope)[1])  # e.g. evicted: the slots are free again
     at(lim, 0.2)
-    assert lim.acquire(scope, limits).granted
-    assert lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).granted and lim.acquire(scope, limits).granted
     assert lim.acquire(scope, limits).reason == "in_flight"
     assert lim.state(scope)["leases"] == 2
-    raw.close()
 
 
 def test_settle_refunds_overestimates_and_debits_underestimates(lim):
@@ -150,8 +145,8 @@ def test_release_refunds_everything(lim):
 def test_cooldown_holds_back_every_host_then_resumes_at_the_refill_rate(
         redis_url, key_prefix):
     scope, limits = "llm:k:cool", ScopeLimits(rpm=120, burst_s=1)  # 2/s, capacity 2
-    host_a = Limiter(redis.Redis.from_url(redis_url), prefix=key_prefix, horizon_s=30)
-    host_b = Limiter(redis.Redis.from_url(redis_url), prefix=key_prefix, horizon_s=30)
+    host_a = clocked(Limiter, redis.Redis.from_url(redis_url), key_prefix, horizon_s=30)
+    host_b = clocked(Limiter, redis.Redis.from_url(redis_url), key_prefix, horizon_s=30)
     at(host_a, 0), at(host_b, 0)
     assert host_a.acquire(scope, limits).wait_s == 0
     assert host_a.cooldown(scope, limits, 10) == 10
@@ -239,7 +234,7 @@ def test_settle_with_headers_is_settle_then_sync_in_one_call(redis_url, key_pref
     headers = {"anthropic-ratelimit-input-tokens-remaining": "300",
                "anthropic-ratelimit-output-tokens-limit": "12000"}
     client = redis.Redis.from_url(redis_url)
-    two_calls, one_call = (at(Limiter(client, prefix=key_prefix), 0) for _ in range(2))
+    two_calls, one_call = (at(clocked(Limiter, client, key_prefix), 0) for _ in range(2))
     states = []
     for lim, scope in ((two_calls, "llm:k:two"), (one_call, "llm:k:one")):
         g = lim.acquire(scope, limits, input_tokens=400, output_tokens=100)
@@ -323,7 +318,7 @@ def test_async_limiter_agrees_with_limiter(redis_url, key_prefix):
              ("acquire", 0, 0), ("acquire", 0, 0)]
 
     def run_sync(scope):
-        lim = at(Limiter(redis.Redis.from_url(redis_url), prefix=key_prefix), 0)
+        lim = at(clocked(Limiter, redis.Redis.from_url(redis_url), key_prefix), 0)
         out, grants = [], []
         for i, step in enumerate(steps):
             at(lim, i * 0.3)
@@ -342,7 +337,7 @@ def test_async_limiter_agrees_with_limiter(redis_url, key_prefix):
 
     async def run_async(scope):
         client = redis.asyncio.Redis.from_url(redis_url)
-        lim = at(AsyncLimiter(client, prefix=key_prefix), 0)
+        lim = at(clocked(AsyncLimiter, client, key_prefix), 0)
         out, grants = [], []
         for i, step in enumerate(steps):
             at(lim, i * 0.3)
@@ -371,8 +366,8 @@ def test_async_limiter_agrees_with_limiter(redis_url, key_prefix):
 
 
 def test_fakeredis_runs_the_scripts_exactly_like_redis(redis_url, key_prefix):
-    """The demo falls back to fakeredis (Lua 5.1 without the struct library): the scripts'
-    plain-Lua packing must give the very same decisions and state as Redis."""
+    """The demo falls back to fakeredis: the same scripts must give the very same decisions
+    and state as Redis."""
     import fakeredis
 
     limits = ScopeLimits(rpm=120, otpm=600, max_in_flight=2)  # input tokens: learned
@@ -380,7 +375,7 @@ def test_fakeredis_runs_the_scripts_exactly_like_redis(redis_url, key_prefix):
                "anthropic-ratelimit-output-tokens-remaining": "4"}
 
     def run(client) -> list:
-        lim = at(Limiter(client, prefix=key_prefix, horizon_s=5), 0)
+        lim = at(clocked(Limiter, client, key_prefix, horizon_s=5), 0)
         scope, out, grants = "llm:k:fake", [], []
         for i, (op, *a) in enumerate([
                 ("acquire", 100, 10), ("acquire", 700, 50), ("settle", 50, 80, headers),
@@ -410,3 +405,27 @@ def test_fakeredis_runs_the_scripts_exactly_like_redis(redis_url, key_prefix):
     fake = run(fakeredis.FakeRedis())
     assert fake == real
     assert {o[1] for o in real if isinstance(o, tuple)} >= {"ok", "in_flight", "horizon"}
+
+
+def test_fakeredis_runs_the_production_scripts_on_its_own_clock():
+    """Without an injected clock the scripts read Redis TIME, which fakeredis has too."""
+    import fakeredis
+
+    lim = Limiter(fakeredis.FakeRedis(), prefix="demo")
+    limits = ScopeLimits(rpm=60, itpm=6000, max_in_flight=4)
+    first = lim.acquire("llm:k:demo", limits, input_tokens=50)
+    second = lim.acquire("llm:k:demo", limits, input_tokens=50)
+    assert first.granted and first.wait_s == 0 and 0.9 < second.wait_s <= 1.0
+    lim.settle("llm:k:demo", limits, first, input_tokens=40, output_tokens=3,
+               headers={"anthropic-ratelimit-output-tokens-limit": "600"})
+    state = lim.state("llm:k:demo")
+    assert state["leases"] == 1 and state["learned"]["otpm"] == 600
+    assert sum(r["requests"] for r in lim.usage("llm:k:demo", 5)) == 1
+
+
+def test_the_lua_library_counts_the_same_fields_as_python():
+    from importlib import resources
+
+    lib = (resources.files("workers.limiter") / "lua" / "_lib.lua").read_text()
+    listed = lib.split("STAT_FIELDS = {", 1)[1].split("}", 1)[0]
+    assert tuple(f.strip().strip("'") for f in listed.split(",")) == STAT_FIELDS

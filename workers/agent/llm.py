@@ -23,6 +23,7 @@ import anthropic
 from anthropic.types import Message
 
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from workers.agent.limits import llm_limits
 from workers.agent.retry import Decision, classify
 from workers.agent.runtime import Runtime
 from workers.jobs.fairshare import tenant_budget_scopes
@@ -145,7 +146,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     settings = rt.settings
     model = params["model"]
     scope = llm_scope(settings.key_alias, model)
-    limits = ScopeLimits.from_settings(settings, model)
+    limits = llm_limits(settings, model)
     configured = settings.limits_for(model)
     cache_reads_count = bool(configured and configured.cache_reads_count)
     est_in = rt.calibration.input_tokens(scope, params, cache_reads_count)

@@ -1,16 +1,60 @@
-"""The global limiter: one atomic Redis acquire over a scope's requests, input and output
-tokens per minute, with in-flight leases, cooldowns and header sync. Depends on redis only."""
+"""The global rate limiter: one set of buckets per scope in Redis, shared by every worker on
+every host. Depends on redis only.
 
-from workers.limiter._limiter import (
-    STAT_FIELDS,
-    AsyncLimiter,
-    Grant,
-    Limiter,
-    ScopeLimits,
-    llm_scope,
-    parse_ratelimit_headers,
-    tool_scope,
-)
+A *scope* is what the provider limits together: ``llm:{key alias}:{model}``, or
+``tool:{name}`` for a service a tool calls. Each has up to three buckets (requests, input
+tokens and output tokens per minute, each holding ``burst_s`` of refill), in-flight leases,
+a cooldown, limits learned from response headers and per-second usage counters, all under
+the scope's own hash tag and changed only by the Lua scripts in ``lua/``, one script call
+per operation::
+
+    grant = limiter.acquire(scope, limits, input_tokens=est_in, output_tokens=est_out)
+    if not grant.granted:          # reason: horizon | cooldown | in_flight; nothing debited
+        come back after grant.retry_after_s
+    sleep(grant.wait_s)            # the reservation is made: send at the planned instant
+    response = call the API        # on a 429: limiter.cooldown(scope, limits, retry_after)
+    limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
+                   headers=response.headers)    # or limiter.release(scope, grant) if unsent
+
+**State: GCRA, one number per dimension.** A bucket is kept as its theoretical arrival time
+(``tat``, microseconds of Redis ``TIME``): the instant at which it is full again with every
+reservation made so far paid for. Its level at ``t`` is ``capacity - (tat - t) x rate``,
+full once ``tat <= t``. We chose this over a hash of levels and an update time because
+reservations are about the future: a request queued behind others is planned at
+``s = tat + cost/rate - burst`` and debited with ``tat = max(tat, s) + cost/rate``, with no
+refill to compute, no separate clock field and no special case for levels that lie ahead of
+now (a cooldown, a queue). Every other operation is one line on ``tat`` too: a cooldown
+until ``c`` is ``tat >= c + burst`` (empty at its end), a ``-remaining`` header ``r`` is
+``tat >= now + (capacity - r)/rate`` (it only lowers a level), a refund ``tat -= credit/rate``.
+The scope's bucket is one Redis hash (``r``, ``i``, ``o`` plus the limits of the last write,
+so ``release`` and ``state`` need none), the leases a sorted set (lease id -> expiry, so a
+dead worker's slot frees itself), learned limits and counters hashes of their own.
+
+Decisions worth knowing:
+
+- Time is Redis ``TIME`` inside the scripts, never a worker's clock. Tests inject a clock
+  through the constructor (``clock=``); the scripts then read it from their last argument.
+- A request is judged against the horizon with its cost capped at the bucket's capacity (so
+  an oversized request is not refused for ever), and waits for all of it. A dimension with a
+  cost of 0 does not wait. A refusal (horizon, cooldown, in-flight cap) debits nothing.
+- Refunds (``settle`` below the reservation, ``release``) are credited in full, capped: a
+  level never rises above capacity, nor above empty at the end of a cooldown. Extra use is
+  debited at settle. Worst case (``tests/limiter_model.py``, checked by the hypothesis state
+  machine): the sends in a window [a, b] may exceed ``capacity + rate x (b - a)`` by the
+  refunds of earlier sends credited while that window's sends were being planned, because a
+  refund cannot know whether the provider's bucket, full in the meantime, lost it anyway.
+  With reservations that are estimates a few percent off, that is a few hundred tokens
+  against a capacity of ~20k; against the provider's minute-long bucket it is nothing, and
+  the simulator with buckets equal to ours sees no 429 (``bench/RESULTS.md``).
+- ``-limit`` headers are stored raw (24 h) for dimensions the ``ScopeLimits`` leaves None,
+  then used times ``learned_utilization``; a configured limit always wins.
+- Counters: requests at the planned send second, tokens at the settle second, waits at the
+  acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
+"""
+
+from workers.limiter._headers import parse_ratelimit_headers
+from workers.limiter._limiter import AsyncLimiter, Limiter
+from workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits, llm_scope, tool_scope
 
 __all__ = ["STAT_FIELDS", "AsyncLimiter", "Grant", "Limiter", "ScopeLimits", "llm_scope",
            "parse_ratelimit_headers", "tool_scope"]

@@ -1,6 +1,7 @@
--- _clock.lua: a fragment, included in clock() (_lib.lua) and in place in acquire.lua: the
--- includer's `now` is the test-only override A[6] (nil in production); else Redis' TIME.
-if not now then
-  local t = call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- _clock.lua: now_us(), Redis' own clock in microseconds: the only time the limiter uses.
+-- Prepended to every script, before _lib.lua. (A limiter built with an injected clock, for
+-- tests, prepends a now_us() that reads the time from its last argument instead.)
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end

@@ -1,55 +1,118 @@
--- _lib.lua: helpers of settle, cooldown, sync, state and record, prepended after _head.lua
--- (which describes the keys, the bucket record and the arguments). load(), peak() and
--- save() (and clock()) are the fragments _load.lua, _peak.lua and _save.lua (_clock.lua),
--- which acquire.lua includes in place instead (it defines no function).
+-- _lib.lua: the functions the limiter's scripts share; prepended (after _clock.lua) to each.
+--
+-- One scope's state, every key under its hash tag {prefix}:{scope}:
+--   KEYS[1] bucket  hash  r, i, o: per dimension (requests, input tokens, output tokens) the
+--                         theoretical arrival time (GCRA), us of Redis time: the instant its
+--                         bucket is full again, all reservations paid. Absent or past = full.
+--                         Lr, Li, Lo: the per-minute limits of the last write (absent = not
+--                         limited); burst: burst_s of the last write; cd: cooldown until (us);
+--                         lx: latest lease expiry (us); reg: minute the scope was registered
+--   KEYS[2] leases  zset  lease id -> expiry (us)
+--   KEYS[3] learned hash  r, i, o: raw per-minute limits from -limit headers (kept 24 h)
+--   KEYS[4] stats   hash  "<second>:<field>" -> count
+--   KEYS[5] statidx zset  the seconds present in KEYS[4], to prune old ones
+-- Every script gets these five keys. ARGV starts with the limits:
+--   ARGV[1..3] per-minute limit of requests, input, output tokens: '' = not configured (the
+--              learned limit x ARGV[5] if any, else unlimited), '*' = the one last written
+--   ARGV[4]    burst_s ('*' = last written)   ARGV[5] utilisation applied to learned limits
+-- A dimension's bucket holds capacity = limit / 60 x burst_s. The scripts count in time:
+-- per = us of refill per unit, burst = us of refill the bucket holds; level(t) = capacity -
+-- (tat - t) / per. Numbers leave the scripts as strings: Redis would truncate them.
 
-local function fmt(x)
-  return format('%.17g', x)
+local DIMS = {'r', 'i', 'o'}
+local STAT_FIELDS = {'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms', 'n429',
+                     'n529', 'n5xx', 'nconn'}
+
+local function num(x)
+  return string.format('%.17g', x)
 end
 
-local function clock()
-  local now = A[6]
-  --#include _clock
-  return now
-end
-
-local function load(now, raw)
-  local h
-  --#include _load
-  return h
-end
-
-local function peak(h, k, s, v)
-  --#include _peak
-end
-
-local function save(h, now)
-  --#include _save
-end
-
--- Add n to a per-second counter; prune seconds older than the stats window. The index is
--- touched only when the counter is new (HINCRBY returned n): once per second and field.
-local function stat_add(window_s, now, sec, field, n)
-  if n == 0 then return end
-  local s = format('%d', sec)
-  if call('HINCRBY', KEYS[4], s .. ':' .. field, n) ~= n then return end
-  if call('ZADD', KEYS[5], sec, s) == 1 then
-    local cutoff = floor(now / 1e6) - window_s
-    local old = call('ZRANGEBYSCORE', KEYS[5], '-inf', cutoff)
-    if #old > 0 then
-      local f = {}
-      for _, o in ipairs(old) do
-        for _, name in ipairs({'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms',
-                               'n429', 'n529', 'n5xx', 'nconn'}) do
-          f[#f + 1] = o .. ':' .. name
-        end
-      end
-      call('HDEL', KEYS[4], unpack(f))
-      call('ZREMRANGEBYSCORE', KEYS[5], '-inf', cutoff)
+-- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k], lim[k].
+local function load(now)
+  local f = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx',
+                       'reg')
+  local burst_s = tonumber(ARGV[4] == '*' and f[7] or ARGV[4]) or 1
+  local b = {tat = {}, per = {}, cap = {}, lim = {}, burst_s = burst_s, burst = burst_s * 1e6,
+             cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0, reg = tonumber(f[10]), was = f}
+  local learned = {}
+  if ARGV[1] == '' or ARGV[2] == '' or ARGV[3] == '' then
+    learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')
+  end
+  for k = 1, 3 do
+    local lim
+    if ARGV[k] == '*' then lim = tonumber(f[3 + k])
+    elseif ARGV[k] ~= '' then lim = tonumber(ARGV[k])
+    elseif learned[k] then lim = tonumber(learned[k]) * tonumber(ARGV[5]) end
+    if lim and lim > 0 then
+      b.lim[k], b.per[k], b.cap[k] = lim, 60e6 / lim, lim / 60 * burst_s
+      b.tat[k] = math.max(now, tonumber(f[k]) or now)
     end
-    local ms = (window_s + 60) * 1000
-    call('PEXPIRE', KEYS[4], ms)
-    call('PEXPIRE', KEYS[5], ms)
+  end
+  return b
+end
+
+-- Write the bucket back; it expires once every dimension is full, no cooldown holds and no
+-- lease is left (an expired bucket is a full one).
+local function save(b, now)
+  local set = {'burst', num(b.burst_s), 'cd', num(b.cd), 'lx', num(b.lx)}
+  local gone = {}
+  local needed = math.max(b.cd, b.lx)
+  for k = 1, 3 do
+    if b.tat[k] then
+      table.insert(set, DIMS[k]); table.insert(set, num(b.tat[k]))
+      table.insert(set, 'L' .. DIMS[k]); table.insert(set, num(b.lim[k]))
+      needed = math.max(needed, b.tat[k])
+    elseif b.was[k] or b.was[3 + k] then  -- no longer limited: its state goes
+      table.insert(gone, DIMS[k]); table.insert(gone, 'L' .. DIMS[k])
+    end
+  end
+  if b.reg then table.insert(set, 'reg'); table.insert(set, num(b.reg)) end
+  redis.call('HSET', KEYS[1], unpack(set))
+  if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((needed - now) / 1000) + 5000))
+end
+
+-- ARGV[j..j+2]: raw -limit headers of r, i, o to learn ('' = none), kept for 24 h.
+local function learn(j)
+  local set = {}
+  for k = 1, 3 do
+    if ARGV[j + k - 1] ~= '' then
+      table.insert(set, DIMS[k]); table.insert(set, ARGV[j + k - 1])
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', KEYS[3], unpack(set))
+    redis.call('PEXPIRE', KEYS[3], 24 * 3600 * 1000)
   end
 end
 
+-- ARGV[j..j+2]: -remaining headers of r, i, o ('' = absent); they only ever lower a level.
+local function lower(b, j, now)
+  for k = 1, 3 do
+    local remaining = tonumber(ARGV[j + k - 1])
+    if b.per[k] and remaining then
+      b.tat[k] = math.max(b.tat[k], now + b.burst - remaining * b.per[k])
+    end
+  end
+end
+
+-- Add n to this scope's counter `field` of second `sec`, and prune seconds older than
+-- window_s. The index is touched only when a counter is new (once per second and field).
+local function stat_add(window_s, now, sec, field, n)
+  if n == 0 then return end
+  local s = string.format('%d', sec)
+  if redis.call('HINCRBY', KEYS[4], s .. ':' .. field, n) ~= n then return end
+  if redis.call('ZADD', KEYS[5], sec, s) == 0 then return end
+  local cutoff = math.floor(now / 1e6) - window_s
+  local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', cutoff)
+  if #old > 0 then
+    local fields = {}
+    for _, o in ipairs(old) do
+      for _, name in ipairs(STAT_FIELDS) do table.insert(fields, o .. ':' .. name) end
+    end
+    redis.call('HDEL', KEYS[4], unpack(fields))
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', cutoff)
+  end
+  redis.call('PEXPIRE', KEYS[4], (window_s + 60) * 1000)
+  redis.call('PEXPIRE', KEYS[5], (window_s + 60) * 1000)
+end

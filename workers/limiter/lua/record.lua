@@ -1,11 +1,8 @@
--- record.lua: add to this second's usage counters (e.g. n529=1). Prepended with _head.lua
--- and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described in _head.lua; A[1..5]
--- unused).
--- A[7] stats_window_s   ARGV[2], ARGV[3], ... field, count pairs
+-- record.lua: add to this second's counters of a scope (e.g. a 529). KEYS: see _lib.lua.
+-- ARGV[1] stats window_s   ARGV[2..10] a count per STAT_FIELDS entry, in its order
 
-local now = clock()
-local sec = floor(now / 1e6)
-for j = 2, #ARGV, 2 do
-  stat_add(A[7], now, sec, ARGV[j], tonumber(ARGV[j + 1]))
+local now = now_us()
+for j, field in ipairs(STAT_FIELDS) do
+  stat_add(tonumber(ARGV[1]), now, math.floor(now / 1e6), field, tonumber(ARGV[j + 1]))
 end
 return 1

@@ -1,45 +1,51 @@
--- settle.lua: a call ended (settle) or never went out (release). Prepended with _head.lua
--- and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1] are described in _head.lua; limits
--- -1 = stored).
--- A[7] input delta (actual - reserved)   A[8] output delta
--- A[9] request delta (0 for settle: the request stays counted; -1 for release)
--- A[10] actual input tokens   A[11] actual output tokens (for the stats)
--- A[12] stats_window_s   A[13] the second of the acquire
--- A[14] the grant's send time (us)   A[15], A[16] reserved input, output tokens
--- A[17] the grant's wait (s)
--- A[18..23] optional: the response's headers, as in sync.lua (-remaining r,i,o, then
---           -limit r,i,o to learn; NaN = absent), applied after the true-up exactly as a
---           sync right after this settle would (one round trip instead of two)
--- ARGV[2] lease id
--- Positive deltas are extra debits (the level may go negative, later acquirers wait);
--- negative ones refund, never above capacity. Returns 1 if the lease was still held.
--- The grant's counters are written here, not by acquire (which stays shorter on the path
--- before every call): 'requests' at its send second unless it is released (never sent),
--- 'waits' and 'wait_ms' at the second of the acquire.
+-- settle.lua: a granted call ended (settle) or never went out (release). KEYS and
+-- ARGV[1..5]: see _lib.lua.
+-- ARGV[6] 1 = sent (settle), 0 = never sent (release: the request is refunded too)
+-- ARGV[7], ARGV[8] input, output tokens reserved   ARGV[9], ARGV[10] input, output used
+-- ARGV[11] stats window_s   ARGV[12] second of the acquire   ARGV[13] send time (us)
+-- ARGV[14] the grant's wait (s)   ARGV[15] lease id
+-- ARGV[16..21] the response's headers or '': -remaining r, i, o, then -limit r, i, o to
+--   learn; applied after the true-up exactly as sync.lua right after it would be
+-- Returns 1 if the lease was still held.
+--
+-- True-up per dimension: what was used beyond the reservation is debited now; what was
+-- reserved and not used is credited in full, capped: the level never rises above capacity
+-- (tat >= now) nor above empty at the end of a cooldown (tat >= cd + burst). The grant's
+-- counters are written here: requests at its send second (unless released), tokens now,
+-- waits at the second of the acquire.
 
-local now = clock()
-local h = load(now, call('GET', KEYS[1]))
-local held = call('ZREM', KEYS[2], ARGV[2])
-if held == 1 then h[NL] = h[NL] - 1 end  -- (absent stays absent: NaN - 1)
-local s_x = A[14]
-adjust(h, 1, A[9], s_x, 1)
-adjust(h, 2, A[7], s_x, A[15])
-adjust(h, 3, A[8], s_x, A[16])
-if NA >= 23 then
-  if learn(18) then h = load(now, pack(REC, unpack(h, 1, NREC))) end
-  lower(h, 18)
+local now = now_us()
+local b = load(now)
+local sent = ARGV[6] == '1'
+local reserved = {1, tonumber(ARGV[7]), tonumber(ARGV[8])}
+local used = {sent and 1 or 0, tonumber(ARGV[9]), tonumber(ARGV[10])}
+local held = redis.call('ZREM', KEYS[2], ARGV[15])
+for k = 1, 3 do
+  local per = b.per[k]
+  if per and used[k] > reserved[k] then
+    b.tat[k] = b.tat[k] + (used[k] - reserved[k]) * per
+  elseif per and used[k] < reserved[k] then
+    local credit = math.min(reserved[k] * per, b.burst) - math.min(used[k] * per, b.burst)
+    local floor = math.max(now, b.cd + b.burst)
+    b.tat[k] = math.min(b.tat[k], math.max(floor, b.tat[k] - credit))
+  end
 end
-save(h, now)
-local window = A[12]
-local sec = floor(now / 1e6)
-stat_add(window, now, sec, 'input_tokens', A[10])
-stat_add(window, now, sec, 'output_tokens', A[11])
-if A[9] == 0 then
-  stat_add(window, now, floor(s_x / 1e6), 'requests', 1)
+save(b, now)
+if ARGV[16] ~= '' or ARGV[17] ~= '' or ARGV[18] ~= '' or ARGV[19] ~= '' or ARGV[20] ~= ''
+    or ARGV[21] ~= '' then
+  learn(19)
+  b = load(now)
+  lower(b, 16, now)
+  save(b, now)
 end
-local wait = A[17]
+
+local window, sec = tonumber(ARGV[11]), math.floor(now / 1e6)
+stat_add(window, now, sec, 'input_tokens', used[2])
+stat_add(window, now, sec, 'output_tokens', used[3])
+if sent then stat_add(window, now, math.floor(tonumber(ARGV[13]) / 1e6), 'requests', 1) end
+local wait = tonumber(ARGV[14])
 if wait > 0 then
-  stat_add(window, now, A[13], 'waits', 1)
-  stat_add(window, now, A[13], 'wait_ms', floor(wait * 1000 + 0.5))
+  stat_add(window, now, tonumber(ARGV[12]), 'waits', 1)
+  stat_add(window, now, tonumber(ARGV[12]), 'wait_ms', math.floor(wait * 1000 + 0.5))
 end
 return held

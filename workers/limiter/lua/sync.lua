@@ -1,14 +1,13 @@
--- sync.lua: fold a response's anthropic-ratelimit-* headers into the scope. Prepended
--- with _head.lua and _lib.lua (KEYS[1..5] and A[1..6] = ARGV[1]: see _head.lua).
--- A[7..9]   -remaining of requests / input / output (NaN = header absent)
--- A[10..12] -limit of requests / input / output, sent only for dimensions that are not
---           configured (NaN otherwise); stored raw in KEYS[3] (24 h), acquire uses it
---           times A[5]
--- A -remaining value can only lower a level, never raise it: level = min(level, remaining).
+-- sync.lua: fold a response's anthropic-ratelimit-* headers into the scope. KEYS and
+-- ARGV[1..5]: see _lib.lua.
+-- ARGV[6..8] -remaining of requests, input, output tokens ('' = absent): a level only ever
+--            goes down to it, never up
+-- ARGV[9..11] raw -limit values to learn ('' = none; the caller sends only those of
+--            dimensions it has no configured limit for)
 
-learn(7)
-local now = clock()
-local h = load(now, call('GET', KEYS[1]))
-lower(h, 7)
-save(h, now)
+learn(9)
+local now = now_us()
+local b = load(now)
+lower(b, 6, now)
+save(b, now)
 return 1

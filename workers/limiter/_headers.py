@@ -1,0 +1,45 @@
+"""The provider's ``anthropic-ratelimit-*`` response headers, as the limiter folds them in."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from workers.limiter._scopes import ScopeLimits
+
+__all__ = ["header_args", "parse_ratelimit_headers"]
+
+_DIMS = ("requests", "input-tokens", "output-tokens")
+Numbers = tuple[float | None, float | None, float | None]
+
+
+def parse_ratelimit_headers(headers: Mapping[str, str | bytes]) -> tuple[Numbers, Numbers]:
+    """(remaining, limit) of requests, input and output tokens; None where absent or bad."""
+    lower = {str(k).lower(): v for k, v in headers.items()}
+
+    def get(name: str) -> float | None:
+        raw = lower.get(name)
+        if raw is None:
+            return None
+        try:
+            value = float(raw.decode() if isinstance(raw, bytes) else raw)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) and value >= 0 else None
+
+    remaining = tuple(get(f"anthropic-ratelimit-{d}-remaining") for d in _DIMS)
+    limit = tuple(get(f"anthropic-ratelimit-{d}-limit") for d in _DIMS)
+    return remaining, limit  # type: ignore[return-value]
+
+
+def header_args(limits: ScopeLimits, headers: Mapping[str, str | bytes]) -> list[str] | None:
+    """sync.lua's six arguments: -remaining of r, i, o, then the -limit values to learn (only
+    where ``limits`` configures none: a configured limit always wins); None if all absent."""
+    remaining, limit = parse_ratelimit_headers(headers)
+    configured = (limits.rpm, limits.itpm, limits.otpm)
+    learn = [lim if conf is None and lim else None
+             for lim, conf in zip(limit, configured, strict=True)]
+    values = [*remaining, *learn]
+    if all(v is None for v in values):
+        return None
+    return ["" if v is None else repr(v) for v in values]

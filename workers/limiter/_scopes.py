@@ -1,0 +1,87 @@
+"""What a scope is, the limits it is held to, and what ``acquire`` hands back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = ["STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope", "tool_scope"]
+
+# The per-second counters of a scope, in the order the Lua library lists them (_lib.lua).
+STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "n429", "n529",
+               "n5xx", "nconn")
+
+
+def llm_scope(key_alias: str, model: str) -> str:
+    """The scope of one model class under one API key: what the provider limits together."""
+    return f"llm:{key_alias}:{model}"
+
+
+def tool_scope(tool_name: str) -> str:
+    """The scope of a rate-limited service that a tool calls."""
+    return f"tool:{tool_name}"
+
+
+@dataclass(frozen=True)
+class ScopeLimits:
+    """The limits one scope is held to, per minute, as the limiter enforces them (a target
+    utilisation is already applied by the caller).
+
+    ``None`` leaves a dimension unlimited unless a ``-limit`` header taught one; then that raw
+    limit times ``learned_utilization`` applies. Each bucket holds ``burst_s`` of refill.
+    """
+
+    rpm: float | None = None
+    itpm: float | None = None
+    otpm: float | None = None
+    burst_s: float = 1.0
+    max_in_flight: int | None = None
+    learned_utilization: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("rpm", "itpm", "otpm"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"ScopeLimits.{name} must be > 0 or None, got {value!r}")
+        if not self.burst_s > 0:
+            raise ValueError(f"ScopeLimits.burst_s must be > 0, got {self.burst_s!r}")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError("ScopeLimits.max_in_flight must be >= 1 or None, "
+                             f"got {self.max_in_flight!r}")
+        if not 0 < self.learned_utilization <= 1:
+            raise ValueError("ScopeLimits.learned_utilization must be in (0, 1], "
+                             f"got {self.learned_utilization!r}")
+
+    @classmethod
+    def for_tool(cls, rps: float, burst_s: float = 1.0,
+                 max_in_flight: int | None = None) -> ScopeLimits:
+        """A tool's scope: requests per second only."""
+        return cls(rpm=rps * 60, burst_s=burst_s, max_in_flight=max_in_flight)
+
+
+class Grant(NamedTuple):
+    """What ``acquire`` decided."""
+
+    granted: bool          # True: debited, lease taken; send after wait_s
+    wait_s: float          # when granted: seconds to wait before sending (0.0 = now)
+    retry_after_s: float   # when not granted: seconds until it is worth coming back
+    lease_id: str | None
+    reason: str            # "ok" | "horizon" | "cooldown" | "in_flight"
+    input_tokens: int      # what was reserved, for settle
+    output_tokens: int
+    now_us: float = 0.0    # Redis time (us) of the acquire
+
+    @property
+    def send_us(self) -> float:
+        """Redis time (us) of the planned send."""
+        return self.now_us + self.wait_s * 1e6
+
+    @property
+    def send_at(self) -> float:
+        """Redis time (epoch s) of the planned send."""
+        return self.now_us / 1e6 + self.wait_s
+
+    @property
+    def acquired_s(self) -> int:
+        """The Redis second of the acquire (its wait is counted there)."""
+        return int(self.now_us // 1e6)

@@ -1,0 +1,173 @@
+"""What the sync and the async limiter share: the Lua scripts, the keys of a scope, the
+arguments of each operation and the reading of its reply. An operation is a ``_Call``
+(script, keys, arguments, and what to make of the reply); the two limiters only differ in
+how they run one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from importlib import resources
+from typing import Any, NamedTuple
+
+from workers.limiter._headers import header_args
+from workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits
+
+__all__ = ["Clock", "LimiterCore"]
+
+Clock = Callable[[], int]  # Redis-like time in microseconds
+
+_LUA = resources.files("workers.limiter") / "lua"
+_SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage", "scopes")
+# With an injected clock (tests) the scripts get the time as their last argument instead of
+# from TIME; everything else is the same text.
+_INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
+_STORED = ["*", "*", "*", "*", "1"]  # the limits the last write stored (release, state)
+_NO_HEADERS = [""] * 6
+
+
+def _source(name: str, clock: Clock | None) -> str:
+    head = _INJECTED_CLOCK if clock is not None else (_LUA / "_clock.lua").read_text()
+    return head + (_LUA / "_lib.lua").read_text() + (_LUA / f"{name}.lua").read_text()
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _f(value: Any) -> float | None:
+    text = _s(value)
+    return float(text) if text else None
+
+
+def _limit_args(limits: ScopeLimits) -> list[str]:
+    dims = ("" if v is None else repr(float(v)) for v in (limits.rpm, limits.itpm, limits.otpm))
+    return [*dims, repr(float(limits.burst_s)), repr(float(limits.learned_utilization))]
+
+
+class _Call(NamedTuple):
+    script: str
+    keys: list[str]
+    args: list[str]
+    finish: Callable[[Any], Any]
+
+
+class LimiterCore:
+    def __init__(self, client: Any, *, prefix: str = "drover", horizon_s: float = 15.0,
+                 stats_window_s: int = 3600, clock: Clock | None = None) -> None:
+        if not horizon_s > 0:
+            raise ValueError(f"horizon_s must be > 0, got {horizon_s!r}")
+        if stats_window_s < 1:
+            raise ValueError(f"stats_window_s must be >= 1, got {stats_window_s!r}")
+        self.prefix = prefix
+        self.horizon_s = float(horizon_s)
+        self.stats_window_s = int(stats_window_s)
+        self._clock = clock
+        self._registry = f"{prefix}:scopes"
+        self._scripts = {name: client.register_script(_source(name, clock))
+                         for name in _SCRIPTS}
+
+    def keys(self, scope: str) -> list[str]:
+        """A scope's Redis keys: bucket, leases, learned limits, stats, stats index."""
+        if not scope or "{" in scope or "}" in scope:
+            raise ValueError(f"a scope must be non-empty and contain no braces: {scope!r}")
+        tag = f"{self.prefix}:{{{scope}}}"
+        return [f"{tag}:b", f"{tag}:l", f"{tag}:hl", f"{tag}:s", f"{tag}:si"]
+
+    def _call(self, script: str, keys: list[str], args: list[str],
+              finish: Callable[[Any], Any] = lambda reply: None) -> _Call:
+        if self._clock is not None:
+            args = [*args, str(int(self._clock()))]
+        return _Call(script, keys, args, finish)
+
+    # --- the operations ---------------------------------------------------------------------
+    def _acquire(self, scope: str, limits: ScopeLimits, input_tokens: int, output_tokens: int,
+                 lease_ttl_s: float) -> _Call:
+        if input_tokens < 0 or output_tokens < 0:
+            raise ValueError("token estimates must be >= 0")
+        lease = uuid.uuid4().hex
+        mif = limits.max_in_flight
+
+        def finish(reply: Any) -> tuple[Grant, bool]:
+            reason, seconds, now_us, register = (_s(x) for x in reply)
+            ok = reason == "ok"
+            return Grant(ok, float(seconds) if ok else 0.0, 0.0 if ok else float(seconds),
+                         lease if ok else None, reason, input_tokens, output_tokens,
+                         float(now_us)), register == "1"
+
+        return self._call("acquire", self.keys(scope), [
+            *_limit_args(limits), str(input_tokens), str(output_tokens), repr(self.horizon_s),
+            "" if mif is None else str(mif), repr(float(lease_ttl_s)), lease], finish)
+
+    def _register(self, scope: str) -> _Call:
+        return self._call("scopes", [self._registry], [scope, str(self.stats_window_s)])
+
+    def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
+                input_tokens: int, output_tokens: int,
+                headers: Mapping[str, str] | None) -> _Call | None:
+        if input_tokens < 0 or output_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        if not grant.granted or grant.lease_id is None:
+            return None
+        limit = _STORED if limits is None else _limit_args(limits)
+        folded = None if headers is None or limits is None else header_args(limits, headers)
+        return self._call("settle", self.keys(scope), [
+            *limit, "1" if sent else "0", str(grant.input_tokens), str(grant.output_tokens),
+            str(int(input_tokens)), str(int(output_tokens)), str(self.stats_window_s),
+            str(grant.acquired_s), repr(grant.send_us), repr(grant.wait_s), grant.lease_id,
+            *(folded or _NO_HEADERS)])
+
+    def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Call:
+        if not retry_after_s >= 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s!r}")
+        return self._call("cooldown", self.keys(scope), [
+            *_limit_args(limits), repr(float(retry_after_s)), str(self.stats_window_s)],
+            lambda reply: float(_s(reply)))
+
+    def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
+        folded = header_args(limits, headers)
+        if folded is None:
+            return None
+        return self._call("sync", self.keys(scope), [*_limit_args(limits), *folded])
+
+    def _record(self, scope: str, counts: Mapping[str, int]) -> _Call | None:
+        unknown = sorted(set(counts) - set(STAT_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown counter(s) {unknown}; expected some of {STAT_FIELDS}")
+        if not any(int(n) for n in counts.values()):
+            return None
+        return self._call("record", self.keys(scope), [
+            str(self.stats_window_s), *(str(int(counts.get(f, 0))) for f in STAT_FIELDS)])
+
+    def _usage(self, scope: str, seconds: int) -> _Call:
+        if seconds < 1:
+            raise ValueError(f"seconds must be >= 1, got {seconds!r}")
+
+        def finish(reply: Any) -> list[dict[str, int]]:
+            first, values, n = int(_s(reply[0])), [_s(v) for v in reply[1:]], len(STAT_FIELDS)
+            return [{"t": first + i, **{name: int(values[i * n + j] or 0)
+                                        for j, name in enumerate(STAT_FIELDS)}}
+                    for i in range(len(values) // n)]
+
+        return self._call("usage", self.keys(scope), [str(int(seconds))], finish)
+
+    def _scopes(self) -> _Call:
+        return self._call("scopes", [self._registry], ["", str(self.stats_window_s)],
+                          lambda reply: sorted(_s(x) for x in reply))
+
+    def _state(self, scope: str, limits: ScopeLimits | None) -> _Call:
+        def finish(reply: Any) -> dict[str, Any]:
+            r = [_s(x) for x in reply]
+            out: dict[str, Any] = {"now": float(r[0]) / 1e6, "cooldown_s": float(r[1]),
+                                   "leases": int(r[2]), "burst_s": float(r[3])}
+            for k, name in enumerate(("requests", "input_tokens", "output_tokens")):
+                lim, cap, level = (_f(v) for v in r[4 + 3 * k: 7 + 3 * k])
+                out[name] = None if lim is None else {
+                    "limit_per_min": lim, "rate_per_s": lim / 60, "capacity": cap,
+                    "level": level}
+            out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[13:16]),
+                                      strict=True))
+            return out
+
+        args = _STORED if limits is None else _limit_args(limits)
+        return self._call("state", self.keys(scope), args, finish)
