@@ -107,9 +107,6 @@ class JobStore:
             raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
         return {_s(k): _s(v) for k, v in raw.items()}
 
-    def set_meta(self, job_id: str, **fields: object) -> None:
-        self.r.hset(self.key(job_id, "meta"), mapping={k: str(v) for k, v in fields.items()})
-
     def claim_launch(self, job_id: str) -> bool:
         """True for the one caller that may send the job's chord (a replanned job is not resent)."""
         pipe = self.r.pipeline()
@@ -210,16 +207,6 @@ class JobStore:
         pipe.hset(key, tool_use_id, json.dumps(result))
         pipe.expire(key, self.ttl_s)
         pipe.execute()
-
-    def add_attempt(self, job_id: str, index: int) -> int:
-        key = self.key(job_id, "attempts")
-        pipe = self.r.pipeline()
-        pipe.hincrby(key, str(index), 1)
-        pipe.expire(key, self.ttl_s)
-        return int(pipe.execute()[0])
-
-    def attempts(self, job_id: str, index: int) -> int:
-        return int(self.r.hget(self.key(job_id, "attempts"), str(index)) or 0)
 
     def add_resend(self, job_id: str, index: int) -> int:
         """Count one re-send of a sub-agent's lost task; returns the count so far."""
