@@ -152,6 +152,22 @@ class Settings(BaseSettings):
     # the tenant's own: {"team-a": {"per_minute": 200000, "per_day": 20000000}}.
     tenant_budgets: dict[str, TenantBudget] = Field(default_factory=dict)
 
+    # --- offline jobs through the Message Batches API (JobSpec.delivery) -----------------
+    # A scope's pending requests go out as a batch once this many wait, or once the oldest
+    # has waited batch_linger_s; one batch holds at most batch_max_requests (the API: 100k).
+    batch_size: int = Field(default=1000, ge=1)
+    batch_linger_s: float = Field(default=5.0, ge=0)
+    batch_max_requests: int = Field(default=100_000, ge=1, le=100_000)
+    # How often an open batch is retrieved, and how often the batcher looks at all.
+    batch_poll_s: float = Field(default=30.0, gt=0)
+    batch_tick_s: float = Field(default=1.0, gt=0)
+    # The batches endpoints' own limits (per API key, separate from RPM/ITPM/OTPM).
+    batch_rpm: PositiveRate = 50
+    batch_queue_cap: int = Field(default=100_000, ge=1)
+    # delivery="auto" uses batches when the job has no deadline or at least this long a one
+    # (the provider ends every batch within 24 h; most within an hour).
+    batch_auto_min_deadline_s: float = Field(default=86_400.0, gt=0)
+
     @field_validator("redis_url", "broker_url", "result_backend")
     @classmethod
     def _redis_like(cls, value: str | None) -> str | None:

@@ -3,33 +3,40 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import socket
 from functools import lru_cache
 from typing import Any
 
-from celery import Signature, Task
-from celery.signals import worker_process_init, worker_ready
+from celery import Signature, Task, signature
+from celery.exceptions import Ignore
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from config import Settings, get_settings
 from workers.agent import (
+    Batcher,
     CallFailed,
     Cancelled,
     Incomplete,
+    Parked,
     RetryLater,
     SubagentRun,
     get_runtime,
     join,
     plan_job_goal,
+    uses_batch,
 )
+from workers.agent.runtime import Runtime
 from workers.app import app
 from workers.jobs import start_sweeper, sync_redis
+from workers.jobs.batches import BatchStore
 from workers.jobs.fairshare import Dispatch, FairShare, start_pump
 from workers.jobs.store import JobStore
 from workers.telemetry import worker_started
 
 __all__ = ["dispatch", "import_tool_modules", "join_results", "launch", "plan_job",
-           "run_subagent", "send_again"]
+           "resume_parked", "run_subagent", "send_again", "start_batcher", "stop_batcher"]
 
 log = logging.getLogger("drover.recovery")
 
@@ -63,6 +70,12 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
     try:
         outcome = rt.run(SubagentRun(rt, job_id, index).run())
+    except Parked:
+        # Its request waits in a Message Batch: keep what resumes this very task (same id,
+        # same chord) and end without counting towards the chord; the batcher sends it
+        # again when the result is in (workers/agent/batch.py).
+        BatchStore(rt.store).park(job_id, index, json.dumps(self.signature_from_request()))
+        raise Ignore() from None
     except RetryLater as later:
         raise self.retry(countdown=later.countdown, max_retries=None) from None
     _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
@@ -95,6 +108,14 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
     """
     settings = get_settings()
     app.backend.set_chord_size(job_id, n)
+    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                     ttl_s=settings.result_ttl_s)
+    if uses_batch(store.spec(job_id), settings):
+        # A batch sub-agent holds a worker slot only for the moments between its batch
+        # rounds, so a window of slots is no measure of it: every turn of every sub-agent
+        # should make the next batch. All of them go out now.
+        dispatch([Dispatch(job_id, 0, n)], queue)
+        return
     fs = _fairshare(settings, queue)
     dispatch(fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
                     priority=priority), queue)
@@ -184,3 +205,45 @@ def send_again(queue: str, job_id: str, index: int | None) -> None:
         log.warning("sub-agent %s/%d: its task is gone from the broker; sending it again",
                     job_id, index)
         run_subagent.s(job_id, index).set(queue=queue, ignore_result=True).apply_async()
+
+
+def resume_parked(raw: str) -> None:
+    """Send a parked sub-agent's saved signature again (its batch result is in)."""
+    signature(json.loads(raw), app=app).apply_async()
+
+
+_batcher: tuple[Runtime, Any] | None = None
+
+
+def start_batcher() -> None:
+    """This worker process's batcher (Message Batches: submit, poll, resume), on its own loop.
+
+    Every worker runs one; a Redis lock lets one at a time do a pass, so a fleet submits
+    and polls as one. Its runtime is its own: it outlives no worker and shares no state
+    with the sub-agents' runtime."""
+    global _batcher
+    if _batcher is not None:
+        return
+    from config import get_settings
+
+    rt = Runtime(get_settings())
+    _batcher = (rt, rt.submit(Batcher(rt, resume_parked).run_forever()))
+
+
+@worker_shutdown.connect
+def stop_batcher(**_: Any) -> None:
+    global _batcher
+    if _batcher is None:
+        return
+    rt, running = _batcher
+    _batcher = None
+    rt.loop.call_soon_threadsafe(running.cancel)
+    try:
+        rt.close()
+    except Exception:  # Redis gone at shutdown: nothing left to tidy
+        pass
+
+
+@worker_ready.connect
+def _on_worker_ready(**_: Any) -> None:
+    start_batcher()

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from workers.agent.batch import batch_message, uses_batch
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from workers.agent.llm import CallContext, create_message, race, wait_or_cancel
 from workers.agent.retry import Decision
@@ -127,16 +128,20 @@ class SubagentRun:
             if over:
                 return await self._finish(state, "budget_exceeded", error=over,
                                           error_type="budget_exceeded")
-            if await self._io(self.store.cancelled, self.job_id):
-                raise Cancelled()
             params = request_params(spec, model, tools, state.messages)
-            message = await create_message(self.rt, params, ctx)
+            batched = uses_batch(spec, settings)
+            if batched:  # the turn goes into a Message Batch (checks the cancel itself)
+                message = await batch_message(self.rt, params, ctx, state)
+            else:
+                if await self._io(self.store.cancelled, self.job_id):
+                    raise Cancelled()
+                message = await create_message(self.rt, params, ctx)
             content = [block.model_dump(mode="json", exclude_none=True)
                        for block in message.content]
             state.messages.append({"role": "assistant", "content": content})
             state.turns += 1
             state.stop_reason = message.stop_reason
-            state.usage.add(message.usage)
+            state.usage.add(message.usage, batch=batched)
             await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
             if spec.token_budget:
                 await self._io(self.store.spend, self.job_id, budget_tokens(message.usage))

@@ -22,14 +22,24 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    # The part of the above that went through the Message Batches API (billed at 50%).
+    batch_calls: int = 0
+    batch_input_tokens: int = 0
+    batch_output_tokens: int = 0
+    batch_cache_creation_input_tokens: int = 0
+    batch_cache_read_input_tokens: int = 0
 
-    def add(self, usage: object) -> None:
+    def add(self, usage: object, *, batch: bool = False) -> None:
         """Add an SDK ``Usage`` (or anything with the same attributes) from one LLM call."""
+        names = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                 "cache_read_input_tokens")
         self.calls += 1
-        self.input_tokens += getattr(usage, "input_tokens", 0) or 0
-        self.output_tokens += getattr(usage, "output_tokens", 0) or 0
-        self.cache_creation_input_tokens += getattr(usage, "cache_creation_input_tokens", 0) or 0
-        self.cache_read_input_tokens += getattr(usage, "cache_read_input_tokens", 0) or 0
+        self.batch_calls += batch
+        for name in names:
+            n = getattr(usage, name, 0) or 0
+            setattr(self, name, getattr(self, name) + n)
+            if batch:
+                setattr(self, "batch_" + name, getattr(self, "batch_" + name) + n)
 
     @property
     def budget_tokens(self) -> int:
@@ -39,6 +49,12 @@ class Usage(BaseModel):
     def total_tokens(self) -> int:
         return (self.input_tokens + self.output_tokens + self.cache_creation_input_tokens
                 + self.cache_read_input_tokens)
+
+    @property
+    def batch_tokens(self) -> int:
+        """Tokens billed at the batch rate (half the standard price)."""
+        return (self.batch_input_tokens + self.batch_output_tokens
+                + self.batch_cache_creation_input_tokens + self.batch_cache_read_input_tokens)
 
 
 def budget_tokens(usage: object) -> int:
@@ -63,6 +79,10 @@ class Checkpoint(BaseModel):
     failed: list[str] = Field(default_factory=list)  # tool calls that failed, for the report
     failures: int = 0  # failed LLM attempts so far: the backoff exponent and the attempt cap
     last_error: dict[str, Any] | None = None
+    # delivery="batch": the custom_id of this turn's request in a Message Batch (None when
+    # none is out), and how many batch requests it has made (keeps a retry's id new).
+    batch_cid: str | None = None
+    batch_n: int = 0
 
     @classmethod
     def first(cls, task: str) -> Checkpoint:

@@ -110,6 +110,9 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, in
         if in_broker is None:
             in_broker = subagents_in_broker(r, store.prefix, settings.queue)
         recorded = {int(i) for i in r.hkeys(store.key(job_id, "records"))}
+        # Parked sub-agents wait for a Message Batch, task-less on purpose: the batcher
+        # resumes them (workers/agent/batch.py).
+        recorded |= {int(i) for i in r.hkeys(store.key(job_id, "bpark"))}
         # Sub-agents the fair-share window has not published yet are not lost, only waiting.
         dispatched = fairshare.dispatched(job_id)
         for index in range(n if dispatched is None else min(n, dispatched)):

@@ -41,6 +41,10 @@ class JobSpec(BaseModel):
     deadline_s: float | None = Field(default=None, gt=0)
     max_parallel_tools: int | None = Field(default=None, ge=1, le=256)
     synthesize: bool | str = False
+    # realtime: messages.create through the limiter. batch: every turn of every sub-agent
+    # goes through the Message Batches API (half the price, up to 24 h per turn). auto:
+    # batch when the deadline allows it (none, or >= DROVER_BATCH_AUTO_MIN_DEADLINE_S).
+    delivery: Literal["realtime", "batch", "auto"] = "realtime"
     metadata: dict[str, str] = Field(default_factory=dict)
     # Fair share (README "Fair share, tenants, priorities"): the tenant's weight and token
     # budget are settings; the priority orders the jobs of one tenant.

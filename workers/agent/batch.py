@@ -1,0 +1,402 @@
+"""Turns through the Message Batches API: the sub-agent's side and the batcher.
+
+Why parking and not waiting: a batch may take hours, and a worker thread that waits for it
+is a slot no other job can use. So a batch sub-agent's turn (``batch_message``) puts its
+request in the scope's pending set and raises ``Parked``; the task saves the Celery signature
+that resumes it and ends without counting towards the chord (``Ignore``). The *batcher*
+(one per worker process, working under a Redis lock so one at a time fleet-wide) does the
+rest on each tick:
+
+1. cancels: a cancelled job (or one past its deadline) has its unsent requests dropped and
+   its open batches cancelled at the provider; their results (``canceled``, or what still
+   ended) come back like any other, so every sub-agent resumes and writes its record;
+2. submits: a scope's pending requests go out, one batch per job, once ``batch_size`` wait
+   or the oldest has waited ``batch_linger_s``; each request holds a lease of the
+   ``batchq:{key}`` limiter scope (``max_in_flight`` = the provider's queue cap, shared by
+   every host) until its batch is collected;
+3. polls: open batches are retrieved every ``batch_poll_s``; an ended one's results are
+   stored under their jobs and the owners marked ready;
+4. resumes: each ready sub-agent's parked signature is sent again (same task id, same
+   chord), so it continues from its checkpoint with its result.
+
+Every call to the batches endpoints first takes a grant of the ``batchapi:{key}`` scope
+(``DROVER_BATCH_RPM``); a 429 there sets that scope's cooldown for every host. Tokens that
+came back by batch are counted on the ``batch:{key}:{model}`` scope, so ``drover stats``
+shows them apart (they are billed at half the price).
+
+A result is consumed like a realtime reply: ``succeeded`` is the Message; ``errored``
+carries the error body a realtime call would have got and goes through the same
+``classify`` (retryable: the next batch, counting an attempt; else ``failed``); ``expired``
+is sent again, or fails the sub-agent once the job's deadline has passed; ``canceled``
+means the job was cancelled (else it is sent again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anthropic
+import httpx2
+from anthropic.types import Message
+
+from config import Settings
+from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from workers.agent.llm import CallContext, counted_input
+from workers.agent.retry import Decision, classify
+from workers.agent.runtime import Runtime
+from workers.jobs.batches import BatchStore, OpenBatch, custom_id
+from workers.jobs.records import Checkpoint
+from workers.jobs.spec import JobSpec
+from workers.jobs.store import ACTIVE, JobNotFound
+from workers.limiter import Grant, ScopeLimits, llm_scope
+
+__all__ = ["Batcher", "Parked", "batch_message", "uses_batch"]
+
+log = logging.getLogger("drover.batch")
+T = TypeVar("T")
+# Error types in a result body -> the status a realtime call would have had (for classify).
+ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
+                "billing_error": 402, "permission_error": 403, "not_found_error": 404,
+                "request_too_large": 413, "rate_limit_error": 429, "api_error": 500,
+                "timeout_error": 504, "overloaded_error": 529}
+QUEUE_LEASE_S = 25 * 3600  # a batch ends within 24 h; a lease outlives it by a margin
+
+
+class Parked(LimiterSaysLater):
+    """The turn's request waits in a Message Batch: free the worker slot until it is back."""
+
+    def __init__(self, reason: str = "waiting for its Message Batch"):
+        super().__init__(0.0, reason)
+
+
+def uses_batch(spec: JobSpec, settings: Settings) -> bool:
+    """Whether this job's turns go through the Message Batches API."""
+    delivery = getattr(spec, "delivery", "realtime")
+    if delivery == "auto":
+        return spec.deadline_s is None or spec.deadline_s >= settings.batch_auto_min_deadline_s
+    return delivery == "batch"
+
+
+async def _io(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args)
+
+
+# --- the sub-agent's side ------------------------------------------------------------------
+
+async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
+                        state: Checkpoint) -> Message:
+    """This turn's reply from its batch result; else queue the request and raise ``Parked``.
+
+    ``state.batch_cid`` (checkpointed) names the request in flight, so a resumed or
+    redelivered sub-agent finds its result instead of sending the turn again."""
+    store = BatchStore(rt.store)
+    cid = state.batch_cid
+    if cid:
+        got = await _io(store.result, ctx.job_id, ctx.index)
+        if got and got.get("custom_id") == cid:
+            state.batch_cid = None
+            await _io(store.clear_result, ctx.job_id, ctx.index)
+            return await _consume(rt, got["result"], ctx)
+    if await _io(rt.store.cancelled, ctx.job_id):
+        raise Cancelled()
+    scope = llm_scope(rt.settings.key_alias, params["model"])
+    if cid and await _io(store.waiting, scope, cid):
+        raise Parked()
+    state.batch_n += 1
+    state.batch_cid = cid = custom_id(ctx.job_id, ctx.index, state.turns, state.batch_n)
+    # Checkpoint first: a sub-agent that dies here resumes knowing the id it queued.
+    await _io(rt.store.save_checkpoint, ctx.job_id, ctx.index, state)
+    await _io(store.enqueue, scope, ctx.job_id, cid, params)
+    raise Parked()
+
+
+async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Message:
+    kind = result.get("type")
+    settings = rt.settings
+    if kind == "succeeded":
+        return Message.model_validate(result["message"])
+    if kind == "errored":
+        decision = classify(_status_error(rt, result.get("error") or {}), attempt=ctx.failures,
+                            base_s=settings.backoff_base_s, cap_s=settings.countdown_cap_s)
+        await _io(rt.store.count_failed_call, ctx.job_id, decision.counter)
+        log.warning("batch result errored job=%s sub=%d type=%s next=%s", ctx.job_id,
+                    ctx.index, decision.error_type, decision.action)
+        if decision.action == "retry":
+            # The next batch is its backoff: no Celery countdown on top of the linger.
+            raise RetryableFailure(0.0, decision)
+        raise CallFailed(decision)
+    if kind == "expired":
+        left = await _io(rt.store.deadline_in, ctx.job_id)
+        if left is not None and left <= 0:
+            raise CallFailed(Decision("fail", "expired", "the batch request expired before it "
+                                      "was processed, and the job's deadline has passed"))
+        raise RetryableFailure(0.0, Decision("retry", "expired", "the batch request expired "
+                                             "before it was processed; sent again"))
+    if await _io(rt.store.cancelled, ctx.job_id):
+        raise Cancelled()
+    raise RetryableFailure(0.0, Decision("retry", "canceled", "the batch was cancelled "
+                                         "outside drover; sent again"))
+
+
+def _status_error(rt: Runtime, body: dict[str, Any]) -> anthropic.APIStatusError:
+    """The SDK exception a realtime call would have raised for this error body."""
+    inner = body.get("error") if isinstance(body.get("error"), dict) else body
+    status = ERROR_STATUS.get(str(inner.get("type")), 500)
+    request = httpx2.Request("POST", "https://batch.invalid/v1/messages")
+    response = httpx2.Response(status, json=body, request=request)
+    return rt.client._make_status_error_from_response(response)
+
+
+# --- the batcher ---------------------------------------------------------------------------
+
+Resume = Callable[[str], None]  # sends a parked Celery signature (JSON) again
+
+
+class Batcher:
+    """Submits pending requests, polls open batches, resumes sub-agents; see the docstring."""
+
+    def __init__(self, rt: Runtime, resume: Resume):
+        self.rt = rt
+        self.resume = resume
+        self.store = BatchStore(rt.store)
+        s = rt.settings
+        self.api_scope = f"batchapi:{s.key_alias}"
+        self.api_limits = ScopeLimits(rpm=s.batch_rpm * s.target_utilization,
+                                      burst_s=s.burst_seconds)
+        self.queue_scope = f"batchq:{s.key_alias}"
+        self.queue_limits = ScopeLimits(max_in_flight=s.batch_queue_cap)
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis or the API away: try again next tick
+                log.warning("batcher tick failed (%s: %s)", type(error).__name__, error)
+            await asyncio.sleep(self.rt.settings.batch_tick_s)
+
+    async def tick(self) -> None:
+        """One pass, by at most one batcher fleet-wide at a time."""
+        # Not thread-local: acquire and release run on different threads of the I/O pool.
+        lock = self.store.r.lock(self.store.lock, timeout=120, blocking=False,
+                                 thread_local=False)
+        if not await _io(lock.acquire):
+            return
+        try:
+            await self._cancels()
+            await self._submit()
+            await self._poll()
+            await self._resume()
+        finally:
+            try:
+                await _io(lock.release)
+            except Exception:  # expired under a very long tick: the next one takes it again
+                pass
+
+    # -- calls to the batches endpoints -------------------------------------------------
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]], calls: int = 1
+                    ) -> T | None:
+        """``call()`` within the batches endpoints' RPM; None when it has to wait or failed."""
+        limiter = self.rt.limiter
+        grants: list[Grant] = []
+        for _ in range(calls):
+            grant = await limiter.acquire(self.api_scope, self.api_limits, lease_ttl_s=120)
+            if not grant.granted:
+                for g in grants:
+                    await limiter.release(self.api_scope, g)
+                return None
+            grants.append(grant)
+        await asyncio.sleep(max(g.wait_s for g in grants))
+        try:
+            return await call()
+        except anthropic.APIStatusError as error:
+            decision = classify(error, attempt=0, base_s=1.0, cap_s=60.0)
+            if decision.cooldown_s is not None:  # every host backs off the batches endpoints
+                await limiter.cooldown(self.api_scope, self.api_limits, decision.cooldown_s)
+            log.warning("batch %s failed: %s %s", what, decision.status_code,
+                        decision.error_type)
+            if decision.action == "fail" and what == "create":
+                raise
+            return None
+        except anthropic.APIConnectionError as error:
+            log.warning("batch %s failed: %s", what, type(error).__name__)
+            return None
+        finally:
+            for g in grants:
+                await limiter.settle(self.api_scope, self.api_limits, g, input_tokens=0,
+                                     output_tokens=0)
+
+    # -- 1. cancels ---------------------------------------------------------------------
+    async def _cancels(self) -> None:
+        for job_id in await _io(self.store.active_jobs):
+            try:
+                reason = await _io(self.rt.store.cancelled, job_id)
+                status = (await _io(self.rt.store.meta, job_id)).get("status")
+            except JobNotFound:
+                await _io(self.store.retire_job, job_id)
+                continue
+            open_ids = set(await _io(self.store.job_open_batches, job_id))
+            if reason:
+                dropped = await _io(self.store.drop_pending, job_id, {"type": "canceled"})
+                if dropped:
+                    log.info("job %s cancelled: %d unsent batch requests dropped", job_id,
+                             dropped)
+                for batch in await _io(self.store.open_batches):
+                    if batch.id in open_ids and not batch.cancel_sent:
+                        done = await self._call(
+                            "cancel", lambda b=batch: self.rt.client.messages.batches.cancel(b.id))
+                        if done is not None:
+                            batch.cancel_sent, batch.polled = True, 0.0
+                            await _io(self.store.update, batch)
+            elif status not in ACTIVE and not open_ids:
+                await _io(self.store.retire_job, job_id)
+
+    # -- 2. submits ---------------------------------------------------------------------
+    async def _submit(self) -> None:
+        s = self.rt.settings
+        now = await _io(self.rt.store.server_time)
+        for scope in await _io(self.store.scopes):
+            count, oldest = await _io(self.store.pending_state, scope)
+            if not count:
+                await _io(self.store.forget_scope_if_empty, scope)
+                continue
+            if count < s.batch_size and oldest is not None and now - oldest < s.batch_linger_s:
+                continue
+            grouped = await _io(self.store.take, scope, min(s.batch_max_requests, count))
+            for job_id, items in grouped.items():
+                if await _io(self.rt.store.cancelled, job_id):
+                    continue  # the cancel pass drops them
+                if not await self._open(scope, job_id, items):
+                    return  # the queue is full or the endpoints want a pause: next tick
+
+    async def _open(self, scope: str, job_id: str,
+                    items: list[tuple[str, dict[str, Any]]]) -> bool:
+        leases = await self._queue_leases(len(items))
+        if not leases:
+            return False
+        items = items[:len(leases)]
+        requests = [{"custom_id": cid, "params": params} for cid, params in items]
+        try:
+            made = await self._call("create", lambda: self.rt.client.messages.batches.create(
+                requests=requests))
+        except anthropic.APIStatusError as error:
+            # The provider will not take these requests (e.g. 413): their owners fail with it.
+            await self._release(leases)
+            body = error.body if isinstance(error.body, dict) else {
+                "type": "error", "error": {"type": "api_error", "message": str(error)}}
+            await _io(self.store.fail_pending, scope, [c for c, _ in items],
+                      {"type": "errored", "error": body})
+            return True
+        if made is None:
+            await self._release(leases)
+            return False
+        now = await _io(self.rt.store.server_time)
+        await _io(self.store.opened, OpenBatch(
+            id=made.id, scope=scope, job_id=job_id, custom_ids=[c for c, _ in items],
+            leases=leases, created=now, polled=now))
+        log.info("batch %s created: job=%s scope=%s requests=%d", made.id, job_id, scope,
+                 len(items))
+        return True
+
+    async def _queue_leases(self, n: int) -> list[str]:
+        """Up to ``n`` leases of the queue-capacity scope (the provider's cap, fleet-wide)."""
+        leases: list[str] = []
+        for _ in range(n):
+            grant = await self.rt.limiter.acquire(self.queue_scope, self.queue_limits,
+                                                  lease_ttl_s=QUEUE_LEASE_S)
+            if not grant.granted or grant.lease_id is None:
+                break
+            leases.append(grant.lease_id)
+        return leases
+
+    async def _release(self, leases: list[str]) -> None:
+        for lease in leases:
+            await self.rt.limiter.release(
+                self.queue_scope, Grant(True, 0.0, 0.0, lease, "ok", 0, 0))
+
+    # -- 3. polls -----------------------------------------------------------------------
+    async def _poll(self) -> None:
+        s = self.rt.settings
+        now = await _io(self.rt.store.server_time)
+        batches = self.rt.client.messages.batches
+        for batch in await _io(self.store.open_batches):
+            if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
+                continue
+            seen = await self._call("retrieve", lambda b=batch: batches.retrieve(b.id))
+            if seen is None:
+                continue
+            batch.polled = now
+            if seen.processing_status != "ended":
+                await _io(self.store.update, batch)
+                continue
+            # results() retrieves the batch again before it downloads: two endpoint calls.
+            lines = await self._call("results", lambda b=batch: self._results(b.id), calls=2)
+            if lines is None:
+                continue
+            await _io(self.store.store_results, batch, lines)
+            await self._release(batch.leases)
+            await self._count_tokens(batch.scope, lines)
+            log.info("batch %s ended: job=%s %s", batch.id, batch.job_id,
+                     " ".join(f"{k}={v}" for k, v in sorted(_outcomes(lines).items())))
+
+    async def _results(self, batch_id: str) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        async for line in await self.rt.client.messages.batches.results(batch_id):
+            out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
+        return out
+
+    async def _count_tokens(self, scope: str, lines: dict[str, dict[str, Any]]) -> None:
+        """Tokens that came back by batch, on a scope of their own (for ``drover stats``)."""
+        ok = [r["message"]["usage"] for r in lines.values() if r.get("type") == "succeeded"]
+        if not ok:
+            return
+        model = scope.rsplit(":", 1)[-1]
+        configured = self.rt.settings.limits_for(model)
+        reads = bool(configured and configured.cache_reads_count)
+        used_in = sum(counted_input(_Usage(u), reads) for u in ok)
+        used_out = sum(u.get("output_tokens") or 0 for u in ok)
+        stats_scope = f"batch:{self.rt.settings.key_alias}:{model}"
+        limits = ScopeLimits()
+        grant = await self.rt.limiter.acquire(stats_scope, limits, lease_ttl_s=60)
+        await self.rt.limiter.settle(stats_scope, limits, grant, input_tokens=used_in,
+                                     output_tokens=used_out)
+        if len(ok) > 1:
+            await self.rt.limiter.record(stats_scope, requests=len(ok) - 1)
+
+    # -- 4. resumes ---------------------------------------------------------------------
+    async def _resume(self) -> None:
+        for job_id, index in await _io(self.store.ready):
+            signature = await _io(self.store.unpark, job_id, index)
+            if signature is None:
+                # Not parked (yet): it is still on its way out of its task, or long done.
+                if await _io(self.rt.store.record, job_id, index) is not None:
+                    await _io(self.store.not_ready, job_id, index)
+                continue
+            try:
+                await _io(self.resume, signature)
+            except Exception:
+                await _io(self.store.park, job_id, index, signature)  # try again next tick
+                raise
+            await _io(self.store.not_ready, job_id, index)
+
+
+class _Usage:
+    """Attribute access over a usage dict (what ``counted_input`` reads)."""
+
+    def __init__(self, usage: dict[str, Any]):
+        self.__dict__.update(usage)
+
+    def __getattr__(self, name: str) -> Any:
+        return 0
+
+
+def _outcomes(lines: dict[str, dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for result in lines.values():
+        counts[result.get("type", "?")] = counts.get(result.get("type", "?"), 0) + 1
+    return counts
+
