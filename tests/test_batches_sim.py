@@ -151,6 +151,6 @@ def test_error_and_expiry_rates_and_the_expiry_window(
     [line] = client.messages.batches.results(first.id)
     assert line.result.type == "errored" and line.result.error.error.type == "overloaded_error"
     # Requests not done within batch_expires_s expire, and the batch ends then.
-    sim.configure(batch_errored_rate=0.0, batch_processing_s=5.0, batch_expires_s=0.2)
+    sim.configure(batch_errored_rate=0.0, batch_processing_s=3600.0, batch_expires_s=0.2)
     late = client.messages.batches.create(requests=[request(f"r{i}", "x") for i in range(4)])
     assert wait_ended(client, late.id, timeout=3).request_counts.expired == 4
