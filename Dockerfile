@@ -11,9 +11,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 
 # The runtime dependencies first, read from pyproject.toml: a code change does not reinstall
-# them. Test and benchmark extras stay out of the image.
+# them. The demo extra (matplotlib for the orchestrator's plot) is in; test and benchmark
+# extras stay out of the image.
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo']))" \
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt

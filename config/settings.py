@@ -12,7 +12,7 @@ import json
 import re
 from functools import lru_cache
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     AliasChoices,
@@ -55,11 +55,60 @@ class SettingsError(ValueError):
     """Raised instead of pydantic's ValidationError so the message tells the user what to fix."""
 
 
+# What each kind of URL looks like, for the error message.
+_FORMS = {
+    "redis": "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]",
+    "rediss": "rediss://[[USER]:PASSWORD@]HOST[:PORT][/DB]",
+    "unix": "unix:///PATH/TO/redis.sock[?db=DB]",
+    "amqp": "amqp://[USER:PASSWORD@]HOST[:PORT][/VHOST]",
+    "pyamqp": "pyamqp://[USER:PASSWORD@]HOST[:PORT][/VHOST]",
+    "http": "http://HOST[:PORT][/PATH]",
+    "https": "https://HOST[:PORT][/PATH]",
+}
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``: safe for messages and logs."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{netloc}"))
+    except ValueError:
+        return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+
+
 def _check_url(value: str, schemes: tuple[str, ...]) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in schemes or not (parts.hostname or parts.path):
-        forms = " or ".join(f"{scheme}://HOST[:PORT]" for scheme in schemes)
-        raise ValueError(f"{value!r} is not a URL drover can use; expected {forms}")
+    """Check the whole URL now (scheme, host, port, database), not at the first connect."""
+    value = value.strip()
+    forms = " or ".join(_FORMS.get(scheme, f"{scheme}://HOST[:PORT]") for scheme in schemes)
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        given = value.partition("//")[2].partition("/")[0].rpartition("@")[2].rpartition(":")[2]
+        raise ValueError(f"the port {given!r} is not a number from 1 to 65535; expected "
+                         f"{forms}") from None
+    if parts.scheme not in schemes:
+        shown = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+        raise ValueError(f"{shown} is not one drover can use here; expected {forms}")
+    if port == 0:
+        raise ValueError(f"port 0 is not a port a server listens on; expected {forms}")
+    if parts.scheme == "unix":
+        if not parts.path or parts.path == "/":
+            raise ValueError(f"no socket path; expected {forms}")
+        db = dict(p.partition("=")[::2] for p in parts.query.split("&") if p).get("db")
+        if db is not None and not db.isdigit():
+            raise ValueError(f"db={db!r} is not a database number (0, 1, ...); expected {forms}")
+        return value
+    if not parts.hostname:
+        raise ValueError(f"no host; expected {forms}")
+    if parts.scheme in ("redis", "rediss"):
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ValueError(f"the database {db!r} (after the host) is not a number (0, 1, "
+                             f"...); expected {forms}")
     return value
 
 
@@ -125,6 +174,9 @@ class Settings(BaseSettings):
     tool_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["workers.demo_tools"])
     max_fanout: int = Field(default=10_000, ge=1)
+    # The SDK's and httpx's DEBUG lines hold whole request bodies (prompts); they stay off at
+    # every log level unless this asks for them (never in production).
+    log_http_bodies: bool = False
 
     # --- observability (see workers/telemetry) ------------------------------------------
     # OpenTelemetry traces; also on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set.
@@ -247,7 +299,10 @@ def _explain(error: ValidationError) -> str:
             name = "ANTHROPIC_API_KEY"
         message = item["msg"].removeprefix("Value error, ")
         shown = loc and not secret and "input" in item and not isinstance(item["input"], dict)
-        given = f" (got {item['input']!r})" if shown else ""
+        value = item.get("input")
+        if isinstance(value, str) and "://" in value:
+            value = mask_url(value)  # a Redis or broker URL may hold a password
+        given = f" (got {value!r})" if shown else ""
         lines.append(f"  {name}: {message}{given}")
     return "\n".join(lines)
 

@@ -1,10 +1,28 @@
-"""The ``drover`` command line."""
+"""The ``drover`` command line.
+
+Exit codes, the same for the same situation in every command (the README has the table):
+
+- 0: done, and every sub-agent ended ``ok`` (or the command did what it was asked);
+- 1: the job ended, but not every sub-agent is ``ok`` (failed, cancelled, over a budget),
+  or the job itself failed or was cancelled; ``drover cancel``: the job had already ended;
+- 2: usage or settings error: a bad option, setting, spec or job id, a missing extra, or a
+  worker that cannot work (no API key, a tool module that does not import);
+- 3: Redis or the broker does not answer (found out within a few seconds);
+- 4: ``drover result``: the job has not finished yet;
+- 130: interrupted (Ctrl-C).
+
+Expected failures print one message that says what to do, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -12,36 +30,190 @@ from rich.table import Table
 
 from config import SettingsError
 
-console = Console()
-err = Console(stderr=True)
+OK, NOT_ALL_OK, USAGE, UNREACHABLE, NOT_FINISHED, INTERRUPTED = 0, 1, 2, 3, 4, 130
+# Output that is not a terminal (a pipe, a file, CI) gets this many columns instead of
+# rich's 80, so tables do not wrap mid-word; COLUMNS still wins when set.
+WIDE = 200
 
+
+def make_console(*, stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and not os.environ.get("COLUMNS")
+    return Console(stderr=stderr, width=WIDE if wide else None)
+
+
+console = make_console()
+
+
+class Refused(Exception):
+    """An expected failure: ``message`` is what to tell the user, ``code`` the exit status."""
+
+    def __init__(self, message: str, code: int = USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+def _settings() -> Any:
+    from config import get_settings
+
+    return get_settings()
+
+
+def _need_services(settings: Any, *, broker: bool = False) -> None:
+    """Fail in seconds, naming the variable, when Redis (or the broker) does not answer."""
+    from workers.preflight import Unreachable, check_services
+
+    try:
+        check_services(settings, broker=broker)
+    except Unreachable as error:
+        raise Refused(str(error), UNREACHABLE) from None
+
+
+def _needs_extra(error: ImportError, what: str, alternative: str = "") -> Refused:
+    module = error.name or "a module"
+    return Refused(f"{what} needs {module}, which is not installed: install drover's demo "
+                   f"extra, python3 -m pip install -e \".[demo]\" (or pip install "
+                   f"'drover[demo]'){alternative}")
+
+
+# --- demo -------------------------------------------------------------------------------------
 
 def _demo(args: argparse.Namespace) -> int:
     from orchestrator.demo import DemoConfig, run_demo, run_demo_on_services
 
     plot = None if args.no_plot else Path(args.plot)
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as error:
+            raise _needs_extra(error, "the demo's plot", "; or pass --no-plot") from None
     config = DemoConfig(subagents=args.subagents, concurrency=args.concurrency,
-                        rpm=args.rpm, plot=plot)
+                        rpm=args.rpm, plot=plot, keep=args.keep)
     if args.on_services:
+        settings = _settings()
+        _need_services(settings, broker=True)
         return run_demo_on_services(config, console)
-    return run_demo(config, console)
+    try:
+        return run_demo(config, console)
+    except ImportError as error:
+        if error.name == "fakeredis":
+            raise _needs_extra(error, "the demo without a Redis or redis-server",
+                               "; or install redis-server (Debian: apt-get install "
+                               "redis-server), or point DROVER_REDIS_URL at a Redis") from None
+        raise
 
+
+# --- sim, worker, flower: their options go on to the simulator, Celery, Flower ----------------
 
 def _sim(args: argparse.Namespace) -> int:
-    from simulator import main as sim_main
+    from simulator.cli import main as sim_main
 
-    return sim_main(args.rest)
+    return sim_main(args.rest, prog="drover sim")
+
+
+WORKER_DEFAULTS = (("--pool", "-P", "threads", "the Celery pool: drover's sub-agents are "
+                    "coroutines on one event loop per process, Celery's threads are the slots"),
+                   ("--concurrency", "-c", "32", "worker slots (threads) per process; Celery's "
+                    "own help below says the CPU count, drover's default is 32"),
+                   ("--queues", "-Q", None, "the queue to consume: DROVER_QUEUE"),
+                   ("--loglevel", "-l", "INFO", "log level; one line per LLM call at INFO, no "
+                    "prompt text at any level"))
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    queue = os.environ.get("DROVER_QUEUE", "drover")
+    parser = argparse.ArgumentParser(
+        prog="drover worker", formatter_class=_Formatter, add_help=False,
+        usage="drover worker [drover's options] [any `celery worker` option]",
+        description=_wrap("Start a Celery worker for drover's tasks (celery -A workers.app worker) "
+        "with drover's defaults. It refuses to start, saying what to fix, without an API key "
+        "(ANTHROPIC_API_KEY, unless DROVER_ANTHROPIC_BASE_URL points at a simulator or proxy "
+        "that needs none), with a DROVER_TOOL_MODULES module that does not import, or when "
+        "Redis or the broker does not answer."),
+        epilog=_wrap("Every other option goes to `celery worker` unchanged; Celery's own help "
+        "follows. Exit status: 2 settings, API key or tool module; 3 Redis or broker "
+        "unreachable; otherwise Celery's."))
+    ours = parser.add_argument_group("drover's options (defaults given here replace Celery's)")
+    for long, short, default, text in WORKER_DEFAULTS:
+        default = default or queue
+        ours.add_argument(short, long, default=default, metavar=long.strip("-").upper(),
+                          help=text)
+    ours.add_argument("-h", "--help", action="store_true", help="show this help and Celery's")
+    return parser
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from config import get_settings
+    if any(a in ("-h", "--help") for a in args.rest):
+        worker_parser().print_help()
+        print("\n--- celery worker --help " + "-" * 50, flush=True)
+        from workers.app import app
+
+        return _celery_exit(app.worker_main, ["worker", "--help"])
+    from workers.preflight import WorkerCannotStart, check_worker
+
+    settings = _settings()
+    try:
+        check_worker(settings)
+    except WorkerCannotStart as error:
+        raise Refused(str(error), error.exit_code) from None
+    os.environ["_DROVER_WORKER_CHECKED"] = "1"  # the celeryd_init check need not run again
     from workers.app import app
 
-    settings = get_settings()
     argv = ["worker", "--pool", "threads", "--concurrency", "32", "--queues", settings.queue,
             "--loglevel", "INFO", *args.rest]
-    app.worker_main(argv)
-    return 0
+    return _celery_exit(app.worker_main, argv)
+
+
+def _celery_exit(fn: Any, argv: list[str]) -> int:
+    try:
+        return int(fn(argv) or 0)
+    except SystemExit as done:  # click ends with SystemExit; keep its status
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+
+
+def _flower(args: argparse.Namespace) -> int:
+    from orchestrator.flower import run_flower
+
+    return run_flower(args.rest)
+
+
+# --- submit, watch, result, cancel ------------------------------------------------------------
+
+SPEC_FORMAT = """\
+The job spec is a JSON object (a JobSpec): either "subtasks", a list of tasks (one sub-agent
+each), or a "goal" the model plans into at most "max_subtasks" sub-agents. Other fields:
+system, model, max_tokens, tools, mode (partial | all_or_nothing), max_turns, token_budget,
+subagent_token_budget, deadline_s, max_parallel_tools, synthesize, metadata.
+
+Example (job.json):
+  {"subtasks": ["Summarise vendor A", "Summarise vendor B"],
+   "system": "You are a careful analyst.", "max_tokens": 400,
+   "tools": ["lookup_fact"], "deadline_s": 600}
+
+  drover submit job.json --wait
+  echo '{"goal": "Compare vendors A and B", "max_subtasks": 4}' | drover submit -
+
+Exit status: 0 enqueued (with --wait: done, every sub-agent ok); 1 (--wait) the job ended
+with failed, cancelled or over-budget sub-agents, or failed; 2 a bad spec or setting (nothing
+enqueued); 3 Redis or the broker does not answer."""
+
+
+def _spec_error_lines(path: str, error: ValidationError) -> list[str]:
+    from workers.jobs.spec import JobSpec
+
+    fields = list(JobSpec.model_fields)
+    lines = [f"the job spec {path!r} is not valid; nothing was enqueued:"]
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(spec)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden" and len(item["loc"]) == 1:
+            close = difflib.get_close_matches(str(item["loc"][0]), fields, n=1, cutoff=0.6)
+            message = "not a JobSpec field" + (f"; did you mean {close[0]!r}?" if close else
+                                                 f" (fields: {', '.join(fields)})")
+        elif item["type"] == "json_invalid":
+            message = f"not valid JSON: {item.get('ctx', {}).get('error', message)}"
+        lines.append(f"  {where}: {message}")
+    return lines
 
 
 def _load_spec(path: str) -> object:
@@ -50,45 +222,58 @@ def _load_spec(path: str) -> object:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as error:
-        raise SystemExit(f"cannot read the job spec {path!r}: {error.strerror}") from None
+        raise Refused(f"cannot read the job spec {path!r}: {error.strerror}") from None
     try:
         return JobSpec.model_validate_json(text)
     except ValidationError as error:
-        lines = [f"the job spec {path!r} is not valid; nothing was enqueued:"]
-        for item in error.errors():
-            where = ".".join(str(p) for p in item["loc"]) or "(spec)"
-            lines.append(f"  {where}: {item['msg'].removeprefix('Value error, ')}")
-        raise SystemExit("\n".join(lines)) from None
+        raise Refused("\n".join(_spec_error_lines(path, error))) from None
 
 
 def _submit(args: argparse.Namespace) -> int:
     from orchestrator.jobs import submit
+    from workers.preflight import tool_module_problem
 
-    spec = _load_spec(args.spec)
+    spec = _load_spec(args.spec)  # a bad spec is reported without needing Redis
+    settings = _settings()
+    _need_services(settings, broker=True)
     try:
-        handle = submit(spec)  # type: ignore[arg-type]
+        handle = submit(spec, settings=settings)  # type: ignore[arg-type]
+    except ImportError as error:
+        name = next((m for m in settings.tool_modules if error.name and
+                     (m == error.name or m.startswith(error.name + "."))), error.name or "?")
+        raise Refused(f"refused, nothing was enqueued: {tool_module_problem(name, error)}"
+                      ) from None
     except ValueError as error:
-        raise SystemExit(f"refused, nothing was enqueued: {error}") from None
+        raise Refused(f"refused, nothing was enqueued: {error}") from None
     console.print(handle.id)
     if args.wait:
         return _print_result(handle.wait())
-    return 0
+    return OK
 
 
 def _handle(job_id: str):  # noqa: ANN202
     from orchestrator.jobs import JobHandle, JobNotFound
 
+    settings = _settings()
+    _need_services(settings)
     try:
-        return JobHandle.attach(job_id)
+        return JobHandle.attach(job_id, settings=settings)
     except JobNotFound as error:
-        raise SystemExit(str(error)) from None
+        raise Refused(f"{error} (DROVER_REDIS_URL and DROVER_KEY_PREFIX must be the ones it "
+                      "was submitted with)") from None
 
 
-def _print_result(result) -> int:  # noqa: ANN001
+def exit_code(result: Any) -> int:
+    """0 when the job is done and every sub-agent ok, else 1."""
+    all_ok = all(r.status == "ok" for r in result.results)
+    return OK if result.status == "done" and all_ok else NOT_ALL_OK
+
+
+def _print_result(result: Any) -> int:
     table = Table(title=f"job {result.job_id}: {result.status}"
                   + (f" ({result.reason})" if result.reason else ""))
     for column in ("#", "status", "calls", "in", "out", "attempts", "error / summary"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column != "error / summary")
     for r in result.results:
         note = f"{r.status_code or ''} {r.error_type}: {r.error}" if r.error else r.summary
         table.add_row(str(r.index), r.status, str(r.usage.calls), str(r.usage.input_tokens),
@@ -98,7 +283,7 @@ def _print_result(result) -> int:  # noqa: ANN001
                   f"wall={result.wall_s:.1f}s")
     if result.synthesis:
         console.print("\n[bold]Synthesis[/]\n" + result.synthesis)
-    return 0 if result.status == "done" else 1
+    return exit_code(result)
 
 
 def _result(args: argparse.Namespace) -> int:
@@ -106,20 +291,20 @@ def _result(args: argparse.Namespace) -> int:
     result = handle.result()
     if result is None:
         console.print(f"job {args.job} is {handle.status}: {handle.progress()}")
-        return 2
+        return NOT_FINISHED
     if args.json:
         console.print_json(result.model_dump_json())
-        return 0
+        return exit_code(result)
     return _print_result(result)
 
 
 def _cancel(args: argparse.Namespace) -> int:
     handle = _handle(args.job)
-    if handle.cancel():
+    if handle.cancel(args.reason):
         console.print(f"cancelling job {args.job} on every worker")
-        return 0
+        return OK
     console.print(f"job {args.job} had already ended ({handle.status})")
-    return 1
+    return NOT_ALL_OK
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -131,90 +316,176 @@ def _watch(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from orchestrator.stats import print_stats
 
-    return print_stats(console, plot=Path(args.plot) if args.plot else None)
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as error:
+            raise _needs_extra(error, "drover stats --plot") from None
+    settings = _settings()
+    _need_services(settings)
+    return print_stats(console, plot=plot, settings=settings)
 
 
 def _metrics(args: argparse.Namespace) -> int:
+    settings = _settings()
+    _need_services(settings)
     from orchestrator.metrics import serve
 
     return serve(args.port, args.addr)
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from config import get_settings
+    settings = _settings()
+    _need_services(settings)
     from orchestrator.shares import active_jobs, jobs_table, tenants_table
     from workers.jobs.connections import sync_redis
     from workers.jobs.fairshare import FairShare
 
-    settings = get_settings()
     fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
     active = active_jobs(settings, fs)
     if not active:
         console.print(f"no active jobs on queue {settings.queue!r} (DROVER_QUEUE)")
-        return 0
+        return OK
     console.print(jobs_table(active, fs.current_window()))
     console.print(tenants_table(active, settings))
-    return 0
+    return OK
 
 
-def _flower(args: argparse.Namespace) -> int:
-    from orchestrator.flower import run_flower
+# --- the parser ----------------------------------------------------------------------------
 
-    return run_flower(args.rest)
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after each option's help, descriptions and epilogs as written."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30, width=100)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or not action.option_strings:
+            return action.help  # a flag, or nothing to show
+        return super()._get_help_string(action)
+
+
+def _wrap(text: str) -> str:
+    return "\n\n".join(textwrap.fill(p, 96) for p in text.split("\n\n"))
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="drover", description="Fan out LLM sub-agents on Celery + Redis inside one "
-        "global rate limit. Settings come from DROVER_* environment variables.")
-    sub = top.add_subparsers(dest="command", required=True)
+        prog="drover", formatter_class=_Formatter,
+        description=_wrap("Fan out LLM sub-agents on Celery + Redis inside one global rate "
+                          "limit. Settings come from DROVER_* environment variables (or a "
+                          ".env file); `drover COMMAND --help` explains each command."),
+        epilog=_wrap("Exit status: 0 done and every sub-agent ok; 1 the job ended with "
+                     "failed or cancelled sub-agents, or failed; 2 usage or settings error; "
+                     "3 Redis or the broker does not answer; 4 (result) not finished yet."))
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run a 40-sub-agent job against the simulator, "
-                          "starting whatever is missing")
-    demo.add_argument("--subagents", type=int, default=40)
-    demo.add_argument("--concurrency", type=int, default=16)
-    demo.add_argument("--rpm", type=int, default=300)
-    demo.add_argument("--plot", default="drover-demo-usage.png")
-    demo.add_argument("--no-plot", action="store_true")
+    def add(name: str, summary: str, description: str, epilog: str | None = None
+            ) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, formatter_class=_Formatter,
+                              description=_wrap(description),
+                              epilog=epilog if epilog is None or "\n  " in epilog
+                              else _wrap(epilog))
+
+    demo = add("demo", "run a 40-sub-agent job against the simulator, starting what is missing",
+               "Run the whole product on this machine: a Redis (the one at DROVER_REDIS_URL "
+               "if it answers, else a private redis-server on a free port, else fakeredis), "
+               "the bundled API simulator and an in-process worker pool; then a job that "
+               "plans sub-agents from a goal, lets them call offline tools and synthesises "
+               "their findings, all under one global limit. Everything it started is stopped "
+               "at the end; the demo's keys in a Redis it did not start are deleted at the "
+               "end (--keep keeps them for an hour).",
+               "Exit status: 0 every sub-agent ok; 1 some were not; 2 bad option or missing "
+               "extra; 3 (--on-services) Redis or the broker does not answer.")
+    demo.add_argument("--subagents", type=int, default=40, help="sub-agents to plan")
+    demo.add_argument("--concurrency", type=int, default=16, help="worker threads")
+    demo.add_argument("--rpm", type=int, default=300,
+                      help="the simulator's (and the limiter's) requests per minute")
+    demo.add_argument("--plot", default="drover-demo-usage.png", metavar="FILE.png",
+                      help="where to write the usage plot")
+    demo.add_argument("--no-plot", action="store_true", help="write no plot")
+    demo.add_argument("--keep", action="store_true",
+                      help="keep the demo's keys (an hour) to look at them with drover stats")
     demo.add_argument("--on-services", action="store_true",
                       help="start nothing: submit the demo job to the Redis, workers and API "
                       "of the DROVER_* settings (as docker-compose's orchestrator does)")
     demo.set_defaults(fn=_demo)
 
     for name, fn, text in (
-        ("sim", _sim, "run the Anthropic-compatible simulator (args: see drover sim --help)"),
-        ("worker", _worker, "start a Celery worker (extra args go to celery worker)"),
-        ("flower", _flower, "start Flower on this app (extra args go to celery flower)"),
+        ("sim", _sim, "run the Anthropic-compatible simulator (drover sim --help)"),
+        ("worker", _worker, "start a Celery worker (drover worker --help; other options go "
+                            "to celery worker)"),
+        ("flower", _flower, "start Flower on drover's broker, loopback only without a "
+                            "password (drover flower --help)"),
     ):
         cmd = sub.add_parser(name, help=text, add_help=False)
         cmd.add_argument("rest", nargs=argparse.REMAINDER)
         cmd.set_defaults(fn=fn)
 
-    submit = sub.add_parser("submit", help="submit a job spec (JSON file, or - for stdin)")
-    submit.add_argument("spec")
-    submit.add_argument("--wait", action="store_true", help="wait and print the result")
+    submit = add("submit", "submit a job spec (a JSON file, or - for stdin)",
+                 "Validate a job spec and enqueue it: prints the job id at once (the job "
+                 "runs on the workers; nothing is enqueued when the spec or a setting is "
+                 "wrong). With --wait, follow it to the end and print the result table.",
+                 SPEC_FORMAT)
+    submit.add_argument("spec", metavar="SPEC", help="a JSON file with the JobSpec, or - "
+                        "for stdin")
+    submit.add_argument("--wait", action="store_true", help="wait for the job and print "
+                        "the result")
     submit.set_defaults(fn=_submit)
 
-    for name, fn, text in (("watch", _watch, "follow a job live"),
-                           ("result", _result, "print a finished job's result"),
-                           ("cancel", _cancel, "cancel a job on every host")):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("job")
-        if name == "result":
-            cmd.add_argument("--json", action="store_true")
-        cmd.set_defaults(fn=fn)
+    job_help = "the job id that drover submit printed"
+    watch = add("watch", "follow a job live", "Show a progress bar and each sub-agent's "
+                "record as it finishes, from any host that reaches the Redis.",
+                "Exit status: 0 done, every sub-agent ok; 1 otherwise; 2 unknown job; 3 "
+                "Redis does not answer.")
+    watch.add_argument("job", metavar="JOB", help=job_help)
+    watch.set_defaults(fn=_watch)
 
-    stats = sub.add_parser("stats", help="per-scope use of the limits over the last minute")
-    stats.add_argument("--plot", metavar="FILE.png", help="also draw usage over time")
+    result = add("result", "print a finished job's result",
+                 "Print a finished job's result table (or its JSON), or its progress while it "
+                 "runs.", "Exit status: 0 done, every sub-agent ok; 1 it ended otherwise; 2 "
+                 "unknown job; 3 Redis does not answer; 4 not finished yet.")
+    result.add_argument("job", metavar="JOB", help=job_help)
+    result.add_argument("--json", action="store_true", help="print the JobResult as JSON")
+    result.set_defaults(fn=_result)
+
+    cancel = add("cancel", "cancel a job on every host",
+                 "Cancel a job everywhere: running calls are aborted, queued sub-agents end "
+                 "as cancelled without calling the API, finished results are kept.",
+                 "Exit status: 0 cancelling; 1 the job had already ended; 2 unknown job; 3 "
+                 "Redis does not answer.")
+    cancel.add_argument("job", metavar="JOB", help=job_help)
+    cancel.add_argument("--reason", default="cancelled", help="recorded on each cancelled "
+                        "sub-agent")
+    cancel.set_defaults(fn=_cancel)
+
+    stats = add("stats", "per-scope use of the limits over the last minute",
+                "Read the limiter's per-second counters in Redis (every worker on every host "
+                "writes them) and print, per scope, requests and tokens in the last 60 s and "
+                "the busiest 60 s against each limit, then waits, 429s, 529s, leases and "
+                "cooldowns. Input tokens are counted as the provider's limit counts them: "
+                "uncached input plus cache writes (plus cache reads where they count), over "
+                "every call (planning, sub-agents, synthesis).",
+                "Exit status: 0; 2 bad option or missing extra (--plot needs matplotlib, "
+                "drover[demo]); 3 Redis does not answer.")
+    stats.add_argument("--plot", metavar="FILE.png", default=None,
+                       help="also draw usage over time into this file")
     stats.set_defaults(fn=_stats)
 
-    metrics = sub.add_parser("metrics", help="serve the fleet's Prometheus metrics from Redis")
-    metrics.add_argument("--port", type=int, default=9808)
+    metrics = add("metrics", "serve the fleet's Prometheus metrics from Redis",
+                  "Serve one Prometheus scrape target for the whole fleet: the counters every "
+                  "worker writes into Redis, with the limiter's and the job store's state.",
+                  "Exit status: 2 bad option or setting; 3 Redis does not answer.")
+    metrics.add_argument("--port", type=int, default=9808, help="port to listen on")
     metrics.add_argument("--addr", default="127.0.0.1",
                          help="address to listen on (0.0.0.0 for every interface)")
     metrics.set_defaults(fn=_metrics)
 
-    jobs = sub.add_parser("jobs", help="active jobs with tenant, priority, progress and share")
+    jobs = add("jobs", "active jobs with tenant, priority, progress and share",
+               "List the active jobs on DROVER_QUEUE with tenant, priority, progress and their "
+               "share of the fleet, then the tenants' shares.",
+               "Exit status: 0; 2 bad setting; 3 Redis does not answer.")
     jobs.set_defaults(fn=_jobs)
     return top
 
@@ -225,19 +496,35 @@ def parser() -> argparse.ArgumentParser:
 _PASSTHROUGH = {"sim": _sim, "worker": _worker, "flower": _flower}
 
 
+def _say(message: str) -> None:
+    print(f"drover: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in _PASSTHROUGH:
         args = argparse.Namespace(command=argv[0], rest=argv[1:], fn=_PASSTHROUGH[argv[0]])
     else:
-        args = parser().parse_args(argv)
+        args = parser().parse_args(argv)  # exits 2 with argparse's message on a usage error
+    import redis
+    from kombu.exceptions import OperationalError
+
     try:
         return int(args.fn(args) or 0)
+    except Refused as refused:
+        _say(str(refused))
+        return refused.code
     except SettingsError as error:
-        err.print(str(error), markup=False, highlight=False)
-        return 2
+        print(str(error), file=sys.stderr, flush=True)  # it names the variables itself
+        return USAGE
+    except (redis.ConnectionError, redis.TimeoutError, OperationalError) as error:
+        # Redis or the broker went away after the first contact (and stayed away through
+        # the clients' reconnect attempts).
+        _say(f"lost contact with Redis or the broker: {error}. Is it running? "
+             "(DROVER_REDIS_URL, DROVER_BROKER_URL)")
+        return UNREACHABLE
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -4,6 +4,15 @@ It finds or starts a Redis (see ``services.ensure_redis``), starts the simulator
 limits and an in-process worker pool, then runs a job that plans 40 sub-agents from a goal,
 lets them call offline tools and synthesises their findings, all under one global limit.
 Everything it started is stopped when it ends, also on Ctrl-C.
+
+In a Redis it did not start, the demo leaves nothing behind: its keys (job records, the
+limiter's counters, Celery's queues, results and kombu's ``_kombu.binding.*`` routing tables,
+all under one prefix of the run's own) are deleted when it ends. ``--keep`` keeps them for
+``KEEP_S`` instead (to look at them with ``drover stats``): every key under the prefix then
+expires within the hour, the ones that Celery and kombu write without a TTL included. Kombu
+gives its binding tables no TTL on purpose (so a ``volatile-*`` eviction policy cannot drop a
+live consumer's routing) and sweeps them only from a running consumer; a demo's consumer is
+gone when it ends, so the demo deletes or expires them itself.
 """
 
 from __future__ import annotations
@@ -21,7 +30,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.services import ensure_redis
+from orchestrator.services import FIRST_CONTACT_TIMEOUT_S, ensure_redis, redis_problem
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# How long --keep keeps the demo's keys; also the records' TTL while it runs.
+KEEP_S = 3600
 
 GOAL = ("Assess whether a mid-sized logistics company should build its own fleet-routing "
         "software or buy it, covering costs, vendors, risks, staffing and timelines")
@@ -46,6 +59,7 @@ class DemoConfig:
     otpm: int = 100_000
     seed: int = 7
     plot: Path | None = Path("drover-demo-usage.png")
+    keep: bool = False  # keep the keys in a Redis the demo did not start (for KEEP_S)
 
 
 @contextlib.contextmanager
@@ -67,8 +81,12 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
     from simulator import SimConfig, SimulatorServer
 
     with contextlib.ExitStack() as stack:
-        redis = ensure_redis(os.environ.get("DROVER_REDIS_URL", "redis://127.0.0.1:6379/0"))
+        redis = _find_or_start_redis(console)
         stack.callback(redis.close)
+        run_id = uuid.uuid4().hex[:8]
+        prefix = f"drover-demo-{run_id}"
+        if redis.kind == "existing":  # runs last: after the worker and its clients are gone
+            stack.callback(_clean_up, redis.url, prefix, config.keep, console)
         # Celery's AsyncResult objects unsubscribe from their result channel when collected;
         # collect them while the Redis they talk to is still up.
         stack.callback(gc.collect)
@@ -84,13 +102,13 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             tools_per_turn=2, plan_items=config.subagents + 5, seed=config.seed)))
         console.print(f"simulator at {sim.url}: limits {config.rpm} requests/min, "
                       f"{config.itpm:,} input and {config.otpm:,} output tokens/min")
-        run_id = uuid.uuid4().hex[:8]
         stack.enter_context(_environment({
             "DROVER_REDIS_URL": redis.url, "DROVER_ANTHROPIC_BASE_URL": sim.url,
             "ANTHROPIC_API_KEY": "sk-drover-demo", "DROVER_RPM": str(config.rpm),
             "DROVER_ITPM": str(config.itpm), "DROVER_OTPM": str(config.otpm),
-            "DROVER_KEY_PREFIX": f"drover-demo-{run_id}", "DROVER_QUEUE": f"demo-{run_id}",
-            "DROVER_KEY_ALIAS": "demo",
+            "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": f"demo-{run_id}",
+            "DROVER_KEY_ALIAS": "demo", "DROVER_RESULT_TTL_S": str(KEEP_S),
+            "DROVER_STATS_WINDOW_S": str(KEEP_S),
         }))
         from config import get_settings
         from workers.agent.runtime import reset_runtime
@@ -115,12 +133,67 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
         wall = time.monotonic() - started
         stats = sim.stats()
-        console.print(_table(result, stats, wall))
+        console.print(_table(result, stats, wall, _counted(settings)))
         if result.synthesis:
             console.print("\n[bold]Synthesis[/] (first lines):")
             console.print("\n".join(result.synthesis.splitlines()[:4]))
-        _usage(settings, config.plot, console, keeps=redis.kind == "existing")
+        _usage(settings, config.plot, console, keeps=redis.kind == "existing" and config.keep)
         return 0 if result.counts.get("ok") == len(result.results) else 1
+
+
+def _find_or_start_redis(console: Console) -> Any:
+    """The configured Redis if it answers; else say so, then start one of the demo's own."""
+    configured = os.environ.get("DROVER_REDIS_URL")
+    url = configured or DEFAULT_REDIS_URL
+    problem = redis_problem(url, FIRST_CONTACT_TIMEOUT_S)
+    if problem is None:
+        return ensure_redis(url)
+    from config.settings import mask_url
+
+    named = ("DROVER_REDIS_URL" if configured else
+             "the default; DROVER_REDIS_URL is not set")
+    console.print(f"[yellow]no Redis answers at {mask_url(url)}[/] ({named}): {problem}. "
+                  "The demo starts one of its own for this run.", soft_wrap=True)
+    return ensure_redis(url, known_down=True)
+
+
+def _clean_up(url: str, prefix: str, keep: bool, console: Console) -> None:
+    """Delete the run's keys (or, with keep, make each expire within KEEP_S)."""
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(url, socket_connect_timeout=FIRST_CONTACT_TIMEOUT_S,
+                                     socket_timeout=10)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if not keep:
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start:start + 500])
+            console.print(f"[dim]deleted the demo's {len(keys)} keys (prefix {prefix}); "
+                          "--keep keeps them for an hour[/]")
+            return
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.ttl(key)
+        for key, ttl in zip(keys, pipe.execute(), strict=True):
+            if ttl < 0 or ttl > KEEP_S:
+                client.expire(key, KEEP_S)
+    except redis_py.RedisError as error:
+        console.print(f"[yellow]could not clean up the demo's keys under {prefix}: {error}[/]")
+    finally:
+        client.close()
+
+
+def _counted(settings: Any) -> dict[str, int]:
+    """The limiter's totals over every LLM call of the run: what `drover stats` counts."""
+    from orchestrator.stats import collect
+
+    totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0}
+    for usage in collect(settings):
+        if usage.scope.startswith("llm:"):
+            whole = usage.last(len(usage.series))
+            for name in totals:
+                totals[name] += whole.get(name, 0)
+    return totals
 
 
 def _follow_or_cancel(handle: Any, console: Console) -> Any:
@@ -163,7 +236,7 @@ def run_demo_on_services(config: DemoConfig = DemoConfig(),
     started = time.monotonic()
     result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
     console.print(_table(result, _simulator_stats(settings.anthropic_base_url),
-                         time.monotonic() - started))
+                         time.monotonic() - started, _counted(settings)))
     _usage(settings, config.plot, console, keeps=True)
     return 0 if result.counts.get("ok") == len(result.results) else 1
 
@@ -182,20 +255,34 @@ def _simulator_stats(base_url: str | None) -> dict[str, Any] | None:
         return None
 
 
-def _table(result: Any, stats: dict[str, Any] | None, wall: float) -> Table:
-    table = Table(title=f"job {result.job_id}: {result.status}")
-    table.add_column("what")
-    table.add_column("value", justify="right")
+def _table(result: Any, stats: dict[str, Any] | None, wall: float,
+           counted: dict[str, int] | None = None) -> Table:
+    """The run in numbers; each row says what it counts (the caption says how they relate)."""
+    table = Table(title=f"job {result.job_id}: {result.status}",
+                  caption="\"sub-agents'\" rows sum the job's records; \"all calls\" rows are "
+                          "the limiter's counters over every call (planning, sub-agents, "
+                          "synthesis), the figures drover stats shows: input as the limit "
+                          "counts it, uncached input + cache writes (cache reads do not count "
+                          "on this model)")
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
     for status, count in result.counts.items():
         table.add_row(f"sub-agents {status}", str(count))
     usage = result.usage
     table.add_row("LLM calls (sub-agents)", str(usage.calls))
+    if counted is not None:
+        table.add_row("LLM calls (all calls)", f"{counted['requests']:,}")
     if stats is not None:
         table.add_row("LLM calls seen by the provider", str(stats["accepted"]))
-    table.add_row("input tokens", f"{usage.input_tokens:,}")
-    table.add_row("output tokens", f"{usage.output_tokens:,}")
+    table.add_row("input tokens, uncached (sub-agents')", f"{usage.input_tokens:,}")
     table.add_row("cache writes (tokens)", f"{usage.cache_creation_input_tokens:,}")
     table.add_row("cache reads (tokens)", f"{usage.cache_read_input_tokens:,}")
+    if counted is not None:
+        table.add_row("input tokens against the limit (all calls)",
+                      f"{counted['input_tokens']:,}")
+    table.add_row("output tokens (sub-agents')", f"{usage.output_tokens:,}")
+    if counted is not None:
+        table.add_row("output tokens (all calls)", f"{counted['output_tokens']:,}")
     if stats is not None:  # only the simulator can tell what the provider saw
         table.add_row("429s seen by the provider", str(stats["rejected_429"]))
         table.add_row("529s seen by the provider", str(stats["overloaded_529"]))

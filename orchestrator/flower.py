@@ -25,6 +25,34 @@ from dataclasses import dataclass, field
 
 AUTH_ENV = "DROVER_FLOWER_BASIC_AUTH"
 DEFAULT_ADDRESS = "127.0.0.1"
+# Basic auth beyond loopback faces whatever can reach the port: refuse short passwords.
+MIN_PASSWORD_CHARS = 12
+
+HELP = f"""\
+usage: drover flower [--address=ADDR] [--port=PORT] [--basic-auth=USER:PASSWORD] [flower options]
+
+Start Flower (celery -A workers.app flower) on drover's broker (DROVER_BROKER_URL, else
+DROVER_REDIS_URL, with drover's key prefix), so it sees the workers and queues drover uses.
+
+drover's rules:
+  --address=ADDR   listen address (default: {DEFAULT_ADDRESS}, loopback only; Flower's own
+                   default is every interface). FLOWER_ADDRESS is read too.
+  --port=PORT      listen port (default: Flower's, 5555)
+  passwords        beyond loopback Flower refuses to start without HTTP basic auth, and
+                   each password must have at least {MIN_PASSWORD_CHARS} characters: Flower can
+                   revoke and terminate tasks and shows their arguments and results. Set
+                   {AUTH_ENV}=user:password (several: u1:pw1,u2:pw2);
+                   drover hands it to Flower through FLOWER_BASIC_AUTH, never on a command
+                   line that `ps` shows. --basic-auth works too, with a warning.
+  JSON API         Flower answers its /api/* endpoints with 401 unless basic auth is set or
+                   FLOWER_UNAUTHENTICATED_API=true is in the environment (Flower's own
+                   setting). On loopback without a password, set it to script against the
+                   API, e.g. FLOWER_UNAUTHENTICATED_API=true drover flower; with a password,
+                   use curl -u user:password http://HOST:5555/api/workers.
+
+Exit status: 2 refused (address without a password, a short or malformed password); 3 the
+broker does not answer; otherwise Flower's. Flower's own options follow.
+"""
 
 __all__ = ["AUTH_ENV", "FlowerArgs", "FlowerRefused", "is_loopback", "parse_args", "run_flower"]
 
@@ -87,7 +115,7 @@ def is_loopback(address: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-def _check_credentials(credentials: list[str]) -> None:
+def _check_credentials(credentials: list[str], *, beyond_loopback: bool = False) -> None:
     for item in credentials:
         user, colon, password = item.partition(":")
         if not (user and colon and password):
@@ -95,6 +123,11 @@ def _check_credentials(credentials: list[str]) -> None:
             raise FlowerRefused(
                 f"{AUTH_ENV} / --basic-auth must be user:password (several separated by "
                 "commas); one entry is not")
+        if beyond_loopback and len(password) < MIN_PASSWORD_CHARS:
+            raise FlowerRefused(
+                f"the password of user {user!r} in {AUTH_ENV} / --basic-auth is shorter than "
+                f"{MIN_PASSWORD_CHARS} characters; Flower beyond loopback needs a longer one "
+                "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(16))')")
 
 
 def resolve(args: list[str], environ: dict[str, str]) -> tuple[list[str], list[str]]:
@@ -111,7 +144,9 @@ def resolve(args: list[str], environ: dict[str, str]) -> tuple[list[str], list[s
         return argv, credentials
     address = parsed.address if parsed.address is not None else environ.get(
         "FLOWER_ADDRESS", DEFAULT_ADDRESS)
-    if not is_loopback(address) and not credentials:
+    beyond = not is_loopback(address)
+    _check_credentials(credentials, beyond_loopback=beyond)
+    if beyond and not credentials:
         shown = address or "every interface"
         raise FlowerRefused(
             f"refusing to start Flower on {shown} without a password: Flower can revoke and "
@@ -128,12 +163,16 @@ def resolve(args: list[str], environ: dict[str, str]) -> tuple[list[str], list[s
 def run_flower(args: list[str]) -> int:
     """``drover flower [flower options]``; returns the exit status."""
     if any(a in ("-h", "--help") for a in args):
+        print(HELP, flush=True)
         return _celery(["flower", "--help"])
     try:
         argv, credentials = resolve(args, dict(os.environ))
     except FlowerRefused as error:
         print(f"drover flower: {error}", file=sys.stderr)
         return 2
+    if problem := _broker_problem():
+        print(f"drover flower: {problem}", file=sys.stderr)
+        return 3
     if any(a.startswith("--basic") for a in args):
         print("drover flower: a password on the command line is visible in `ps` and the shell "
               f"history; prefer {AUTH_ENV}", file=sys.stderr)
@@ -141,6 +180,22 @@ def run_flower(args: list[str]) -> int:
     if credentials:
         os.environ["FLOWER_BASIC_AUTH"] = ",".join(credentials)
     return _celery(argv)
+
+
+def _broker_problem() -> str | None:
+    """Why Flower would show nothing: the broker does not answer (one short attempt)."""
+    from config import get_settings
+    from config.settings import mask_url
+    from workers.preflight import FIRST_CONTACT_TIMEOUT_S, broker_problem
+
+    settings = get_settings()
+    problem = broker_problem(settings.broker)
+    if problem is None:
+        return None
+    variable = "DROVER_BROKER_URL" if settings.broker_url else "DROVER_REDIS_URL"
+    return (f"cannot reach the broker at {mask_url(settings.broker)} ({variable}): {problem} "
+            f"(one attempt, connect timeout {FIRST_CONTACT_TIMEOUT_S:g} s). Start it, or set "
+            f"{variable} to the URL of one that runs")
 
 
 def _celery(argv: list[str]) -> int:

@@ -1,4 +1,8 @@
-"""Local services that ``drover demo`` and the tests need: a Redis to talk to.
+"""First contact with the services drover needs, and local ones for the demo and the tests.
+
+``check_services`` (from ``workers.preflight``) is what every CLI command that needs Redis
+or the broker runs first.
+
 
 ``ensure_redis`` uses the Redis at the given URL when one answers there; otherwise it starts
 ``redis-server`` from PATH on a free port in a temporary directory; when there is no
@@ -19,22 +23,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import redis
+from workers.preflight import (
+    FIRST_CONTACT_TIMEOUT_S,
+    Unreachable,
+    broker_problem,
+    check_services,
+    redis_answers,
+    redis_problem,
+)
 
+__all__ = ["FIRST_CONTACT_TIMEOUT_S", "RedisService", "Unreachable", "broker_problem",
+           "check_services", "ensure_redis", "free_port", "redis_answers", "redis_problem",
+           "redis_service", "start_fakeredis", "start_redis_server"]
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def redis_answers(url: str, timeout: float = 0.5) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
-        with contextlib.closing(client):
-            return bool(client.ping())
-    except (redis.RedisError, OSError, ValueError):
-        return False
 
 
 @dataclass
@@ -98,9 +103,11 @@ def start_fakeredis(host: str = "127.0.0.1") -> RedisService:
     return RedisService(url=f"redis://{host}:{port}/0", kind="fakeredis", stop=stop)
 
 
-def ensure_redis(url: str) -> RedisService:
-    """A Redis that answers: the one at ``url``, else a private redis-server, else fakeredis."""
-    if redis_answers(url):
+def ensure_redis(url: str, *, known_down: bool = False) -> RedisService:
+    """A Redis that answers: the one at ``url``, else a private redis-server, else fakeredis.
+
+    ``known_down``: the caller has just found that nothing answers at ``url``."""
+    if not known_down and redis_answers(url):
         return RedisService(url=url, kind="existing")
     host = urlsplit(url).hostname or "127.0.0.1"
     if host not in ("127.0.0.1", "localhost", "::1"):

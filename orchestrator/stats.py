@@ -175,21 +175,26 @@ def limits_table(usages: list[ScopeUsage], window_s: int) -> Table:
     """Per scope and dimension: the last 60 s and the busiest 60 s against the limit."""
     table = Table(title="use of the limits (per minute)",
                   caption=f"busiest = the highest rolling 60 s sum in the last "
-                          f"{window_s // 60} min")
+                          f"{window_s // 60} min; window = the sum over those "
+                          f"{window_s // 60} min. Every LLM call counts (planning, sub-agents, "
+                          "synthesis), at the second it was sent; input tokens as the limit "
+                          "counts them: uncached input + cache writes (+ cache reads on models "
+                          "where they count)")
     for name, justify in (("scope", "left"), ("", "left"), ("last 60 s", "right"),
                           ("limit", "right"), ("use", "right"), ("busiest", "right"),
-                          ("use", "right")):
-        table.add_column(name, justify=justify,  # type: ignore[arg-type]
-                         overflow="fold" if name == "scope" else "ellipsis")
+                          ("use", "right"), ("window", "right")):
+        # Never wrap a cell mid-word: a scope name broken over lines cannot be copied.
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for u in usages:
         last = u.last(60)
+        whole = u.last(len(u.series))
         for k, (name, _, label) in enumerate(DIMENSIONS):
             limit = u.limits.get(name)
             peak = u.peak(name)
             table.add_row(u.scope if k == 0 else "", label.removesuffix("/min"),
                           _n(last.get(name, 0)), "-" if limit is None else _n(limit),
                           _pct(last.get(name, 0), limit), _n(peak), _pct(peak, limit),
-                          end_section=k == len(DIMENSIONS) - 1)
+                          _n(whole.get(name, 0)), end_section=k == len(DIMENSIONS) - 1)
     return table
 
 
@@ -199,8 +204,7 @@ def events_table(usages: list[ScopeUsage]) -> Table:
     extra = [f for f in STAT_FIELDS if f.startswith("n") and f not in ("n429", "n529")]
     for name in ("scope", "waits", "avg wait", "429s", "529s",
                  *(f"{f[1:]}s" for f in extra), "in flight", "cooldown"):
-        table.add_column(name, justify="left" if name == "scope" else "right",
-                         overflow="fold" if name == "scope" else "ellipsis")
+        table.add_column(name, justify="left" if name == "scope" else "right", no_wrap=True)
     for u in usages:
         last = u.last(60)
         whole = u.last(len(u.series))

@@ -26,12 +26,14 @@ _HELP = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m simulator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m simulator",
+        prog=prog,
         description="Anthropic-compatible Messages API simulator with real rate limits.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080,
+                        help="0 picks a free port (default: 8080)")
     defaults = SimConfig()
     for f in fields(SimConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -68,8 +70,8 @@ async def _serve(config: SimConfig, host: str, port: int) -> None:
         await runner.cleanup()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "python -m simulator") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     changes = {f.name: getattr(args, f.name) for f in fields(SimConfig)
                if getattr(args, f.name) is not None}

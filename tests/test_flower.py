@@ -154,12 +154,16 @@ def test_flower_options_resolve_to_loopback_by_default_and_auth_through_the_envi
     argv, credentials = resolve(["--port", "5600"], {})
     assert argv == ["flower", "--address=127.0.0.1", "--port=5600"] and credentials == []
     argv, credentials = resolve(["--address", "0.0.0.0", "--purge_offline_workers=60"],
-                                {AUTH_ENV: "ops:pw1,viewer:pw2"})
+                                {AUTH_ENV: "ops:pw1-long-enough,viewer:pw2-long-enough"})
     assert argv == ["flower", "--purge_offline_workers=60", "--address=0.0.0.0"]
-    assert credentials == ["ops:pw1", "viewer:pw2"]
+    assert credentials == ["ops:pw1-long-enough", "viewer:pw2-long-enough"]
     assert not any("pw1" in a for a in argv)
-    argv, credentials = resolve(["--basic-auth=ops:pw3", "--address=0.0.0.0"], {})
-    assert credentials == ["ops:pw3"] and not any("pw3" in a for a in argv)
+    argv, credentials = resolve(["--basic-auth=ops:pw3-long-enough", "--address=0.0.0.0"], {})
+    assert credentials == ["ops:pw3-long-enough"] and not any("pw3" in a for a in argv)
+    with pytest.raises(FlowerRefused, match="shorter than 12 characters") as refused:
+        resolve(["--address=0.0.0.0"], {AUTH_ENV: "ops:short-pw"})
+    assert "short-pw" not in str(refused.value)
+    assert resolve([], {AUTH_ENV: "ops:short-pw"})[1] == ["ops:short-pw"]  # loopback: allowed
     with pytest.raises(FlowerRefused, match="user:password") as refused:
         resolve(["--address=0.0.0.0"], {AUTH_ENV: "just-a-password"})
     assert "just-a-password" not in str(refused.value)

@@ -1,13 +1,44 @@
-"""The Celery app: ``celery -A workers.app worker`` (or ``drover worker``)."""
+"""The Celery app: ``celery -A workers.app worker`` (or ``drover worker``).
+
+A worker that cannot work refuses to start, with one message that says what to fix, instead
+of starting and failing every sub-agent later (``workers.preflight.check_worker``, run by
+``drover worker`` and, through Celery's ``celeryd_init`` signal, by ``celery -A workers.app
+worker``):
+
+- no API key, and no ``DROVER_ANTHROPIC_BASE_URL`` (a simulator or proxy may need none: then
+  the worker starts, says so once, and sends no key; a 401 fails each sub-agent as
+  ``authentication_error``);
+- a module in ``DROVER_TOOL_MODULES`` that does not import;
+- Redis, the broker or the result backend not answering (one short attempt).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Any
+
 from celery import Celery
+from celery.signals import celeryd_init
 
 from config import get_settings
 from config.celery import celery_config
 from workers.logs import configure_logging
+from workers.preflight import WorkerCannotStart, check_worker
+
+__all__ = ["app"]
 
 app = Celery("drover", include=["workers.tasks"])
 app.config_from_object(celery_config(get_settings()))
-configure_logging()  # one line per LLM call; no task results (model text) in the log
+configure_logging(get_settings())  # one line per LLM call; no prompt text, no task results
+
+
+@celeryd_init.connect
+def _refuse_to_start(**_: Any) -> None:
+    if os.environ.get("_DROVER_WORKER_CHECKED") == "1":  # `drover worker` checked already
+        return
+    try:
+        check_worker(get_settings())
+    except WorkerCannotStart as error:
+        print(f"drover worker: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(error.exit_code) from None

@@ -8,28 +8,75 @@ The per-call lines come from ``workers.agent.llm`` (logger ``drover.llm``)::
         wait_s=0.000 call_s=0.210 in=0 out=0 next=retry countdown=1.7
 
 ``outcome`` is ``ok``, a failure kind (``n429``, ``n529``, ``n5xx``, ``n4xx``, ``nconn``, the
-names of the limiter's counters) or ``cancelled``. Two other sources would add noise or leak
-content, so ``configure_logging`` (run when the Celery app is built) turns them down:
+names of the limiter's counters) or ``cancelled``. ``configure_logging`` (run when the Celery
+app is built) turns down what would add noise or leak content, at every level, DEBUG too:
 
-- httpx logs every request at INFO; our line says the same and more.
+- The SDK (logger ``anthropic``) logs each request's options, body included (the prompt), at
+  DEBUG; httpx (``httpx``, and ``httpx2``, the fork this SDK version ships) and httpcore log
+  every request at INFO and headers at DEBUG. Our line says what matters, so they are held
+  at WARNING unless ``DROVER_LOG_HTTP_BODIES=true`` asks for the bodies (a debugging aid for
+  a test key, never for production; the SDK's own ``ANTHROPIC_LOG`` alone does not).
 - Celery's "Task ... succeeded in 0.3s: <return value>" line prints the task's result, which
   holds the sub-agent's summary (model text, often quoting the prompt). The value is dropped;
   the task name, id and run time stay.
+- A refused API key (401 ``authentication_error``) is the same cause for every sub-agent of
+  a job: the first failed call's line says so and what to check, later ones of the same job
+  are not logged (each sub-agent still ends with a ``failed`` record).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from typing import Any
 
 from celery.app import trace
 
-# Loggers whose INFO lines repeat ours.
-QUIET = ("httpx", "httpx2", "httpcore")  # this SDK version ships its own fork, httpx2
+__all__ = ["QUIET", "OncePerJob", "configure_logging"]
+
+# Loggers whose lines repeat ours or carry request bodies and headers.
+QUIET = ("anthropic", "httpx", "httpx2", "httpcore")
 SUCCESS_LINE = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
 
 
-def configure_logging() -> None:
+class OncePerJob(logging.Filter):
+    """Let the first ``authentication_error`` call line of each job through, drop the rest."""
+
+    KIND = "authentication_error"
+    REMEMBERED_JOBS = 4096
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args: Any = record.args
+        # The failed-call line's arguments: outcome, scope, status, type, job, ...
+        if not (isinstance(args, tuple) and len(args) > 4 and args[3] == self.KIND):
+            return True
+        job = str(args[4])
+        if job in self._seen:
+            return False
+        self._seen[job] = None
+        while len(self._seen) > self.REMEMBERED_JOBS:
+            self._seen.popitem(last=False)
+        record.msg = (f"{record.msg} (the API refused the key: every sub-agent of this job "
+                      "fails the same way; check ANTHROPIC_API_KEY and "
+                      "DROVER_ANTHROPIC_BASE_URL. Not logged again for this job)")
+        return True
+
+
+_once_per_job = OncePerJob()
+
+
+def configure_logging(settings: Any = None) -> None:
+    import anthropic  # noqa: F401  its import applies ANTHROPIC_LOG; ours must come after
+
+    bodies = bool(getattr(settings, "log_http_bodies", False))
     for name in QUIET:
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.NOTSET if bodies else logging.WARNING)
+    llm = logging.getLogger("drover.llm")
+    if _once_per_job not in llm.filters:
+        llm.addFilter(_once_per_job)
     # Celery reads this module global when it logs a success.
     trace.LOG_SUCCESS = SUCCESS_LINE

@@ -24,7 +24,7 @@ from anthropic.types import Message
 
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from workers.agent.limits import llm_limits
-from workers.agent.retry import Decision, classify
+from workers.agent.retry import Decision, classify, missing_credentials
 from workers.agent.runtime import Runtime
 from workers.jobs.fairshare import tenant_budget_scopes
 from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
@@ -160,10 +160,11 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         await release_tenant_budget(rt, budget)
         raise
     started = time.monotonic()
-    sent = False
+    in_flight = False  # the request may be on the wire: only a cancel can tell us it went out
+    raw = None
     try:
         await wait_or_cancel(max([grant.wait_s, *(g.wait_s for _, _, g in budget)]), ctx.cancel)
-        sent = True
+        in_flight = True
         raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
         message = await raw.parse()
     except anthropic.APIError as error:
@@ -177,15 +178,24 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
             raise RetryableFailure(decision.countdown, decision) from None
         raise CallFailed(decision) from None
     except BaseException as error:
+        # The SDK wraps every transport error in APIError, so anything else came from this
+        # process: before the request went out (no credentials, a bad parameter) unless it
+        # was a cancel that aborted it in flight, or came after the answer (raw is set).
+        sent = raw is not None or (in_flight and isinstance(error, Cancelled))
         if sent:
             # Aborted in flight: the provider has counted the request and its input at
             # admission, so those stay counted; the output reservation is refunded.
             await asyncio.shield(rt.limiter.settle(scope, limits, grant,
                                                    input_tokens=grant.input_tokens,
                                                    output_tokens=0))
-        else:  # cancelled while waiting for the reservation: nothing went out
+        else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(rt.limiter.release(scope, grant))
         await release_tenant_budget(rt, budget, spent=grant.input_tokens if sent else None)
+        if missing_credentials(error):
+            decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
+                                cap_s=settings.countdown_cap_s)
+            _log_failure(scope, decision, ctx, grant.wait_s, started)  # nothing to count
+            raise CallFailed(decision) from None
         log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
                  "call_s=%.3f in=%d out=0 sent=%s",
                  "cancelled" if isinstance(error, Cancelled) else "aborted", scope, ctx.job_id,
@@ -213,6 +223,11 @@ async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: D
         await rt.limiter.record(scope, **{decision.counter: 1})
     # Every failed call, by kind, for the job too: the limiter keeps only the kinds it limits by.
     await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
+    _log_failure(scope, decision, ctx, wait_s, started)
+
+
+def _log_failure(scope: str, decision: Decision, ctx: CallContext, wait_s: float,
+                 started: float) -> None:
     log.warning("llm call outcome=%s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f "
                 "call_s=%.3f in=0 out=0 next=%s countdown=%.1f", decision.counter, scope,
                 decision.status_code or "none", decision.error_type, ctx.job_id, ctx.index, wait_s,

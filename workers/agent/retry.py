@@ -1,4 +1,4 @@
-"""What to do about a failed LLM call: the table in DESIGN.md ("Failures and retries").
+"""What to do about a failed LLM call (the README's "What happens when..." tells it for users).
 
 | what came back                              | decision                                         |
 |---------------------------------------------|--------------------------------------------------|
@@ -6,7 +6,8 @@
 | 429 without retry-after, or the spend cap   | fail now: it will keep failing                    |
 | 529 overloaded                              | retry, exponential backoff with full jitter       |
 | 408, 409, 5xx, connection error, timeout    | retry, exponential backoff with full jitter       |
-| other 4xx (400, 401, 403, 404, 413, ...)    | fail now with status, type and message            |
+| 401, or no credentials to send at all       | fail now as ``authentication_error``              |
+| other 4xx (400, 403, 404, 413, ...)         | fail now with status, type and message            |
 
 Retries become Celery retries (the worker slot is freed while waiting); the caller caps the
 countdown so it stays far below the broker's visibility timeout.
@@ -23,6 +24,7 @@ from typing import Literal
 import anthropic
 
 RETRYABLE_STATUS = {408, 409, 500, 502, 503, 504, 529}
+AUTHENTICATION_ERROR = "authentication_error"
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
 
@@ -101,12 +103,20 @@ def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
     return str(kind), str(message)[:500]
 
 
+def missing_credentials(error: BaseException) -> bool:
+    """The SDK's refusal to send a request without any API key (raised before sending)."""
+    return isinstance(error, TypeError) and "Could not resolve authentication method" in str(
+        error)
+
+
 def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
              rng: random.Random | None = None) -> Decision:
     """Decide about one failed call; ``attempt`` counts the failures so far (0 for the first)."""
     if isinstance(error, anthropic.APIStatusError):
         code = error.status_code
         kind, message = _error_fields(error)
+        if code == 401:  # a proxy's bare 401 has no body type: name it the way the API does
+            return Decision("fail", AUTHENTICATION_ERROR, message, code)
         if code == 429:
             retry_after = _retry_after(error)
             if retry_after is None or _error_code(error) == SPEND_CAP_CODE:
@@ -120,4 +130,7 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
         kind = "timeout" if isinstance(error, anthropic.APITimeoutError) else "connection_error"
         return Decision("retry", kind, str(error)[:500], None,
                         full_jitter(attempt, base_s, cap_s, rng))
+    if missing_credentials(error):
+        return Decision("fail", AUTHENTICATION_ERROR, "no API key: set ANTHROPIC_API_KEY on "
+                        "the workers' hosts", None)
     return Decision("fail", type(error).__name__, str(error)[:500], None)

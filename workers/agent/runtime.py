@@ -69,9 +69,14 @@ class Runtime:
                                     horizon_s=self.settings.horizon_s,
                                     stats_window_s=self.settings.stats_window_s)
         key = self.settings.anthropic_api_key
+        # No key but a base URL: a proxy (or simulator) that may need none. The SDK would
+        # refuse to send without a credential unless the header is omitted on purpose.
+        keyless = (not key and self.settings.anthropic_base_url
+                   and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
         self.client = anthropic.AsyncAnthropic(
             api_key=key.get_secret_value() if key else None,
             base_url=self.settings.anthropic_base_url,
+            default_headers={"Authorization": anthropic.omit} if keyless else None,
             max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
             timeout=self.settings.call_timeout_s,
         )
