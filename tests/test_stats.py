@@ -124,7 +124,7 @@ def test_demo_prints_its_stats_and_writes_the_plot(tmp_path, redis_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DROVER_")}
     env.update(DROVER_REDIS_URL=redis_url, COLUMNS="200")
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "demo", "--subagents", "6",
-                          "--plot", str(plot)], cwd=ROOT, env=env, capture_output=True,
+                          "--keep", "--plot", str(plot)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout.replace("\n", " ")
