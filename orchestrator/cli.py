@@ -230,12 +230,11 @@ def _load_spec(path: str) -> object:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from orchestrator.jobs import submit
-    from workers.preflight import tool_module_problem
-
     spec = _load_spec(args.spec)  # a bad spec is reported without needing Redis
     settings = _settings()
     _need_services(settings, broker=True)
+    from orchestrator.jobs import submit  # Celery and the SDK: only once they can be used
+    from workers.preflight import tool_module_problem
     try:
         handle = submit(spec, settings=settings)  # type: ignore[arg-type]
     except ImportError as error:
@@ -252,10 +251,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _handle(job_id: str):  # noqa: ANN202
-    from orchestrator.jobs import JobHandle, JobNotFound
-
     settings = _settings()
     _need_services(settings)
+    from orchestrator.jobs import JobHandle, JobNotFound
     try:
         return JobHandle.attach(job_id, settings=settings)
     except JobNotFound as error:
@@ -314,8 +312,6 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from orchestrator.stats import print_stats
-
     plot = Path(args.plot) if args.plot else None
     if plot is not None:
         try:
@@ -324,6 +320,8 @@ def _stats(args: argparse.Namespace) -> int:
             raise _needs_extra(error, "drover stats --plot") from None
     settings = _settings()
     _need_services(settings)
+    from orchestrator.stats import print_stats
+
     return print_stats(console, plot=plot, settings=settings)
 
 
