@@ -291,3 +291,59 @@ def test_compose_runs_prometheus_on_the_exporter_and_flower_and_grafana_on_the_d
     out = subprocess.run(["promtool", "check", "config", str(config_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- the exporter process and the benchmark -------------------------------------------------
+
+def test_drover_metrics_serves_the_scrape_over_http_and_stops_on_sigterm(settings, recorders):
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from orchestrator.services import free_port
+    from tests.conftest import ROOT, stop_process_group, wait_until
+
+    _a_fleet(settings, recorders)
+    port = free_port()
+    env = {**os.environ, "DROVER_REDIS_URL": settings.redis_url,
+           "DROVER_KEY_PREFIX": settings.key_prefix}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "metrics", "--port",
+                             str(port)], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
+
+    def body() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return r.read().decode()
+        except OSError:
+            return ""
+
+    try:
+        text = wait_until("drover metrics to answer", body, timeout=60)
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert value(families, "drover_llm_calls", "drover_llm_calls_total", scope=SCOPE,
+                     outcome="ok") == 2
+        assert value(families, "drover_exporter_redis_up") == 1
+    finally:
+        stop_process_group(proc, timeout=10)
+    assert proc.returncode == 0
+    assert f"127.0.0.1:{port}/metrics" in proc.stdout.read()
+
+
+def test_the_scrape_benchmark_runs_and_leaves_no_key(redis_url, redis_client):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    before = set(redis_client.scan_iter(match="drover-bench-*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.metrics_scrape", "--jobs", "3", "--subagents", "6",
+         "--procs", "2", "--scrapes", "2", "--finish", "2"],
+        cwd=ROOT, env={**os.environ, "DROVER_REDIS_URL": redis_url}, capture_output=True,
+        text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "first scrape" in proc.stdout and "steady scrapes (2," in proc.stdout
+    assert set(redis_client.scan_iter(match="drover-bench-*")) == before
