@@ -130,3 +130,86 @@ def test_content_capture_puts_the_messages_on_llm_spans_when_asked(spans, worker
     assert any("tea clippers" in c.attributes["gen_ai.input.messages"] for c in chats)
     assert all("zebra-lantern" in c.attributes["gen_ai.system_instructions"] for c in chats)
     assert all(c.attributes["gen_ai.output.messages"] for c in chats)
+
+
+class _OtlpReceiver:
+    """A minimal OTLP/HTTP trace receiver: what a collector would get from the workers."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                import gzip
+
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        receiver.spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def test_the_trace_crosses_real_prefork_worker_processes_over_otlp(spans, spawn_worker, sim,
+                                                                    drover_env):
+    from config import get_settings
+    from tests.conftest import wait_until
+
+    chat = f"chat {get_settings().model}"
+    receiver = _OtlpReceiver()
+    try:
+        # The worker exports through the real OTLP/HTTP exporter; tracing is on because an
+        # endpoint is set (no drover setting); prefork children set it up after the fork.
+        spawn_worker(concurrency=2, pool="prefork", DROVER_TRACING="false",
+                     OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="100",
+                     OTEL_SERVICE_NAME="drover-worker-test")
+        handle = submit(JobSpec(subtasks=["Research tide tables", "Research kelp forests"],
+                                max_tokens=100))
+        assert handle.wait(timeout=90).counts["ok"] == 2
+        (root,) = [s for s in spans.get_finished_spans() if s.name == "drover.submit"
+                   and s.attributes.get("drover.job_id") == handle.id]
+        trace_id = root.context.trace_id.to_bytes(16, "big")
+        published = {s.context.span_id.to_bytes(8, "big") for s in spans.get_finished_spans()
+                     if s.context.trace_id == root.context.trace_id
+                     and s.name == "apply_async/drover.run_subagent"}
+        assert len(published) == 2
+
+        def theirs() -> list:
+            got = [s for s in receiver.spans if s.trace_id == trace_id]
+            names = [s.name for s in got]
+            done = names.count(chat) >= 2 and \
+                "run/drover.join_results" in names
+            return got if done else []
+
+        remote = wait_until("the workers' spans to reach the OTLP receiver", theirs, timeout=30)
+        runs = [s for s in remote if s.name == "run/drover.run_subagent"]
+        assert {s.parent_span_id for s in runs} == published  # parented across the broker
+        remote_ids = {s.span_id for s in remote} | published
+        for s in remote:
+            assert s.parent_span_id in remote_ids, s.name
+    finally:
+        receiver.close()
