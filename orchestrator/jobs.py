@@ -1,8 +1,10 @@
 """The Python API: ``submit(spec) -> JobHandle``.
 
 ``submit`` validates everything it can before anything is enqueued (the spec, the tool names,
-the fan-out cap), writes the job to Redis and sends the chord (or, for a goal, a planning
-task that sends it). A handle can be re-attached by id from any process with
+the fan-out cap), writes the job to Redis and sends one task that fans it out from a worker
+(``drover.launch_job``, or for a goal ``drover.plan_job``, which plans first): a few round
+trips for any fan-out, so it returns at once and the handle works before the sub-agents are
+all on the broker. A handle can be re-attached by id from any process with
 ``JobHandle.attach(job_id)``: everything it reads lives in Redis.
 """
 
@@ -107,15 +109,23 @@ class JobHandle:
             time.sleep(poll_s)
 
     def progress(self) -> dict[str, int]:
-        """Counts per status, plus ``pending`` (not finished yet) and ``total``."""
-        meta = self.store.meta(self.id)
-        total = int(meta.get("n", 0))
-        counts = dict.fromkeys(STATUSES, 0)
-        for record in self.store.records(self.id).values():
-            counts[record.status] += 1
+        """Counts per status, plus ``pending`` (not finished yet) and ``total`` (one read)."""
+        total = int(self.store.meta(self.id).get("n", 0))
+        counts = self.store.status_counts(self.id, total)
         counts["total"] = total
         counts["pending"] = total - sum(counts[s] for s in STATUSES)
         return counts
+
+    def record(self, index: int) -> SubagentResult | None:
+        """Sub-agent ``index``'s full record (a JobResult's copy may have its text cut)."""
+        return self.store.record(self.id, index)
+
+    def records(self) -> Iterator[SubagentResult]:
+        """Every stored record in index order, read a page at a time (for large jobs)."""
+        total = int(self.store.meta(self.id).get("n", 0))
+        for _, record in self.store.iter_records(self.id, total):
+            if record is not None:
+                yield record
 
     def as_completed(self, timeout: float | None = None, *, after: str | None = None
                      ) -> Iterator[SubagentResult]:
@@ -167,8 +177,20 @@ class JobHandle:
         return state.messages if state else []
 
     def cancel(self, reason: str = "cancelled") -> bool:
-        """Stop the job on every host; False when it had already ended."""
-        return self.store.cancel(self.id, reason)
+        """Stop the job on every host; False when it had already ended.
+
+        The sub-agents that have not started get their ``cancelled`` records at once, and
+        the join is sent now rather than when the last queued message has come and gone: a
+        job of 10,000 ends within seconds of its cancel.
+        """
+        if not self.store.cancel(self.id, reason):
+            return False
+        meta = self.store.meta(self.id)
+        if "launched" in meta and int(meta.get("n", 0)):
+            from workers.dispatch import send_join
+
+            send_join(self.id, meta.get("queue") or self.settings.queue)
+        return True
 
 
 __all__ = ["JobHandle", "JobNotFound", "submit"]

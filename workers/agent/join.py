@@ -1,19 +1,30 @@
 """The chord body's work: collect every sub-agent's record, synthesise, store the JobResult.
 
 Records are read from Redis, not only from the chord's header results: a header task that was
-delivered twice is stored once (first write wins), and the join is idempotent.
+delivered twice is stored once (first write wins), and the join is idempotent. They are read
+a page at a time and kept in compact form, so the join of 10,000 sub-agents holds 10,000
+small records, not 10,000 full ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from workers.agent.errors import CallFailed, Cancelled, RetryLater
 from workers.agent.llm import CallContext, create_message
 from workers.agent.runtime import Runtime
-from workers.jobs.records import JobResult, SubagentResult, status_counts, total_usage
+from workers.jobs.records import (
+    STATUSES,
+    JobResult,
+    SubagentResult,
+    Usage,
+    compact,
+    record_chars,
+)
 from workers.jobs.spec import JobSpec
+from workers.jobs.store import PAGE, JobStore
 
 SYNTHESIS_PROMPT = (
     "You are given the reports of sub-agents that worked on parts of one job. Write one "
@@ -48,17 +59,16 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
         return existing
     spec = await asyncio.to_thread(store.spec, job_id)
     meta = await asyncio.to_thread(store.meta, job_id)
-    records = await asyncio.to_thread(store.records, job_id)
     n = int(meta["n"])
-    missing = [i for i in range(n) if i not in records]
-    if missing:
-        raise Incomplete(f"no record yet for sub-agents {missing[:10]}")
-    results = [records[i] for i in range(n)]
-    counts = status_counts(results)
+    stored = await asyncio.to_thread(store.record_count, job_id)
+    if stored < n:  # the join came early (one read, before walking any page)
+        raise Incomplete(f"{n - stored} sub-agents have no record yet")
+    tally = await asyncio.to_thread(collect, store, job_id, n)
+    results, counts = tally.results, tally.counts
     cancel_reason = meta.get("cancelled")
     status, reason = "done", None
-    if spec.mode == "all_or_nothing" and counts["failed"]:
-        first = next(r for r in results if r.status == "failed")
+    if spec.mode == "all_or_nothing" and tally.first_failure is not None:
+        first = tally.first_failure
         status = "failed"
         reason = f"sub-agent {first.index} failed: {first.error_type}: {first.error}"
     elif cancel_reason:
@@ -69,12 +79,45 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     if spec.synthesize and status == "done" and counts["ok"]:
         synthesis = await _synthesise(rt, job_id, spec, results)
     result = JobResult(job_id=job_id, status=status, reason=reason, results=results,
-                       counts=counts, usage=total_usage(results),
+                       counts=counts, usage=tally.usage,
                        wall_s=round(time.time() - float(meta["created"]), 3),
-                       synthesis=synthesis)
+                       synthesis=synthesis, record_chars=tally.chars)
     await asyncio.to_thread(store.save_result, result)
     rt.forget(job_id)
     return result
+
+
+@dataclass
+class Tally:
+    results: list[SubagentResult]  # compact: summaries and errors cut to ``chars``
+    counts: dict[str, int]
+    usage: Usage
+    first_failure: SubagentResult | None
+    chars: int
+
+
+def collect(store: JobStore, job_id: str, n: int, page: int = PAGE) -> Tally:
+    """Read the job's records a page at a time and keep only their compact form.
+
+    What the join holds is bounded by n times a compact record (``record_chars``), whatever
+    the stored records weigh; raises ``Incomplete`` at the first sub-agent with no record.
+    """
+    chars = record_chars(n)
+    results: list[SubagentResult] = []
+    counts = dict.fromkeys(STATUSES, 0)
+    usage = Usage()
+    first_failure = None
+    for index, record in store.iter_records(job_id, n, page):
+        if record is None:
+            raise Incomplete(f"no record yet for sub-agent {index}")
+        counts[record.status] += 1
+        for name in Usage.model_fields:
+            setattr(usage, name, getattr(usage, name) + getattr(record.usage, name))
+        record = compact(record, chars)
+        if first_failure is None and record.status == "failed":
+            first_failure = record
+        results.append(record)
+    return Tally(results, counts, usage, first_failure, chars)
 
 
 async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,

@@ -14,6 +14,11 @@ from pydantic import BaseModel, Field
 Status = Literal["ok", "failed", "cancelled", "budget_exceeded"]
 STATUSES: tuple[Status, ...] = ("ok", "failed", "cancelled", "budget_exceeded")
 SUMMARY_CHARS = 400
+# A JobResult is one Redis value that every reader parses whole, so its text is bounded: the
+# summaries and errors of all its records share this many characters (each record keeps at
+# least RECORD_CHARS_MIN). Up to 2,500 sub-agents nothing is cut; at 10,000 each keeps 100.
+RESULT_TEXT_CHARS = 1_000_000
+RECORD_CHARS_MIN = 80
 
 
 class Usage(BaseModel):
@@ -126,6 +131,13 @@ class SubagentReport(BaseModel):
 
 
 class JobResult(BaseModel):
+    """A finished job: one record per sub-agent, in index order.
+
+    The records' ``summary`` and ``error`` are cut to ``record_chars`` characters (see
+    RESULT_TEXT_CHARS); the full record is ``JobHandle.record(index)`` and the full findings
+    ``JobHandle.report(index)``, while the job's records live.
+    """
+
     job_id: str
     status: Literal["done", "failed", "cancelled"]
     reason: str | None = None
@@ -134,6 +146,7 @@ class JobResult(BaseModel):
     usage: Usage
     wall_s: float
     synthesis: str | None = None
+    record_chars: int = SUMMARY_CHARS
 
     def by_status(self, status: Status) -> list[SubagentResult]:
         return [r for r in self.results if r.status == status]
@@ -152,3 +165,17 @@ def status_counts(results: list[SubagentResult]) -> dict[str, int]:
     for result in results:
         counts[result.status] += 1
     return counts
+
+
+def record_chars(n: int) -> int:
+    """How many characters of summary and of error each record keeps in a JobResult of ``n``."""
+    return max(RECORD_CHARS_MIN, min(SUMMARY_CHARS, RESULT_TEXT_CHARS // max(1, n)))
+
+
+def compact(record: SubagentResult, chars: int) -> SubagentResult:
+    """``record`` with its summary and error cut to ``chars`` characters (itself if they fit)."""
+    long_error = record.error is not None and len(record.error) > chars
+    if len(record.summary) <= chars and not long_error:
+        return record
+    return record.model_copy(update={"summary": record.summary[:chars],
+                                     "error": record.error[:chars] if record.error else None})

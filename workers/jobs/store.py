@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from workers.jobs.records import (
+    STATUSES,
     Checkpoint,
     JobResult,
     SubagentReport,
@@ -30,6 +31,7 @@ from workers.jobs.records import (
 from workers.jobs.spec import JobSpec
 
 ACTIVE = ("queued", "planning", "running")
+PAGE = 500  # records read or written per round trip when a job's records are walked in bulk
 
 
 class JobNotFound(LookupError):
@@ -114,6 +116,11 @@ class JobStore:
         pipe.hset(self.key(job_id, "meta"), "status", "running")
         return bool(pipe.execute()[0])
 
+    def set_dispatched(self, job_id: str, count: int) -> None:
+        """How many of the job's sub-agents are on the broker (a resumed fan-out starts there)."""
+        self.r.hset(self.key(job_id, "meta"),
+                    mapping={"dispatched": count, "dispatched_at": time.time()})
+
     def fail_job(self, job_id: str, reason: str, status: str = "failed") -> None:
         """End a job that never fanned out (its planning failed or it was cancelled first)."""
         created = float(self.meta(job_id).get("created", time.time()))
@@ -134,8 +141,54 @@ class JobStore:
         pipe = self.r.pipeline()
         pipe.hsetnx(self.key(job_id, "meta"), "cancelled", reason)
         pipe.publish(self.cancel_channel, job_id)
-        pipe.execute()
+        first, _ = pipe.execute()
+        if first:  # the one cancel that counts writes the records (the others would repeat it)
+            self.cancel_unstarted(job_id, reason)
         return True
+
+    def cancel_unstarted(self, job_id: str, reason: str) -> int:
+        """Record every sub-agent that has not started as ``cancelled``, in bulk; returns how many.
+
+        Not started: no record and no checkpoint. Their tasks may still be queued (or not yet
+        published at all): a delivered one finds its record and ends at once, so a cancelled
+        job of thousands ends in the time it takes to write the records, not to drain the
+        queue. A sub-agent with a checkpoint is running or waiting to retry and writes its
+        own record with its usage so far. One still inside its first call has no checkpoint
+        and is recorded here with no usage: the cancel aborts that call anyway, and if the
+        reply wins the race its record comes second and is dropped (first write wins).
+        """
+        n = int(self.r.hget(self.key(job_id, "meta"), "n") or 0)
+        records, events = self.key(job_id, "records"), self.key(job_id, "events")
+        written = 0
+        for start in range(0, n, PAGE):
+            indexes = range(start, min(n, start + PAGE))
+            pipe = self.r.pipeline(transaction=False)
+            for index in indexes:
+                pipe.hexists(records, str(index))
+                pipe.exists(self.key(job_id, "ckpt", index))
+            flags = pipe.execute()
+            todo = [i for k, i in enumerate(indexes) if not flags[2 * k] and not flags[2 * k + 1]]
+            if not todo:
+                continue
+            now = time.time()
+            raws = {i: SubagentResult(job_id=job_id, index=i, status="cancelled", attempts=0,
+                                      error=reason, error_type="cancelled", finished_at=now
+                                      ).model_dump_json() for i in todo}
+            pipe = self.r.pipeline(transaction=False)
+            for index, raw in raws.items():
+                pipe.hsetnx(records, str(index), raw)
+            firsts = [i for i, first in zip(raws, pipe.execute(), strict=True) if first]
+            if not firsts:
+                continue
+            pipe = self.r.pipeline(transaction=False)
+            for index in firsts:
+                pipe.xadd(events, {"record": raws[index]})
+            pipe.hincrby(self.key(job_id, "counts"), "cancelled", len(firsts))
+            for key in (records, events, self.key(job_id, "counts")):
+                pipe.expire(key, self.ttl_s)
+            pipe.execute()
+            written += len(firsts)
+        return written
 
     def cancelled(self, job_id: str) -> str | None:
         """The cancel reason, when the job was cancelled or its deadline has passed.
@@ -248,6 +301,9 @@ class JobStore:
             return self.record(job_id, index) or result
         pipe = self.r.pipeline()
         pipe.expire(self.key(job_id, "records"), self.ttl_s)
+        # Counts per status, so progress is one read however many records there are.
+        pipe.hincrby(self.key(job_id, "counts"), result.status, 1)
+        pipe.expire(self.key(job_id, "counts"), self.ttl_s)
         if report is not None:
             pipe.set(self.key(job_id, "report", index), report.model_dump_json(), ex=self.ttl_s)
         pipe.xadd(self.key(job_id, "events"), {"record": result.model_dump_json()})
@@ -260,8 +316,36 @@ class JobStore:
         return SubagentResult.model_validate_json(raw) if raw else None
 
     def records(self, job_id: str) -> dict[int, SubagentResult]:
+        """Every record at once: for small jobs and tests; large ones use ``iter_records``."""
         raw = self.r.hgetall(self.key(job_id, "records"))
         return {int(k): SubagentResult.model_validate_json(v) for k, v in raw.items()}
+
+    def records_page(self, job_id: str, start: int, stop: int) -> list[SubagentResult | None]:
+        """The records of sub-agents ``start`` to ``stop - 1`` (None where there is none yet)."""
+        if stop <= start:
+            return []
+        raws = self.r.hmget(self.key(job_id, "records"), [str(i) for i in range(start, stop)])
+        return [SubagentResult.model_validate_json(raw) if raw else None for raw in raws]
+
+    def iter_records(self, job_id: str, n: int, page: int = PAGE
+                     ) -> Iterator[tuple[int, SubagentResult | None]]:
+        """(index, record or None) for sub-agents 0 to ``n - 1``, read ``page`` at a time."""
+        for start in range(0, n, page):
+            stop = min(n, start + page)
+            yield from zip(range(start, stop), self.records_page(job_id, start, stop),
+                           strict=True)
+
+    def status_counts(self, job_id: str, n: int) -> dict[str, int]:
+        """Records per status, from the counters ``finish`` keeps (one read)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.key(job_id, "counts"))
+        pipe.hlen(self.key(job_id, "records"))
+        raw, stored = pipe.execute()
+        if stored and not raw:  # records written before the counters existed
+            return status_counts([r for _, r in self.iter_records(job_id, n) if r is not None])
+        counts = dict.fromkeys(STATUSES, 0)
+        counts.update({_s(k): int(v) for k, v in raw.items()})
+        return counts
 
     def record_count(self, job_id: str) -> int:
         return int(self.r.hlen(self.key(job_id, "records")))
