@@ -1,11 +1,12 @@
 """The Python API: ``submit(spec) -> JobHandle``.
 
 ``submit`` validates everything it can before anything is enqueued (the spec, the tool names,
-the fan-out cap), writes the job to Redis and sends one task that fans it out from a worker
-(``drover.launch_job``, or for a goal ``drover.plan_job``, which plans first): a few round
-trips for any fan-out, so it returns at once and the handle works before the sub-agents are
-all on the broker. A handle can be re-attached by id from any process with
-``JobHandle.attach(job_id)``: everything it reads lives in Redis.
+the fan-out cap), writes the job to Redis and publishes the job's first window of sub-agents
+in one pipelined round trip (the rest follow as places free, see workers/jobs/fairshare.py;
+for a goal it sends a planning task that does the same): a few round trips for any fan-out,
+so it returns at once and the handle works before the sub-agents are all on the broker. A
+handle can be re-attached by id from any process with ``JobHandle.attach(job_id)``:
+everything it reads lives in Redis.
 """
 
 from __future__ import annotations

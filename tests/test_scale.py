@@ -8,6 +8,7 @@ was published, the cancel stopped the dispatch) and what is stored.
 
 from __future__ import annotations
 
+import base64
 import json
 import tracemalloc
 import uuid
@@ -34,8 +35,6 @@ def test_a_2000_subagent_job_through_real_workers_completes_with_2000_records(
     assert sim.stats()["accepted"] == n
     assert handle.progress() == {"ok": n, "failed": 0, "cancelled": 0, "budget_exceeded": 0,
                                  "total": n, "pending": 0}
-    meta = handle.store.meta(handle.id)
-    assert int(meta["dispatched"]) == n  # the launch task published every one
     assert sum(1 for _ in handle.records()) == n
     assert len({r.index for r in JobHandle.attach(handle.id).as_completed(timeout=60)}) == n
 
@@ -43,16 +42,21 @@ def test_a_2000_subagent_job_through_real_workers_completes_with_2000_records(
 def test_submit_returns_before_the_fan_out_and_a_cancel_ends_the_job_without_it(
         sim, spawn_worker, drover_env, redis_client):
     n = 3000
-    # No worker yet: submit returns with the fan-out still to do (it is a worker's job).
-    handle = submit(JobSpec(subtasks=[f"Grade answer {i}" for i in range(n)]))
     queue_key = f"{drover_env['DROVER_KEY_PREFIX']}:celery:{drover_env['DROVER_QUEUE']}"
-    assert "dispatched" not in handle.store.meta(handle.id)
-    assert redis_client.llen(queue_key) == 1  # the launch task, not 3,000 sub-agents
+
+    def queued() -> list[str]:
+        return [json.loads(m)["headers"]["task"] for m in redis_client.lrange(queue_key, 0, -1)]
+
+    # No worker yet: submit publishes the first window only (the fallback, 32 places).
+    handle = submit(JobSpec(subtasks=[f"Grade answer {i}" for i in range(n)]))
+    assert queued() == ["drover.run_subagent"] * 32
     assert handle.progress()["pending"] == n
 
     assert handle.cancel("not needed after all")
-    # Every sub-agent that had not started has its record at once, in bulk.
+    # Every sub-agent that had not started has its record at once, in bulk; none of the
+    # other 2,968 is ever published, the join goes out now.
     assert handle.progress()["cancelled"] == n
+    assert sorted(queued()) == ["drover.join_results"] + ["drover.run_subagent"] * 32
     spawn_worker(concurrency=4)
     result = handle.wait(timeout=120)
 
@@ -61,39 +65,25 @@ def test_submit_returns_before_the_fan_out_and_a_cancel_ends_the_job_without_it(
     assert all(r.error == "not needed after all" and r.usage.calls == 0
                for r in result.results)
     assert sim.stats()["accepted"] == 0
-    assert "dispatched" not in handle.store.meta(handle.id)  # no sub-agent was ever published
     assert sorted(r.index for r in handle.as_completed(timeout=30)) == list(range(n))
 
 
-def test_a_cancel_stops_the_dispatch_at_the_next_batch(drover_env, redis_client):
+def test_dispatch_publishes_chord_members_in_bulk(drover_env, redis_client):
     from config import get_settings
-    from workers.dispatch import fan_out
+    from workers.dispatch import dispatch
 
     settings = get_settings()
-    cancels: list[int] = []
+    job_id = uuid.uuid4().hex
+    assert dispatch(job_id, range(1200), settings.queue) == 1200
 
-    class CancelAfterFirstBatch(JobStore):
-        def set_dispatched(self, job_id: str, count: int) -> None:
-            super().set_dispatched(job_id, count)
-            if not cancels:
-                cancels.append(count)
-                self.cancel(job_id, "stop")
-
-    store = CancelAfterFirstBatch(sync_redis(settings.redis_url), prefix=settings.key_prefix)
-    n, batch, job_id = 1000, 100, uuid.uuid4().hex
-    spec = JobSpec(subtasks=[f"Check item {i}" for i in range(n)])
-    store.create(job_id, spec, list(spec.subtasks), status="queued", queue=settings.queue)
-    store.claim_launch(job_id)
-    done = fan_out(store, job_id, settings.queue, batch=batch)
-
-    assert done.cancelled and done.dispatched == batch and cancels == [batch]
     queued = [json.loads(m) for m in redis_client.lrange(
         f"{settings.key_prefix}:celery:{settings.queue}", 0, -1)]
-    tasks = [m["headers"]["task"] for m in queued]
-    assert tasks.count("drover.run_subagent") == batch and tasks.count("drover.join_results") == 1
-    member = next(m for m in queued if m["headers"]["task"] == "drover.run_subagent")
-    assert member["headers"]["group"] == job_id  # one chord per job, Celery's own fields
-    assert store.status_counts(job_id, n)["cancelled"] == n
+    assert sorted(m["headers"]["group_index"] for m in queued) == list(range(1200))
+    first = queued[0]
+    assert first["headers"]["task"] == "drover.run_subagent"
+    assert first["headers"]["group"] == job_id  # one chord per job, Celery's own fields
+    chord = json.loads(base64.b64decode(first["body"]))[2]["chord"]
+    assert chord["task"] == "drover.join_results" and chord["args"] == [job_id]
 
 
 def test_the_join_holds_compact_records_whatever_the_stored_ones_weigh(drover_env):

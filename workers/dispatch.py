@@ -1,29 +1,25 @@
-"""The fan-out: a job's sub-agent tasks go to the broker in pipelined batches, as one chord.
+"""Publishing a job's sub-agent tasks: pipelined batches, each message a member of the job's chord.
 
-``submit`` does not publish the sub-agents itself: it stores the job and sends one
-``drover.launch_job`` task, whose worker calls ``fan_out``. That keeps ``submit`` at a few
-Redis round trips for any fan-out, and lets a cancel stop the dispatch half way.
+What to publish when is the fair-share scheduler's call (``workers/jobs/fairshare.py``: the
+first window at submit, one more each time a sub-agent finishes, the rest never for a
+cancelled job); this module only makes each publish cheap and keeps the chord Celery's own.
 
-Why not ``chord(header)(body)``: Celery publishes a header one message at a time, plus one
-``task-sent`` event per task, each on a Redis client of its own, and it subscribes the sender
-to every header task's result. Measured on this 2-core box: about 860 messages/s that way,
-about 4,700/s with kombu's ``Producer.batch`` (one non-transactional Redis pipeline per
-batch, the ``task-sent`` events included, so Flower still sees every task sent). The chord
-stays Celery's own: the header messages carry the same ``chord``/``group`` fields that
-Celery's canvas would put there, and the size is registered with the result backend's
-``set_chord_size`` before the first message goes out, so the last sub-agent to finish sends
-the join as usual.
+Why not ``chord(header)(body)`` or ``sig.apply_async()`` per message: Celery publishes one
+message at a time, plus one ``task-sent`` event per task, each on a Redis client of its own
+(and a chord subscribes the sender to every header task's result). Measured on this 2-core
+box: about 860 messages/s as a chord, 1,500/s with one producer, about 4,700/s with kombu's
+``Producer.batch``: one non-transactional Redis pipeline per batch, the ``task-sent`` events
+in it too, so Flower still sees every task sent. The messages carry the fields Celery's
+canvas would put there (``chord`` = the join's signature, ``group`` = the job id,
+``group_index``) and the size is registered with the result backend (``open_fanout``), so
+the last member to finish sends the join as usual.
 
 Kombu refuses to batch on a connection that may replay a command (``retry_on_timeout``, which
 drover's broker options set for everything else), since a replayed pipeline may deliver
-twice. The fan-out uses a connection of its own without that option and, when a batch fails
-half way, publishes the whole batch again: a sub-agent delivered twice is recorded once (the
-job store's first write wins), and if the duplicates make the chord count to its size early,
-the join finds records missing and retries until they are in.
-
-The pieces are small on purpose (``open_fanout``, ``dispatch``, ``send_join``): a scheduler
-that dispatches a job's sub-agents a few at a time (fair share between jobs) calls
-``dispatch`` with the indexes it chooses and leaves the chord as it is.
+twice. Publishing here uses connections of its own without that option and, when a batch
+fails half way, publishes the whole batch again: a sub-agent delivered twice is recorded
+once (the job store's first write wins), and if the duplicates make the chord count to its
+size early, the join finds records missing and retries until they are in.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from celery.canvas import Signature
@@ -42,10 +37,8 @@ from kombu.exceptions import BatchPublishError, OperationalError
 from redis.exceptions import RedisError
 
 from workers.app import app
-from workers.jobs.store import JobStore
 
-__all__ = ["DISPATCH_BATCH", "FanOut", "dispatch", "fan_out", "join_signature", "open_fanout",
-           "send_join"]
+__all__ = ["DISPATCH_BATCH", "dispatch", "join_signature", "open_fanout", "send_join"]
 
 log = logging.getLogger("drover.dispatch")
 
@@ -129,7 +122,8 @@ def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any]) -> in
             with producer.batch(max_size=2 * len(indexes) + 2):  # messages + task-sent events
                 for index in indexes:
                     app.send_task(SUBAGENT_TASK, args=(job_id, index), producer=producer,
-                                  group_index=index, retry=False, **options)
+                                  group_index=index, retry=False, add_to_parent=False,
+                                  **options)
             return len(indexes)
         except (BatchPublishError, OperationalError, RedisError, OSError) as error:
             # BatchPublishError: the pipeline failed and delivery is uncertain; the others:
@@ -141,40 +135,3 @@ def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any]) -> in
                         job_id, len(indexes), type(error).__name__, error)
             time.sleep(min(2.0, 0.5 * attempt))
     return 0  # unreachable: the last attempt raises
-
-
-@dataclass
-class FanOut:
-    """What one ``fan_out`` call did."""
-
-    dispatched: int  # sub-agents published by this call
-    total: int  # the job's fan-out
-    cancelled: bool  # stopped by a cancel before every sub-agent was out
-    seconds: float
-
-
-def fan_out(store: JobStore, job_id: str, queue: str, *, batch: int = DISPATCH_BATCH
-            ) -> FanOut:
-    """Dispatch the job's sub-agents from where an earlier delivery stopped, batch by batch.
-
-    Between batches it looks for a cancel (or a passed deadline): then the sub-agents not yet
-    out get their ``cancelled`` records in bulk and the join is sent at once, so the job ends
-    without its remaining messages ever being published.
-    """
-    started = time.monotonic()
-    meta = store.meta(job_id)
-    n = int(meta.get("n", 0))
-    done = int(meta.get("dispatched", 0))
-    if done == 0 and n:
-        open_fanout(job_id, n)
-    sent = 0
-    while done < n:
-        if reason := store.cancelled(job_id):
-            store.cancel_unstarted(job_id, reason)
-            send_join(job_id, queue)
-            return FanOut(sent, n, True, time.monotonic() - started)
-        upto = min(n, done + batch)
-        sent += dispatch(job_id, range(done, upto), queue)
-        done = upto
-        store.set_dispatched(job_id, done)
-    return FanOut(sent, n, False, time.monotonic() - started)

@@ -9,7 +9,7 @@ import socket
 from functools import lru_cache
 from typing import Any
 
-from celery import Signature, Task, signature
+from celery import Task, signature
 from celery.exceptions import Ignore
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
@@ -29,6 +29,8 @@ from workers.agent import (
 )
 from workers.agent.runtime import Runtime
 from workers.app import app
+from workers.dispatch import dispatch as publish_subagents
+from workers.dispatch import open_fanout, send_join
 from workers.jobs import start_sweeper, sync_redis
 from workers.jobs.batches import BatchStore
 from workers.jobs.fairshare import Dispatch, FairShare, start_pump
@@ -107,7 +109,7 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
     members, which the backend does whether results are kept or not.
     """
     settings = get_settings()
-    app.backend.set_chord_size(job_id, n)
+    open_fanout(job_id, n)
     store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
                      ttl_s=settings.result_ttl_s)
     if uses_batch(store.spec(job_id), settings):
@@ -122,23 +124,10 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
 
 
 def dispatch(runs: list[Dispatch], queue: str) -> None:
-    """Publish the chord members the fair-share scheduler handed out, on one connection."""
-    if not runs:
-        return
-    with app.producer_or_acquire() as producer:
-        for run in runs:
-            body = _join_of(run.job_id, queue)
-            for index in run.indices():
-                run_subagent.s(run.job_id, index).set(
-                    queue=queue, ignore_result=True, group_id=run.job_id, group_index=index,
-                    chord=body).apply_async(producer=producer, add_to_parent=False)
-
-
-def _join_of(job_id: str, queue: str) -> Signature:
-    """The chord's body, the same for every member (as ``chord()`` would freeze it)."""
-    body = join_results.s(job_id).set(queue=queue, ignore_result=True)
-    body.freeze(f"{job_id}-join", group_id=job_id)
-    return body
+    """Publish the chord members the fair-share scheduler handed out, pipelined
+    (``workers/dispatch.py``: one Redis round trip per batch, task-sent events included)."""
+    for run in runs:
+        publish_subagents(run.job_id, run.indices(), queue)
 
 
 def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
@@ -146,8 +135,16 @@ def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
     settings = get_settings()
     fs = _fairshare(settings, settings.queue)
     try:
-        runs = fs.drain(job_id) if cancelled else []
-        runs += fs.finished(job_id, store.record_count(job_id))
+        if cancelled:
+            # The cancel gave every sub-agent that had not started its record (in bulk), so
+            # nothing of this job is left to publish: its places go to the other jobs, and
+            # the join goes out once the last running one is in (the chord, short of the
+            # members never published, would not count to its size).
+            runs = fs.remove(job_id)
+            if store.record_count(job_id) >= int(store.meta(job_id).get("n", 0)):
+                send_join(job_id, settings.queue)
+        else:
+            runs = fs.finished(job_id, store.record_count(job_id))
         dispatch(runs, settings.queue)
     except Exception as error:  # the record is safe; the pump tops the window up later
         log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,

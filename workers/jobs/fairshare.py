@@ -234,8 +234,12 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
         if meta.get("status") not in ACTIVE:
             runs += fs.remove(share.job_id)
             continue
-        if meta.get("cancelled"):
-            runs += fs.drain(share.job_id)
+        if reason := meta.get("cancelled"):
+            # Its sub-agents that never started got their records at the cancel (again here,
+            # in case that was cut short): none is left to publish, its places go to others.
+            store.cancel_unstarted(share.job_id, reason)
+            runs += fs.remove(share.job_id)
+            continue
         runs += fs.finished(share.job_id, store.record_count(share.job_id))
     runs += fs.fill()
     if runs:

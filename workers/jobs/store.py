@@ -116,11 +116,6 @@ class JobStore:
         pipe.hset(self.key(job_id, "meta"), "status", "running")
         return bool(pipe.execute()[0])
 
-    def set_dispatched(self, job_id: str, count: int) -> None:
-        """How many of the job's sub-agents are on the broker (a resumed fan-out starts there)."""
-        self.r.hset(self.key(job_id, "meta"),
-                    mapping={"dispatched": count, "dispatched_at": time.time()})
-
     def fail_job(self, job_id: str, reason: str, status: str = "failed") -> None:
         """End a job that never fanned out (its planning failed or it was cancelled first)."""
         created = float(self.meta(job_id).get("created", time.time()))
