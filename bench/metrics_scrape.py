@@ -35,7 +35,7 @@ from workers.jobs.records import SubagentResult
 from workers.jobs.spec import JobSpec
 from workers.jobs.store import JobStore
 from workers.limiter import Limiter, ScopeLimits, llm_scope, tool_scope
-from workers.telemetry import CALL_OUTCOMES, TOKEN_TYPES, Recorder, keys
+from workers.telemetry import CALL_OUTCOMES, TOKEN_TYPES, Recorder, register_job
 
 
 def build_fleet(settings, args):  # noqa: ANN001, ANN201
@@ -49,7 +49,6 @@ def build_fleet(settings, args):  # noqa: ANN001, ANN201
         for _ in range(20):
             grant = limiter.acquire(scope, limits, input_tokens=500, output_tokens=100)
             limiter.settle(scope, limits, grant, input_tokens=480, output_tokens=90)
-    k = keys(settings.key_prefix)
     pending: list[tuple[str, int]] = []
     rng = random.Random(1)
     for j in range(args.jobs):
@@ -57,8 +56,7 @@ def build_fleet(settings, args):  # noqa: ANN001, ANN201
         store.create(job_id, JobSpec(subtasks=["x"]), [f"task {i}" for i in range(args.subagents)],
                      status="queued", queue="drover")
         store.claim_launch(job_id)
-        client.zadd(k["jobs"], {job_id: time.time()})
-        client.hset(k["tenants"], job_id, f"tenant{j % 5}")
+        register_job(client, settings.key_prefix, job_id, f"tenant{j % 5}", keep_s=3600)
         done = args.subagents // 3
         for i in range(done):
             store.finish(_record(job_id, i, rng))

@@ -53,6 +53,7 @@ from workers.telemetry import (
     keys,
     metric,
     parse_field,
+    parse_job,
 )
 
 __all__ = ["DroverCollector", "serve"]
@@ -199,32 +200,27 @@ class DroverCollector(Collector):
 
     def _job_series(self, procs: list[dict[str, str]]) -> list[Metric]:
         now = time.time()
-        job_ids = [_s(x) for x in self.r.zrevrange(self.keys["jobs"], 0, -1)]
+        members = [_s(x) for x in self.r.zrevrange(self.keys["jobs"], 0, -1)]
+        job_ids = [parse_job(m)[0] for m in members]
         running: dict[str, int] = defaultdict(int)
         for beat in procs:
             for k, v in beat.items():
                 if k.startswith("running:"):
                     running[k.removeprefix("running:")] += int(v)
-        metas: list[list[Any]] = []
-        tenants: list[Any] = []
-        if job_ids:
-            pipe = self.r.pipeline(transaction=False)
-            for job_id in job_ids:
-                pipe.hmget(self.store.key(job_id, "meta"), "status", "n", "launched", "created",
-                           "queue")
-            pipe.hmget(self.keys["tenants"], *job_ids)
-            *metas, tenants = pipe.execute()
-        ended = [j for j, meta in zip(job_ids, metas, strict=True)
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(self.store.key(job_id, "meta"), "status", "n", "launched", "created",
+                       "queue")
+        metas = pipe.execute() if job_ids else []
+        ended = [(m, j) for m, j, meta in zip(members, job_ids, metas, strict=True)
                  if meta[0] is None or _s(meta[0]) not in ACTIVE]
         if ended:
-            pipe = self.r.pipeline(transaction=False)
-            pipe.zrem(self.keys["jobs"], *ended)
-            pipe.hdel(self.keys["tenants"], *ended)
-            pipe.execute()
-            for job_id in ended:
+            self.r.zrem(self.keys["jobs"], *(m for m, _ in ended))
+            for _, job_id in ended:
                 self._jobs.pop(job_id, None)
-        active = [(j, m, _s(t) if t else "default")
-                  for j, m, t in zip(job_ids, metas, tenants, strict=True) if j not in ended]
+        gone = {j for _, j in ended}
+        active = [(j, meta, parse_job(m)[1])
+                  for m, j, meta in zip(members, job_ids, metas, strict=True) if j not in gone]
         self._read_streams([j for j, _, _ in active])
 
         per_job: list[tuple[tuple[str, ...], float]] = []

@@ -19,7 +19,7 @@ from workers.jobs.records import SubagentResult
 from workers.jobs.spec import JobSpec
 from workers.jobs.store import JobStore
 from workers.limiter import Limiter, ScopeLimits, llm_scope
-from workers.telemetry import CALL_OUTCOMES, METRICS, Recorder, keys
+from workers.telemetry import CALL_OUTCOMES, METRICS, Recorder, keys, register_job
 
 SCOPE = llm_scope("obs", "claude-test")
 LIMITS = ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
@@ -81,14 +81,13 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
     limiter.settle(SCOPE, LIMITS, grant, input_tokens=120, output_tokens=30)
     limiter.acquire(SCOPE, LIMITS, input_tokens=10, output_tokens=10, lease_ttl_s=60)  # in flight
     store = JobStore(client, prefix=settings.key_prefix)
-    k = keys(settings.key_prefix)
     for j, tenant in enumerate(("acme", "acme", "beta")):
         job_id = f"job{j}"
         store.create(job_id, JobSpec(subtasks=["x"]), ["a", "b", "c", "d"], status="queued",
                      queue="q-obs")
         store.claim_launch(job_id)
-        client.zadd(k["jobs"], {job_id: time.time() + j})
-        client.hset(k["tenants"], job_id, tenant)
+        register_job(client, settings.key_prefix, job_id, tenant, keep_s=3600)
+        time.sleep(0.002)  # the newest is the last registered
     store.finish(SubagentResult(job_id="job2", index=0, status="ok"))
     store.finish(SubagentResult(job_id="job2", index=1, status="failed"))
     recorders[0].running("job2", +1)
@@ -175,7 +174,8 @@ def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorde
     assert value(families, "drover_exporter_jobs_without_series") == 0
     assert "beta" not in {s.labels["tenant"] for s in families["drover_tenant_jobs_active"]
                           .samples}
-    assert not store.r.zscore(keys(settings.key_prefix)["jobs"], "job2")
+    assert not store.r.zscore(keys(settings.key_prefix)["jobs"], "job2|beta")
+    assert store.r.zscore(keys(settings.key_prefix)["jobs"], "job1|acme")
 
 
 def _done(job_id: str):  # noqa: ANN202

@@ -26,11 +26,18 @@ from workers.telemetry._metrics import (
     Metric,
     metric,
 )
-from workers.telemetry._recorder import Recorder, get_recorder, keys, parse_field
+from workers.telemetry._recorder import (
+    Recorder,
+    get_recorder,
+    keys,
+    parse_field,
+    parse_job,
+    register_job,
+)
 from workers.telemetry._tracing import content_capture, enabled, ensure_tracing, tracer
 
 __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
            "Metric", "Recorder", "acquire_wait", "content_capture", "enabled",
            "ensure_tracing", "get_recorder", "job_submitted", "keys", "llm_call", "metric",
-           "parse_field", "subagent_finished", "subagent_run", "tenant_of", "tool_call",
-           "tracer", "with_trace_context", "worker_started"]
+           "parse_field", "parse_job", "register_job", "subagent_finished", "subagent_run",
+           "tenant_of", "tool_call", "tracer", "with_trace_context", "worker_started"]

@@ -290,13 +290,9 @@ def job_submitted(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def _job_active(settings: Any, job_id: str, tenant: str, handle: Any) -> None:
-    from workers.telemetry._recorder import keys
+    from workers.telemetry._recorder import register_job
 
-    k = keys(settings.key_prefix)
-    pipe = handle.store.r.pipeline(transaction=False)
-    pipe.zadd(k["jobs"], {job_id: time.time()})
-    pipe.hset(k["tenants"], job_id, tenant)
-    pipe.execute()
+    register_job(handle.store.r, settings.key_prefix, job_id, tenant, settings.result_ttl_s)
     get_recorder().inc("drover_jobs_submitted", (tenant,))
 
 

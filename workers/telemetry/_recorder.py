@@ -14,8 +14,10 @@ sub-agents from those hashes.
 Keys (all under ``{prefix}:telemetry:``): ``counters`` (the hash above; field = JSON
 ``[name, [label values], part]``, part None for a counter, ``"sum"`` or a bucket's upper
 bound for a histogram, buckets stored per bucket, not cumulated), ``procs`` (set of process
-ids), ``proc:{id}`` (a process's heartbeat hash), ``jobs`` (zset of active jobs by submit
-time) and ``tenants`` (hash job id -> tenant).
+ids), ``proc:{id}`` (a process's heartbeat hash) and ``jobs`` (zset of the active jobs by
+submit time, member ``{job id}|{tenant}``; the exporter drops a job once it has ended, and
+every submit drops entries older than the job records' TTL, so it stays bounded without an
+exporter too).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -35,7 +38,8 @@ import redis
 
 from workers.telemetry._metrics import Metric, metric
 
-__all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field"]
+__all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field", "parse_job",
+           "register_job"]
 
 log = logging.getLogger("drover.telemetry")
 
@@ -43,7 +47,24 @@ log = logging.getLogger("drover.telemetry")
 def keys(prefix: str) -> dict[str, str]:
     base = f"{prefix}:telemetry"
     return {"counters": f"{base}:counters", "procs": f"{base}:procs", "proc": f"{base}:proc:",
-            "jobs": f"{base}:jobs", "tenants": f"{base}:tenants"}
+            "jobs": f"{base}:jobs"}
+
+
+def register_job(client: redis.Redis, prefix: str, job_id: str, tenant: str,
+                 keep_s: float) -> None:
+    """Count ``job_id`` as active (the exporter reads it and drops it when it ends)."""
+    key = keys(prefix)["jobs"]
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(key, {f"{job_id}|{tenant}": now})
+    pipe.zremrangebyscore(key, "-inf", now - keep_s)
+    pipe.execute()
+
+
+def parse_job(member: str) -> tuple[str, str]:
+    """(job id, tenant) of an entry of the active jobs."""
+    job_id, _, tenant = member.partition("|")
+    return job_id, tenant or "default"
 
 
 def field(name: str, values: tuple[str, ...], part: str | None = None) -> str:
