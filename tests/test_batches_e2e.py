@@ -65,3 +65,97 @@ def test_a_batch_job_runs_every_turn_by_batch_and_bills_what_the_simulator_saw(
     assert usage.batch_tokens == usage.total_tokens
     assert b["in_progress"] == 0 and b["queued"] == 0
     assert _batch_counters(redis_url, batch_env, handle.id)["succeeded"] == 60
+
+
+def test_errored_and_expired_results_are_retried_or_recorded_and_endpoint_429s_back_off(
+        sim, spawn_worker, batch_env, redis_url):  # noqa: ANN001
+    # The simulator allows 2 calls a second to its batches endpoints; drover is told 6,000
+    # a minute, so it meets the provider's 429s and has to back off on them.
+    sim.configure(batch_rpm=120, burst_s=1.0, tool_turns=0)
+    spawn_worker(concurrency=4)
+    _wait_for_workers(1)
+    tasks = ["Summarise report A [[sim:529:1]]",  # overloaded once: retried in the next batch
+             "Summarise report B [[sim:400]]",    # invalid: not retryable, failed
+             "Summarise report C [[sim:expire:1]]",  # expired once: sent again
+             *(f"Summarise report {i}" for i in range(5))]
+    handle = submit(JobSpec(subtasks=tasks, delivery="batch"))
+    result = handle.wait(timeout=120)
+    by_index = result.results
+    assert by_index[0].status == "ok" and by_index[0].attempts == 2
+    assert by_index[1].status == "failed" and by_index[1].status_code == 400
+    assert by_index[1].error_type == "invalid_request_error" and by_index[1].attempts == 1
+    assert by_index[2].status == "ok" and by_index[2].attempts == 2
+    assert all(r.status == "ok" and r.attempts == 1 for r in by_index[3:])
+    stats = sim.stats()
+    assert stats["accepted"] == 0
+    b = stats["batches"]
+    assert b["outcomes"] == {"succeeded": 7, "errored": 2, "canceled": 0, "expired": 1}
+    assert b["rejected_429"] >= 1, "drover was meant to meet the endpoints' 429s"
+    counters = _batch_counters(redis_url, batch_env, handle.id)
+    assert counters["submitted"] == 10 and counters["expired"] == 1
+
+
+def test_the_queued_requests_cap_holds_across_the_fleet(
+        sim, spawn_worker, batch_env, monkeypatch, redis_url):  # noqa: ANN001
+    cap = 4
+    configure(monkeypatch, batch_env, DROVER_BATCH_QUEUE_CAP=cap)
+    sim.configure(batch_queue_cap=cap, tool_turns=0, batch_processing_s=0.3)
+    spawn_worker(concurrency=4)
+    spawn_worker(concurrency=4)
+    _wait_for_workers(2)
+    handle = submit(JobSpec(subtasks=[f"Summarise memo {i}" for i in range(14)],
+                            delivery="batch"))
+    result = handle.wait(timeout=120)
+    assert result.counts["ok"] == 14
+    b = sim.stats()["batches"]
+    assert b["queue_cap_429"] == 0 and 1 <= b["max_queued"] <= cap
+    assert b["batches_created"] >= 14 // cap
+    limiter = Limiter(redis.Redis.from_url(redis_url), prefix=batch_env["DROVER_KEY_PREFIX"])
+    assert limiter.state(f"batchq:{batch_env['DROVER_KEY_ALIAS']}")["leases"] == 0
+
+
+def test_cancel_mid_batch_cancels_it_at_the_provider_and_every_subagent_gets_a_record(
+        sim, spawn_worker, batch_env, redis_url):  # noqa: ANN001
+    sim.configure(batch_processing_s=4.0)
+    spawn_worker(concurrency=4)
+    _wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=[f"Assess supplier {i}" for i in range(20)],
+                            tools=["lookup_fact"], delivery="batch"))
+    wait_until("a batch in progress", lambda: sim.stats()["batches"]["in_progress"], 60)
+    time.sleep(2.0)  # about half of its requests have run by now
+    assert handle.cancel()
+    result = handle.wait(timeout=60)
+    assert result.status == "cancelled"
+    assert [r.index for r in result.results] == list(range(20))
+    assert result.counts["cancelled"] == 20
+    b = sim.stats()["batches"]
+    assert b["calls"]["cancel"] >= 1 and b["in_progress"] == 0 and b["canceling"] == 0
+    assert b["accepted"] == 0 or b["outcomes"]["succeeded"] == b["accepted"]
+    # What still ended is in the records (and billed at the batch rate), the rest cancelled.
+    counters = _batch_counters(redis_url, batch_env, handle.id)
+    assert counters["canceled"] == b["outcomes"]["canceled"] >= 1
+    assert counters["succeeded"] == b["outcomes"]["succeeded"] == result.usage.batch_calls
+    assert sim.stats()["accepted"] == 0
+
+
+def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason(
+        drover_env, redis_url):  # noqa: ANN001
+    from workers.agent import SubagentRun, get_runtime
+    from workers.jobs.batches import BatchStore, custom_id
+    from workers.jobs.records import Checkpoint
+
+    handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch",
+                            deadline_s=0.2))  # no workers: the sub-agent is run here
+    rt = get_runtime()
+    cid = custom_id(handle.id, 0, 0, 1)
+    state = Checkpoint.first("Summarise the archive")
+    state.batch_cid, state.batch_n = cid, 1
+    rt.store.save_checkpoint(handle.id, 0, state)
+    store = BatchStore(rt.store)
+    pipe = rt.store.r.pipeline()
+    store._deliver(pipe, cid, {"type": "expired"})
+    pipe.execute()
+    time.sleep(0.3)
+    record = rt.run(SubagentRun(rt, handle.id, 0).run())
+    assert record.status == "failed" and record.error_type == "expired"
+    assert "deadline" in record.error

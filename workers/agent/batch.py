@@ -324,15 +324,17 @@ class Batcher:
         now = await _io(self.rt.store.server_time)
         batches = self.rt.client.messages.batches
         for batch in await _io(self.store.open_batches):
-            if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
-                continue
-            seen = await self._call("retrieve", lambda b=batch: batches.retrieve(b.id))
-            if seen is None:
-                continue
-            batch.polled = now
-            if seen.processing_status != "ended":
+            if not batch.ended:
+                if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
+                    continue
+                seen = await self._call("retrieve", lambda b=batch: batches.retrieve(b.id))
+                if seen is None:
+                    continue
+                batch.polled = now
+                batch.ended = seen.processing_status == "ended"
                 await _io(self.store.update, batch)
-                continue
+                if not batch.ended:
+                    continue
             # results() retrieves the batch again before it downloads: two endpoint calls.
             lines = await self._call("results", lambda b=batch: self._results(b.id), calls=2)
             if lines is None:

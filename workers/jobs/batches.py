@@ -56,6 +56,7 @@ class OpenBatch:
     created: float = 0.0
     polled: float = 0.0
     cancel_sent: bool = False
+    ended: bool = False  # seen ended: the next poll goes straight to its results
 
     def dump(self) -> str:
         return json.dumps(self.__dict__)
