@@ -1,4 +1,4 @@
-"""The failure table of DESIGN.md, decided by ``workers.agent.retry.classify``.
+"""The failure table in ``workers.agent.retry``, decided by its ``classify``.
 
 The errors are the SDK's own: a real ``anthropic.Anthropic`` client (``max_retries=0``) parses
 real ``httpx2`` responses served by an ``httpx2.MockTransport`` (the HTTP layer is the only
