@@ -268,6 +268,7 @@ def test_the_grafana_dashboard_queries_only_series_that_exist():
 
 
 def test_compose_runs_prometheus_on_the_exporter_and_flower_and_grafana_on_the_dashboard():
+    """The compose Prometheus scrapes both, loads the alerts; promtool checks config and rules."""
     import shutil
     import subprocess
 
@@ -284,6 +285,14 @@ def test_compose_runs_prometheus_on_the_exporter_and_flower_and_grafana_on_the_d
     targets = {job["job_name"]: job["static_configs"][0]["targets"]
                for job in config["scrape_configs"]}
     assert targets == {"drover": [f"metrics:{port}"], "flower": ["flower:5555"]}
+    assert "./deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
+    assert config["rule_files"] == ["alerts.yml"]
+    import re
+
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    used = {name for group in rules["groups"] for rule in group["rules"]
+            for name in re.findall(r"\b(drover_[a-z0-9_]+)", rule["expr"])}
+    assert used and used <= _exposed_names(), used - _exposed_names()
     grafana = services["grafana"]["volumes"]
     assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana
     if shutil.which("promtool") is None:
