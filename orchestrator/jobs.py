@@ -66,7 +66,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
                      queue=settings.queue)
         if store.claim_launch(job_id):
             launch(job_id, len(spec.subtasks), settings.queue, tenant=spec.tenant,
-                   priority=spec.priority)
+                   priority=spec.priority, settings=settings)
     return JobHandle(job_id, settings=settings)
 
 

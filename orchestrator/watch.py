@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from orchestrator.jobs import JobHandle
 from orchestrator.shares import active_jobs
+from workers.jobs.fairshare import FairShare
 from workers.jobs.records import JobResult
 
 
@@ -25,10 +26,11 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
         bar = progress.add_task("sub-agents", total=total, status="")
         counts: dict[str, int] = {}
         share, looked = "", 0.0
+        fs = FairShare.from_settings(handle.store.r, handle.settings)
         for record in handle.as_completed():
             counts[record.status] = counts.get(record.status, 0) + 1
             if time.monotonic() - looked > 1.0:  # one read of the window per second
-                share, looked = _share(handle), time.monotonic()
+                share, looked = _share(handle, fs), time.monotonic()
             progress.update(bar, advance=1, status=" ".join(
                 f"{k}={v}" for k, v in sorted(counts.items())) + share)
             if show_records:
@@ -41,9 +43,9 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
     return result
 
 
-def _share(handle: JobHandle) -> str:
+def _share(handle: JobHandle, fs: FairShare) -> str:
     """The job's part of the fair-share window, its backlog and its turn ('' once all out)."""
-    for a in active_jobs(handle.settings):
+    for a in active_jobs(handle.settings, fs):
         if a.share.job_id == handle.id:
             turn = f" next#{a.position}" if a.position else ""
             return (f"  share={a.held:.0%} due={a.due:.0%} out={a.share.out} "

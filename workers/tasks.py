@@ -70,6 +70,8 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)
 def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
+    if self.request.retries:  # back from a countdown: on a slot again
+        _window_op(job_id, "resume")
     try:
         outcome = rt.run(SubagentRun(rt, job_id, index).run())
     except Parked:
@@ -79,6 +81,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         BatchStore(rt.store).park(job_id, index, json.dumps(self.signature_from_request()))
         raise Ignore() from None
     except RetryLater as later:
+        _window_op(job_id, "defer")  # its slot is free while it waits
         raise self.retry(countdown=later.countdown, max_retries=None) from None
     _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
     # The chord hands these to join_results as its argument, which Flower shows: ids, status
@@ -98,7 +101,7 @@ def join_results(self: Task, results: list[dict[str, Any]], job_id: str) -> dict
 
 
 def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
-           priority: str = "normal") -> None:
+           priority: str = "normal", settings: Settings | None = None) -> None:
     """Start the chord: one sub-agent task per subtask, joined by ``join_results``.
 
     The chord is Celery's own (group id = job id, the header's size in the result backend,
@@ -108,7 +111,7 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
     in Redis, not to Celery's result backend (``ignore_result``); the chord still counts its
     members, which the backend does whether results are kept or not.
     """
-    settings = get_settings()
+    settings = settings or get_settings()
     open_fanout(job_id, n)
     store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
                      ttl_s=settings.result_ttl_s)
@@ -148,6 +151,16 @@ def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
         dispatch(runs, settings.queue)
     except Exception as error:  # the record is safe; the pump tops the window up later
         log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,
+                    type(error).__name__, error)
+
+
+def _window_op(job_id: str, op: str) -> None:
+    settings = get_settings()
+    fs = _fairshare(settings, settings.queue)
+    try:
+        dispatch(getattr(fs, op)(job_id), settings.queue)
+    except Exception as error:  # the pump reconciles; the sub-agent itself goes on
+        log.warning("job %s: fair-share %s failed (%s: %s)", job_id, op,
                     type(error).__name__, error)
 
 

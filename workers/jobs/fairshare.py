@@ -79,6 +79,7 @@ class JobShare:
     dispatched: int  # sub-agents published so far
     done: int        # records in
     arrival: int     # order of arrival on the queue
+    deferred: int = 0  # out, but waiting out a retry countdown (holding no worker slot)
 
     @property
     def out(self) -> int:
@@ -105,6 +106,7 @@ class FairShare:
         self.floor = floor
         self.ttl_s = ttl_s
         self._script = client.register_script(_SCRIPT)
+        self._window, self._window_at = fallback_window, -1e9
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings, queue: str | None = None
@@ -143,9 +145,15 @@ class FairShare:
         return total
 
     def current_window(self) -> int:
+        """The window now: the setting, else the live slots (read at most once a second: a
+        sub-agent's end should cost one script call, not three round trips)."""
         if self.window:
             return self.window
-        return self.live_slots() or self.fallback_window
+        now = time.monotonic()
+        if now - self._window_at > 1.0:
+            self._window = self.live_slots() or self.fallback_window
+            self._window_at = now
+        return self._window
 
     # --- the scheduler ------------------------------------------------------------------
     def add(self, job_id: str, *, n: int, tenant: str, weight: float, priority: str
@@ -156,6 +164,14 @@ class FairShare:
     def finished(self, job_id: str, done: int) -> list[Dispatch]:
         """The job now has ``done`` records: its finished sub-agents free their places."""
         return self._call("done", job_id, done)
+
+    def defer(self, job_id: str) -> list[Dispatch]:
+        """A sub-agent of the job waits out a retry countdown: its slot is free meanwhile."""
+        return self._call("defer", job_id)
+
+    def resume(self, job_id: str) -> list[Dispatch]:
+        """A deferred sub-agent is back on a slot."""
+        return self._call("resume", job_id)
 
     def drain(self, job_id: str) -> list[Dispatch]:
         """A cancelled job: the rest of it only writes its records, publish all of it now."""
@@ -170,7 +186,8 @@ class FairShare:
         return self._call("fill", "")
 
     def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
-        reply = self._script(keys=[self.jobs_key, f"{self.base}:seq"],
+        reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
+                                   f"{self.base}:tenants"],
                              args=[op, self.current_window(), self.floor, self.ttl_s, job_id,
                                    *args])
         return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
@@ -191,7 +208,7 @@ class FairShare:
             shares.append(JobShare(job_id=_s(job_id), tenant=j["tenant"],
                                    priority=PRIORITIES[int(j["rank"])], weight=float(j["w"]),
                                    n=int(j["n"]), dispatched=int(j["next"]), done=int(j["done"]),
-                                   arrival=int(j["seq"])))
+                                   arrival=int(j["seq"]), deferred=int(j.get("deferred", 0))))
         return sorted(shares, key=lambda s: s.arrival)
 
     def server_time(self) -> float:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200_000)]
 TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-# Highest first: a job's level decides its place among its tenant's jobs (workers/jobs/fairshare.py).
+# Highest first: the level orders the jobs of one tenant (workers/jobs/fairshare.py).
 PRIORITIES = ("interactive", "normal", "batch")
 Priority = Literal["interactive", "normal", "batch"]
 DEFAULT_TENANT = "default"

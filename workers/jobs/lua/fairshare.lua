@@ -1,11 +1,13 @@
 -- Fair share of one queue's dispatch window: which job's next sub-agents go to the broker.
 --
--- KEYS[1]  hash   job id -> cjson {n, next, done, tenant, w, rank, seq} of every job that still
---                 has sub-agents out or waiting (n: sub-agents, next: first index not yet
---                 published, done: records in, w: tenant weight, rank: 0 interactive,
---                 1 normal, 2 batch, seq: arrival order)
+-- KEYS[1]  hash   job id -> cjson {n, next, done, deferred, tenant, w, rank, seq} of every job
+--                 that still has sub-agents out or waiting (n: sub-agents, next: first index
+--                 not yet published, done: records in, deferred: out but waiting out a retry
+--                 countdown, w: tenant weight, rank: 0 interactive, 1 normal, 2 batch,
+--                 seq: arrival order)
 -- KEYS[2]  string arrival counter
--- ARGV[1]  op: add | done | drain | remove | fill
+-- KEYS[3]  hash   tenant -> cjson {a, t}: its recent average of sub-agents out (a) as of t
+-- ARGV[1]  op: add | done | defer | resume | drain | remove | fill
 -- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
 -- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
 -- ARGV[4]  ttl of KEYS[1] in seconds
@@ -15,28 +17,62 @@
 --
 -- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
 --
--- The rule (max-min fairness of the window, three levels): give the next free place to the
--- tenant with the least out per weight among tenants with sub-agents waiting; inside it, to
+-- The rule (max-min fairness of the window, three levels): give the next free place to a
+-- tenant with sub-agents waiting and fewer out than its due (the window, less what tenants
+-- with nothing waiting hold, split by weight; rounded up), the one furthest below its due on
+-- average over the last seconds (a window of 16 cannot split 2:1 at any instant: taking the
+-- average makes the tenants take turns with the odd place, so the split holds over time);
+-- with none below its due, to the least out per weight. Inside the tenant, to
 -- the waiting priority level with the least out per level weight (the highest waiting level
 -- weighs 1 - floor x (levels waiting - 1), each lower one floor); inside the level, to the job
 -- with the least out (the oldest on a tie). It looks only at what is out now, so it needs no
 -- history, and a job that arrives is served at the next free place.
+-- A sub-agent waiting out a retry countdown (the limiter said later, a tenant's budget is
+-- spent) holds no worker slot: it still counts for its job's share, not for the window, so
+-- the others can use the slot; its job, being at its share, gets no more meanwhile.
 
 local op, window, floor, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local id = ARGV[5]
+local TAU = 5.0  -- seconds over which a tenant's average out is taken
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 
 local jobs, by_id = {}, {}
 local raw = redis.call('HGETALL', KEYS[1])
 for i = 1, #raw, 2 do
   local job = cjson.decode(raw[i + 1])
   job.id = raw[i]
+  job.deferred = job.deferred or 0
   jobs[#jobs + 1] = job
   by_id[job.id] = job
 end
 
+-- Each tenant's average out, brought up to now with what it held since the last call.
+local averages = {}
+do
+  local held = {}
+  for _, j in ipairs(jobs) do
+    held[j.tenant] = (held[j.tenant] or 0) + math.max(0, j.next - j.done)
+  end
+  local stored = redis.call('HGETALL', KEYS[3])
+  for i = 1, #stored, 2 do
+    local name, entry = stored[i], cjson.decode(stored[i + 1])
+    if held[name] then
+      local keep = math.exp(-math.max(0, now - entry.t) / TAU)
+      averages[name] = entry.a * keep + held[name] * (1 - keep)
+    else
+      redis.call('HDEL', KEYS[3], name)  -- gone: it starts afresh when it comes back
+    end
+  end
+  for name, _ in pairs(held) do
+    averages[name] = averages[name] or 0
+    redis.call('HSET', KEYS[3], name, cjson.encode({a = averages[name], t = now}))
+  end
+end
+
 local function save(job)
-  local copy = {n = job.n, next = job.next, done = job.done, tenant = job.tenant, w = job.w,
-                rank = job.rank, seq = job.seq}
+  local copy = {n = job.n, next = job.next, done = job.done, deferred = job.deferred,
+                tenant = job.tenant, w = job.w, rank = job.rank, seq = job.seq}
   redis.call('HSET', KEYS[1], job.id, cjson.encode(copy))
 end
 
@@ -52,6 +88,10 @@ local function out(job)
   return math.max(0, job.next - job.done)
 end
 
+local function running(job)
+  return math.max(0, out(job) - job.deferred)
+end
+
 local grants = {}
 local function grant(job, first, count)
   grants[#grants + 1] = job.id
@@ -62,7 +102,7 @@ end
 local job = by_id[id]
 if op == 'add' then
   if not job then  -- a second add (a launch delivered twice) changes nothing
-    job = {id = id, n = tonumber(ARGV[6]), next = 0, done = 0, tenant = ARGV[7],
+    job = {id = id, n = tonumber(ARGV[6]), next = 0, done = 0, deferred = 0, tenant = ARGV[7],
            w = tonumber(ARGV[8]), rank = tonumber(ARGV[9]),
            seq = redis.call('INCR', KEYS[2])}
     jobs[#jobs + 1] = job
@@ -71,7 +111,14 @@ if op == 'add' then
   end
 elseif op == 'done' and job then
   job.done = math.max(job.done, tonumber(ARGV[6]))
+  job.deferred = math.min(job.deferred, out(job))
   if job.done >= job.n then forget(job) else save(job) end
+elseif op == 'defer' and job then
+  job.deferred = math.min(job.deferred + 1, out(job))
+  save(job)
+elseif op == 'resume' and job then
+  job.deferred = math.max(0, job.deferred - 1)
+  save(job)
 elseif op == 'drain' and job then  -- cancelled: the rest only write their records, send them
   if job.next < job.n then grant(job, job.next, job.n - job.next) end
   job.next = job.n
@@ -82,7 +129,7 @@ end
 
 -- One place at a time, each to the most deserving waiting job.
 local total = 0
-for _, j in ipairs(jobs) do total = total + out(j) end
+for _, j in ipairs(jobs) do total = total + running(j) end
 local free = window - total
 local pending = {}  -- job id -> {first, count} granted in this call
 while free > 0 do
@@ -107,12 +154,28 @@ while free > 0 do
       level.waiting[#level.waiting + 1] = j
     end
   end
-  local best, best_key, best_seq = nil, nil, nil
+  local weights, spare = 0, window
+  for _, j in ipairs(jobs) do spare = spare + j.deferred end
   for _, t in pairs(tenants) do
-    if t.waiting then
-      local key = t.out / t.w
+    if t.waiting then weights = weights + t.w else spare = spare - t.out end
+  end
+  local best, best_key, best_seq = nil, nil, nil
+  for name, t in pairs(tenants) do  -- below its due: furthest below it on average
+    local due = spare * t.w / math.max(weights, 1e-9)
+    if t.waiting and t.out < math.ceil(due - 1e-9) then
+      local key = (averages[name] or 0) / math.max(due, 1e-9)
       if not best or key < best_key or (key == best_key and t.seq < best_seq) then
         best, best_key, best_seq = t, key, t.seq
+      end
+    end
+  end
+  if not best then  -- none below its due: the least out per weight
+    for _, t in pairs(tenants) do
+      if t.waiting then
+        local key = t.out / t.w
+        if not best or key < best_key or (key == best_key and t.seq < best_seq) then
+          best, best_key, best_seq = t, key, t.seq
+        end
       end
     end
   end
@@ -152,4 +215,5 @@ for _, j in ipairs(jobs) do
   end
 end
 redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[3], ttl)
 return grants
