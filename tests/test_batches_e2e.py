@@ -159,3 +159,34 @@ def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason
     record = rt.run(SubagentRun(rt, handle.id, 0).run())
     assert record.status == "failed" and record.error_type == "expired"
     assert "deadline" in record.error
+
+
+def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the_same_slots(
+        sim, spawn_worker, batch_env):  # noqa: ANN001
+    """The issue's proof: 500 sub-agents, two turns each, every turn by batch; a realtime
+    job submitted meanwhile finishes on the same 8 worker slots while batches still run."""
+    sim.configure(batch_processing_s=3.0)
+    spawn_worker(concurrency=4)
+    spawn_worker(concurrency=4)
+    _wait_for_workers(2)
+    batch_job = submit(JobSpec(subtasks=[f"Summarise filing {i}" for i in range(500)],
+                               tools=["lookup_fact"], delivery="batch"))
+    wait_until("a batch in progress", lambda: sim.stats()["batches"]["in_progress"], 120)
+    realtime = submit(JobSpec(subtasks=[f"Check invoice {i}" for i in range(10)],
+                              tools=["lookup_fact"]))
+    quick = realtime.wait(timeout=120)
+    # The realtime job is through while the batch job still waits on the provider: no
+    # worker thread was held by a batch.
+    assert quick.counts["ok"] == 10 and batch_job.result() is None
+    result = batch_job.wait(timeout=300)
+    assert result.counts["ok"] == 500
+    stats = sim.stats()
+    b = stats["batches"]
+    assert all(r.turns == 2 and r.usage.batch_calls == 2 for r in result.results)
+    assert b["requests"] == b["outcomes"]["succeeded"] == 1000 == result.usage.batch_calls
+    # The only realtime messages.create calls were the realtime job's.
+    assert stats["accepted"] == quick.usage.calls and quick.usage.batch_calls == 0
+    assert stats["duplicate_accepted"] == 0 and b["duplicate_accepted"] == 0
+    assert (result.usage.batch_input_tokens, result.usage.batch_output_tokens,
+            result.usage.batch_cache_read_input_tokens) == (
+        b["input_tokens"], b["output_tokens"], b["cache_read_input_tokens"])
