@@ -88,7 +88,7 @@ def _demo(args: argparse.Namespace) -> int:
         except ImportError as error:
             raise _needs_extra(error, "the demo's plot", "; or pass --no-plot") from None
     config = DemoConfig(subagents=args.subagents, concurrency=args.concurrency,
-                        rpm=args.rpm, plot=plot, keep=args.keep)
+                        rpm=args.rpm, plot=plot, keep=args.keep, batch=args.batch)
     if args.on_services:
         settings = _settings()
         _need_services(settings, broker=True)
@@ -279,6 +279,10 @@ def _print_result(result: Any) -> int:
     console.print(table)
     console.print(" ".join(f"{k}={v}" for k, v in result.counts.items()),
                   f"wall={result.wall_s:.1f}s")
+    if result.usage.batch_calls:
+        console.print(f"by Message Batch: {result.usage.batch_calls} of {result.usage.calls} "
+                      f"calls, {result.usage.batch_tokens:,} tokens billed at the batch rate "
+                      "(50%)")
     if result.synthesis:
         console.print("\n[bold]Synthesis[/]\n" + result.synthesis)
     return exit_code(result)
@@ -403,6 +407,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--plot", default="drover-demo-usage.png", metavar="FILE.png",
                       help="where to write the usage plot")
     demo.add_argument("--no-plot", action="store_true", help="write no plot")
+    demo.add_argument("--batch", action="store_true",
+                      help="run every sub-agent turn through the Message Batches API "
+                           "(JobSpec.delivery='batch'): half the price, slower turns")
     demo.add_argument("--keep", action="store_true",
                       help="keep the demo's keys (an hour) to look at them with drover stats")
     demo.add_argument("--on-services", action="store_true",

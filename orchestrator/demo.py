@@ -60,6 +60,7 @@ class DemoConfig:
     seed: int = 7
     plot: Path | None = Path("drover-demo-usage.png")
     keep: bool = False  # keep the keys in a Redis the demo did not start (for KEEP_S)
+    batch: bool = False  # every sub-agent turn through the Message Batches API
 
 
 @contextlib.contextmanager
@@ -99,7 +100,8 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         sim = stack.enter_context(SimulatorServer(SimConfig(
             rpm=config.rpm, itpm=config.itpm, otpm=config.otpm, burst_s=10,
             latency_mean_s=0.4, latency_p95_s=1.0, output_tokens_mean=120, tool_turns=1,
-            tools_per_turn=2, plan_items=config.subagents + 5, seed=config.seed)))
+            tools_per_turn=2, plan_items=config.subagents + 5, seed=config.seed,
+            batch_processing_s=3.0)))
         console.print(f"simulator at {sim.url}: limits {config.rpm} requests/min, "
                       f"{config.itpm:,} input and {config.otpm:,} output tokens/min")
         stack.enter_context(_environment({
@@ -109,6 +111,8 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": f"demo-{run_id}",
             "DROVER_KEY_ALIAS": "demo", "DROVER_RESULT_TTL_S": str(KEEP_S),
             "DROVER_STATS_WINDOW_S": str(KEEP_S),
+            # --batch: short rounds, so the demo shows several of them in seconds.
+            "DROVER_BATCH_LINGER_S": "1", "DROVER_BATCH_POLL_S": "1",
         }))
         from config import get_settings
         from workers.agent.runtime import reset_runtime
@@ -129,6 +133,13 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                                          perform_ping_check=False, loglevel="WARNING",
                                          queues=[settings.queue], shutdown_timeout=30))
         console.print(f"in-process worker pool: {config.concurrency} threads\n")
+        if config.batch:  # an in-process worker sends no worker_ready: start it here
+            from workers.tasks import start_batcher, stop_batcher
+
+            start_batcher()
+            stack.callback(stop_batcher)
+            console.print("delivery=batch: every sub-agent turn goes into a Message Batch "
+                          "(the simulator ends each within 3 s; the provider within 24 h)\n")
         started = time.monotonic()
         result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
         wall = time.monotonic() - started
@@ -213,7 +224,7 @@ def demo_spec(config: DemoConfig) -> Any:
 
     return JobSpec(goal=GOAL, max_subtasks=config.subagents, system=SYSTEM,
                    tools=["lookup_fact", "calculator", "save_note"], max_tokens=256,
-                   synthesize=True)
+                   synthesize=True, delivery="batch" if config.batch else "realtime")
 
 
 def run_demo_on_services(config: DemoConfig = DemoConfig(),
@@ -283,6 +294,13 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
     table.add_row("output tokens (sub-agents')", f"{usage.output_tokens:,}")
     if counted is not None:
         table.add_row("output tokens (all calls)", f"{counted['output_tokens']:,}")
+    if usage.batch_calls:
+        table.add_row("LLM calls by Message Batch (sub-agents')", str(usage.batch_calls))
+        table.add_row("tokens billed at the batch rate, 50% (sub-agents')",
+                      f"{usage.batch_tokens:,}")
+        if stats is not None and "batches" in stats:
+            table.add_row("batch requests seen by the provider",
+                          str(stats["batches"]["requests"]))
     if stats is not None:  # only the simulator can tell what the provider saw
         table.add_row("429s seen by the provider", str(stats["rejected_429"]))
         table.add_row("529s seen by the provider", str(stats["overloaded_529"]))

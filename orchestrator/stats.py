@@ -236,10 +236,33 @@ def print_stats(console: Console, plot: Path | None = None, *,
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
     _print_shares(console, settings)
+    _print_batches(console, settings, usages)
     if plot is not None:
         plot_usage(settings, plot, usages=usages)
         console.print(f"usage plot written to {plot.resolve()}")
     return 0
+
+
+def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage]) -> None:
+    """Message Batches: what is queued or open now, and the tokens that came back by batch
+    (the ``batch:`` scopes above, billed at half the price)."""
+    from workers.jobs.batches import BatchStore
+    from workers.jobs.connections import sync_redis
+    from workers.jobs.store import JobStore
+
+    store = BatchStore(JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix))
+    opened = store.open_batches()
+    pending = sum(store.pending_state(scope)[0] for scope in store.scopes())
+    billed = [u for u in usages if u.scope.startswith("batch:")]
+    if not (opened or pending or billed):
+        return
+    whole = {name: sum(u.last(len(u.series)).get(name, 0) for u in billed)
+             for name in ("requests", "input_tokens", "output_tokens")}
+    console.print(f"Message Batches: {len(opened)} open "
+                  f"({sum(len(b.custom_ids) for b in opened)} requests), {pending} pending; "
+                  f"in the window {whole['requests']:,} requests came back by batch with "
+                  f"{whole['input_tokens']:,} input and {whole['output_tokens']:,} output "
+                  "tokens, billed at the batch rate (50%)")
 
 
 def _print_shares(console: Console, settings: Settings) -> None:

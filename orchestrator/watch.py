@@ -35,8 +35,10 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
                 f"{k}={v}" for k, v in sorted(counts.items())) + share)
             if show_records:
                 text = record.error if record.error else record.summary
+                batch = (f" batch={record.usage.batch_calls}" if record.usage.batch_calls
+                         else "")
                 progress.console.print(f"#{record.index} {record.status} "
-                                       f"calls={record.usage.calls} {(text or '')[:70]}")
+                                       f"calls={record.usage.calls}{batch} {(text or '')[:70]}")
         progress.update(bar, description="joining")
         result = handle.wait()
         progress.update(bar, description=result.status)
@@ -54,8 +56,20 @@ def _share(handle: JobHandle, fs: FairShare) -> str:
     return ""
 
 
+def _batches(handle: JobHandle) -> str:
+    """The job's Message Batch counters (requests submitted, and how they ended)."""
+    from workers.jobs.batches import BatchStore
+
+    counts = BatchStore(handle.store).counters(handle.id)
+    return " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"
+
+
 def watch(handle: JobHandle, console: Console) -> int:
     result = follow(handle, console, show_records=True)
     console.print(" ".join(f"{k}={v}" for k, v in result.counts.items()),
                   f"wall={result.wall_s:.1f}s", f"status={result.status}")
+    if result.usage.batch_calls:
+        console.print(f"by Message Batch: {result.usage.batch_calls} of {result.usage.calls} "
+                      f"calls, {result.usage.batch_tokens:,} tokens billed at the batch rate "
+                      f"(50%); batch requests: {_batches(handle)}")
     return 0 if result.status == "done" else 1
