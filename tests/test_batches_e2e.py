@@ -190,3 +190,16 @@ def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the
     assert (result.usage.batch_input_tokens, result.usage.batch_output_tokens,
             result.usage.batch_cache_read_input_tokens) == (
         b["input_tokens"], b["output_tokens"], b["cache_read_input_tokens"])
+
+
+def test_drover_demo_batch_shows_a_batch_job_end_to_end(drover_env, capsys) -> None:  # noqa: ANN001
+    from rich.console import Console
+
+    from orchestrator.demo import DemoConfig, run_demo
+
+    console = Console(width=140, force_terminal=False)
+    assert run_demo(DemoConfig(subagents=4, concurrency=4, plot=None, batch=True),
+                    console) == 0
+    out = capsys.readouterr().out
+    assert "LLM calls by Message Batch" in out and "billed at the batch rate" in out
+    assert "Message Batches: 0 open" in out
