@@ -85,5 +85,5 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator") -> in
         pass
     except OSError as exc:
         print(f"simulator: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
+        return 2  # like a bad option: the address is the caller's choice
     return 0

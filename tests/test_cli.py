@@ -197,6 +197,16 @@ def test_a_settings_error_exits_2_from_every_command(spec_file, tmp_path):
         assert "DROVER_RPM" in proc.stderr, (args, proc.stderr)
 
 
+def test_celerys_own_command_line_reports_a_settings_error_without_a_traceback(tmp_path):
+    env = clean_env(DROVER_REDIS_URL="redis://host:notaport/0")
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "workers.app", "worker"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=BOUND_S)
+    assert proc.returncode == 2, proc.stderr
+    assert "DROVER_REDIS_URL: the port 'notaport'" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_usage_errors_and_bad_specs_exit_2(tmp_path, redis_url):
     env = clean_env(DROVER_REDIS_URL=redis_url)
     assert drover(["submit"], env, tmp_path).returncode == 2

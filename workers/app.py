@@ -16,21 +16,39 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from celery.signals import celeryd_init
 
-from config import get_settings
+from config import SettingsError, get_settings
 from config.celery import celery_config
 from workers.logs import configure_logging
 from workers.preflight import WorkerCannotStart, check_worker
 
 __all__ = ["app"]
 
+
+
+def _run_by_celerys_command_line() -> bool:
+    """``celery -A workers.app ...`` (the script, or ``python -m celery``)."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    return argv0.name == "celery" or argv0.parent.name == "celery"
+
+
+try:
+    _settings = get_settings()
+except SettingsError as error:
+    if not _run_by_celerys_command_line():
+        raise
+    # Celery's command line would print the import's traceback; the message says it all.
+    print(error, file=sys.stderr, flush=True)
+    raise SystemExit(2) from None
+
 app = Celery("drover", include=["workers.tasks"])
-app.config_from_object(celery_config(get_settings()))
-configure_logging(get_settings())  # one line per LLM call; no prompt text, no task results
+app.config_from_object(celery_config(_settings))
+configure_logging(_settings)  # one line per LLM call; no prompt text, no task results
 
 
 @celeryd_init.connect
