@@ -6,7 +6,7 @@ A *scope* is what the provider limits together: ``llm:{key alias}:{model}``, or
 tokens and output tokens per minute, each holding ``burst_s`` of refill), in-flight leases,
 a cooldown, limits learned from response headers and per-second usage counters, all under
 the scope's own hash tag and changed only by the Lua scripts in ``lua/``, one script call
-per operation::
+per operation (a scope is listed by `scopes()` while its bucket or counters live)::
 
     grant = limiter.acquire(scope, limits, input_tokens=est_in, output_tokens=est_out)
     if not grant.granted:          # reason: horizon | cooldown | in_flight; nothing debited

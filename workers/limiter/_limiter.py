@@ -1,6 +1,5 @@
 """The limiter over a sync ``redis.Redis`` and over ``redis.asyncio.Redis``: the same
-operations (``_scripts.LimiterCore``), one script call each (acquire adds one a minute, to
-keep the scope registry fresh)."""
+operations (``_scripts.LimiterCore``), one script call each."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ __all__ = ["AsyncLimiter", "Limiter"]
 
 class Limiter(LimiterCore):
     """The global limiter over a sync ``redis.Redis``. ``clock`` (tests only): a function
-    returning the time in microseconds that the scripts then use instead of Redis' TIME."""
+    returning the time in microseconds, which the scripts then use instead of Redis TIME."""
 
     def _run(self, call: _Call | None) -> Any:
         if call is None:
@@ -25,11 +24,8 @@ class Limiter(LimiterCore):
     def acquire(self, scope: str, limits: ScopeLimits, *, input_tokens: int = 0,
                 output_tokens: int = 0, lease_ttl_s: float = 180.0) -> Grant:
         """Reserve one request and its token estimate; see ``Grant``."""
-        grant, register = self._run(self._acquire(scope, limits, int(input_tokens),
-                                                  int(output_tokens), lease_ttl_s))
-        if register:
-            self._run(self._register(scope))
-        return grant
+        return self._run(self._acquire(scope, limits, int(input_tokens), int(output_tokens),
+                                       lease_ttl_s))
 
     def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
                output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
@@ -55,7 +51,9 @@ class Limiter(LimiterCore):
         return self._run(self._usage(scope, seconds))
 
     def scopes(self) -> list[str]:
-        return self._run(self._scopes())
+        """The scopes with a bucket or counters in Redis (SCAN: for ``drover stats``)."""
+        return self._scope_names(list(self._client.scan_iter(match=self._scan_pattern(),
+                                                             count=1000)))
 
     def state(self, scope: str, limits: ScopeLimits | None = None) -> dict[str, Any]:
         """Levels at now (``limits`` None: those of the last write)."""
@@ -72,11 +70,8 @@ class AsyncLimiter(LimiterCore):
 
     async def acquire(self, scope: str, limits: ScopeLimits, *, input_tokens: int = 0,
                       output_tokens: int = 0, lease_ttl_s: float = 180.0) -> Grant:
-        grant, register = await self._run(self._acquire(scope, limits, int(input_tokens),
-                                                        int(output_tokens), lease_ttl_s))
-        if register:
-            await self._run(self._register(scope))
-        return grant
+        return await self._run(self._acquire(scope, limits, int(input_tokens),
+                                             int(output_tokens), lease_ttl_s))
 
     async def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
                      output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
@@ -100,7 +95,9 @@ class AsyncLimiter(LimiterCore):
         return await self._run(self._usage(scope, seconds))
 
     async def scopes(self) -> list[str]:
-        return await self._run(self._scopes())
+        match = self._scan_pattern()
+        return self._scope_names([k async for k in self._client.scan_iter(match=match,
+                                                                           count=1000)])
 
     async def state(self, scope: str, limits: ScopeLimits | None = None) -> dict[str, Any]:
         return await self._run(self._state(scope, limits))

@@ -18,7 +18,7 @@ __all__ = ["Clock", "LimiterCore"]
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
 _LUA = resources.files("workers.limiter") / "lua"
-_SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage", "scopes")
+_SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage")
 # With an injected clock (tests) the scripts get the time as their last argument instead of
 # from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
@@ -63,7 +63,7 @@ class LimiterCore:
         self.horizon_s = float(horizon_s)
         self.stats_window_s = int(stats_window_s)
         self._clock = clock
-        self._registry = f"{prefix}:scopes"
+        self._client = client
         self._scripts = {name: client.register_script(_source(name, clock))
                          for name in _SCRIPTS}
 
@@ -88,19 +88,16 @@ class LimiterCore:
         lease = uuid.uuid4().hex
         mif = limits.max_in_flight
 
-        def finish(reply: Any) -> tuple[Grant, bool]:
-            reason, seconds, now_us, register = (_s(x) for x in reply)
+        def finish(reply: Any) -> Grant:
+            reason, seconds, now_us = (_s(x) for x in reply)
             ok = reason == "ok"
             return Grant(ok, float(seconds) if ok else 0.0, 0.0 if ok else float(seconds),
                          lease if ok else None, reason, input_tokens, output_tokens,
-                         float(now_us)), register == "1"
+                         float(now_us))
 
         return self._call("acquire", self.keys(scope), [
             *_limit_args(limits), str(input_tokens), str(output_tokens), repr(self.horizon_s),
             "" if mif is None else str(mif), repr(float(lease_ttl_s)), lease], finish)
-
-    def _register(self, scope: str) -> _Call:
-        return self._call("scopes", [self._registry], [scope, str(self.stats_window_s)])
 
     def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
                 input_tokens: int, output_tokens: int,
@@ -151,9 +148,15 @@ class LimiterCore:
 
         return self._call("usage", self.keys(scope), [str(int(seconds))], finish)
 
-    def _scopes(self) -> _Call:
-        return self._call("scopes", [self._registry], ["", str(self.stats_window_s)],
-                          lambda reply: sorted(_s(x) for x in reply))
+    def _scan_pattern(self) -> str:
+        """Matches the bucket and counters of every scope: a scope is listed while either
+        lives (the counters expire a minute after the stats window)."""
+        prefix = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
+        return f"{prefix}:{{*}}:[bs]"
+
+    @staticmethod
+    def _scope_names(keys: list[Any]) -> list[str]:
+        return sorted({_s(k).split("{", 1)[1].rsplit("}", 1)[0] for k in keys})
 
     def _state(self, scope: str, limits: ScopeLimits | None) -> _Call:
         def finish(reply: Any) -> dict[str, Any]:

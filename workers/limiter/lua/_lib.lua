@@ -6,7 +6,7 @@
 --                         bucket is full again, all reservations paid. Absent or past = full.
 --                         Lr, Li, Lo: the per-minute limits of the last write (absent = not
 --                         limited); burst: burst_s of the last write; cd: cooldown until (us);
---                         lx: latest lease expiry (us); reg: minute the scope was registered
+--                         lx: latest lease expiry (us)
 --   KEYS[2] leases  zset  lease id -> expiry (us)
 --   KEYS[3] learned hash  r, i, o: raw per-minute limits from -limit headers (kept 24 h)
 --   KEYS[4] stats   hash  "<second>:<field>" -> count
@@ -29,11 +29,10 @@ end
 
 -- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k], lim[k].
 local function load(now)
-  local f = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx',
-                       'reg')
+  local f = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx')
   local burst_s = tonumber(ARGV[4] == '*' and f[7] or ARGV[4]) or 1
   local b = {tat = {}, per = {}, cap = {}, lim = {}, burst_s = burst_s, burst = burst_s * 1e6,
-             cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0, reg = tonumber(f[10]), was = f}
+             cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0, was = f}
   local learned = {}
   if ARGV[1] == '' or ARGV[2] == '' or ARGV[3] == '' then
     learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')
@@ -66,7 +65,6 @@ local function save(b, now)
       table.insert(gone, DIMS[k]); table.insert(gone, 'L' .. DIMS[k])
     end
   end
-  if b.reg then table.insert(set, 'reg'); table.insert(set, num(b.reg)) end
   redis.call('HSET', KEYS[1], unpack(set))
   if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((needed - now) / 1000) + 5000))

@@ -2,9 +2,8 @@
 -- once. KEYS and ARGV[1..5]: see _lib.lua.
 -- ARGV[6] input tokens   ARGV[7] output tokens   ARGV[8] horizon_s
 -- ARGV[9] max_in_flight ('' = no limit)   ARGV[10] lease_ttl_s   ARGV[11] lease id
--- Returns {reason, seconds, now_us, register}. reason ok: granted, send after `seconds`;
+-- Returns {reason, seconds, now_us}. reason ok: granted, send after `seconds`;
 -- horizon | cooldown | in_flight: nothing was debited, come back after `seconds`.
--- register = 1 once a minute: the caller refreshes the scope registry (its own hash tag).
 --
 -- The send time s is the earliest instant at which every limited dimension with a cost
 -- (requests always) holds it, reservations already made included; then each such tat moves
@@ -19,7 +18,7 @@ local horizon = tonumber(ARGV[8]) * 1e6
 local max_in_flight = tonumber(ARGV[9])
 
 local function later(reason, us)
-  return {reason, num(math.max(us / 1e6, 0.05)), num(now), 0}
+  return {reason, num(math.max(us / 1e6, 0.05)), num(now)}
 end
 
 if b.cd - now > horizon then return later('cooldown', b.cd - now - horizon) end
@@ -29,7 +28,7 @@ if max_in_flight then
   if redis.call('ZCARD', KEYS[2]) >= max_in_flight then
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
     local poll = math.max(0.005, math.min(0.1, (tonumber(first[2]) - now) / 1e6))
-    return {'in_flight', num(poll), num(now), 0}
+    return {'in_flight', num(poll), num(now)}
   end
 end
 
@@ -53,7 +52,5 @@ redis.call('ZADD', KEYS[2], num(expiry), ARGV[11])
 b.lx = math.max(b.lx, expiry)
 redis.call('PEXPIRE', KEYS[2], string.format('%d', math.ceil((b.lx - now) / 1000) + 1000))
 
-local register, minute = 0, math.floor(now / 60e6)
-if b.reg ~= minute then register, b.reg = 1, minute end
 save(b, now)
-return {'ok', num((send - now) / 1e6), num(now), register}
+return {'ok', num((send - now) / 1e6), num(now)}
