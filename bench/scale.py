@@ -143,6 +143,44 @@ def _publish_rate(n: int) -> float:
     return took
 
 
+def cancel_at_scale(redis_url: str, prefix: str, n: int, workers: int, concurrency: int,
+                    after_s: float = 3.0) -> dict[str, Any]:
+    """Submit n sub-agents whose calls take 0.5 s, cancel after ``after_s``; how long until
+    the job has its JobResult, and with how many records."""
+    from config import load_settings
+    from orchestrator import JobSpec, submit
+    from simulator import SimConfig
+    from workers.app import app
+
+    importlib.import_module("workers.tasks")
+    run_id = uuid.uuid4().hex[:8]
+    queue = alias = f"bench-cancel-{run_id}"
+    try:
+        with SimProcess(SimConfig(output_tokens_mean=20, tool_turns=0, seed=3,
+                                  latency_mean_s=0.5, latency_p95_s=0.6)) as sim:
+            env = {"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix,
+                   "DROVER_QUEUE": queue, "DROVER_KEY_ALIAS": alias,
+                   "DROVER_ANTHROPIC_BASE_URL": sim.url,
+                   "ANTHROPIC_API_KEY": f"sk-bench-scale-{prefix}", "DROVER_MODEL": MODEL,
+                   **UNLIMITED}
+            settings = load_settings(queue=queue, key_alias=alias)
+            subtasks = [f"Sub-agent {i}: one finding about market {i}." for i in range(n)]
+            with celery_workers("workers.app", env, queue, workers, concurrency, app):
+                handle = submit(JobSpec(subtasks=subtasks, model=MODEL, max_tokens=1024,
+                                        max_turns=2), settings=settings)
+                time.sleep(after_s)
+                started = time.monotonic()
+                handle.cancel()
+                cancel_s = time.monotonic() - started
+                result = handle.wait(timeout=600, poll_s=0.05)
+                ended_s = time.monotonic() - started
+    finally:
+        delete_prefix(redis_url, prefix)
+    return {"n": n, "cancel_call_s": cancel_s, "ended_s": ended_s,
+            "records": len(result.results), "counts": result.counts,
+            "result_bytes": len(result.model_dump_json()), "record_chars": result.record_chars}
+
+
 def measure(redis_url: str, prefix: str, n: int, workers: int, concurrency: int,
             log: Any = print) -> dict[str, Any]:
     from simulator import SimConfig
@@ -199,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000,5000,10000")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--publish", type=int, default=0, metavar="N",
+                        help="also time publishing N sub-agent messages, no workers running")
+    parser.add_argument("--cancel", type=int, default=0, metavar="N",
+                        help="also cancel a job of N sub-agents 3 s in and time its end")
     parser.add_argument("--out", type=Path, default=None,
                         help="append the table (markdown) to this file")
     parser.add_argument("--redis-url", default=os.environ.get("DROVER_REDIS_URL",
@@ -209,14 +251,28 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     drover.use_prefix(args.redis_url, prefix)
     rows = [measure(args.redis_url, prefix, int(n), args.workers, args.concurrency)
-            for n in args.sizes.split(",")]
-    text = table(rows)
+            for n in args.sizes.split(",") if n]
+    text = table(rows) if rows else ""
+    if args.publish:
+        drover_s, bare_s = _publish_rate(args.publish), _bare_publish(args.publish)
+        text += (f"\n\nPublishing {args.publish:,} sub-agent messages with no worker running: "
+                 f"`workers.dispatch.dispatch` {args.publish / drover_s:,.0f}/s, a bare "
+                 f"`chord(...)()` {args.publish / bare_s:,.0f}/s.")
+    if args.cancel:
+        c = cancel_at_scale(args.redis_url, prefix, args.cancel, args.workers, args.concurrency)
+        text += (f"\n\nCancel at scale: {c['n']:,} sub-agents cancelled 3 s after submit: "
+                 f"`cancel()` took {c['cancel_call_s'] * 1000:,.0f} ms, the JobResult was stored "
+                 f"{c['ended_s']:.1f} s after the cancel with {c['records']:,} records "
+                 f"({c['counts']}); JobResult {c['result_bytes'] / 1e6:.1f} MB, record text "
+                 f"cut to {c['record_chars']} characters.")
     print(text)
     if args.out:
         with args.out.open("a") as out:
             out.write(f"\n{time.strftime('%Y-%m-%d %H:%M')} `python -m bench.scale --sizes "
                       f"{args.sizes} --workers {args.workers} --concurrency "
-                      f"{args.concurrency}`\n\n{text}\n")
+                      f"{args.concurrency}" + (f" --publish {args.publish}" if args.publish else "")
+                      + (f" --cancel {args.cancel}" if args.cancel else "")
+                      + f"`\n\n{text}\n")
     return 0
 
 
