@@ -248,7 +248,10 @@ class Settings(BaseSettings):
     def _countdowns_fit_the_broker(self) -> Settings:
         # Celery keeps ETA/countdown tasks in worker memory; the broker redelivers any task not
         # acked within visibility_timeout. A countdown or a task run longer than that would be
-        # delivered twice, so the three are checked together.
+        # delivered twice, so the three are checked together. Every countdown drover schedules
+        # (a failed call's backoff or retry-after, the limiter's horizon or cooldown, Redis
+        # away, an early join) is capped at countdown_cap_s where the retry is made
+        # (workers/tasks.py), so this one sum bounds them all.
         longest = self.countdown_cap_s + self.task_time_limit_s
         if self.visibility_timeout_s <= longest:
             raise ValueError(

@@ -13,6 +13,14 @@ The broker is the app's (``DROVER_BROKER_URL``/``DROVER_REDIS_URL``, with drover
 prefix), so Flower sees exactly the workers and queues that ``drover worker`` uses. Task
 events are on in ``config.celery`` (``worker_send_task_events``, ``task_send_sent_event``),
 which Flower's task list needs.
+
+It also sets defaults for what an operator of drover needs to see (``flower_defaults``): the
+task columns with args, result, retries and the retry exception; runtime histogram buckets
+in ``/metrics`` up to the longest task run (``DROVER_TASK_TIME_LIMIT_S``); and offline
+workers purged after ten minutes (a killed worker otherwise stays listed, and
+``flower_worker_online`` stays 1, for ever). They are handed over as ``FLOWER_*``
+environment variables that are not set already: Flower reads its environment first, then
+its config file, then its command line, so each of those overrides them.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ from dataclasses import dataclass, field
 
 AUTH_ENV = "DROVER_FLOWER_BASIC_AUTH"
 DEFAULT_ADDRESS = "127.0.0.1"
+# args are ``job=<id> sub=<i>/<n>``, result starts with the sub-agent's status, exception is
+# the last retry's reason.
+TASK_COLUMNS = "name,uuid,state,args,result,retries,exception,received,runtime,worker"
+RUNTIME_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+PURGE_OFFLINE_WORKERS_S = 600
 # Basic auth beyond loopback faces whatever can reach the port: refuse short passwords.
 MIN_PASSWORD_CHARS = 12
 
@@ -54,7 +67,8 @@ Exit status: 2 refused (address without a password, a short or malformed passwor
 broker does not answer; otherwise Flower's. Flower's own options follow.
 """
 
-__all__ = ["AUTH_ENV", "FlowerArgs", "FlowerRefused", "is_loopback", "parse_args", "run_flower"]
+__all__ = ["AUTH_ENV", "FlowerArgs", "FlowerRefused", "default_environment", "flower_defaults",
+           "is_loopback", "parse_args", "run_flower"]
 
 
 class FlowerRefused(ValueError):
@@ -160,6 +174,24 @@ def resolve(args: list[str], environ: dict[str, str]) -> tuple[list[str], list[s
     return argv, credentials
 
 
+def flower_defaults(task_time_limit_s: float) -> dict[str, str]:
+    """drover's Flower options (by Flower's option name), for a given longest task run."""
+    buckets = [b for b in RUNTIME_BUCKETS_S if b < task_time_limit_s] + [task_time_limit_s]
+    return {"tasks_columns": TASK_COLUMNS,
+            "task_runtime_metric_buckets": ",".join(f"{b:g}" for b in buckets),
+            "purge_offline_workers": str(PURGE_OFFLINE_WORKERS_S)}
+
+
+def default_environment(environ: dict[str, str], task_time_limit_s: float) -> dict[str, str]:
+    """The ``FLOWER_*`` variables to add: drover's defaults the user has not set there."""
+    out = {}
+    for name, value in flower_defaults(task_time_limit_s).items():
+        variable = f"FLOWER_{name.upper()}"
+        if variable not in environ:
+            out[variable] = value
+    return out
+
+
 def run_flower(args: list[str]) -> int:
     """``drover flower [flower options]``; returns the exit status."""
     if any(a in ("-h", "--help") for a in args):
@@ -179,6 +211,10 @@ def run_flower(args: list[str]) -> int:
     os.environ.pop(AUTH_ENV, None)
     if credentials:
         os.environ["FLOWER_BASIC_AUTH"] = ",".join(credentials)
+    from config import get_settings
+
+    os.environ.update(default_environment(dict(os.environ),
+                                          get_settings().task_time_limit_s))
     return _celery(argv)
 
 

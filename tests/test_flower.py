@@ -1,10 +1,13 @@
-"""Flower on drover's app shows every task of a job by its readable name, with ids as the only
-arguments, and the workers that ran them; beyond loopback it needs a password, which never
-shows up in a command line or a log."""
+"""Flower on drover's app tells an operator the truth: each sub-agent task shows its job and
+index (``job=<id> sub=<i>/<n>``), its outcome first in its result, and why each retry
+happened; the join's args are the job id and its result names the failed sub-agents; the
+README's search recipe finds them. Beyond loopback Flower needs a password, which never shows
+up in a command line or a log. Real Flower, real worker processes, the simulator's faults."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -16,13 +19,25 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
+import redis
 
 from orchestrator import JobSpec, submit
-from orchestrator.flower import AUTH_ENV, FlowerRefused, is_loopback, resolve
+from orchestrator.flower import (
+    AUTH_ENV,
+    TASK_COLUMNS,
+    FlowerRefused,
+    default_environment,
+    is_loopback,
+    resolve,
+)
 from orchestrator.services import free_port
-from tests.conftest import ROOT, stop_process_group, wait_until
+from tests.conftest import ROOT, configure, wait_until
+from workers.limiter import Limiter, ScopeLimits, llm_scope
+
+SECRET = "ACME-PRIVATE"  # in every prompt: it must never reach Flower
 
 
 @dataclass
@@ -50,18 +65,21 @@ class Flower:
             return status, body
 
 
-@pytest.fixture
-def flower(drover_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
-    """``drover flower`` on a free loopback port, with basic auth from the environment."""
+@contextlib.contextmanager
+def running_flower(drover_env: dict[str, str], log: Path, *, password: str | None
+                   ) -> Iterator[Flower]:
+    """``drover flower`` on a free loopback port; with basic auth from the environment when
+    a password is given (on loopback drover does not require one)."""
     port = free_port()
-    password = secrets.token_urlsafe(16)
-    log = tmp_path / "flower.log"
-    env = {**os.environ, **drover_env, AUTH_ENV: f"drover:{password}"}
+    env = {**os.environ, **drover_env}
+    env.pop(AUTH_ENV, None)
+    if password is not None:
+        env[AUTH_ENV] = f"drover:{password}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "flower", f"--port={port}"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Flower(f"http://127.0.0.1:{port}", "drover", password, proc, log)
+    server = Flower(f"http://127.0.0.1:{port}", "drover", password or "", proc, log)
     try:
         def up() -> bool:
             assert proc.poll() is None, log.read_text()
@@ -75,47 +93,144 @@ def flower(drover_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
         wait_until("Flower's event receiver", lambda: "Connected to" in log.read_text())
         yield server
     finally:
-        stop_process_group(proc, timeout=15)
+        # How Flower stops is not under test.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
-def test_flower_lists_the_jobs_tasks_by_name_with_ids_only_and_its_workers(
-        flower, spawn_worker, drover_env, sim):
-    worker = spawn_worker(concurrency=4)
+@pytest.fixture
+def flower(drover_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
+    """``drover flower`` on a free loopback port, with basic auth from the environment."""
+    with running_flower(drover_env, tmp_path / "flower.log",
+                        password=secrets.token_urlsafe(16)) as server:
+        yield server
+
+
+def _limiter_cooldown(env: dict[str, str], seconds: float) -> None:
+    """A 429's cooldown on the test's scope, as another job's 429 would leave it."""
+    from config import get_settings
+
+    settings = get_settings()
+    limiter = Limiter(redis.Redis.from_url(env["DROVER_REDIS_URL"]),
+                      prefix=env["DROVER_KEY_PREFIX"])
+    limiter.cooldown(llm_scope(settings.key_alias, settings.model),
+                     ScopeLimits.from_settings(settings, settings.model), seconds)
+
+
+def run_job_with_faults(flower: Flower, spawn_worker, drover_env, monkeypatch):  # noqa: ANN001, ANN201
+    """One job of five sub-agents behind a 429 cooldown: one ok, a 400, two 529s then ok, a
+    429 then ok, 529s until its 3 attempts are used up. Returns (handle, worker name, the
+    job's tasks in /api/tasks by sub-agent index, the join's task)."""
+    # A 1 s horizon: the 3 s cooldown below is past it, so it frees the slots (Celery retries).
+    configure(monkeypatch, drover_env, max_attempts=3, horizon_s=1)
+    spawn_worker(concurrency=4)
     # /api/workers asks the workers over the broker: this one must answer.
     workers = wait_until("the worker in /api/workers",
-                    lambda: flower.get("/api/workers?refresh=1")[1] or None)
+                         lambda: flower.get("/api/workers?refresh=1")[1] or None)
     assert isinstance(workers, dict)
     (name,) = [n for n in workers if n.startswith("w0-")]
     queues = [q["name"] for q in workers[name].get("active_queues", [])]
     assert drover_env["DROVER_QUEUE"] in queues
 
-    subtasks = [f"Secret research plan number {i} for ACME-PRIVATE" for i in range(5)]
+    subtasks = [f"{SECRET} research plan {i}{fault}" for i, fault in enumerate(
+        ["", " [[sim:400]]", " [[sim:529:2]]", " [[sim:429:1]]", " [[sim:529]]"])]
+    _limiter_cooldown(drover_env, 3.0)  # every sub-agent's first delivery meets it
     handle = submit(JobSpec(subtasks=subtasks, max_tokens=100))
-    assert handle.wait(timeout=90).counts["ok"] == 5
+    result = handle.wait(timeout=120)
+    assert [r.status for r in result.results] == ["ok", "failed", "ok", "ok", "failed"]
 
-    def job_tasks() -> dict | None:
-        status, tasks = flower.get("/api/tasks?limit=1000")
+    def job_tasks() -> tuple[dict, dict] | None:
+        status, tasks = flower.get("/api/tasks?limit=1000&search=" + quote(f"args:job={handle.id}"))
         assert status == 200
-        mine = {u: t for u, t in tasks.items() if handle.id in (t.get("args") or "")}
-        done = [t for t in mine.values() if t.get("state") == "SUCCESS"]
-        return mine if len(done) == 6 else None  # five sub-agents and the join
+        done = [t for t in tasks.values() if t.get("state") == "SUCCESS"]
+        if len(done) != 6:  # five sub-agents and the join
+            return None
+        subagents = {int(t["args"].split("sub=")[1].split("/")[0]): t for t in done
+                     if t["name"] == "drover.run_subagent"}
+        (join,) = [t for t in done if t["name"] == "drover.join_results"]
+        return subagents, join
 
-    tasks = wait_until("the job's tasks in /api/tasks", job_tasks)
-    by_name: dict[str, list[dict]] = {}
-    for task in tasks.values():
-        by_name.setdefault(task["name"], []).append(task)
-    assert sorted(by_name) == ["drover.join_results", "drover.run_subagent"]
-    assert sorted(t["args"] for t in by_name["drover.run_subagent"]) == [
-        f"('{handle.id}', {i})" for i in range(5)]
-    assert all(t["worker"] == name for t in tasks.values())
-    for task in tasks.values():  # nothing of the prompts travels in a task, nor its answers
-        assert "ACME-PRIVATE" not in task["args"] + (task.get("kwargs") or "")
-        assert "ACME-PRIVATE" not in (task.get("result") or "")
-    # The join's first argument is the chord's header results (Celery puts them there; the
-    # join itself reads the records from Redis): ids, status and counts only.
-    (join,) = by_name["drover.join_results"]
-    assert join["args"].startswith(f"([{{'job_id': '{handle.id}', 'index': 0, 'status': 'ok'")
-    worker.send_signal(signal.SIGTERM)
+    subagents, join = wait_until("the job's tasks in /api/tasks", job_tasks)
+    return handle, name, subagents, join
+
+
+def test_flower_shows_each_subagents_job_index_outcome_and_why_it_retried(
+        flower, spawn_worker, drover_env, sim, monkeypatch):
+    handle, name, subagents, join = run_job_with_faults(flower, spawn_worker, drover_env,
+                                                        monkeypatch)
+    assert sorted(subagents) == [0, 1, 2, 3, 4]
+    # Readable args, kept across retries: the job and the sub-agent, nothing else.
+    for index, task in subagents.items():
+        assert task["args"] == f"job={handle.id} sub={index}/5", task
+        assert task["worker"] == name
+
+    # Outcome at a glance: the result starts with the status, the error in words.
+    assert subagents[0]["result"].startswith("{'status': 'ok'")
+    assert subagents[1]["result"].startswith(
+        "{'status': 'failed', 'error': '400 invalid_request_error: Simulated invalid")
+    assert subagents[4]["result"].startswith(
+        "{'status': 'failed', 'error': '529 overloaded_error: gave up after 3 attempts")
+
+    # Why a retry: each retried delivery's exception says it.
+    assert "limiter cooldown: a 429's retry-after holds every worker" in subagents[0]["exception"]
+    assert subagents[0]["retries"] == 1
+    assert "529 overloaded_error: backoff" in subagents[2]["exception"]
+    assert "attempt 2 of 3" in subagents[2]["exception"] and subagents[2]["retries"] == 3
+    assert "429 rate_limit_error: retry-after" in subagents[3]["exception"]
+    assert "attempt 1 of 3" in subagents[3]["exception"]
+
+    # The join: an immutable signature whose args are the job id; its result names the failed.
+    assert join["args"] == f"job={handle.id} join of 5"
+    assert join["result"].startswith("{'status': 'done', 'failed_indexes': [1, 4], 'counts': ")
+
+    # The README's recipe finds the job's failed sub-agents, and only them.
+    status, failed = flower.get("/api/tasks?search=" + quote(
+        f"args:job={handle.id} result:\"'status': 'failed'\""))
+    assert status == 200
+    assert sorted(t["args"] for t in failed.values()) == [
+        f"job={handle.id} sub=1/5", f"job={handle.id} sub=4/5"]
+
+    status, not_ok = flower.get("/api/tasks?search=" + quote(
+        f"args:job={handle.id} (result:\"'status': 'failed'\" OR "
+        f"result:\"'status': 'cancelled'\" OR result:\"'status': 'budget_exceeded'\")"))
+    assert status == 200 and len(not_ok) == 2
+
+    # /metrics (which answers without the password) has runtime buckets up to the task limit.
+    status, metrics = flower.get("/metrics", auth=False)
+    assert status == 200
+    assert 'flower_task_runtime_seconds_bucket{le="1800.0",task="drover.run_subagent"' in metrics
+    assert SECRET not in metrics and handle.id not in metrics
+
+    # Nothing of the prompts (nor any answer) in any task Flower has.
+    status, everything = flower.get("/api/tasks?limit=1000")
+    text = json.dumps(everything)
+    assert handle.id in text and SECRET not in text and flower.password not in text
+
+
+def test_flower_runs_with_drovers_defaults_and_metrics_answer_without_a_password(
+        flower, drover_env):
+    status, page = flower.get("/tasks")
+    assert status == 200 and isinstance(page, str)
+    columns = [c.split('"')[0] for c in page.split('<th data-column="')[1:]]
+    assert columns == TASK_COLUMNS.split(",")
+    assert flower.get("/metrics", auth=False)[0] == 200  # no password: the README warns
+    assert flower.get("/api/tasks", auth=False)[0] == 401
+
+
+def test_drovers_flower_defaults_reach_the_longest_task_and_yield_to_the_user():
+    env = default_environment({}, 1800)
+    assert env["FLOWER_TASKS_COLUMNS"] == TASK_COLUMNS
+    assert "args" in TASK_COLUMNS and "result" in TASK_COLUMNS and "retries" in TASK_COLUMNS
+    buckets = [float(b) for b in env["FLOWER_TASK_RUNTIME_METRIC_BUCKETS"].split(",")]
+    assert buckets == sorted(buckets) and buckets[-1] == 1800 and buckets[0] <= 1
+    assert env["FLOWER_PURGE_OFFLINE_WORKERS"] == "600"
+    assert default_environment({}, 45)["FLOWER_TASK_RUNTIME_METRIC_BUCKETS"].endswith(",30,45")
+    # Set by the user (environment here; a config file or the command line also win, as
+    # Flower reads them after its environment): left alone.
+    mine = default_environment({"FLOWER_TASKS_COLUMNS": "name,state",
+                                "FLOWER_PURGE_OFFLINE_WORKERS": "60"}, 1800)
+    assert set(mine) == {"FLOWER_TASK_RUNTIME_METRIC_BUCKETS"}
 
 
 def test_flower_api_needs_the_password_and_never_shows_or_logs_it(flower):

@@ -38,7 +38,8 @@ from redis.exceptions import RedisError
 
 from workers.app import app
 
-__all__ = ["DISPATCH_BATCH", "dispatch", "join_signature", "open_fanout", "send_join"]
+__all__ = ["DISPATCH_BATCH", "dispatch", "join_argsrepr", "join_signature", "open_fanout",
+           "send_join", "subagent_argsrepr"]
 
 log = logging.getLogger("drover.dispatch")
 
@@ -53,11 +54,25 @@ def _chord_id(job_id: str) -> str:
     return job_id
 
 
-def join_signature(job_id: str, queue: str) -> Signature:
-    """The chord body: ``join_results(header_results, job_id)`` on the job's queue."""
-    return app.signature(JOIN_TASK, args=(job_id,),
+def subagent_argsrepr(job_id: str, index: int, n: int | str | None, note: str = "") -> str:
+    """What Flower shows as a sub-agent task's args: ``job=<id> sub=<i>/<n>`` (i from 0).
+
+    The real args stay ``(job_id, index)``; this is only their display (Celery's
+    ``argsrepr``), searchable in Flower as ``args:job=<id>``."""
+    return f"job={job_id} sub={index}/{'?' if n is None else n}" + (f" {note}" if note else "")
+
+
+def join_argsrepr(job_id: str, n: int | str | None = None) -> str:
+    return f"job={job_id} join" + (f" of {n}" if n is not None else "")
+
+
+def join_signature(job_id: str, queue: str, n: int | str | None = None) -> Signature:
+    """The chord body: ``join_results(job_id)`` on the job's queue, immutable, so its args
+    are the job id and not the members' results (the join reads the records)."""
+    return app.signature(JOIN_TASK, args=(job_id,), immutable=True,
                          options={"queue": queue, "ignore_result": True,
-                                  "task_id": f"{job_id}-join", "group_id": _chord_id(job_id)})
+                                  "task_id": f"{job_id}-join", "group_id": _chord_id(job_id),
+                                  "argsrepr": join_argsrepr(job_id, n)})
 
 
 def open_fanout(job_id: str, n: int) -> None:
@@ -67,8 +82,9 @@ def open_fanout(job_id: str, n: int) -> None:
 
 def send_join(job_id: str, queue: str) -> None:
     """Send the join outside the chord (a cancelled fan-out never counts to its size)."""
-    app.signature(JOIN_TASK, args=([], job_id),
-                  options={"queue": queue, "ignore_result": True}).apply_async()
+    app.signature(JOIN_TASK, args=(job_id,), immutable=True,
+                  options={"queue": queue, "ignore_result": True,
+                           "argsrepr": join_argsrepr(job_id)}).apply_async()
 
 
 _local = threading.local()
@@ -94,13 +110,16 @@ def _drop_producer() -> None:
             pass
 
 
-def dispatch(job_id: str, indexes: Iterable[int], queue: str) -> int:
+def dispatch(job_id: str, indexes: Iterable[int], queue: str, n: int | str | None = None
+             ) -> int:
     """Publish ``run_subagent(job_id, i)`` for each index, as members of the job's chord.
+
+    ``n``, the job's size, is only for Flower's display of the args (``sub=<i>/<n>``).
 
     One Redis pipeline per ``DISPATCH_BATCH`` messages; returns how many were published. At
     least once: a batch that fails is published again whole (see the module's docstring).
     """
-    body = dict(join_signature(job_id, queue))
+    body = dict(join_signature(job_id, queue, n))
     options = {"queue": queue, "ignore_result": True, "chord": body,
                "group_id": _chord_id(job_id)}
     sent = 0
@@ -108,14 +127,15 @@ def dispatch(job_id: str, indexes: Iterable[int], queue: str) -> int:
     for index in indexes:
         batch.append(index)
         if len(batch) >= DISPATCH_BATCH:
-            sent += _publish(job_id, batch, options)
+            sent += _publish(job_id, batch, options, n)
             batch = []
     if batch:
-        sent += _publish(job_id, batch, options)
+        sent += _publish(job_id, batch, options, n)
     return sent
 
 
-def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any]) -> int:
+def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any],
+             n: int | str | None = None) -> int:
     for attempt in range(PUBLISH_ATTEMPTS):
         try:
             producer = _producer()
@@ -123,7 +143,7 @@ def _publish(job_id: str, indexes: Sequence[int], options: dict[str, Any]) -> in
                 for index in indexes:
                     app.send_task(SUBAGENT_TASK, args=(job_id, index), producer=producer,
                                   group_index=index, retry=False, add_to_parent=False,
-                                  **options)
+                                  argsrepr=subagent_argsrepr(job_id, index, n), **options)
             return len(indexes)
         except (BatchPublishError, OperationalError, RedisError, OSError) as error:
             # BatchPublishError: the pipeline failed and delivery is uncertain; the others:

@@ -19,7 +19,9 @@ from workers.agent import (
     CallFailed,
     Cancelled,
     Incomplete,
+    LimiterSaysLater,
     Parked,
+    RetryableFailure,
     RetryLater,
     SubagentRun,
     get_runtime,
@@ -30,15 +32,16 @@ from workers.agent import (
 from workers.agent.runtime import Runtime
 from workers.app import app
 from workers.dispatch import dispatch as publish_subagents
-from workers.dispatch import open_fanout, send_join
-from workers.jobs import start_sweeper, sync_redis
+from workers.dispatch import join_argsrepr, open_fanout, send_join, subagent_argsrepr
+from workers.jobs import SubagentResult, start_sweeper, sync_redis
 from workers.jobs.batches import BatchStore
 from workers.jobs.fairshare import Dispatch, FairShare, start_pump
 from workers.jobs.store import JobStore
 from workers.telemetry import worker_started
 
-__all__ = ["dispatch", "import_tool_modules", "join_results", "launch", "plan_job",
-           "resume_parked", "run_subagent", "send_again", "start_batcher", "stop_batcher"]
+__all__ = ["dispatch", "import_tool_modules", "join_argsrepr", "join_results", "launch",
+           "plan_job", "resume_parked", "run_subagent", "send_again", "start_batcher",
+           "stop_batcher", "subagent_argsrepr", "subagent_task_result"]
 
 log = logging.getLogger("drover.recovery")
 
@@ -67,6 +70,39 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
                lambda runs: dispatch(runs, settings.queue), node=node, slots=slots)
 
 
+ERROR_CHARS = 160  # of a failed sub-agent's error in its task result (Flower's Result column)
+FAILED_SHOWN = 20  # failed indexes a join's task result names
+
+
+def _retry(task: Task, later: RetryLater) -> Exception:
+    """A Celery retry that says why, in Flower and in the task's retry exception.
+
+    Every countdown drover schedules goes through here and is capped at
+    ``DROVER_COUNTDOWN_CAP_S``, the one the settings check holds below the broker's
+    visibility timeout. The argsrepr is handed on (Celery's retry would recompute it)."""
+    cap = get_runtime().settings.countdown_cap_s
+    return task.retry(exc=later, countdown=min(later.countdown, cap), max_retries=None,
+                      argsrepr=getattr(task.request, "argsrepr", None) or None)
+
+
+def subagent_task_result(outcome: SubagentResult) -> dict[str, Any]:
+    """The task's return value: status first, so Flower's Result column starts with it.
+
+    Celery allows no task state but SUCCESS for a chord member whose chord must still run
+    its body (FAILURE makes the Redis backend fail the chord; a custom state needs
+    ``Ignore``, which never counts the chord part), so a ``failed`` sub-agent is a SUCCESS
+    task whose result reads ``{'status': 'failed', 'error': ...}``. Ids, status and the
+    error in words only: no model text (the records in the job store have the rest)."""
+    out: dict[str, Any] = {"status": outcome.status}
+    if outcome.status != "ok":
+        what = " ".join(str(p) for p in (outcome.status_code, outcome.error_type) if p)
+        error = f"{what}: {outcome.error or outcome.status}" if what else (outcome.error or "")
+        out["error"] = error[:ERROR_CHARS]
+    out.update(job_id=outcome.job_id, index=outcome.index, attempts=outcome.attempts,
+               calls=outcome.usage.calls)
+    return out
+
+
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)
 def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
@@ -78,26 +114,34 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         # Its request waits in a Message Batch: keep what resumes this very task (same id,
         # same chord) and end without counting towards the chord; the batcher sends it
         # again when the result is in (workers/agent/batch.py).
-        BatchStore(rt.store).park(job_id, index, json.dumps(self.signature_from_request()))
+        BatchStore(rt.store).park(job_id, index, json.dumps(self.signature_from_request(
+            argsrepr=getattr(self.request, "argsrepr", None) or None)))  # Flower's args
         raise Ignore() from None
     except RetryLater as later:
         _window_op(job_id, "defer")  # its slot is free while it waits
-        raise self.retry(countdown=later.countdown, max_retries=None) from None
+        raise _retry(self, later) from None
     _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
-    # The chord hands these to join_results as its argument, which Flower shows: ids, status
-    # and counts only, no model text (the join reads the full records from the job store).
-    return {"job_id": job_id, "index": index, "status": outcome.status,
-            "calls": outcome.usage.calls}
+    return subagent_task_result(outcome)
 
 
 @app.task(name="drover.join_results", bind=True, max_retries=None)
-def join_results(self: Task, results: list[dict[str, Any]], job_id: str) -> dict[str, Any]:
+def join_results(self: Task, *args: Any) -> dict[str, Any]:
+    """The chord body, an immutable signature: ``(job_id,)``.
+
+    (A message sent before the join was immutable has the header results first: the job id
+    is the last argument either way. The join reads the records from the job store.)"""
+    job_id = args[-1]
     rt = get_runtime()
     try:
         result = rt.run(join(rt, job_id))
-    except Incomplete:
-        raise self.retry(countdown=1.0, max_retries=None) from None
-    return result.model_dump(mode="json", include={"job_id", "status", "counts"})
+    except Incomplete as early:
+        raise _retry(self, LimiterSaysLater(1.0, f"join: {early}")) from None
+    failed = [r.index for r in result.results if r.status == "failed"]
+    out: dict[str, Any] = {"status": result.status, "failed_indexes": failed[:FAILED_SHOWN]}
+    if len(failed) > FAILED_SHOWN:
+        out["failed_more"] = len(failed) - FAILED_SHOWN
+    out.update(counts=result.counts, job_id=job_id)
+    return out
 
 
 def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
@@ -130,7 +174,22 @@ def dispatch(runs: list[Dispatch], queue: str) -> None:
     """Publish the chord members the fair-share scheduler handed out, pipelined
     (``workers/dispatch.py``: one Redis round trip per batch, task-sent events included)."""
     for run in runs:
-        publish_subagents(run.job_id, run.indices(), queue)
+        publish_subagents(run.job_id, run.indices(), queue, n=_job_size(run.job_id))
+
+
+def _job_size(job_id: str) -> int | str:
+    """The job's sub-agent count, for Flower's args (``job=<id> sub=<i>/<n>``)."""
+    settings = get_settings()
+    try:
+        return int(_store_for(settings.redis_url, settings.key_prefix, settings.result_ttl_s
+                              ).meta(job_id)["n"])
+    except (LookupError, ValueError):
+        return "?"
+
+
+@lru_cache(maxsize=4)
+def _store_for(redis_url: str, prefix: str, ttl_s: int) -> JobStore:
+    return JobStore(sync_redis(redis_url), prefix=prefix, ttl_s=ttl_s)
 
 
 def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
@@ -183,38 +242,49 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     rt = get_runtime()
     spec = rt.store.spec(job_id)
     if rt.store.meta(job_id).get("status") != "planning":  # delivered twice: launched once
-        return {"job_id": job_id, "status": "launched"}
+        return {"status": "launched", "job_id": job_id}
+    failures = self.request.retries or 0  # earlier deliveries of this plan were retries
     try:
-        subtasks = rt.run(plan_job_goal(rt, job_id, spec))
+        subtasks = rt.run(plan_job_goal(rt, job_id, spec, failures=failures))
+    except RetryableFailure as failure:
+        if failures + 1 >= rt.settings.max_attempts:
+            rt.store.fail_job(job_id, f"planning failed: gave up after {failures + 1} attempts; "
+                                      f"last error: {failure.decision.message}")
+            return {"status": "failed", "job_id": job_id}
+        raise _retry(self, failure) from None
     except RetryLater as later:
-        raise self.retry(countdown=later.countdown, max_retries=rt.settings.max_attempts
-                         ) from None
+        raise _retry(self, later) from None
     except Cancelled:  # cancelled (or out of time) before it fanned out: nothing to join
         rt.store.fail_job(job_id, rt.store.cancelled(job_id) or "cancelled", status="cancelled")
-        return {"job_id": job_id, "status": "cancelled"}
+        return {"status": "cancelled", "job_id": job_id}
     except (CallFailed, ValueError) as error:
         rt.store.fail_job(job_id, f"planning failed: {error}")
-        return {"job_id": job_id, "status": "failed"}
+        return {"status": "failed", "job_id": job_id}
     if reason := rt.store.cancelled(job_id):  # the cancel came just as the plan did
         rt.store.fail_job(job_id, reason, status="cancelled")
-        return {"job_id": job_id, "status": "cancelled"}
+        return {"status": "cancelled", "job_id": job_id}
     rt.store.set_subtasks(job_id, subtasks)
     if rt.store.claim_launch(job_id):
         launch(job_id, len(subtasks), rt.settings.queue, tenant=spec.tenant or "default",
                priority=spec.priority or "normal")
-    return {"job_id": job_id, "status": "launched", "subtasks": len(subtasks)}
+    return {"status": "launched", "job_id": job_id, "subtasks": len(subtasks)}
 
 
 def send_again(queue: str, job_id: str, index: int | None) -> None:
     """Put a lost sub-agent (or, with ``index`` None, the join) on the broker again."""
+    n = _job_size(job_id)
     if index is None:
         log.warning("job %s: every record is in but the join never ran; sending it again",
                     job_id)
-        join_results.s([], job_id).set(queue=queue, ignore_result=True).apply_async()
+        join_results.si(job_id).set(queue=queue, ignore_result=True, argsrepr=join_argsrepr(
+            job_id, n) + " resent: the join never ran").apply_async()
     else:
         log.warning("sub-agent %s/%d: its task is gone from the broker; sending it again",
                     job_id, index)
-        run_subagent.s(job_id, index).set(queue=queue, ignore_result=True).apply_async()
+        # A new task (the lost one cannot be retried): its args say why it exists.
+        run_subagent.s(job_id, index).set(queue=queue, ignore_result=True, argsrepr=(
+            subagent_argsrepr(job_id, index, n, "resent: task lost by the broker"))
+        ).apply_async()
 
 
 def resume_parked(raw: str) -> None:

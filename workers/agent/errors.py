@@ -43,8 +43,8 @@ class LimiterSaysLater(RetryLater):
 class RetryableFailure(RetryLater):
     """An attempt failed in a way that may succeed later (529, 5xx, 429, connection)."""
 
-    def __init__(self, countdown: float, decision: Decision):
-        super().__init__(countdown, decision.error_type)
+    def __init__(self, countdown: float, decision: Decision, reason: str | None = None):
+        super().__init__(countdown, reason or decision.error_type)
         self.decision = decision
 
 

@@ -24,7 +24,14 @@ from anthropic.types import Message
 
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from workers.agent.limits import llm_limits
-from workers.agent.retry import Decision, classify, missing_credentials
+from workers.agent.retry import (
+    Decision,
+    classify,
+    limiter_countdown,
+    missing_credentials,
+    poll_wait,
+    retry_reason,
+)
 from workers.agent.runtime import Runtime
 from workers.jobs.fairshare import tenant_budget_scopes
 from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
@@ -43,6 +50,7 @@ class CallContext:
     cancel: asyncio.Event
     failures: int = 0  # failed attempts so far, for the backoff exponent
     tenant: str | None = None  # whose token budget (DROVER_TENANT_BUDGETS) the call spends
+    rng: random.Random | None = None  # every jitter of this call draws from it (None: global)
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -88,7 +96,7 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
                   input_tokens: int, output_tokens: int) -> Grant:
     """A grant from the limiter, polling briefly for in-flight slots.
 
-    Raises RetryLater when the wait is past the horizon (or a cooldown is that long)."""
+    Raises LimiterSaysLater when the wait is past the horizon (or a cooldown is that long)."""
     lease_ttl = rt.settings.call_timeout_s + rt.settings.horizon_s + 30
     while True:
         grant = await rt.limiter.acquire(scope, limits, input_tokens=input_tokens,
@@ -96,9 +104,18 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
         if grant.granted:
             return grant
         if grant.reason in ("horizon", "cooldown") and grant.retry_after_s > POLL_S * 4:
-            raise LimiterSaysLater(grant.retry_after_s + random.uniform(0, 0.5),
-                             f"limiter: {grant.reason}")
-        await wait_or_cancel(grant.retry_after_s * random.uniform(1.0, 1.5), ctx.cancel)
+            # Waiting this out would hold the worker slot: free it (a Celery retry) instead.
+            raise LimiterSaysLater(
+                limiter_countdown(grant.retry_after_s, rt.settings.countdown_cap_s, ctx.rng),
+                _limiter_reason(grant.reason, grant.retry_after_s, rt.settings.horizon_s))
+        await wait_or_cancel(poll_wait(grant.retry_after_s, ctx.rng), ctx.cancel)
+
+
+def _limiter_reason(reason: str, retry_after_s: float, horizon_s: float) -> str:
+    if reason == "cooldown":
+        return f"limiter cooldown: a 429's retry-after holds every worker for {retry_after_s:.1f} s"
+    return (f"limiter horizon: next capacity in {retry_after_s:.1f} s, beyond "
+            f"DROVER_HORIZON_S={horizon_s:g} s")
 
 
 Held = list[tuple[str, ScopeLimits, Grant]]
@@ -172,10 +189,14 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         await rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
         await release_tenant_budget(rt, budget, spent=0)
         decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
-                            cap_s=settings.countdown_cap_s)
-        await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started)
+                            cap_s=settings.countdown_cap_s, rng=ctx.rng)
+        # The caller records the sub-agent failed once this attempt is its last: say so.
+        attempt = ctx.failures + 1
+        last = decision.action == "fail" or attempt >= settings.max_attempts
+        await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started, last)
         if decision.action == "retry":
-            raise RetryableFailure(decision.countdown, decision) from None
+            raise RetryableFailure(decision.countdown, decision, retry_reason(
+                decision, attempt, settings.max_attempts)) from None
         raise CallFailed(decision) from None
     except BaseException as error:
         # The SDK wraps every transport error in APIError, so anything else came from this
@@ -194,7 +215,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         if missing_credentials(error):
             decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                                 cap_s=settings.countdown_cap_s)
-            _log_failure(scope, decision, ctx, grant.wait_s, started)  # nothing to count
+            _log_failure(scope, decision, ctx, grant.wait_s, started, True)  # nothing to count
             raise CallFailed(decision) from None
         log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
                  "call_s=%.3f in=%d out=0 sent=%s",
@@ -216,19 +237,22 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
 
 
 async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: Decision,
-                       ctx: CallContext, wait_s: float, started: float) -> None:
+                       ctx: CallContext, wait_s: float, started: float, last: bool) -> None:
     if decision.cooldown_s is not None:
         await rt.limiter.cooldown(scope, limits, decision.cooldown_s)  # also counts the 429
     elif decision.counter in STAT_FIELDS:  # a spend-cap 429, a 529
         await rt.limiter.record(scope, **{decision.counter: 1})
     # Every failed call, by kind, for the job too: the limiter keeps only the kinds it limits by.
     await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
-    _log_failure(scope, decision, ctx, wait_s, started)
+    _log_failure(scope, decision, ctx, wait_s, started, last)
 
 
 def _log_failure(scope: str, decision: Decision, ctx: CallContext, wait_s: float,
-                 started: float) -> None:
+                 started: float, last: bool = True) -> None:
+    """The failed call's line; ``next=failed`` when no retry follows (not retried, or the
+    attempt that used up DROVER_MAX_ATTEMPTS: written after that count is checked)."""
     log.warning("llm call outcome=%s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f "
                 "call_s=%.3f in=0 out=0 next=%s countdown=%.1f", decision.counter, scope,
                 decision.status_code or "none", decision.error_type, ctx.job_id, ctx.index, wait_s,
-                time.monotonic() - started - wait_s, decision.action, decision.countdown)
+                time.monotonic() - started - wait_s, "failed" if last else "retry",
+                0.0 if last else decision.countdown)

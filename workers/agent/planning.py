@@ -60,11 +60,11 @@ def fit_plan(subtasks: list[Any], max_subtasks: int) -> list[str]:
 
 async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | None = None,
                     system: str | None = None, job_id: str = "plan",
-                    cancel: asyncio.Event | None = None) -> list[str]:
+                    cancel: asyncio.Event | None = None, failures: int = 0) -> list[str]:
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
     params = plan_request(goal, max_subtasks, model or rt.settings.model, system)
     cancel = cancel if cancel is not None else asyncio.Event()
-    message = await create_message(rt, params, CallContext(job_id, -1, cancel))
+    message = await create_message(rt, params, CallContext(job_id, -1, cancel, failures))
     proposed: list[Any] = []
     for block in message.content:
         if block.type == "tool_use" and block.name == PLAN_TOOL["name"]:
@@ -77,8 +77,11 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
     return plan
 
 
-async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec) -> list[str]:
-    """Plan a submitted job's goal; a cancel or the job's deadline aborts the planning call."""
+async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec, *, failures: int = 0
+                        ) -> list[str]:
+    """Plan a submitted job's goal; a cancel or the job's deadline aborts the planning call.
+
+    ``failures``: failed attempts so far (the backoff grows with them)."""
     assert spec.goal is not None
     deadline_in = (await asyncio.to_thread(rt.store.deadline_in, job_id)
                    if spec.deadline_s else None)
@@ -86,4 +89,5 @@ async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec) -> list[str]:
         if await asyncio.to_thread(rt.store.cancelled, job_id):
             raise Cancelled()
         return await plan_goal(rt, spec.goal, spec.max_subtasks, model=spec.model,
-                               system=spec.system, job_id=job_id, cancel=cancel)
+                               system=spec.system, job_id=job_id, cancel=cancel,
+                               failures=failures)

@@ -2,15 +2,23 @@
 
 | what came back                              | decision                                         |
 |---------------------------------------------|--------------------------------------------------|
+| ``x-should-retry: false``                   | fail now (the server says so; checked first)      |
+| ``x-should-retry: true``                    | retry (after retry-after if given, else backoff)  |
+| 429 with the spend cap code                 | fail now: it will keep failing until next month   |
 | 429 with retry-after                        | scope cooldown; retry after retry-after + jitter  |
-| 429 without retry-after, or the spend cap   | fail now: it will keep failing                    |
+| 429 without retry-after (no spend-cap code) | retry, exponential backoff with full jitter       |
 | 529 overloaded                              | retry, exponential backoff with full jitter       |
 | 408, 409, 5xx, connection error, timeout    | retry, exponential backoff with full jitter       |
 | 401, or no credentials to send at all       | fail now as ``authentication_error``              |
 | other 4xx (400, 403, 404, 413, ...)         | fail now with status, type and message            |
 
-Retries become Celery retries (the worker slot is freed while waiting); the caller caps the
-countdown so it stays far below the broker's visibility timeout.
+The header and the plain 429 are decided as the SDK's own ``_should_retry`` does (it
+retries every 429; only the spend cap's code tells us that retrying cannot help). A plain
+429 has no length to put on a cooldown: it backs off like a 529 and is counted as a 429.
+
+Retries become Celery retries (the worker slot is freed while waiting); every countdown is
+capped at ``cap_s`` (``DROVER_COUNTDOWN_CAP_S``) so it stays below the broker's visibility
+timeout.
 """
 
 from __future__ import annotations
@@ -49,6 +57,18 @@ class Decision:
         return "n4xx" if code is not None else "nconn"
 
 
+def retry_reason(decision: Decision, attempt: int, max_attempts: int) -> str:
+    """Why a failed call is retried, in words (a Celery retry's exception text in Flower).
+
+    ``attempt`` is the 1-based number of the attempt that just failed."""
+    what = " ".join(str(p) for p in (decision.status_code, decision.error_type) if p)
+    if decision.cooldown_s is not None:
+        how = f"retry-after {decision.cooldown_s:g} s (every worker waits)"
+    else:
+        how = f"backoff {decision.countdown:.1f} s"
+    return f"{what}: {how}, attempt {attempt} of {max_attempts}"
+
+
 def full_jitter(attempt: int, base_s: float, cap_s: float,
                 rng: random.Random | None = None) -> float:
     """AWS's "full jitter": uniform in [0, min(cap, base * 2**attempt)]."""
@@ -60,6 +80,29 @@ def retry_after_jitter(retry_after: float, rng: random.Random | None = None) -> 
     """Spread the retries after a 429 so workers do not all come back at the same instant."""
     rng = rng or random
     return rng.uniform(0.0, 1.0 + 0.25 * retry_after)
+
+
+def limiter_countdown(retry_after_s: float, cap_s: float,
+                      rng: random.Random | None = None) -> float:
+    """The countdown after the limiter refused past its horizon (or a cooldown holds).
+
+    Jittered so the workers it sends away do not all come back at the same instant, and
+    capped like every other countdown (a long retry-after would otherwise outlast the
+    broker's visibility timeout and be delivered twice)."""
+    rng = rng or random
+    return min(cap_s, retry_after_s + rng.uniform(0.0, 0.5))
+
+
+def poll_wait(retry_after_s: float, rng: random.Random | None = None) -> float:
+    """How long to wait in the slot before asking the limiter again (in-flight full, or a
+    short refusal): a little longer than it said, by a random amount, so pollers spread."""
+    rng = rng or random
+    return retry_after_s * rng.uniform(1.0, 1.5)
+
+
+def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:
+    value = error.response.headers.get("x-should-retry")
+    return {"true": True, "false": False}.get(value) if value is not None else None
 
 
 def _retry_after(error: anthropic.APIStatusError) -> float | None:
@@ -116,16 +159,19 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
         code = error.status_code
         kind, message = _error_fields(error)
         if code == 401:  # a proxy's bare 401 has no body type: name it the way the API does
-            return Decision("fail", AUTHENTICATION_ERROR, message, code)
-        if code == 429:
-            retry_after = _retry_after(error)
-            if retry_after is None or _error_code(error) == SPEND_CAP_CODE:
-                return Decision("fail", kind, message, code)
+            kind = AUTHENTICATION_ERROR
+        # The SDK's order: the server's explicit word first, then the status.
+        should_retry = _should_retry_header(error)
+        if should_retry is None:
+            should_retry = (code in RETRYABLE_STATUS or code == 429 or code >= 500) and not (
+                code == 429 and _error_code(error) == SPEND_CAP_CODE)
+        if not should_retry:
+            return Decision("fail", kind, message, code)
+        retry_after = _retry_after(error) if code == 429 else None
+        if retry_after is not None:
             countdown = min(cap_s, retry_after + retry_after_jitter(retry_after, rng))
             return Decision("retry", kind, message, code, countdown, cooldown_s=retry_after)
-        if code in RETRYABLE_STATUS or code >= 500:
-            return Decision("retry", kind, message, code, full_jitter(attempt, base_s, cap_s, rng))
-        return Decision("fail", kind, message, code)
+        return Decision("retry", kind, message, code, full_jitter(attempt, base_s, cap_s, rng))
     if isinstance(error, anthropic.APIConnectionError):
         kind = "timeout" if isinstance(error, anthropic.APITimeoutError) else "connection_error"
         return Decision("retry", kind, str(error)[:500], None,
