@@ -35,7 +35,8 @@ from orchestrator.flower import (
 )
 from orchestrator.services import free_port
 from tests.conftest import ROOT, configure, wait_until
-from workers.limiter import Limiter, ScopeLimits, llm_scope
+from workers.agent.limits import llm_limits
+from workers.limiter import Limiter, llm_scope
 
 SECRET = "ACME-PRIVATE"  # in every prompt: it must never reach Flower
 
@@ -115,7 +116,7 @@ def _limiter_cooldown(env: dict[str, str], seconds: float) -> None:
     limiter = Limiter(redis.Redis.from_url(env["DROVER_REDIS_URL"]),
                       prefix=env["DROVER_KEY_PREFIX"])
     limiter.cooldown(llm_scope(settings.key_alias, settings.model),
-                     ScopeLimits.from_settings(settings, settings.model), seconds)
+                     llm_limits(settings, settings.model), seconds)
 
 
 def run_job_with_faults(flower: Flower, spawn_worker, drover_env, monkeypatch):  # noqa: ANN001, ANN201

@@ -29,6 +29,7 @@ from orchestrator.services import free_port
 from tests.conftest import configure
 from workers.agent import SubagentRun
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from workers.agent.limits import llm_limits
 from workers.agent.llm import CallContext, acquire, create_message
 from workers.agent.retry import (
     Decision,
@@ -38,7 +39,7 @@ from workers.agent.retry import (
     poll_wait,
     retry_reason,
 )
-from workers.limiter import ScopeLimits, llm_scope
+from workers.limiter import llm_scope
 
 BASE_S, CAP_S = 0.5, 30.0
 REQUEST = {"model": "claude-sonnet-4-6", "max_tokens": 10,
@@ -320,7 +321,7 @@ def _runtime(monkeypatch, drover_env, **settings):  # noqa: ANN001, ANN202
     configure(monkeypatch, drover_env, **settings)
     rt = get_runtime()
     scope = llm_scope(rt.settings.key_alias, rt.settings.model)
-    return rt, scope, ScopeLimits.from_settings(rt.settings, rt.settings.model)
+    return rt, scope, llm_limits(rt.settings, rt.settings.model)
 
 
 def _params(rt, text: str = "Summarise the contract") -> dict:  # noqa: ANN001
