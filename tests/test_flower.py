@@ -119,12 +119,14 @@ def _limiter_cooldown(env: dict[str, str], seconds: float) -> None:
                      llm_limits(settings, settings.model), seconds)
 
 
-def run_job_with_faults(flower: Flower, spawn_worker, drover_env, monkeypatch):  # noqa: ANN001, ANN201
+def run_job_with_faults(flower: Flower, spawn_worker, drover_env, monkeypatch, sim):  # noqa: ANN001, ANN201
     """One job of five sub-agents behind a 429 cooldown: one ok, a 400, two 529s then ok, a
     429 then ok, 529s until its 3 attempts are used up. Returns (handle, worker name, the
     job's tasks in /api/tasks by sub-agent index, the join's task)."""
-    # A 1 s horizon: the 3 s cooldown below is past it, so it frees the slots (Celery retries).
-    configure(monkeypatch, drover_env, max_attempts=3, horizon_s=1)
+    # A 0.5 s horizon: the 5 s cooldown below is past it, so it frees the slots (Celery
+    # retries). The injected 429 says retry-after 0, so it cools no one else down.
+    configure(monkeypatch, drover_env, max_attempts=3, horizon_s=0.5)
+    sim.configure(inject_429_retry_after=0)
     spawn_worker(concurrency=4)
     # /api/workers asks the workers over the broker: this one must answer.
     workers = wait_until("the worker in /api/workers",
@@ -136,7 +138,8 @@ def run_job_with_faults(flower: Flower, spawn_worker, drover_env, monkeypatch): 
 
     subtasks = [f"{SECRET} research plan {i}{fault}" for i, fault in enumerate(
         ["", " [[sim:400]]", " [[sim:529:2]]", " [[sim:429:1]]", " [[sim:529]]"])]
-    _limiter_cooldown(drover_env, 3.0)  # every sub-agent's first delivery meets it
+    # Every sub-agent's first delivery meets it (the fan-out itself runs on the worker).
+    _limiter_cooldown(drover_env, 5.0)
     handle = submit(JobSpec(subtasks=subtasks, max_tokens=100))
     result = handle.wait(timeout=120)
     assert [r.status for r in result.results] == ["ok", "failed", "ok", "ok", "failed"]
@@ -159,7 +162,7 @@ def run_job_with_faults(flower: Flower, spawn_worker, drover_env, monkeypatch): 
 def test_flower_shows_each_subagents_job_index_outcome_and_why_it_retried(
         flower, spawn_worker, drover_env, sim, monkeypatch):
     handle, name, subagents, join = run_job_with_faults(flower, spawn_worker, drover_env,
-                                                        monkeypatch)
+                                                        monkeypatch, sim)
     assert sorted(subagents) == [0, 1, 2, 3, 4]
     # Readable args, kept across retries: the job and the sub-agent, nothing else.
     for index, task in subagents.items():
@@ -178,7 +181,7 @@ def test_flower_shows_each_subagents_job_index_outcome_and_why_it_retried(
     assert subagents[0]["retries"] == 1
     assert "529 overloaded_error: backoff" in subagents[2]["exception"]
     assert "attempt 2 of 3" in subagents[2]["exception"] and subagents[2]["retries"] == 3
-    assert "429 rate_limit_error: retry-after" in subagents[3]["exception"]
+    assert "429 rate_limit_error: retry-after 0 s" in subagents[3]["exception"]
     assert "attempt 1 of 3" in subagents[3]["exception"]
 
     # The join: an immutable signature whose args are the job id; its result names the failed.
