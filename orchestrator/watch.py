@@ -49,10 +49,9 @@ def _share(handle: JobHandle, fs: FairShare) -> str:
     """The job's part of the fair-share window, its backlog and its turn ('' once all out)."""
     for a in active_jobs(handle.settings, fs):
         if a.share.job_id == handle.id:
-            turn = f" next#{a.position}" if a.position else ""
-            return (f"  share={a.held:.0%} due={a.due:.0%} out={a.share.out} "
-                    f"waiting={a.share.waiting}{turn} tenant={a.share.tenant} "
-                    f"{a.share.priority}")
+            turn = f" due={a.due:.0%} next#{a.position}" if a.share.waiting else ""
+            return (f"  share={a.held:.0%} out={a.share.out} waiting={a.share.waiting}{turn} "
+                    f"tenant={a.share.tenant} {a.share.priority}")
     return ""
 
 
