@@ -334,7 +334,11 @@ def _metrics(args: argparse.Namespace) -> int:
     _need_services(settings)
     from orchestrator.metrics import serve
 
-    return serve(args.port, args.addr)
+    try:
+        return serve(args.port, args.addr)
+    except OSError as error:
+        raise Refused(f"drover metrics cannot listen on {args.addr}:{args.port}: "
+                      f"{error.strerror or error}; pick another --port or --addr") from None
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -481,7 +485,8 @@ def parser() -> argparse.ArgumentParser:
     metrics = add("metrics", "serve the fleet's Prometheus metrics from Redis",
                   "Serve one Prometheus scrape target for the whole fleet: the counters every "
                   "worker writes into Redis, with the limiter's and the job store's state.",
-                  "Exit status: 2 bad option or setting; 3 Redis does not answer.")
+                  "Exit status: 2 bad option or setting, or the port is taken; 3 Redis does not "
+                  "answer.")
     metrics.add_argument("--port", type=int, default=9808, help="port to listen on")
     metrics.add_argument("--addr", default="127.0.0.1",
                          help="address to listen on (0.0.0.0 for every interface)")

@@ -63,8 +63,8 @@ drover's rules:
                    API, e.g. FLOWER_UNAUTHENTICATED_API=true drover flower; with a password,
                    use curl -u user:password http://HOST:5555/api/workers.
 
-Exit status: 2 refused (address without a password, a short or malformed password); 3 the
-broker does not answer; otherwise Flower's. Flower's own options follow.
+Exit status: 2 refused (address without a password, a short or malformed password) or the
+port is taken; 3 the broker does not answer; otherwise Flower's. Flower's own options follow.
 """
 
 __all__ = ["AUTH_ENV", "FlowerArgs", "FlowerRefused", "default_environment", "flower_defaults",
@@ -215,7 +215,13 @@ def run_flower(args: list[str]) -> int:
 
     os.environ.update(default_environment(dict(os.environ),
                                           get_settings().task_time_limit_s))
-    return _celery(argv)
+    try:
+        return _celery(argv)
+    except OSError as error:  # tornado could not bind: the port is taken, or the address wrong
+        where = " ".join(a for a in argv if a.startswith(("--address", "--port", "--unix")))
+        print(f"drover flower: cannot listen ({where}): {error.strerror or error}; pick "
+              "another --port or --address", file=sys.stderr)
+        return 2
 
 
 def _broker_problem() -> str | None:

@@ -243,7 +243,7 @@ def test_every_subcommand_has_help_with_defaults(tmp_path):
     env = clean_env()
     top = drover(["--help"], env, tmp_path)
     assert top.returncode == 0 and "Exit status" in top.stdout
-    for command in ("demo", "submit", "watch", "result", "cancel", "stats"):
+    for command in ("demo", "submit", "watch", "result", "cancel", "stats", "jobs", "metrics"):
         proc = drover([command, "--help"], env, tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(f"usage: drover {command}")
@@ -284,6 +284,18 @@ def test_flower_beyond_loopback_refuses_a_short_password(tmp_path):
     proc = drover(["flower", "--address=0.0.0.0"], env, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "shorter than 12 characters" in proc.stderr and "short-pw" not in proc.stderr
+
+
+def test_a_taken_port_is_one_message(tmp_path, redis_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        env = clean_env(DROVER_REDIS_URL=redis_url)
+        for args in (["metrics", "--port", port], ["sim", "--port", port],
+                     ["flower", f"--port={port}"]):
+            proc = drover(args, env, tmp_path)
+            assert proc.returncode == 2 and "cannot listen" in proc.stderr, (args, proc.stderr)
 
 
 def test_flower_says_when_the_broker_does_not_answer(tmp_path):
