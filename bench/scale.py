@@ -43,6 +43,7 @@ from bench.workload import MODEL
 
 UNLIMITED = {"DROVER_RPM": "1e9", "DROVER_ITPM": "1e12", "DROVER_OTPM": "1e12",
              "DROVER_MAX_IN_FLIGHT": "100000"}
+EXTRA_ENV: dict[str, str] = {}  # --env: more DROVER_* settings for drover's workers
 
 
 def rss_kb() -> int:
@@ -92,7 +93,8 @@ def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, conc
     queue = alias = f"bench-scale-{run_id}"
     env = {"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": queue,
            "DROVER_KEY_ALIAS": alias, "DROVER_ANTHROPIC_BASE_URL": sim_url,
-           "ANTHROPIC_API_KEY": f"sk-bench-scale-{prefix}", "DROVER_MODEL": MODEL, **UNLIMITED}
+           "ANTHROPIC_API_KEY": f"sk-bench-scale-{prefix}", "DROVER_MODEL": MODEL, **UNLIMITED,
+           **EXTRA_ENV}
     settings = load_settings(queue=queue, key_alias=alias)
     spec_args = {"subtasks": subtasks, "model": MODEL, "max_tokens": 1024, "max_turns": 2}
     with celery_workers("workers.app", env, queue, workers, concurrency, app) as procs:
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000,5000,10000")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--env", action="append", default=[], metavar="DROVER_X=V",
+                        help="a setting for drover's workers and submit (repeatable)")
     parser.add_argument("--publish", type=int, default=0, metavar="N",
                         help="also time publishing N sub-agent messages, no workers running")
     parser.add_argument("--cancel", type=int, default=0, metavar="N",
@@ -248,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from bench.contenders import drover
 
+    for item in args.env:
+        name, _, value = item.partition("=")
+        EXTRA_ENV[name] = value
+        os.environ[name] = value  # submit reads its settings here too
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     drover.use_prefix(args.redis_url, prefix)
     rows = [measure(args.redis_url, prefix, int(n), args.workers, args.concurrency)
@@ -272,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{args.sizes} --workers {args.workers} --concurrency "
                       f"{args.concurrency}" + (f" --publish {args.publish}" if args.publish else "")
                       + (f" --cancel {args.cancel}" if args.cancel else "")
+                      + "".join(f" --env {item}" for item in args.env)
                       + f"`\n\n{text}\n")
     return 0
 
