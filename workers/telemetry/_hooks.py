@@ -94,7 +94,7 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 f"chat {model}", kind=SpanKind.CLIENT, record_exception=False,
                 set_status_on_exception=False) as span:
             if span.is_recording():
-                _request_attributes(span, settings, scope, params, ctx)
+                _safe("span", lambda: _request_attributes(span, settings, scope, params, ctx))
             outcome, error_type, message = "ok", "", None
             try:
                 message = await fn(rt, params, ctx)
@@ -125,8 +125,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                     _safe("llm call", lambda: _record_call(
                         scope, model, outcome, error_type, duration, message))
                     if span.is_recording():
-                        _response_attributes(span, settings, outcome, error_type, message,
-                                             sum(waited))
+                        _safe("span", lambda: _response_attributes(
+                            span, settings, outcome, error_type, message, sum(waited)))
 
     return wrapper
 
