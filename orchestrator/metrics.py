@@ -60,6 +60,7 @@ __all__ = ["DroverCollector", "serve"]
 
 log = logging.getLogger("drover.metrics")
 STREAM_PAGE = 2000
+SCOPES_REFRESH_S = 15.0
 
 
 @dataclass
@@ -86,6 +87,8 @@ class DroverCollector(Collector):
         self.broker_queues = broker_queues
         self._broker: Any = None
         self._jobs: dict[str, _JobSeen] = {}
+        self._scope_list: list[str] = []
+        self._scopes_at = -SCOPES_REFRESH_S
         self._lock = threading.Lock()  # one scrape at a time: the stream cursors are shared
 
     def describe(self) -> Iterable[Metric]:
@@ -97,8 +100,8 @@ class DroverCollector(Collector):
             families: list[Metric] = []
             up = 1.0
             try:
-                scopes = self.limiter.scopes()
-                families += self._process_series(scopes)
+                process, scopes = self._process_series()
+                families += process
                 families += self._scope_series(scopes)
                 procs = self._procs()
                 families += self._job_series(procs)
@@ -114,14 +117,10 @@ class DroverCollector(Collector):
         yield from families
 
     # --- what the processes counted -------------------------------------------------------
-    def _process_series(self, scopes: list[str]) -> list[Metric]:
+    def _process_series(self) -> tuple[list[Metric], list[str]]:
+        """The processes' series, and the limiter's scopes (see ``_scopes``)."""
         raw = self.r.hgetall(self.keys["counters"])
         counters: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
-        # Every outcome of every LLM scope exists from the scope's first call on, at 0 until
-        # it happens: rate() and increase() see the first 429 only if the series was there
-        # before it.
-        counters["drover_llm_calls"] = {(scope, outcome): 0.0 for scope in scopes
-                                        if scope.startswith("llm:") for outcome in CALL_OUTCOMES}
         hists: dict[str, dict[tuple[str, ...], dict[str, float]]] = defaultdict(
             lambda: defaultdict(dict))
         known = {m.name: m for m in METRICS if m.source == "process"}
@@ -137,6 +136,15 @@ class DroverCollector(Collector):
                 counters[name][labels] = float(value)
             elif part is not None:
                 hists[name][labels][part] = float(value)
+        scopes = self._scopes({labels[0] for labels in counters.get("drover_llm_calls", {})})
+        # Every outcome of every LLM scope exists from the scope's first call on, at 0 until
+        # it happens: rate() and increase() see the first 429 only if the series was there
+        # before it.
+        calls = counters["drover_llm_calls"]
+        for scope in scopes:
+            if scope.startswith("llm:"):
+                for outcome in CALL_OUTCOMES:
+                    calls.setdefault((scope, outcome), 0.0)
         out: list[Metric] = []
         for m in known.values():
             if m.kind == "counter":
@@ -153,7 +161,16 @@ class DroverCollector(Collector):
                         buckets.append((le, total))
                     family.add_metric(list(labels), buckets, parts.get("sum", 0.0))
             out.append(family)
-        return out
+        return out, scopes
+
+    def _scopes(self, counted: set[str]) -> list[str]:
+        """The limiter's scopes, listed again every SCOPES_REFRESH_S or when a process counted
+        calls of one not listed yet: listing them may walk the keyspace, a scrape need not."""
+        now = time.monotonic()
+        if now - self._scopes_at > SCOPES_REFRESH_S or not counted <= set(self._scope_list):
+            self._scope_list = self.limiter.scopes()
+            self._scopes_at = now
+        return self._scope_list
 
     # --- the limiter ----------------------------------------------------------------------
     def _scope_series(self, scopes: list[str]) -> list[Metric]:
@@ -297,17 +314,33 @@ class DroverCollector(Collector):
 
         try:
             if self._broker is None:
-                from workers.app import app
+                # This exporter's own settings, not the Celery app's import-time ones.
+                from kombu import Connection
 
-                self._broker = app.connection_for_read()
-            channel = self._broker.default_channel
+                from config.celery import celery_config
+
+                conf = celery_config(self.settings)
+                self._broker = Connection(conf["broker_url"],
+                                          transport_options=conf["broker_transport_options"])
+            virtual = self._broker.transport.driver_type == "redis"
+            channel = self._broker.channel()
             out = []
-            for queue in queues:
-                try:
-                    count = channel.queue_declare(queue=queue, passive=True).message_count
-                except ChannelError:  # no message ever, or none now: Redis drops empty lists
-                    count = 0
-                out.append(((queue,), float(count)))
+            try:
+                for queue in queues:
+                    if virtual:
+                        # kombu's passive declare looks for the queue without the transport's
+                        # global_keyprefix (so never finds it); on Redis a declare creates
+                        # nothing and returns the list's length, priorities included.
+                        count = channel.queue_declare(queue=queue).message_count
+                    else:
+                        try:
+                            count = channel.queue_declare(queue=queue, passive=True).message_count
+                        except ChannelError:  # no such queue yet; the broker closed the channel
+                            count = 0
+                            channel = self._broker.channel()
+                    out.append(((queue,), float(count)))
+            finally:
+                channel.close()
             return out
         except (OperationalError, OSError, redis.RedisError) as error:
             log.warning("cannot read the broker's queues (%s)", type(error).__name__)

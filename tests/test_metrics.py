@@ -88,12 +88,28 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
         store.claim_launch(job_id)
         register_job(client, settings.key_prefix, job_id, tenant, keep_s=3600)
         time.sleep(0.002)  # the newest is the last registered
+    _broker_messages(settings, "q-obs", 3)
     store.finish(SubagentResult(job_id="job2", index=0, status="ok"))
     store.finish(SubagentResult(job_id="job2", index=1, status="failed"))
     recorders[0].running("job2", +1)
     for rec in recorders:
         rec.flush()
     return store
+
+
+def _broker_messages(settings: Settings, queue: str, n: int) -> None:
+    """``n`` messages waiting in ``queue`` of the broker the settings name."""
+    from kombu import Connection
+
+    from config.celery import celery_config
+
+    conf = celery_config(settings)
+    with Connection(conf["broker_url"], transport_options=conf["broker_transport_options"]
+                    ) as conn:
+        q = conn.SimpleQueue(queue)
+        for i in range(n):
+            q.put({"n": i})
+        q.close()
 
 
 def test_every_metric_has_its_name_type_and_labels(settings, recorders):
@@ -166,6 +182,7 @@ def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorde
     # Every job counts in its tenant, capped or not.
     assert value(families, "drover_tenant_subagents", tenant="acme", status="waiting") == 8
     assert value(families, "drover_tenant_jobs_active", tenant="acme") == 2
+    assert value(families, "drover_queue_messages", queue="q-obs") == 3
 
     store.save_result(_done("job2"))  # job2 ends
     families = scrape(collector)
