@@ -7,6 +7,7 @@ work done while jobs competed, and that every sub-agent ended ``ok`` with no 429
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -34,6 +35,48 @@ def _fleet(spawn_worker, redis_url: str, workers: int = 2) -> FairShare:  # noqa
 
 def _jobs(n: int, what: str, **fields: object) -> JobSpec:
     return JobSpec(subtasks=[f"{what} {i}" for i in range(n)], max_tokens=64, **fields)
+
+
+def test_the_window_goes_by_arrival_weight_level_and_slot(redis_url, key_prefix):
+    """The scheduler alone (real Redis, no workers): completions drawn at random in
+    proportion to what each job has out, as equal sub-agents would finish."""
+    r = redis.Redis.from_url(redis_url)
+    fs = FairShare(r, prefix=key_prefix, queue="q", window=16, average_s=0.3)
+    assert fs.add("big", n=400, tenant="t", weight=1, priority="normal")[0].count == 16
+    assert fs.add("small", n=10, tenant="t", weight=1, priority="normal") == []
+    assert [(d.job_id, d.count) for d in fs.finished("big", 1)] == [("small", 1)]  # next place
+
+    def run(steps: int) -> dict[str, float]:
+        done = {j.job_id: j.done for j in fs.jobs()}
+        held = {name: 0.0 for name in done}
+        for _ in range(steps):
+            out = {j.job_id: j.out for j in fs.jobs()}
+            for name in held:
+                held[name] += out.get(name, 0) / steps
+            name = random.choices(list(out), weights=list(out.values()))[0]
+            done[name] += 1
+            fs.finished(name, done[name])
+            time.sleep(0.002)
+        return held
+
+    fs.remove("big"), fs.remove("small")
+    fs.add("red", n=10**6, tenant="red", weight=2, priority="normal")
+    fs.add("blue", n=10**6, tenant="blue", weight=1, priority="normal")
+    held = run(600)
+    assert 1.8 <= held["red"] / held["blue"] <= 2.2  # 16 places: 11:5 or 10:6 in turn
+
+    fs.remove("red"), fs.remove("blue")
+    fs = FairShare(r, prefix=key_prefix, queue="q", window=20, average_s=0.3)
+    fs.add("batch", n=10**6, tenant="t", weight=1, priority="batch")
+    fs.add("chat", n=10**6, tenant="t", weight=1, priority="interactive")
+    run(100)  # batch came first and held all 20: it gives them up as its sub-agents end
+    held = run(200)
+    assert round(held["batch"]) == 2  # its floor, 10 % of 20 places, and no more
+    # A sub-agent waiting out a countdown frees its slot for the others, keeping its share.
+    chat_before = next(j for j in fs.jobs() if j.job_id == "chat").out
+    assert [(d.job_id, d.count) for d in fs.defer("batch")] == [("chat", 1)]
+    assert next(j for j in fs.jobs() if j.job_id == "chat").out == chat_before + 1
+    assert fs.resume("batch") == []
 
 
 def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(

@@ -20,10 +20,13 @@ limiter scope of its own (``tenant_budget_scopes``) acquired beside the model's 
 
 The guarantee, while a tenant has sub-agents waiting: it keeps at least
 ``weight / sum of the weights of the tenants with work waiting`` of the window (more when the
-others need less); inside a tenant, every waiting priority level below the highest keeps at
+others need less; to within one place at any instant, exactly on average); inside a tenant, every waiting priority level below the highest keeps at
 least ``DROVER_PRIORITY_FLOOR`` (10 %) of the tenant's part, the highest level the rest;
 inside a level, the jobs share equally. So a ``batch`` job behind continuous ``interactive``
 work of its tenant still runs at no less than 10 % of that tenant's slots.
+
+A sub-agent waiting out a retry countdown holds no worker slot: ``defer``/``resume`` keep it
+in its job's share but out of the window, so the others can use the slot.
 
 State: one hash per queue, ``{prefix}:fs:{<queue>}:jobs`` (a hash tag per queue, so it works
 on Redis Cluster), changed only by the Lua script; ``done`` is only ever raised to the job
@@ -97,7 +100,7 @@ class FairShare:
 
     def __init__(self, client: redis.Redis, *, prefix: str = "drover", queue: str = "drover",
                  window: int = 0, fallback_window: int = 32, floor: float = 0.1,
-                 ttl_s: int = 7 * 24 * 3600):
+                 ttl_s: int = 7 * 24 * 3600, average_s: float = 5.0):
         self.r = client
         self.queue = queue
         self.base = f"{prefix}:fs:{{{queue}}}"
@@ -105,6 +108,7 @@ class FairShare:
         self.fallback_window = fallback_window
         self.floor = floor
         self.ttl_s = ttl_s
+        self.average_s = average_s  # the odd place of the window follows 5-s averages
         self._script = client.register_script(_SCRIPT)
         self._window, self._window_at = fallback_window, -1e9
 
@@ -173,10 +177,6 @@ class FairShare:
         """A deferred sub-agent is back on a slot."""
         return self._call("resume", job_id)
 
-    def drain(self, job_id: str) -> list[Dispatch]:
-        """A cancelled job: the rest of it only writes its records, publish all of it now."""
-        return self._call("drain", job_id)
-
     def remove(self, job_id: str) -> list[Dispatch]:
         """Forget a job (ended, expired) and hand its places to the others."""
         return self._call("remove", job_id)
@@ -188,8 +188,8 @@ class FairShare:
     def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
         reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
                                    f"{self.base}:tenants"],
-                             args=[op, self.current_window(), self.floor, self.ttl_s, job_id,
-                                   *args])
+                             args=[op, self.current_window(), self.floor, self.ttl_s,
+                                   self.average_s, job_id, *args])
         return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
                 for i in range(0, len(reply), 3)]
 

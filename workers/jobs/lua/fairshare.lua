@@ -7,13 +7,14 @@
 --                 seq: arrival order)
 -- KEYS[2]  string arrival counter
 -- KEYS[3]  hash   tenant -> cjson {a, t}: its recent average of sub-agents out (a) as of t
--- ARGV[1]  op: add | done | defer | resume | drain | remove | fill
+-- ARGV[1]  op: add | done | defer | resume | remove | fill
 -- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
 -- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
--- ARGV[4]  ttl of KEYS[1] in seconds
--- ARGV[5]  job id (not for fill)
--- add:  ARGV[6] n, ARGV[7] tenant, ARGV[8] weight, ARGV[9] rank
--- done: ARGV[6] records of the job now in (the job store's count; only raises `done`)
+-- ARGV[4]  ttl of KEYS[1] and KEYS[3] in seconds
+-- ARGV[5]  seconds over which a tenant's average out is taken
+-- ARGV[6]  job id (not for fill)
+-- add:  ARGV[7] n, ARGV[8] tenant, ARGV[9] weight, ARGV[10] rank
+-- done: ARGV[7] records of the job now in (the job store's count; only raises `done`)
 --
 -- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
 --
@@ -32,8 +33,7 @@
 -- the others can use the slot; its job, being at its share, gets no more meanwhile.
 
 local op, window, floor, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local id = ARGV[5]
-local TAU = 5.0  -- seconds over which a tenant's average out is taken
+local TAU, id = tonumber(ARGV[5]), ARGV[6]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 
@@ -102,15 +102,15 @@ end
 local job = by_id[id]
 if op == 'add' then
   if not job then  -- a second add (a launch delivered twice) changes nothing
-    job = {id = id, n = tonumber(ARGV[6]), next = 0, done = 0, deferred = 0, tenant = ARGV[7],
-           w = tonumber(ARGV[8]), rank = tonumber(ARGV[9]),
+    job = {id = id, n = tonumber(ARGV[7]), next = 0, done = 0, deferred = 0, tenant = ARGV[8],
+           w = tonumber(ARGV[9]), rank = tonumber(ARGV[10]),
            seq = redis.call('INCR', KEYS[2])}
     jobs[#jobs + 1] = job
     by_id[id] = job
     save(job)
   end
 elseif op == 'done' and job then
-  job.done = math.max(job.done, tonumber(ARGV[6]))
+  job.done = math.max(job.done, tonumber(ARGV[7]))
   job.deferred = math.min(job.deferred, out(job))
   if job.done >= job.n then forget(job) else save(job) end
 elseif op == 'defer' and job then
@@ -118,10 +118,6 @@ elseif op == 'defer' and job then
   save(job)
 elseif op == 'resume' and job then
   job.deferred = math.max(0, job.deferred - 1)
-  save(job)
-elseif op == 'drain' and job then  -- cancelled: the rest only write their records, send them
-  if job.next < job.n then grant(job, job.next, job.n - job.next) end
-  job.next = job.n
   save(job)
 elseif op == 'remove' and job then
   forget(job)
