@@ -20,9 +20,10 @@ limiter scope of its own (``tenant_budget_scopes``) acquired beside the model's 
 
 The guarantee, while a tenant has sub-agents waiting: it keeps at least
 ``weight / sum of the weights of the tenants with work waiting`` of the window (more when the
-others need less; to within one place at any instant, exactly on average); inside a tenant, every waiting priority level below the highest keeps at
-least ``DROVER_PRIORITY_FLOOR`` (10 %) of the tenant's part, the highest level the rest;
-inside a level, the jobs share equally. So a ``batch`` job behind continuous ``interactive``
+others need less; to within one place at any instant, exactly on average); inside a tenant,
+every waiting priority level below the highest keeps at least ``DROVER_PRIORITY_FLOOR``
+(10 %) of the tenant's part, the highest level the rest; inside a level, the jobs share
+equally. So a ``batch`` job behind continuous ``interactive``
 work of its tenant still runs at no less than 10 % of that tenant's slots.
 
 A sub-agent waiting out a retry countdown holds no worker slot: ``defer``/``resume`` keep it
