@@ -63,6 +63,12 @@ drover's rules:
                    API, e.g. FLOWER_UNAUTHENTICATED_API=true drover flower; with a password,
                    use curl -u user:password http://HOST:5555/api/workers.
 
+drover's defaults (each yields to a FLOWER_* variable, flowerconfig.py or the command line):
+  --tasks_columns={TASK_COLUMNS}
+  --task_runtime_metric_buckets=0.5,...,DROVER_TASK_TIME_LIMIT_S
+  --purge_offline_workers={PURGE_OFFLINE_WORKERS_S}
+  /metrics answers without the password: see the README's Flower section.
+
 Exit status: 2 refused (address without a password, a short or malformed password) or the
 port is taken; 3 the broker does not answer; otherwise Flower's. Flower's own options follow.
 """

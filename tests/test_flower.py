@@ -292,3 +292,25 @@ def test_loopback_is_told_apart_from_every_interface():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("::")
     assert not is_loopback("10.0.0.5")
+
+
+def test_a_subagent_sent_again_says_so_in_flowers_args(drover_env, redis_client):
+    """The sweep's resend is a new task, not a Celery retry: its args say why it exists."""
+    from config import get_settings
+    from workers.jobs import JobStore, sync_redis
+    from workers.tasks import send_again
+
+    settings = get_settings()
+    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                     ttl_s=settings.result_ttl_s)
+    job_id = f"resend-{secrets.token_hex(6)}"
+    subtasks = [f"{SECRET} a", f"{SECRET} b", f"{SECRET} c"]
+    store.create(job_id, JobSpec(subtasks=subtasks), subtasks, status="queued",
+                 queue=settings.queue)
+    send_again(settings.queue, job_id, 2)  # no worker runs: the message stays in the queue
+    send_again(settings.queue, job_id, None)
+    raws = redis_client.lrange(f"{settings.key_prefix}:celery:{settings.queue}", 0, -1)
+    shown = sorted(json.loads(raw)["headers"]["argsrepr"] for raw in raws)
+    assert shown == [f"job={job_id} join of 3 resent: the join never ran",
+                     f"job={job_id} sub=2/3 resent: task lost by the broker"]
+    assert all(SECRET not in raw for raw in raws)
