@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -117,3 +118,25 @@ def test_no_prompt_text_or_key_in_the_worker_log_even_at_debug(sim, drover_env, 
     assert "llm call outcome=ok" in text and "DEBUG" in text  # it did log at DEBUG
     assert marker not in text
     assert drover_env["ANTHROPIC_API_KEY"] not in text
+
+
+def test_submit_wait_says_when_no_worker_consumes_the_queue(drover_env, tmp_path):
+    from orchestrator.cli import NO_WORKER_HINT_AFTER_S
+
+    spec = tmp_path / "job.json"
+    spec.write_text('{"subtasks": ["nobody runs this"], "max_tokens": 16}')
+    env = {**os.environ, **drover_env}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "submit", str(spec),
+                             "--wait"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    guard = threading.Timer(60, lambda: stop_process_group(proc, timeout=5))  # never hang
+    guard.start()
+    try:
+        line = proc.stderr.readline()  # blocks until the hint (or the end of the process)
+    finally:
+        guard.cancel()
+        stop_process_group(proc)
+    job_id = proc.stdout.read().split()[0]
+    assert f"still waiting for job {job_id}: no worker answered" in line, line
+    assert f"DROVER_QUEUE={drover_env['DROVER_QUEUE']}" in line and "drover worker" in line
+    assert NO_WORKER_HINT_AFTER_S <= 15
