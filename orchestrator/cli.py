@@ -384,6 +384,7 @@ def _jobs(args: argparse.Namespace) -> int:
     from orchestrator.shares import active_jobs, jobs_table, tenants_table
     from workers.jobs.connections import sync_redis
     from workers.jobs.fairshare import FairShare
+    from workers.limiter import Limiter
 
     fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
     active = active_jobs(settings, fs)
@@ -391,7 +392,7 @@ def _jobs(args: argparse.Namespace) -> int:
         console.print(f"no active jobs on queue {settings.queue!r} (DROVER_QUEUE)")
         return OK
     console.print(jobs_table(active, fs.current_window()))
-    console.print(tenants_table(active, settings))
+    console.print(tenants_table(active, settings, Limiter(fs.r, prefix=settings.key_prefix)))
     return OK
 
 

@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from config import Settings, get_settings
+from config.settings import TenantBudget
 from workers.jobs.connections import sync_redis
-from workers.jobs.fairshare import FairShare, JobShare
+from workers.jobs.fairshare import FairShare, JobShare, tenant_budget_scopes
 from workers.jobs.spec import PRIORITIES
+from workers.limiter import Limiter
 
-__all__ = ["ActiveJob", "active_jobs", "due_shares", "jobs_table", "tenants_table"]
+__all__ = ["ActiveJob", "active_jobs", "budget_text", "due_shares", "jobs_table",
+           "tenants_table"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,25 @@ def jobs_table(active: list[ActiveJob], window: int) -> Table:
     return table
 
 
-def tenants_table(active: list[ActiveJob], settings: Settings) -> Table:
+def budget_text(limiter: Limiter | None, tenant: str, budget: TenantBudget | None) -> str:
+    """A tenant's budget and its use: tokens of the last minute, what its day bucket holds."""
+    if budget is None:
+        return "-"
+    parts = []
+    for scope, _, burst_s in tenant_budget_scopes(tenant, budget.per_minute, budget.per_day):
+        if burst_s <= 60:
+            used = 0 if limiter is None else sum(
+                row.get("input_tokens", 0) for row in limiter.usage(scope, 60))
+            parts.append(f"{used:,}/{budget.per_minute:,.0f} a minute")
+        else:
+            bucket = (limiter.state(scope).get("input_tokens") if limiter else None) or {}
+            left = bucket.get("level", budget.per_day)
+            parts.append(f"{max(0.0, left):,.0f} of {budget.per_day:,.0f} a day left")
+    return ", ".join(parts)
+
+
+def tenants_table(active: list[ActiveJob], settings: Settings,
+                  limiter: Limiter | None = None) -> Table:
     table = Table(title="tenants")
     for column in ("tenant", "weight", "jobs", "out", "waiting", "share", "due", "budget"):
         table.add_column(column, justify="left" if column in ("tenant", "budget") else "right")
@@ -87,10 +108,7 @@ def tenants_table(active: list[ActiveJob], settings: Settings) -> Table:
     for a in active:
         tenants.setdefault(a.share.tenant, []).append(a)
     for tenant, group in sorted(tenants.items()):
-        budget = settings.tenant_budgets.get(tenant)
-        text = "-" if budget is None else ", ".join(
-            f"{value:g}/{unit}" for value, unit in ((budget.per_minute, "min"),
-                                                    (budget.per_day, "day")) if value)
+        text = budget_text(limiter, tenant, settings.tenant_budgets.get(tenant))
         table.add_row(tenant, f"{settings.tenant_weight(tenant):g}", str(len(group)),
                       str(sum(a.share.out for a in group)),
                       str(sum(a.share.waiting for a in group)),

@@ -275,7 +275,7 @@ def _print_shares(console: Console, settings: Settings) -> None:
     active = active_jobs(settings, fs)
     if active:
         console.print(jobs_table(active, fs.current_window()))
-        console.print(tenants_table(active, settings))
+        console.print(tenants_table(active, settings, Limiter(fs.r, prefix=settings.key_prefix)))
 
 
 # --- the plot -------------------------------------------------------------------------------

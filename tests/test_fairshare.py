@@ -184,16 +184,21 @@ def test_interactive_goes_first_and_batch_keeps_its_floor(
 
 
 def test_a_tenant_token_budget_holds_its_jobs_to_it(
-        sim, spawn_worker, drover_env, redis_url, monkeypatch):
+        sim, spawn_worker, drover_env, redis_url, monkeypatch, capsys):
     sim.configure(tool_turns=0, latency_mean_s=0.05, latency_p95_s=0.08)
     configure(monkeypatch, drover_env, tenant_budgets='{"capped": {"per_minute": 3000}}')
     _fleet(spawn_worker, redis_url, workers=1)
     # 100 sub-agents of ~100 tokens: unbudgeted they all end within a second or two; the
     # budget lets about a minute's 3000 tokens through, then 50 tokens/s.
-    result = submit(_jobs(100, "Draft reply", tenant="capped", deadline_s=4)).wait(timeout=60)
+    handle = submit(_jobs(100, "Draft reply", tenant="capped", deadline_s=4))
+    time.sleep(2)
+    assert cli_main(["jobs"]) == 0  # the tenant's row shows what it spent of its minute
+    listing = capsys.readouterr().out
+    result = handle.wait(timeout=60)
 
     spent = sum(r.usage.input_tokens + r.usage.output_tokens for r in result.by_status("ok"))
     print(f"\ncapped tenant: {result.counts['ok']} sub-agents, {spent} tokens in "
           f"{result.wall_s:.1f} s (budget 3000/min)")
     assert result.counts["ok"] >= 10 and result.counts["cancelled"] >= 30
     assert spent <= 3000 + 50 * result.wall_s + 500  # + estimates trued up after the call
+    assert "capped" in listing and "/3,000 a minute" in listing
