@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import anthropic
 import httpx2
 from anthropic.types import Message
+from anthropic.types.messages import MessageBatchIndividualResponse
 
 from config import Settings
 from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
@@ -198,19 +199,13 @@ class Batcher:
                 pass
 
     # -- calls to the batches endpoints -------------------------------------------------
-    async def _call(self, what: str, call: Callable[[], Awaitable[T]], calls: int = 1
-                    ) -> T | None:
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         """``call()`` within the batches endpoints' RPM; None when it has to wait or failed."""
         limiter = self.rt.limiter
-        grants: list[Grant] = []
-        for _ in range(calls):
-            grant = await limiter.acquire(self.api_scope, self.api_limits, lease_ttl_s=120)
-            if not grant.granted:
-                for g in grants:
-                    await limiter.release(self.api_scope, g)
-                return None
-            grants.append(grant)
-        await asyncio.sleep(max(g.wait_s for g in grants))
+        grant = await limiter.acquire(self.api_scope, self.api_limits, lease_ttl_s=120)
+        if not grant.granted:  # a cooldown, or past the horizon: next tick
+            return None
+        await asyncio.sleep(grant.wait_s)
         try:
             return await call()
         except anthropic.APIStatusError as error:
@@ -226,9 +221,8 @@ class Batcher:
             log.warning("batch %s failed: %s", what, type(error).__name__)
             return None
         finally:
-            for g in grants:
-                await limiter.settle(self.api_scope, self.api_limits, g, input_tokens=0,
-                                     output_tokens=0)
+            await limiter.settle(self.api_scope, self.api_limits, grant, input_tokens=0,
+                                 output_tokens=0)
 
     # -- 1. cancels ---------------------------------------------------------------------
     async def _cancels(self) -> None:
@@ -324,7 +318,7 @@ class Batcher:
         now = await _io(self.rt.store.server_time)
         batches = self.rt.client.messages.batches
         for batch in await _io(self.store.open_batches):
-            if not batch.ended:
+            if not (batch.ended and batch.results_url):
                 if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
                     continue
                 seen = await self._call("retrieve", lambda b=batch: batches.retrieve(b.id))
@@ -332,11 +326,11 @@ class Batcher:
                     continue
                 batch.polled = now
                 batch.ended = seen.processing_status == "ended"
+                batch.results_url = seen.results_url
                 await _io(self.store.update, batch)
                 if not batch.ended:
                     continue
-            # results() retrieves the batch again before it downloads: two endpoint calls.
-            lines = await self._call("results", lambda b=batch: self._results(b.id), calls=2)
+            lines = await self._call("results", lambda b=batch: self._results(b))
             if lines is None:
                 continue
             await _io(self.store.store_results, batch, lines)
@@ -345,10 +339,19 @@ class Batcher:
             log.info("batch %s ended: job=%s %s", batch.id, batch.job_id,
                      " ".join(f"{k}={v}" for k, v in sorted(_outcomes(lines).items())))
 
-    async def _results(self, batch_id: str) -> dict[str, dict[str, Any]]:
+    async def _results(self, batch: OpenBatch) -> dict[str, dict[str, Any]]:
+        """The JSONL at the batch's ``results_url``, in one call.
+
+        ``batches.results(id)`` would retrieve the batch first: two calls back to back, which
+        the endpoints' RPM can refuse every time (the second one) when it is tight."""
+        response = await self.rt.client.get(
+            batch.results_url, cast_to=httpx2.Response,
+            options={"headers": {"Accept": "application/binary"}})
         out: dict[str, dict[str, Any]] = {}
-        async for line in await self.rt.client.messages.batches.results(batch_id):
-            out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
+        for raw in response.text.splitlines():
+            if raw.strip():
+                line = MessageBatchIndividualResponse.model_validate_json(raw)
+                out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
         return out
 
     async def _count_tokens(self, scope: str, lines: dict[str, dict[str, Any]]) -> None:

@@ -57,6 +57,7 @@ class OpenBatch:
     polled: float = 0.0
     cancel_sent: bool = False
     ended: bool = False  # seen ended: the next poll goes straight to its results
+    results_url: str | None = None
 
     def dump(self) -> str:
         return json.dumps(self.__dict__)
