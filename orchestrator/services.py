@@ -3,7 +3,6 @@
 ``check_services`` (from ``workers.preflight``) is what every CLI command that needs Redis
 or the broker runs first.
 
-
 ``ensure_redis`` uses the Redis at the given URL when one answers there; otherwise it starts
 ``redis-server`` from PATH on a free port in a temporary directory; when there is no
 ``redis-server`` either, it serves fakeredis over TCP (pure Python, Lua through ``lupa``).
@@ -35,6 +34,7 @@ from workers.preflight import (
 __all__ = ["FIRST_CONTACT_TIMEOUT_S", "RedisService", "Unreachable", "broker_problem",
            "check_services", "ensure_redis", "free_port", "redis_answers", "redis_problem",
            "redis_service", "start_fakeredis", "start_redis_server"]
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
