@@ -71,13 +71,15 @@ def active_jobs(settings: Settings | None = None, fs: FairShare | None = None
 def jobs_table(active: list[ActiveJob], window: int) -> Table:
     table = Table(title=f"active jobs (window {window} sub-agents)")
     table.add_column("job", no_wrap=True, min_width=12)
-    for column in ("tenant", "priority", "progress", "out", "waiting", "share", "due", "next"):
+    for column in ("tenant", "priority", "progress", "out", "retrying", "waiting", "share",
+                   "due", "next"):
         table.add_column(column, justify="left" if column in ("tenant", "priority")
                          else "right")
     for a in active:
         s = a.share
         table.add_row(s.job_id[:12], s.tenant, s.priority, f"{s.done}/{s.n}", str(s.out),
-                      str(s.waiting), f"{a.held:.0%}", f"{a.due:.0%}" if s.waiting else "-",
+                      str(s.deferred), str(s.waiting), f"{a.held:.0%}",
+                      f"{a.due:.0%}" if s.waiting else "-",
                       str(a.position) if a.position else "-")
     return table
 
