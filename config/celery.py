@@ -1,9 +1,25 @@
 """The Celery configuration, built from drover's settings.
 
 JSON only (task messages are readable in Flower and never unpickled), late acks with a
-prefetch of one (a killed worker's task goes back to the queue instead of being lost), and a
-broker ``visibility_timeout`` that Settings has already checked against the longest countdown
-and the longest task run, so a retry waiting in a worker's memory is never delivered twice.
+prefetch of one (a killed worker's task goes back to the queue instead of being lost).
+
+Two brokers (``DROVER_BROKER_URL``); Redis always holds the limiter, job state and results:
+
+- **Redis** (the default: one server for everything). Its ``visibility_timeout`` is the last
+  line of defence, not the recovery path (drover's heartbeats and claims re-send a dead
+  worker's tasks within seconds, see workers/jobs/recovery.py); Settings has checked that it
+  exceeds the longest countdown plus task run, so a retry waiting in a worker's memory is never
+  delivered twice by the broker itself.
+- **RabbitMQ** (``amqp://``, what Celery recommends for production). Classic durable queues
+  with persistent messages: a queued sub-agent survives a broker restart, and a consumer's
+  unacked messages go back to the queue the moment its connection drops. A retry's countdown
+  waits in the worker's memory, unacked, for exactly that countdown (Settings keeps
+  ``DROVER_COUNTDOWN_CAP_S`` far below RabbitMQ's 30-minute consumer timeout); a dead
+  worker's countdowns are re-sent by drover's sweep at once and come back from RabbitMQ too
+  (a stale copy then stops before any call). Quorum queues with Celery's native delayed
+  delivery were tried on RabbitMQ 3.10: retries stayed stuck in the delay queues (their
+  at-least-once dead-lettering), so they are not used. Publisher confirms: a send returns
+  once the broker has the message.
 """
 
 from __future__ import annotations
@@ -23,6 +39,15 @@ def restore_interval_s(settings: Settings) -> int:
     return max(1, min(10, settings.visibility_timeout_s // 10))
 
 
+def rabbitmq_config() -> dict[str, Any]:
+    return {
+        "broker_transport_options": {"confirm_publish": True},
+        "task_default_delivery_mode": "persistent",
+        # A killed worker's connection is noticed within seconds, not minutes.
+        "broker_heartbeat": 10,
+    }
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
@@ -34,7 +59,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "retry_on_timeout": True,
         "health_check_interval": 10,
     }
-    return {
+    config = {
         "broker_url": settings.broker,
         "result_backend": settings.backend,
         "task_serializer": "json",
@@ -66,3 +91,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
     }
+    if settings.broker_is_rabbitmq:
+        config.update(rabbitmq_config())
+    return config

@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 PositiveRate = Annotated[float, Field(gt=0)]
+RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0  # RabbitMQ's default consumer_timeout (30 min)
 
 
 class ModelLimits(BaseModel):
@@ -156,13 +157,26 @@ class Settings(BaseSettings):
     backoff_base_s: float = Field(default=1.0, gt=0)
     countdown_cap_s: float = Field(default=300.0, gt=0)
     task_time_limit_s: int = Field(default=1800, ge=10)
-    # How long the broker waits before it hands a task that was never acked (a killed worker's)
-    # to another worker: the recovery time after a crash. Small values are for tests.
+    # Redis broker only: how long a task taken but never acked stays with the worker that took
+    # it before the broker hands it out again. Not the recovery path (drover's heartbeats and
+    # claims re-send a dead worker's tasks in seconds): the last line of defence, and a late
+    # copy it delivers finds a newer claim or a record and stops. It must exceed the longest
+    # countdown plus task run, or a retry waiting in a worker's memory is delivered twice.
     visibility_timeout_s: int = Field(default=3600, ge=5)
     result_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     # A running job that gains no record for this long is checked for sub-agents whose task
     # message the broker lost (see workers/jobs/recovery.py); those are sent again.
     resend_after_s: float = Field(default=120.0, gt=0)
+    # Liveness (workers/jobs/liveness.py): each worker process refreshes a Redis key every
+    # HEARTBEAT_S that expires after HEARTBEAT_TTL_S; once it has expired, the recovery sweep
+    # (every HEARTBEAT_S, on one live worker at a time) re-sends what that worker held. A
+    # killed worker's sub-agents resume elsewhere within about TTL + 2 x HEARTBEAT_S.
+    heartbeat_s: float = Field(default=2.0, gt=0, le=60)
+    heartbeat_ttl_s: float = Field(default=10.0, gt=0, le=600)
+    # SIGTERM (docker stop, Kubernetes, scale-in): calls in flight get this long to finish,
+    # then every sub-agent of the worker is checkpointed and handed back to the broker. Keep it
+    # below the platform's own grace (docker stop: 10 s; Kubernetes: 30 s).
+    shutdown_grace_s: float = Field(default=8.0, ge=0, le=3600)
 
     # --- the agent runtime --------------------------------------------------------------
     max_turns: int = Field(default=8, ge=1)
@@ -220,12 +234,21 @@ class Settings(BaseSettings):
     # (the provider ends every batch within 24 h; most within an hour).
     batch_auto_min_deadline_s: float = Field(default=86_400.0, gt=0)
 
-    @field_validator("redis_url", "broker_url", "result_backend")
+    @field_validator("redis_url", "result_backend")
     @classmethod
     def _redis_like(cls, value: str | None) -> str | None:
         if value is None:
             return None
         return _check_url(value, ("redis", "rediss", "unix"))
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_like(cls, value: str | None) -> str | None:
+        # Redis, or RabbitMQ (what Celery recommends for production); Redis always holds the
+        # limiter, the job state and the results.
+        if value is None:
+            return None
+        return _check_url(value, ("redis", "rediss", "unix", "amqp", "amqps", "pyamqp"))
 
     @field_validator("tool_modules", mode="before")
     @classmethod
@@ -259,6 +282,16 @@ class Settings(BaseSettings):
                 f"DROVER_COUNTDOWN_CAP_S + DROVER_TASK_TIME_LIMIT_S ({longest:g}); raise it or "
                 "lower the other two, or retried tasks will be delivered twice"
             )
+        if self.broker_is_rabbitmq and self.countdown_cap_s >= RABBITMQ_CONSUMER_TIMEOUT_S / 2:
+            raise ValueError(
+                f"DROVER_COUNTDOWN_CAP_S ({self.countdown_cap_s:g}) must stay well below "
+                f"RabbitMQ's consumer timeout ({RABBITMQ_CONSUMER_TIMEOUT_S:g} s): a retry "
+                "waits out its countdown unacked in the worker; lower it")
+        if self.heartbeat_ttl_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"DROVER_HEARTBEAT_TTL_S ({self.heartbeat_ttl_s:g}) must be at least twice "
+                f"DROVER_HEARTBEAT_S ({self.heartbeat_s:g}), or one late beat declares a live "
+                "worker dead")
         if self.call_timeout_s >= self.task_time_limit_s:
             raise ValueError(
                 "DROVER_CALL_TIMEOUT_S must be below DROVER_TASK_TIME_LIMIT_S: one LLM call "
@@ -270,6 +303,10 @@ class Settings(BaseSettings):
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def broker_is_rabbitmq(self) -> bool:
+        return urlsplit(self.broker).scheme in ("amqp", "amqps", "pyamqp")
 
     @property
     def backend(self) -> str:

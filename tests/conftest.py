@@ -196,3 +196,40 @@ def stop_process_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# --- RabbitMQ as the broker (tests/test_worker_loss.py) -------------------------------------
+
+DEFAULT_AMQP_HOST, DEFAULT_AMQP_PORT = "127.0.0.1", 5672
+
+
+def amqp_answers(host: str = DEFAULT_AMQP_HOST, port: int = DEFAULT_AMQP_PORT) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """A vhost of this test session's own on the RabbitMQ at 127.0.0.1:5672 (guest/guest),
+    deleted afterwards; skips, saying why, when no RabbitMQ answers or rabbitmqctl fails."""
+    import shutil
+
+    if not amqp_answers():
+        pytest.skip("no RabbitMQ answers on 127.0.0.1:5672 (.ci/run starts one; Debian: "
+                    "apt-get install rabbitmq-server && rabbitmq-server -detached)")
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        pytest.skip("rabbitmqctl is not on PATH: cannot make a vhost of the tests' own")
+    vhost = f"drovertest-{SESSION}"
+    for argv in ([ctl, "add_vhost", vhost],
+                 [ctl, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            pytest.skip(f"rabbitmqctl {argv[1]} failed: {done.stderr.strip()[:200]}")
+    yield f"amqp://guest:guest@{DEFAULT_AMQP_HOST}:{DEFAULT_AMQP_PORT}/{vhost}"
+    subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=60)

@@ -5,13 +5,20 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import socket
 from functools import lru_cache
 from typing import Any
 
 from celery import Task, signature
 from celery.exceptions import Ignore
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    task_received,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 from config import Settings, get_settings
 from workers.agent import (
@@ -33,7 +40,15 @@ from workers.agent.runtime import Runtime
 from workers.app import app
 from workers.dispatch import dispatch as publish_subagents
 from workers.dispatch import join_argsrepr, open_fanout, send_join, subagent_argsrepr
-from workers.jobs import SubagentResult, start_sweeper, sync_redis
+from workers.jobs import (
+    TOKEN_HEADER,
+    ClaimLost,
+    SubagentResult,
+    local_worker,
+    start_sweeper,
+    stop_local_worker,
+    sync_redis,
+)
 from workers.jobs.batches import BatchStore
 from workers.jobs.fairshare import Dispatch, FairShare, start_pump
 from workers.jobs.store import JobStore
@@ -57,7 +72,8 @@ def import_tool_modules() -> None:
 def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
-    start_sweeper(send_again)  # re-sends tasks the broker lost (see workers/jobs/recovery.py)
+    local_worker(get_runtime().settings)  # liveness for recovery, before the first message
+    start_sweeper(send_again)  # re-sends what dead workers held (see workers/jobs/recovery.py)
     # The worker's slots size the fair-share window; worker_ready's sender is the consumer
     # of the node (a prefork child has none: the node's main process reports for it).
     controller = getattr(sender, "controller", None)
@@ -74,15 +90,104 @@ ERROR_CHARS = 160  # of a failed sub-agent's error in its task result (Flower's 
 FAILED_SHOWN = 20  # failed indexes a join's task result names
 
 
-def _retry(task: Task, later: RetryLater) -> Exception:
+def _retry(task: Task, later: RetryLater, claim: tuple[str, int | str, int] | None = None
+           ) -> Exception:
     """A Celery retry that says why, in Flower and in the task's retry exception.
 
     Every countdown drover schedules goes through here and is capped at
     ``DROVER_COUNTDOWN_CAP_S``, the one the settings check holds below the broker's
-    visibility timeout. The argsrepr is handed on (Celery's retry would recompute it)."""
-    cap = get_runtime().settings.countdown_cap_s
-    return task.retry(exc=later, countdown=min(later.countdown, cap), max_retries=None,
-                      argsrepr=getattr(task.request, "argsrepr", None) or None)
+    visibility timeout. The argsrepr is handed on (Celery's retry would recompute it).
+    With ``claim`` (job id, part, token), the new message carries the part's claim token and
+    the claim then says it is on the broker (workers/jobs/claims.py)."""
+    settings = get_runtime().settings
+    countdown = min(later.countdown, settings.countdown_cap_s)
+    if countdown > 0 and settings.broker_is_rabbitmq:
+        countdown = float(math.ceil(countdown))  # whole seconds there (see config/celery.py)
+    options: dict[str, Any] = {}
+    if claim is not None:
+        options["headers"] = _with_token(task, claim[2])
+    retry = task.retry(exc=later, countdown=countdown, max_retries=None, throw=False,
+                       argsrepr=getattr(task.request, "argsrepr", None) or None, **options)
+    if claim is not None:
+        _release(*claim)
+    return retry
+
+
+# --- the worker's life: claims on receipt, warm shutdown (workers/jobs/liveness.py,
+# claims.py, recovery.py) -------------------------------------------------------------------
+
+PARTS = {"drover.run_subagent": 1, "drover.join_results": "join", "drover.plan_job": "plan"}
+
+
+@task_received.connect
+def _on_task_received(request: Any = None, **_: Any) -> None:
+    """A message was taken off the broker (to run now, or held: prefetched, a countdown):
+    this worker becomes its holder, so the sweep re-sends it should the worker die."""
+    part = PARTS.get(getattr(request, "task_name", None) or getattr(request, "name", ""))
+    if part is None:
+        return
+    try:
+        job_id, part = _job_part(request.args, request.kwargs, part)
+        token = int((request.request_dict or {}).get(TOKEN_HEADER) or 0)
+        rt = get_runtime()
+        rt.store.claims.receive(job_id, part, token, local_worker(rt.settings).id)
+    except Exception as error:  # never lose the message over it: the broker still has it
+        log.warning("could not record the receipt of a %s message (%s: %s)", request.task_name,
+                    type(error).__name__, error)
+
+
+def _job_part(args: Any, kwargs: Any, part: int | str) -> tuple[str, int | str]:
+    args, kwargs = list(args or ()), dict(kwargs or {})
+    if part == 1:  # run_subagent(job_id, index)
+        job_id = kwargs.get("job_id", args[0] if args else None)
+        return str(job_id), int(kwargs.get("index", args[1] if len(args) > 1 else 0))
+    # join_results(job_id) (older messages: (results, job_id)), plan_job(job_id)
+    return str(kwargs.get("job_id", args[-1] if args else None)), part
+
+
+@worker_shutting_down.connect
+def _on_warm_shutdown(**_: Any) -> None:
+    """SIGTERM: no new LLM call starts; calls in flight get DROVER_SHUTDOWN_GRACE_S, then they
+    are aborted; every sub-agent is checkpointed and handed back to the broker (a retry with
+    no countdown), so another worker resumes it at once."""
+    rt = get_runtime()
+    local_worker(rt.settings).drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    # The heartbeat goes at once, so the sweep re-sends what this worker still held
+    # (prefetched messages, retries waiting out a countdown) without waiting for its TTL.
+    stop_local_worker()
+
+
+def _token(task: Task) -> int:
+    """The claim token the message of this delivery carries (0: not re-sent or retried yet)."""
+    headers = task.request.headers or {}
+    return int(headers.get(TOKEN_HEADER) or getattr(task.request, TOKEN_HEADER, 0) or 0)
+
+
+def _with_token(task: Task, token: int) -> dict[str, Any]:
+    return {**(task.request.headers or {}), TOKEN_HEADER: token}
+
+
+def _release(job_id: str, part: int | str, token: int) -> None:
+    if token:
+        rt = get_runtime()
+        rt.store.claims.release(job_id, part, token, local_worker(rt.settings).id)
+
+
+def _claim_part(task: Task, job_id: str, part: str) -> int | None:
+    """Take the claim of a job-level part (join, plan); None when another delivery holds it."""
+    rt = get_runtime()
+    token = int(rt.store.claims.start(job_id, part, _token(task),
+                                      local_worker(rt.settings).id))
+    return token if token > 0 else None
+
+
+def _drop_claim(job_id: str, part: str) -> None:
+    rt = get_runtime()
+    rt.store.claims.drop(job_id, part, local_worker(rt.settings).id)
 
 
 def subagent_task_result(outcome: SubagentResult) -> dict[str, Any]:
@@ -108,18 +213,23 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
     if self.request.retries:  # back from a countdown: on a slot again
         _window_op(job_id, "resume")
+    run = SubagentRun(rt, job_id, index, token=_token(self))
     try:
-        outcome = rt.run(SubagentRun(rt, job_id, index).run())
+        outcome = rt.run(run.run())
+    except ClaimLost:  # a late copy: another delivery runs (or ran) this sub-agent
+        return {"status": "superseded", "job_id": job_id, "index": index}
     except Parked:
         # Its request waits in a Message Batch: keep what resumes this very task (same id,
-        # same chord) and end without counting towards the chord; the batcher sends it
-        # again when the result is in (workers/agent/batch.py).
+        # same chord, its claim token) and end without counting towards the chord; the
+        # batcher sends it again when the result is in (workers/agent/batch.py).
         BatchStore(rt.store).park(job_id, index, json.dumps(self.signature_from_request(
-            argsrepr=getattr(self.request, "argsrepr", None) or None)))  # Flower's args
+            argsrepr=getattr(self.request, "argsrepr", None) or None,  # Flower's args
+            headers=_with_token(self, run.token))))
+        _release(job_id, index, run.token)
         raise Ignore() from None
     except RetryLater as later:
         _window_op(job_id, "defer")  # its slot is free while it waits
-        raise _retry(self, later) from None
+        raise _retry(self, later, (job_id, index, run.token)) from None
     _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
     return subagent_task_result(outcome)
 
@@ -132,10 +242,15 @@ def join_results(self: Task, *args: Any) -> dict[str, Any]:
     is the last argument either way. The join reads the records from the job store.)"""
     job_id = args[-1]
     rt = get_runtime()
+    token = _claim_part(self, job_id, "join")
+    if token is None:  # a late copy: another join of this job holds the claim
+        return {"status": "superseded", "job_id": job_id}
     try:
         result = rt.run(join(rt, job_id))
     except Incomplete as early:
-        raise _retry(self, LimiterSaysLater(1.0, f"join: {early}")) from None
+        raise _retry(self, LimiterSaysLater(1.0, f"join: {early}"), (job_id, "join", token)
+                     ) from None
+    _drop_claim(job_id, "join")
     failed = [r.index for r in result.results if r.status == "failed"]
     out: dict[str, Any] = {"status": result.status, "failed_indexes": failed[:FAILED_SHOWN]}
     if len(failed) > FAILED_SHOWN:
@@ -244,6 +359,9 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     if rt.store.meta(job_id).get("status") != "planning":  # delivered twice: launched once
         return {"status": "launched", "job_id": job_id}
     failures = self.request.retries or 0  # earlier deliveries of this plan were retries
+    token = _claim_part(self, job_id, "plan")
+    if token is None:  # a late copy: another delivery plans this job
+        return {"status": "superseded", "job_id": job_id}
     try:
         subtasks = rt.run(plan_job_goal(rt, job_id, spec, failures=failures))
     except RetryableFailure as failure:
@@ -251,9 +369,9 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
             rt.store.fail_job(job_id, f"planning failed: gave up after {failures + 1} attempts; "
                                       f"last error: {failure.decision.message}")
             return {"status": "failed", "job_id": job_id}
-        raise _retry(self, failure) from None
+        raise _retry(self, failure, (job_id, "plan", token)) from None
     except RetryLater as later:
-        raise _retry(self, later) from None
+        raise _retry(self, later, (job_id, "plan", token)) from None
     except Cancelled:  # cancelled (or out of time) before it fanned out: nothing to join
         rt.store.fail_job(job_id, rt.store.cancelled(job_id) or "cancelled", status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
@@ -267,24 +385,25 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     if rt.store.claim_launch(job_id):
         launch(job_id, len(subtasks), rt.settings.queue, tenant=spec.tenant or "default",
                priority=spec.priority or "normal")
+    _drop_claim(job_id, "plan")
     return {"status": "launched", "job_id": job_id, "subtasks": len(subtasks)}
 
 
-def send_again(queue: str, job_id: str, index: int | None) -> None:
-    """Put a lost sub-agent (or, with ``index`` None, the join) on the broker again."""
-    n = _job_size(job_id)
-    if index is None:
-        log.warning("job %s: every record is in but the join never ran; sending it again",
-                    job_id)
-        join_results.si(job_id).set(queue=queue, ignore_result=True, argsrepr=join_argsrepr(
-            job_id, n) + " resent: the join never ran").apply_async()
+def send_again(queue: str, job_id: str, part: int | str, token: int) -> None:
+    """Put a part of a job (a sub-agent's index, "join" or "plan") on the broker again, its
+    message carrying the claim ``token`` the recovery sweep took for it (its worker died, or
+    the broker lost its message)."""
+    options = {"queue": queue, "ignore_result": True, "headers": {TOKEN_HEADER: token}}
+    if part == "join":
+        join_results.si(job_id).set(argsrepr=join_argsrepr(job_id, _job_size(job_id))
+                                    + " resent", **options).apply_async()
+    elif part == "plan":
+        plan_job.s(job_id).set(**options).apply_async()
     else:
-        log.warning("sub-agent %s/%d: its task is gone from the broker; sending it again",
-                    job_id, index)
         # A new task (the lost one cannot be retried): its args say why it exists.
-        run_subagent.s(job_id, index).set(queue=queue, ignore_result=True, argsrepr=(
-            subagent_argsrepr(job_id, index, n, "resent: task lost by the broker"))
-        ).apply_async()
+        run_subagent.s(job_id, int(part)).set(argsrepr=subagent_argsrepr(
+            job_id, int(part), _job_size(job_id), "resent: its worker or message was lost"),
+            **options).apply_async()
 
 
 def resume_parked(raw: str) -> None:

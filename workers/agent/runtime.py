@@ -98,6 +98,15 @@ class Runtime:
             event = self._cancel_events[job_id] = asyncio.Event()
         return event
 
+    def interrupt_all(self) -> None:
+        """Set every job's cancel event here, so each call in flight ends (a warm shutdown's
+        grace is over; the sub-agents see that they were not cancelled and hand back)."""
+        def set_all() -> None:
+            for event in self._cancel_events.values():
+                event.set()
+
+        self.loop.call_soon_threadsafe(set_all)
+
     def forget(self, job_id: str) -> None:
         self._cancel_events.pop(job_id, None)
         timer = self._deadlines.pop(job_id, None)

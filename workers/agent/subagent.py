@@ -5,6 +5,12 @@ never repeats a completed LLM call) and after the tool results (each tool result
 saved as it completes, so a crash mid-turn does not run a finished tool again). A retry or a
 redelivered task resumes from the checkpoint.
 
+Never twice at once: the start takes the sub-agent's claim (workers/jobs/claims.py) in the same
+round trip that reads its state, every checkpoint, tool result and the record is written only
+under that claim, and the check before each LLM call reads it too; a delivery that finds a
+newer claim stops with ``ClaimLost`` before any call. A worker that is shutting down hands its
+sub-agents back to the broker (checkpointed) instead of starting another call.
+
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
 (``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import redis
@@ -23,6 +30,8 @@ from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, Retrya
 from workers.agent.llm import CallContext, create_message, race, wait_or_cancel
 from workers.agent.retry import Decision
 from workers.agent.runtime import Runtime
+from workers.jobs.claims import ClaimLost
+from workers.jobs.liveness import local_worker
 from workers.jobs.records import (
     SUMMARY_CHARS,
     Checkpoint,
@@ -60,11 +69,15 @@ def _text(content: list[dict[str, Any]]) -> str:
 class SubagentRun:
     """One delivery of ``run_subagent``: resumes from the checkpoint, ends with a record."""
 
-    def __init__(self, rt: Runtime, job_id: str, index: int):
+    def __init__(self, rt: Runtime, job_id: str, index: int, *, token: int = 0,
+                 worker: str | None = None):
         self.rt = rt
         self.job_id = job_id
         self.index = index
         self.store = rt.store
+        self.message_token = token  # the claim token its message carries
+        self.worker = worker
+        self.token = 0  # the claim this delivery took at its start
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
@@ -72,9 +85,15 @@ class SubagentRun:
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
-        start = await self._io(self.store.start, self.job_id, self.index)
+        worker = self.worker or local_worker(self.rt.settings).id
+        start = await self._io(partial(self.store.start, self.job_id, self.index,
+                                       worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
             return start.record
+        if start.stale:  # another delivery holds the claim: no call from this one
+            raise ClaimLost(f"{self.job_id}/{self.index}: message token {self.message_token} "
+                            "is stale")
+        self.worker, self.token = worker, start.token
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
@@ -87,13 +106,22 @@ class SubagentRun:
                    ) -> SubagentResult:
         try:
             return await self._loop(spec, state, ctx)
+        except ClaimLost:
+            raise
         except Cancelled:
-            reason = await self._io(self.store.cancelled, self.job_id) or "cancelled"
+            reason = await self._io(self.store.cancelled, self.job_id)
+            if reason is None and local_worker(self.rt.settings).handing_back:
+                # The worker's shutdown grace ran out mid-call: resume elsewhere from here.
+                await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+                               self.token)
+                raise LimiterSaysLater(0.0, "worker shutting down") from None
+            reason = reason or "cancelled"
             return await self._finish(state, "cancelled", error=reason, error_type="cancelled")
         except RetryableFailure as failure:
             return await self._failed_attempt(spec, state, failure)
         except LimiterSaysLater:
-            await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+            await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+                           self.token)
             raise
         except CallFailed as failure:
             return await self._fail(spec, state, failure.decision)
@@ -133,8 +161,10 @@ class SubagentRun:
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
                 message = await batch_message(self.rt, params, ctx, state)
             else:
-                if await self._io(self.store.cancelled, self.job_id):
+                if await self._io(self.store.cancelled, self.job_id, (self.index, self.token)):
                     raise Cancelled()
+                if local_worker(settings).draining:  # SIGTERM: no new call, hand it back
+                    raise LimiterSaysLater(0.0, "worker shutting down")
                 message = await create_message(self.rt, params, ctx)
             content = [block.model_dump(mode="json", exclude_none=True)
                        for block in message.content]
@@ -142,7 +172,8 @@ class SubagentRun:
             state.turns += 1
             state.stop_reason = message.stop_reason
             state.usage.add(message.usage, batch=batched)
-            await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+            await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+                           self.token)
             if spec.token_budget:
                 await self._io(self.store.spend, self.job_id, budget_tokens(message.usage))
 
@@ -165,7 +196,7 @@ class SubagentRun:
 
         async def save(tool_use_id: str, result: dict[str, Any]) -> None:
             await self._io(self.store.save_tool_result, self.job_id, self.index, tool_use_id,
-                           result)
+                           result, self.token)
 
         results = await run_turn(
             calls, allowed, done=done,
@@ -178,7 +209,7 @@ class SubagentRun:
             if result["is_error"]:
                 state.failed.append(f"{call['name']}: {result['content'][:200]}")
         state.messages.append({"role": "user", "content": results})
-        await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+        await self._io(self.store.save_checkpoint, self.job_id, self.index, state, self.token)
 
     async def _tool_gate(self, tool_: Tool) -> None:
         rps = self.rt.settings.tool_rps.get(tool_.name, tool_.rps)
@@ -202,7 +233,7 @@ class SubagentRun:
                                "message": decision.message}
         if state.failures >= self.rt.settings.max_attempts:
             return await self._fail(spec, state, decision)
-        await self._io(self.store.save_checkpoint, self.job_id, self.index, state)
+        await self._io(self.store.save_checkpoint, self.job_id, self.index, state, self.token)
         raise failure
 
     async def _fail(self, spec: JobSpec, state: Checkpoint, decision: Decision
@@ -235,7 +266,8 @@ class SubagentRun:
             attempts=state.failures + (0 if status == "failed" else 1), error_type=error_type,
             status_code=status_code, error=error, finished_at=time.time())
         report = SubagentReport(findings=findings, tried=state.tried, failed=state.failed)
-        return await self._io(self.store.finish, result, report)
+        return await self._io(partial(self.store.finish, result, report, token=self.token,
+                                      worker=self.worker or ""))
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -1,25 +1,30 @@
-"""Sub-agents whose task message the broker lost: found and sent again.
+"""Recovery: the parts of running jobs that a dead worker held are sent again within seconds.
 
-Celery's Redis transport takes a message off the queue (BRPOP) before it records it as
-unacked, so a worker killed between the two loses that message for good (celery#4354,
-celery#7950, kombu#305); the visibility timeout cannot bring it back, the broker no longer has
-it. The same goes for a task that was acked without leaving a record (a retry that could not
-be published while the broker was away ends as a rejected message).
+Every ``celery worker`` process runs a sweep in a thread; one worker at a time does the work
+(a Redis lock), every ``DROVER_HEARTBEAT_S``:
 
-So every ``celery worker`` process runs a small sweep in a thread (one worker per queue and
-interval does the work, under a Redis lock). A running job of the worker's queue that has not
-gained a record for ``DROVER_RESEND_AFTER_S`` is looked at: each unfinished sub-agent whose
-task is neither in the queue nor unacked (running, prefetched or waiting out a retry
-countdown: the broker itself redelivers those) is sent again. It resumes from its checkpoint
-and its record is stored once. A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a
-``failed`` record instead, so a poisoned task cannot keep a job open.
+1. **Dead workers.** A worker whose heartbeat key has expired (liveness.py) is dead. Each part
+   it held or ran (claims.py: sub-agents, a join, a planning task; running, prefetched or
+   waiting out a retry countdown) is taken over with a new fencing token and sent again to
+   its job's queue. It resumes from its checkpoint on another worker; the dead worker's own
+   copy of the message, should the broker ever hand it out again, is stale and stops before
+   any call. The cost grows with the number of workers and what the dead ones held, never
+   with the length of a queue or the number of jobs.
+2. **Joins.** A re-sent sub-agent is outside its job's chord, which may then never count to
+   the end (on Redis the dead worker's copy stays unacked for the visibility timeout): once
+   every record of such a job is in and it has no result, its join is sent.
+3. **Messages the broker itself lost** (Redis broker only, and only for a job that gained no
+   record for ``DROVER_RESEND_AFTER_S``). Celery's Redis transport takes a message off the
+   queue (BRPOP) before it records it as unacked, so a worker killed between the two loses it
+   for good (celery#4354, celery#7950, kombu#305), before drover saw it. Such a job's
+   unfinished sub-agents that no worker holds and that the broker no longer has (read with
+   kombu's Redis layout: ``{prefix}:celery:{queue}`` lists and the ``unacked`` hash) are sent
+   again, whatever their claim says (with a new token: a delivery that still runs one stops
+   at its next write); this is the only step whose cost grows with the queue, and it runs
+   only for a stalled job. RabbitMQ keeps unacked messages on the server: no such gap.
 
-A re-sent task is outside the job's chord, which then never counts to the end: a job whose
-records are all in but that has no result after the same wait gets its join sent again (the
-join is idempotent).
-
-The broker is read with kombu's Redis layout: ``{prefix}:celery:{queue}`` lists (plus one per
-priority step) and the ``{prefix}:celery:unacked`` hash.
+A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a ``failed`` record instead, so a
+task that kills every worker it lands on cannot keep a job open.
 """
 
 from __future__ import annotations
@@ -38,20 +43,30 @@ import redis
 from config import Settings, get_settings
 from workers.jobs.connections import sync_redis
 from workers.jobs.fairshare import FairShare
+from workers.jobs.liveness import alive, workers_key
 from workers.jobs.records import SubagentResult
 from workers.jobs.store import ACTIVE, JobStore
+
+__all__ = ["Part", "Send", "start_sweeper", "subagent_of", "subagents_in_broker", "sweep"]
 
 log = logging.getLogger("drover.recovery")
 
 SUBAGENT_TASK = "drover.run_subagent"
 KOMBU_SEP = "\x06\x16"  # kombu's separator between a queue name and its priority step
 KOMBU_PRIORITY_STEPS = (3, 6, 9)  # step 0 is the plain queue
-RECENT_JOBS = 200  # the sweep looks at this many of the newest jobs
+RECENT_JOBS = 200  # the stalled-job scan looks at this many of the newest jobs
 
-Send = Callable[[str, str, int | None], None]  # (queue, job_id, index or None for the join)
+Part = int | str  # a sub-agent's index, "join" or "plan"
+# Puts a part on the broker again: (queue, job id, part, claim token the message carries).
+Send = Callable[[str, str, Part, int], None]
 
 
 def sweep_interval_s(settings: Settings) -> float:
+    return settings.heartbeat_s
+
+
+def scan_interval_s(settings: Settings) -> float:
+    """How often the stalled-job scan (step 3) runs, fleet-wide."""
     return max(1.0, min(30.0, settings.resend_after_s / 4))
 
 
@@ -67,7 +82,7 @@ def subagent_of(message: dict[str, Any]) -> tuple[str, int] | None:
 
 
 def subagents_in_broker(r: redis.Redis, key_prefix: str, queue: str) -> set[tuple[str, int]]:
-    """Every sub-agent task the broker still holds for ``queue``: queued or unacked."""
+    """Every sub-agent task the Redis broker still holds for ``queue``: queued or unacked."""
     base = f"{key_prefix}:celery:"
     raws: list[Any] = []
     for key in [queue, *(f"{queue}{KOMBU_SEP}{step}" for step in KOMBU_PRIORITY_STEPS)]:
@@ -84,46 +99,151 @@ def subagents_in_broker(r: redis.Redis, key_prefix: str, queue: str) -> set[tupl
     return found
 
 
-def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, int | None]]:
-    """One pass over the recent jobs of ``settings.queue``; returns what was sent again."""
+def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Part]]:
+    """One pass (if no other worker made one a moment ago); returns what was sent again."""
     r = store.r
-    lock = f"{store.prefix}:recovery:{settings.queue}"
-    if not r.set(lock, "1", nx=True, px=int(sweep_interval_s(settings) * 900)):
-        return []  # another worker swept this queue a moment ago
-    fairshare = FairShare.from_settings(r, settings)
+    if not r.set(f"{store.prefix}:recovery:lock", "1", nx=True,
+                 px=int(sweep_interval_s(settings) * 900)):
+        return []
+    sent = take_over_dead_workers(store, settings, send)
+    sent += join_recovered_jobs(store, send)
+    if not settings.broker_is_rabbitmq and r.set(
+            f"{store.prefix}:recovery:scan", "1", nx=True,
+            px=int(scan_interval_s(settings) * 900)):
+        sent += resend_lost_messages(store, settings, send)
+    return sent
+
+
+def take_over_dead_workers(store: JobStore, settings: Settings, send: Send
+                           ) -> list[tuple[str, Part]]:
+    """Step 1: every part a dead worker held goes back on the broker with a new token."""
+    r, claims = store.r, store.claims
+    workers = [_s(w) for w in r.zrange(workers_key(store.prefix), 0, -1)]
+    sent: list[tuple[str, Part]] = []
+    for worker, is_alive in alive(r, store.prefix, workers).items():
+        if is_alive:
+            continue
+        for held in claims.held_by(worker):
+            part: Part = int(held.part) if held.part.isdigit() else held.part
+            previous = claims.claim(held.job_id, part)
+            token = claims.takeover(held.job_id, part, held.token, worker)
+            if not token:
+                continue  # finished, or it moved on before the worker died
+            if isinstance(part, int) and _given_up(store, held.job_id, part,
+                                                  settings.max_attempts):
+                continue
+            if _send(store, settings, send, held.job_id, part, token):
+                sent.append((held.job_id, part))
+                log.warning("worker %s is gone: %s/%s sent again", worker, held.job_id, part)
+            else:
+                claims.restore(held.job_id, part, previous, worker, held.token)
+        if not r.exists(claims.worker_key(worker)):
+            r.zrem(workers_key(store.prefix), worker)
+    return sent
+
+
+def join_recovered_jobs(store: JobStore, send: Send) -> list[tuple[str, Part]]:
+    """Step 2: the join of a job with re-sent sub-agents, once every record is in."""
+    r = store.r
+    key = f"{store.prefix}:recovering"
+    sent: list[tuple[str, Part]] = []
+    for job_id in [_s(j) for j in r.smembers(key)]:
+        meta = _meta(store, job_id)
+        if meta.get("status") not in ACTIVE or store.result(job_id) is not None:
+            r.srem(key, job_id)
+            continue
+        if store.record_count(job_id) < int(meta.get("n", 0)):
+            continue
+        r.srem(key, job_id)
+        if _send_join(store, send, meta.get("queue"), job_id):
+            sent.append((job_id, "join"))
+    return sent
+
+
+def _send_join(store: JobStore, send: Send, queue: str | None, job_id: str) -> bool:
+    """Send the job's join, unless a live worker holds or runs one (a dead one's: step 1)."""
+    claim = store.claims.claim(job_id, "join") or "0|sent|"
+    _token, state, holder = claim.split("|", 2)
+    if state in ("held", "running") and alive(store.r, store.prefix, [holder])[holder]:
+        return False
+    token = store.claims.takeover(job_id, "join", -1, "")
+    return bool(token) and _send_to(send, queue, job_id, "join", token)
+
+
+def resend_lost_messages(store: JobStore, settings: Settings, send: Send
+                         ) -> list[tuple[str, Part]]:
+    """Step 3 (Redis broker): sub-agents of a stalled job whose message the broker lost.
+
+    With late acks every unfinished sub-agent has a message in the broker (queued, or
+    unacked while it runs or waits out a countdown); one with none, for as long as the job
+    has gained no record, was lost whatever its claim says (a worker that was holding it
+    when Redis restarted, a BRPOP whose reply never arrived)."""
+    r = store.r
     now = store.server_time()
-    in_broker: set[tuple[str, int]] | None = None
-    sent: list[tuple[str, int | None]] = []
+    in_broker: dict[str, set[tuple[str, int]]] = {}
+    sent: list[tuple[str, Part]] = []
     for job_id in store.jobs(limit=RECENT_JOBS):
         meta = _meta(store, job_id)
-        if (meta.get("status") not in ACTIVE or meta.get("queue") != settings.queue
-                or "launched" not in meta):
+        queue = meta.get("queue") or settings.queue
+        if meta.get("status") not in ACTIVE or "launched" not in meta:
             continue
         n, done = int(meta["n"]), store.record_count(job_id)
         if not _stalled(store, job_id, done, now, settings.resend_after_s):
             continue
         if done >= n:
-            if store.result(job_id) is None:
-                send(settings.queue, job_id, None)
-                sent.append((job_id, None))
+            if store.result(job_id) is None and _send_join(store, send, queue, job_id):
+                sent.append((job_id, "join"))
             continue
-        if in_broker is None:
-            in_broker = subagents_in_broker(r, store.prefix, settings.queue)
+        if queue not in in_broker:
+            in_broker[queue] = subagents_in_broker(r, store.prefix, queue)
         recorded = {int(i) for i in r.hkeys(store.key(job_id, "records"))}
         # Parked sub-agents wait for a Message Batch, task-less on purpose: the batcher
         # resumes them (workers/agent/batch.py).
         recorded |= {int(i) for i in r.hkeys(store.key(job_id, "bpark"))}
         # Sub-agents the fair-share window has not published yet are not lost, only waiting.
-        dispatched = fairshare.dispatched(job_id)
+        dispatched = FairShare.from_settings(r, settings, queue).dispatched(job_id)
         for index in range(n if dispatched is None else min(n, dispatched)):
-            if index in recorded or (job_id, index) in in_broker:
+            if index in recorded or (job_id, index) in in_broker[queue]:
                 continue
-            if store.add_resend(job_id, index) > settings.max_attempts:
-                _give_up(store, job_id, index, settings.max_attempts)
+            token = store.claims.takeover(job_id, index, -1, "")
+            if not token or _given_up(store, job_id, index, settings.max_attempts):
                 continue
-            send(settings.queue, job_id, index)
-            sent.append((job_id, index))
+            if _send_to(send, queue, job_id, index, token):
+                r.sadd(f"{store.prefix}:recovering", job_id)
+                sent.append((job_id, index))
     return sent
+
+
+def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Part,
+          token: int) -> bool:
+    queue = _meta(store, job_id).get("queue") or settings.queue
+    if isinstance(part, int):
+        store.r.sadd(f"{store.prefix}:recovering", job_id)
+    return _send_to(send, queue, job_id, part, token)
+
+
+def _send_to(send: Send, queue: str | None, job_id: str, part: Part, token: int) -> bool:
+    try:
+        send(queue or "", job_id, part, token)
+        return True
+    except Exception as error:  # the broker is away: the next sweep tries again
+        log.warning("could not send %s/%s again (%s: %s)", job_id, part, type(error).__name__,
+                    error)
+        return False
+
+
+def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int) -> bool:
+    """Count one more re-send; past ``max_attempts`` the sub-agent gets a failed record."""
+    if store.add_resend(job_id, index) <= max_attempts:
+        return False
+    message = (f"this sub-agent's task was lost {max_attempts} times (its worker died, or the "
+               "broker lost the message); gave up")
+    log.error("sub-agent %s/%d: %s", job_id, index, message)
+    store.finish(SubagentResult(job_id=job_id, index=index, status="failed",
+                                attempts=max_attempts, error_type="task_lost", error=message,
+                                finished_at=time.time()))
+    store.r.sadd(f"{store.prefix}:recovering", job_id)
+    return True
 
 
 def _meta(store: JobStore, job_id: str) -> dict[str, str]:
@@ -148,12 +268,8 @@ def _stalled(store: JobStore, job_id: str, done: int, now: float, after_s: float
     return True
 
 
-def _give_up(store: JobStore, job_id: str, index: int, attempts: int) -> None:
-    message = (f"the task of this sub-agent was lost by the broker {attempts} times "
-               "(no record, not queued, not unacked); gave up")
-    log.error("sub-agent %s/%d: %s", job_id, index, message)
-    store.finish(SubagentResult(job_id=job_id, index=index, status="failed", attempts=attempts,
-                                error_type="task_lost", error=message, finished_at=time.time()))
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 _started = threading.Lock()
@@ -163,7 +279,7 @@ _thread: threading.Thread | None = None
 def start_sweeper(send: Send, settings: Settings | None = None) -> None:
     """Start this process's sweeper thread (once); called when a worker is ready.
 
-    ``send`` puts a task on the broker again (the tasks module passes Celery's; this package
+    ``send`` puts a part on the broker again (the tasks module passes Celery's; this package
     knows no Celery)."""
     global _thread
     with _started:
@@ -185,4 +301,3 @@ def _sweep_forever(settings: Settings, send: Send) -> None:
             sweep(store, settings, send)
         except Exception as error:  # Redis away, a broker hiccup: try again next time
             log.warning("recovery sweep failed (%s: %s)", type(error).__name__, error)
-

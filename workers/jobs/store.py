@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from workers.jobs.claims import ClaimLost, Claims
 from workers.jobs.records import (
     STATUSES,
     Checkpoint,
@@ -47,6 +48,8 @@ class SubagentStart:
     checkpoint: Checkpoint | None = None
     task: str | None = None
     deadline_in: float | None = None  # seconds until the job's deadline, on Redis's clock
+    token: int = 0  # the claim this delivery took (see claims.py); 0 when it took none
+    stale: bool = False  # another delivery holds the claim: stop before any call
 
 
 class JobStore:
@@ -54,6 +57,7 @@ class JobStore:
         self.r = client
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self.claims = Claims(client, prefix, ttl_s)
 
     # --- keys ---------------------------------------------------------------------------
     def key(self, job_id: str, *parts: object) -> str:
@@ -185,16 +189,22 @@ class JobStore:
             written += len(firsts)
         return written
 
-    def cancelled(self, job_id: str) -> str | None:
+    def cancelled(self, job_id: str, fence: tuple[int | str, int] | None = None) -> str | None:
         """The cancel reason, when the job was cancelled or its deadline has passed.
 
         The first caller to see an expired deadline cancels the job (and so tells every
-        worker): a deadline needs no process of its own watching it.
+        worker): a deadline needs no process of its own watching it. With ``fence`` (a part
+        and its claim token), the same round trip checks the claim: ``ClaimLost`` when
+        another delivery holds it now.
         """
         pipe = self.r.pipeline(transaction=False)
         pipe.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
         pipe.time()
-        (reason, deadline), (seconds, micros) = pipe.execute()
+        if fence is not None:
+            pipe.hget(self.key(job_id, "claims"), str(fence[0]))
+        (reason, deadline), (seconds, micros), *claim = pipe.execute()
+        if fence is not None and (not claim[0] or int(_s(claim[0]).split("|", 1)[0]) != fence[1]):
+            raise ClaimLost(f"{job_id}/{fence[0]}: claim {fence[1]} was superseded")
         if reason:
             return _s(reason)
         if deadline and seconds + micros / 1e6 >= float(deadline):
@@ -215,18 +225,29 @@ class JobStore:
         return seconds + micros / 1e6
 
     # --- per sub-agent state ------------------------------------------------------------
-    def start(self, job_id: str, index: int) -> SubagentStart:
-        """Everything a sub-agent needs to start or resume, in one round trip."""
+    def start(self, job_id: str, index: int, *, worker: str | None = None,
+              token: int = 0) -> SubagentStart:
+        """Everything a sub-agent needs to start or resume, in one round trip.
+
+        With ``worker``, the same round trip takes the sub-agent's claim for that worker,
+        if ``token`` (the message's) is the current one; else the start comes back ``stale``.
+        """
         pipe = self.r.pipeline(transaction=False)
+        if worker is not None:
+            self.claims.start(job_id, index, token, worker, client=pipe)
         pipe.hget(self.key(job_id, "records"), str(index))
         pipe.get(self.key(job_id, "spec"))
         pipe.get(self.key(job_id, "ckpt", index))
         pipe.lindex(self.key(job_id, "tasks"), index)
         pipe.hget(self.key(job_id, "meta"), "deadline")
         pipe.time()
-        record, spec, checkpoint, task, deadline, (seconds, micros) = pipe.execute()
+        replies = pipe.execute()
+        claimed = int(replies.pop(0)) if worker is not None else 0
+        record, spec, checkpoint, task, deadline, (seconds, micros) = replies
         if record is not None:
             return SubagentStart(record=SubagentResult.model_validate_json(record))
+        if claimed < 0:
+            return SubagentStart(stale=True)
         if spec is None:
             raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
         if checkpoint is None and task is None:
@@ -235,13 +256,20 @@ class JobStore:
             spec=JobSpec.model_construct(**json.loads(spec)),  # validated at submit
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             task=_s(task) if task is not None else None,
-            deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None)
+            deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None,
+            token=claimed)
 
     def load_checkpoint(self, job_id: str, index: int) -> Checkpoint | None:
         raw = self.r.get(self.key(job_id, "ckpt", index))
         return Checkpoint.model_validate_json(raw) if raw else None
 
-    def save_checkpoint(self, job_id: str, index: int, state: Checkpoint) -> None:
+    def save_checkpoint(self, job_id: str, index: int, state: Checkpoint,
+                        token: int = 0) -> None:
+        """Store the checkpoint; with a claim ``token``, only while it is the claim."""
+        if token:
+            self.claims.set_fenced(job_id, index, token, self.key(job_id, "ckpt", index),
+                                   state.model_dump_json())
+            return
         self.r.set(self.key(job_id, "ckpt", index), state.model_dump_json(), ex=self.ttl_s)
 
     def tool_results(self, job_id: str, index: int) -> dict[str, dict[str, Any]]:
@@ -249,8 +277,11 @@ class JobStore:
         return {_s(k): json.loads(v) for k, v in raw.items()}
 
     def save_tool_result(self, job_id: str, index: int, tool_use_id: str,
-                         result: dict[str, Any]) -> None:
+                         result: dict[str, Any], token: int = 0) -> None:
         key = self.key(job_id, "tools", index)
+        if token:
+            self.claims.hset_fenced(job_id, index, token, key, tool_use_id, json.dumps(result))
+            return
         pipe = self.r.pipeline()
         pipe.hset(key, tool_use_id, json.dumps(result))
         pipe.expire(key, self.ttl_s)
@@ -287,15 +318,20 @@ class JobStore:
         return int(self.r.get(self.key(job_id, "spent")) or 0)
 
     # --- records and the stream ---------------------------------------------------------
-    def finish(self, result: SubagentResult,
-               report: SubagentReport | None = None) -> SubagentResult:
-        """Store a sub-agent's record once; a second delivery gets the first record back."""
+    def finish(self, result: SubagentResult, report: SubagentReport | None = None, *,
+               token: int = 0, worker: str = "") -> SubagentResult:
+        """Store a sub-agent's record once; a second delivery gets the first record back.
+
+        With a claim ``token`` the record is stored only while that token is the claim
+        (``ClaimLost`` otherwise); the claim ends with the record.
+        """
         job_id, index = result.job_id, result.index
-        first = self.r.hsetnx(self.key(job_id, "records"), str(index), result.model_dump_json())
-        if not first:
+        stored = self.claims.finish(job_id, index, token, result.model_dump_json(), worker)
+        if stored < 0:
+            raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
+        if not stored:
             return self.record(job_id, index) or result
         pipe = self.r.pipeline()
-        pipe.expire(self.key(job_id, "records"), self.ttl_s)
         # Counts per status, so progress is one read however many records there are.
         pipe.hincrby(self.key(job_id, "counts"), result.status, 1)
         pipe.expire(self.key(job_id, "counts"), self.ttl_s)

@@ -1,0 +1,237 @@
+"""What a lost worker costs: time to recover after ``kill -9``, and what liveness costs Redis.
+
+    python -m bench.recovery [--kills 5] [--broker redis|amqp://...] [--n 60]
+
+Each round starts a redis-server of its own (so its command counts are ours alone) and two
+worker processes (16 threads each, default settings), queues a job of N sub-agents of three
+calls each against the simulator (0.5 s mean latency), and once the victim holds at least 8
+sub-agents kills it with SIGKILL. Time to recover = from the kill until every sub-agent the
+victim held runs (or ran) on the other worker; the median over the rounds is reported.
+
+Round trips: Redis's MONITOR sees every command. The ones liveness and claims add to a job
+are counted apart: the claim on receipt (``receive.lua``, one round trip per delivery), the
+release after a retry (``release.lua``), heartbeats (a SET + ZADD pipeline per worker every
+DROVER_HEARTBEAT_S) and the sweep (its lock, and what it reads when it holds it). The claim
+at start, the fenced writes and the claim check before each call ride in round trips the
+sub-agent makes anyway (a pipeline, or a script in place of a plain SET), so they add none;
+a no-fault round (no retries) is measured as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from orchestrator.services import free_port
+from simulator import SimConfig, SimulatorServer
+
+ROOT = Path(__file__).resolve().parent.parent
+LUA = ROOT / "workers" / "jobs" / "lua"
+THREADS = 16
+
+
+def script_names() -> dict[str, str]:
+    return {hashlib.sha1(p.read_text().encode()).hexdigest(): p.stem for p in LUA.glob("*.lua")}
+
+
+class Monitor:
+    """Counts the commands Redis runs (MONITOR), by kind."""
+
+    def __init__(self, url: str):
+        self.r = redis.Redis.from_url(url)
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.scripts = script_names()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self.r.monitor() as m:
+            for event in m.listen():
+                if self._stop:
+                    return
+                parts = event["command"].split()
+                if not parts:
+                    continue
+                name = parts[0].upper()
+                if name in ("EVALSHA", "EVAL") and len(parts) > 1:
+                    name = f"{name} {self.scripts.get(parts[1].strip(chr(34)), 'other')}"
+                elif name in ("SET", "ZADD", "EXISTS", "ZRANGE", "SMEMBERS") and len(parts) > 1:
+                    key = parts[1].strip('"')
+                    if ":worker:" in key or key.endswith(":workers"):
+                        name += " (liveness)"
+                    elif ":recovery:" in key or key.endswith(":recovering"):
+                        name += " (sweep)"
+                self.counts[name] += 1
+
+    def stop(self) -> None:
+        self._stop = True
+        self.r.ping()  # wakes the listener so it sees the flag
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("redis-server is not on PATH (Debian: apt-get install redis-server)")
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            redis.Redis.from_url(url).ping()
+            return proc, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def spawn_worker(env: dict[str, str], name: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool", "threads",
+         "--concurrency", str(THREADS), "--queues", env["DROVER_QUEUE"], "--loglevel", "ERROR",
+         "--without-gossip", "--without-mingle", "-n", f"{name}@%h"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+
+
+def submit(env: dict[str, str], n: int) -> str:
+    from orchestrator import JobSpec
+
+    spec = JobSpec(subtasks=[f"Inspect pier {i}" for i in range(n)], tools=["lookup_fact"],
+                   max_tokens=60)
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "-"],
+                          input=spec.model_dump_json(), capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120, check=True)
+    return done.stdout.split()[-1]
+
+
+def wait(what: str, check: Any, timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+    return value
+
+
+def one_round(broker: str | None, n: int, overload: float, kill: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp, SimulatorServer(SimConfig(
+            seed=1, tool_turns=2, tools_per_turn=1, output_tokens_mean=20,
+            latency_mean_s=0.5, latency_p95_s=1.0, overload_rate=overload)) as sim:
+        redis_proc, url = start_redis(Path(tmp))
+        r = redis.Redis.from_url(url, decode_responses=True)
+        prefix, queue = "bench", f"q-{uuid.uuid4().hex[:6]}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DROVER_REDIS_URL": url,
+               "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": queue,
+               "DROVER_ANTHROPIC_BASE_URL": sim.url, "ANTHROPIC_API_KEY": "sk-bench",
+               "DROVER_RPM": "6000", "DROVER_ITPM": "10000000", "DROVER_OTPM": "10000000",
+               "DROVER_MAX_ATTEMPTS": "15", "DROVER_COUNTDOWN_CAP_S": "5"}
+        if broker:
+            env["DROVER_BROKER_URL"] = broker
+        workers: list[subprocess.Popen] = []
+        monitor = None
+        try:
+            job = submit(env, n)
+            workers = [spawn_worker(env, f"b{i}-{uuid.uuid4().hex[:4]}") for i in range(2)]
+
+            def worker_id(proc: subprocess.Popen) -> str | None:
+                return next((w for w in r.zrange(f"{prefix}:workers", 0, -1)
+                             if w.split(":")[-2] == str(proc.pid)), None)
+
+            ids = wait("heartbeats", lambda: all(i := [worker_id(p) for p in workers]) and i)
+            monitor = Monitor(url)
+            out: dict[str, Any] = {}
+            if kill:
+                victim = ids[0]
+                held = wait("the victim busy", lambda: (
+                    h if len(h := r.hkeys(f"{prefix}:worker:{victim}:claims")) >= 8 else None))
+                os.killpg(workers[0].pid, signal.SIGKILL)
+                killed = time.monotonic()
+
+                def moved_on() -> bool:
+                    for field in held:
+                        job_id, part = field.rsplit("|", 1)
+                        if r.hexists(f"{prefix}:job:{job_id}:records", part):
+                            continue
+                        claim = r.hget(f"{prefix}:job:{job_id}:claims", part) or ""
+                        if claim.split("|")[1:2] in (["running"], ["held"]) and \
+                                not claim.endswith(victim):
+                            continue
+                        return False
+                    return True
+
+                wait("recovery", moved_on, 120)
+                out["recover_s"] = time.monotonic() - killed
+                out["held"] = len(held)
+            wait("the job's result", lambda: r.exists(f"{prefix}:job:{job}:result"), 300)
+            monitor.stop()
+            out["counts"] = dict(monitor.counts)
+            out["n"] = n
+            out["dup"] = sim.stats()["duplicate_accepted"]
+            return out
+        finally:
+            for proc in workers:
+                with_suppress(lambda p=proc: os.killpg(p.pid, signal.SIGKILL))
+                proc.wait()
+            redis_proc.kill()
+            redis_proc.wait()
+
+
+def with_suppress(fn: Any) -> None:
+    try:
+        fn()
+    except ProcessLookupError:
+        pass
+
+
+LIVENESS_KINDS = ("EVALSHA receive", "EVALSHA release", "SET (liveness)", "ZADD (liveness)",
+                  "EXISTS (liveness)", "ZRANGE (liveness)", "SET (sweep)", "SMEMBERS (sweep)",
+                  "EVALSHA takeover")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--n", type=int, default=60)
+    parser.add_argument("--broker", default="redis",
+                        help="'redis' (the round's own Redis) or an amqp:// URL")
+    args = parser.parse_args()
+    broker = None if args.broker == "redis" else args.broker
+
+    for overload in (0.0, 0.3):
+        counts = one_round(broker, args.n, overload, kill=False)
+        extra = {k: v for k, v in counts["counts"].items() if k in LIVENESS_KINDS}
+        total = sum(counts["counts"].values())
+        print(f"no kill, {overload:.0%} 529s: {total / args.n:.1f} Redis commands per "
+              f"sub-agent; liveness and claims {sum(extra.values()) / args.n:.2f} of them "
+              f"per sub-agent: {extra}")
+
+    times = []
+    for i in range(args.kills):
+        out = one_round(broker, args.n, 0.3, kill=True)
+        times.append(out["recover_s"])
+        print(f"kill {i + 1}: {out['held']} sub-agents held by the victim, all resumed "
+              f"elsewhere after {out['recover_s']:.1f} s (simulator duplicates {out['dup']})")
+    print(f"time to recover after kill -9 ({args.broker}): median {statistics.median(times):.1f} s"
+          f" over {len(times)} kills (min {min(times):.1f}, max {max(times):.1f})")
+
+
+if __name__ == "__main__":
+    main()

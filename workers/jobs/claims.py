@@ -1,0 +1,161 @@
+"""Claims: which worker holds each part of a running job, with a fencing token.
+
+A part is a sub-agent (its index), the job's join or its planning task. Its claim, one field
+of the job's ``claims`` hash, reads ``token|state|worker``:
+
+- ``sent``: a message carrying ``token`` is on the broker (or nothing was claimed yet: token 0,
+  the chord's own messages);
+- ``held``: a worker received that message and keeps it (prefetched, or waiting out a retry
+  countdown in its memory);
+- ``running``: a delivery started and took a new token; only writes that name that token
+  (checkpoints, tool results, the record) are stored.
+
+A message carries the token it was sent with (a task header). A delivery whose token is not
+the claim's is stale (a second copy: the broker's own redelivery, a message the sweep sent
+again, a worker that was only paused) and stops before any LLM or tool call; the record is
+stored once. Each worker also lists the parts it holds or runs (``worker:{id}:claims``), so
+the recovery sweep finds a dead worker's parts without reading the broker or every job.
+
+Every change is one Lua script (``lua/*.lua``), so a claim never moves half-way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+__all__ = ["ClaimLost", "Claims", "Held", "part_name"]
+
+LUA = Path(__file__).with_name("lua")
+TOKEN_HEADER = "drover_token"
+
+
+class ClaimLost(Exception):
+    """Another delivery holds this part's claim (or it finished): stop, make no call."""
+
+
+def part_name(part: int | str) -> str:
+    return str(part)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One entry of a worker's list: a part of a job it held or ran, with the token then."""
+
+    job_id: str
+    part: str
+    token: int
+
+
+class Claims:
+    """The claim scripts over one Redis client and key prefix (the job store owns one)."""
+
+    def __init__(self, client: redis.Redis, prefix: str, ttl_s: int):
+        self.r = client
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self._receive = client.register_script((LUA / "receive.lua").read_text())
+        self._start = client.register_script((LUA / "start.lua").read_text())
+        self._fenced = client.register_script((LUA / "fenced.lua").read_text())
+        self._finish = client.register_script((LUA / "finish.lua").read_text())
+        self._release = client.register_script((LUA / "release.lua").read_text())
+        self._takeover = client.register_script((LUA / "takeover.lua").read_text())
+
+    # --- keys ---------------------------------------------------------------------------
+    def job_key(self, job_id: str, name: str) -> str:
+        return f"{self.prefix}:job:{job_id}:{name}"
+
+    def worker_key(self, worker: str) -> str:
+        return f"{self.prefix}:worker:{worker}:claims"
+
+    def _keys(self, job_id: str, worker: str) -> list[str]:
+        return [self.job_key(job_id, "claims"), self.worker_key(worker),
+                self.job_key(job_id, "records")]
+
+    # --- the life of a part -------------------------------------------------------------
+    def receive(self, job_id: str, part: int | str, token: int, worker: str) -> int:
+        """The worker took the part's message: 1 holds it, 0 finished, -1 stale."""
+        return int(self._receive(keys=self._keys(job_id, worker),
+                                 args=[part_name(part), token, worker, job_id, self.ttl_s]))
+
+    def start(self, job_id: str, part: int | str, token: int, worker: str,
+              client: redis.client.Pipeline | None = None) -> object:
+        """Take the claim to run the part (new token > 0; 0 finished; -1 stale).
+
+        With ``client`` a pipeline, the call is queued there (its reply comes with the rest)."""
+        return self._start(keys=self._keys(job_id, worker),
+                           args=[part_name(part), token, worker, job_id, self.ttl_s],
+                           client=client)
+
+    def set_fenced(self, job_id: str, part: int | str, token: int, key: str, value: str) -> None:
+        if not self._fenced(keys=[self.job_key(job_id, "claims"), key],
+                            args=[part_name(part), token, "set", self.ttl_s, value]):
+            raise ClaimLost(f"{job_id}/{part}: claim {token} was superseded")
+
+    def hset_fenced(self, job_id: str, part: int | str, token: int, key: str, field: str,
+                    value: str) -> None:
+        if not self._fenced(keys=[self.job_key(job_id, "claims"), key],
+                            args=[part_name(part), token, "hset", self.ttl_s, field, value]):
+            raise ClaimLost(f"{job_id}/{part}: claim {token} was superseded")
+
+    def finish(self, job_id: str, part: int | str, token: int, record: str, worker: str) -> int:
+        """Store the record once: 1 stored, 0 there already, -1 the claim is another's."""
+        keys = [self.job_key(job_id, "claims"), self.job_key(job_id, "records"),
+                self.worker_key(worker)]
+        return int(self._finish(keys=keys,
+                                args=[part_name(part), token, record, job_id, self.ttl_s]))
+
+    def release(self, job_id: str, part: int | str, token: int, worker: str) -> bool:
+        """The part's message went back to the broker with ``token``: the claim says so."""
+        return bool(self._release(keys=self._keys(job_id, worker)[:2],
+                                  args=[part_name(part), token, worker, job_id]))
+
+    def takeover(self, job_id: str, part: int | str, expected: int, worker: str) -> int:
+        """Take the part from dead ``worker`` (or, ``expected`` -1, a lost message): new token."""
+        return int(self._takeover(keys=self._keys(job_id, worker),
+                                  args=[part_name(part), expected, worker, job_id, self.ttl_s]))
+
+    def drop(self, job_id: str, part: int | str, worker: str) -> None:
+        """A job-level part (join, plan) is done: nobody needs to recover it."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hdel(self.job_key(job_id, "claims"), part_name(part))
+        pipe.hdel(self.worker_key(worker), f"{job_id}|{part_name(part)}")
+        pipe.execute()
+
+    def owned(self, job_id: str, part: int | str, token: int) -> bool:
+        return token_of(self.r.hget(self.job_key(job_id, "claims"), part_name(part))) == token
+
+    # --- what the sweep reads -----------------------------------------------------------
+    def held_by(self, worker: str) -> list[Held]:
+        out = []
+        for field, token in self.r.hgetall(self.worker_key(worker)).items():
+            job_id, _, part = _s(field).rpartition("|")
+            out.append(Held(job_id, part, int(token)))
+        return out
+
+    def claim(self, job_id: str, part: int | str) -> str | None:
+        raw = self.r.hget(self.job_key(job_id, "claims"), part_name(part))
+        return None if raw is None else _s(raw)
+
+    def restore(self, job_id: str, part: int | str, raw: str | None, worker: str,
+                token: int) -> None:
+        """Undo a takeover whose message could not be sent (the next sweep tries again)."""
+        pipe = self.r.pipeline()
+        if raw is None:
+            pipe.hdel(self.job_key(job_id, "claims"), part_name(part))
+        else:
+            pipe.hset(self.job_key(job_id, "claims"), part_name(part), raw)
+        pipe.hset(self.worker_key(worker), f"{job_id}|{part_name(part)}", token)
+        pipe.execute()
+
+
+def token_of(raw: bytes | str | None) -> int:
+    if raw is None:
+        return 0
+    return int(_s(raw).split("|", 1)[0])
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

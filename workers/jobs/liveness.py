@@ -1,0 +1,127 @@
+"""Liveness that drover owns: one heartbeat per worker process, kept in Redis.
+
+Each process that receives or runs drover tasks has an id (``host:pid:random``) and keeps the
+key ``{prefix}:worker:{id}`` alive: a background thread sets it every ``DROVER_HEARTBEAT_S``
+with a time to live of ``DROVER_HEARTBEAT_TTL_S``. Redis expires the key on its own clock, so
+no worker's clock decides who is dead: a worker is dead when its key is gone. Workers also
+register in the ``{prefix}:workers`` sorted set, which the recovery sweep walks (its cost
+grows with the number of workers, not with queues or jobs).
+
+A warm shutdown deletes the key at its end, so the sweep takes over at once whatever the
+worker still held (prefetched messages, retries waiting out their countdown).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from config import Settings
+from workers.jobs.connections import sync_redis
+
+__all__ = ["Heartbeat", "alive", "local_worker", "stop_local_worker", "workers_key"]
+
+log = logging.getLogger("drover.liveness")
+
+
+def workers_key(prefix: str) -> str:
+    return f"{prefix}:workers"
+
+
+def heartbeat_key(prefix: str, worker: str) -> str:
+    return f"{prefix}:worker:{worker}"
+
+
+class Heartbeat:
+    """This process's worker id and the thread that keeps its heartbeat key alive."""
+
+    def __init__(self, settings: Settings, client: redis.Redis | None = None):
+        self.settings = settings
+        self.prefix = settings.key_prefix
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.pid = os.getpid()
+        self.r = client or sync_redis(settings.redis_url)
+        self._stop = threading.Event()
+        # Warm shutdown (SIGTERM): draining = start no new LLM call, hand sub-agents back;
+        # handing_back = the grace for calls in flight is over, abort them and hand back too.
+        self.draining = False
+        self.handing_back = False
+        self._info = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                 "started": time.time()})
+        self.beat()  # alive before the first message is taken
+        self._thread = threading.Thread(target=self._run, name="drover-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(heartbeat_key(self.prefix, self.id), self._info,
+                 px=int(self.settings.heartbeat_ttl_s * 1000))
+        pipe.zadd(workers_key(self.prefix), {self.id: time.time()}, nx=True)
+        pipe.execute()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_s):
+            try:
+                self.beat()
+            except redis.RedisError as error:  # Redis away: the next beat tries again
+                log.warning("heartbeat failed (%s: %s)", type(error).__name__, error)
+
+    def drain(self, grace_s: float, interrupt: Callable[[], None]) -> None:
+        """Stop starting calls now; after ``grace_s``, ``interrupt`` the ones still in flight."""
+        self.draining = True
+
+        def over() -> None:
+            self.handing_back = True
+            interrupt()
+
+        timer = threading.Timer(grace_s, over)
+        timer.daemon = True
+        timer.start()
+
+    def stop(self) -> None:
+        """Stop beating and say so: the sweep then takes over what this worker still holds."""
+        self._stop.set()
+        try:
+            self.r.delete(heartbeat_key(self.prefix, self.id))
+        except redis.RedisError:
+            pass  # the key expires by itself
+
+
+def alive(r: redis.Redis, prefix: str, workers: list[str]) -> dict[str, bool]:
+    """Whether each worker's heartbeat key still exists (one round trip)."""
+    pipe = r.pipeline(transaction=False)
+    for worker in workers:
+        pipe.exists(heartbeat_key(prefix, worker))
+    return {w: bool(found) for w, found in zip(workers, pipe.execute(), strict=True)}
+
+
+_lock = threading.Lock()
+_local: Heartbeat | None = None
+
+
+def local_worker(settings: Settings) -> Heartbeat:
+    """This process's heartbeat, started on first use (and again in a forked child)."""
+    global _local
+    with _lock:
+        if (_local is None or _local.pid != os.getpid() or _local.prefix != settings.key_prefix
+                or _local.settings.redis_url != settings.redis_url):
+            if _local is not None and _local.pid == os.getpid():
+                _local.stop()  # settings changed under an in-process worker (tests)
+            _local = Heartbeat(settings)
+        return _local
+
+
+def stop_local_worker() -> None:
+    global _local
+    with _lock:
+        if _local is not None and _local.pid == os.getpid():
+            _local.stop()
+        _local = None
