@@ -225,3 +225,25 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
     unlock(store)
     sweep(store, settings, lambda *args: sent.append(args))
     assert sorted(sent) == [("other-queue", "joinjob", "join", 1), ("q-sweep", "ourjob", "join", 1)]
+
+
+def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again(
+        redis_url, key_prefix):
+    """kombu recorded the message as unacked, the worker died before drover's receipt: the
+    claim still says "sent", the broker would hand it out only after the visibility
+    timeout. The sweep that finds the dead worker re-sends it from the unacked hash."""
+    settings = load_settings(key_prefix=key_prefix, queue="q-orphan")
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    store.create("orphanjob", JobSpec(subtasks=["a", "b"]), ["a", "b"], status="queued",
+                 queue="q-orphan")
+    store.claim_launch("orphanjob")
+    store.r.hset(f"{key_prefix}:celery:unacked", "d-1",
+                 json.dumps([json.loads(kombu_envelope("orphanjob", 1)), "", "q-orphan"]))
+    store.r.zadd(f"{key_prefix}:celery:unacked_index", {"d-1": time.time() - 30})
+    store.r.zadd(f"{key_prefix}:workers", {"deadhost:1:abc": time.time() - 60})  # no heartbeat
+    sent: list[tuple] = []
+    assert sweep(store, settings, lambda *args: sent.append(args)) == [("orphanjob", 1)]
+    assert sent == [("q-orphan", "orphanjob", 1, 1)]
+    unlock(store)
+    sweep(store, settings, lambda *args: sent.append(args))
+    assert len(sent) == 1  # its claim now carries token 1: the old copy is no orphan any more

@@ -10,6 +10,10 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    copy of the message, should the broker ever hand it out again, is stale and stops before
    any call. The cost grows with the number of workers and what the dead ones held, never
    with the length of a queue or the number of jobs.
+   On the Redis broker a worker killed after kombu recorded a message as unacked but before
+   drover recorded its receipt leaves that message unacked (for the visibility timeout) with
+   its claim still "sent": when the sweep finds a dead worker it also looks at the broker's
+   unacked messages (what workers hold, not the queue) for such orphans and re-sends them.
 2. **Joins.** A re-sent sub-agent is outside its job's chord, which may then never count to
    the end (on Redis the dead worker's copy stays unacked for the visibility timeout): once
    every record of such a job is in and it has no result, its join is sent.
@@ -105,7 +109,10 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
     if not r.set(f"{store.prefix}:recovery:lock", "1", nx=True,
                  px=int(sweep_interval_s(settings) * 900)):
         return []
-    sent = take_over_dead_workers(store, settings, send)
+    dead: list[str] = []
+    sent = take_over_dead_workers(store, settings, send, dead)
+    if dead and not settings.broker_is_rabbitmq:
+        sent += resend_orphans(store, settings, send)
     sent += join_recovered_jobs(store, send)
     if not settings.broker_is_rabbitmq and r.set(
             f"{store.prefix}:recovery:scan", "1", nx=True,
@@ -114,8 +121,8 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
     return sent
 
 
-def take_over_dead_workers(store: JobStore, settings: Settings, send: Send
-                           ) -> list[tuple[str, Part]]:
+def take_over_dead_workers(store: JobStore, settings: Settings, send: Send,
+                           dead: list[str] | None = None) -> list[tuple[str, Part]]:
     """Step 1: every part a dead worker held goes back on the broker with a new token."""
     r, claims = store.r, store.claims
     workers = [_s(w) for w in r.zrange(workers_key(store.prefix), 0, -1)]
@@ -123,6 +130,8 @@ def take_over_dead_workers(store: JobStore, settings: Settings, send: Send
     for worker, is_alive in alive(r, store.prefix, workers).items():
         if is_alive:
             continue
+        if dead is not None:
+            dead.append(worker)
         for held in claims.held_by(worker):
             part: Part = int(held.part) if held.part.isdigit() else held.part
             previous = claims.claim(held.job_id, part)
@@ -140,6 +149,54 @@ def take_over_dead_workers(store: JobStore, settings: Settings, send: Send
         if not r.exists(claims.worker_key(worker)):
             r.zrem(workers_key(store.prefix), worker)
     return sent
+
+
+ORPHAN_AGE_S = 2.0  # a live worker records a receipt within milliseconds of taking a message
+PARTS = {SUBAGENT_TASK: None, "drover.join_results": "join", "drover.plan_job": "plan"}
+
+
+def resend_orphans(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Part]]:
+    """Step 1, Redis broker: unacked messages whose receipt nobody recorded (their worker
+    died in between), older than a moment, are sent again with a new token. Reads only what
+    the workers hold (the ``unacked`` hash), never the queue."""
+    r = store.r
+    base = f"{store.prefix}:celery:"
+    older = store.server_time() - max(ORPHAN_AGE_S, settings.heartbeat_s)
+    tags = r.zrangebyscore(base + "unacked_index", "-inf", older)
+    sent: list[tuple[str, Part]] = []
+    for start in range(0, len(tags), 500):
+        for raw in r.hmget(base + "unacked", tags[start:start + 500]):
+            found = _part_of(raw)
+            if found is None:
+                continue
+            job_id, part, token = found
+            new = store.claims.takeover(job_id, part, token, "")
+            if new and _send(store, settings, send, job_id, part, new):
+                sent.append((job_id, part))
+                log.warning("%s/%s: its message was taken by a worker that died before it "
+                            "said so; sent again", job_id, part)
+    return sent
+
+
+def _part_of(raw: bytes | None) -> tuple[str, Part, int] | None:
+    """(job id, part, claim token) of one of our messages in kombu's unacked hash."""
+    if raw is None:
+        return None
+    try:
+        message = json.loads(raw)[0]
+        headers = message.get("headers") or {}
+        if headers.get("task") not in PARTS:
+            return None
+        body = message.get("body")
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        token = int(headers.get("drover_token") or 0)
+        if headers["task"] == SUBAGENT_TASK:
+            return str(args[0]), int(args[1]), token
+        return str(args[-1]), PARTS[headers["task"]], token  # type: ignore[return-value]
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None  # not a message of ours
 
 
 def join_recovered_jobs(store: JobStore, send: Send) -> list[tuple[str, Part]]:

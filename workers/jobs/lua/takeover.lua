@@ -5,7 +5,8 @@
 -- KEYS[1] the job's claims hash    KEYS[2] the dead worker's claims hash (or a dummy key)
 -- KEYS[3] the job's records
 -- ARGV[1] part    ARGV[2] the token expected (-1: any claim)
--- ARGV[3] the dead worker's id (ignored with token -1)    ARGV[4] job id    ARGV[5] ttl (s)
+-- ARGV[3] the dead worker's id ("" with a token: the claim must still say "sent" with it;
+-- ignored with token -1)    ARGV[4] job id    ARGV[5] ttl (s)
 -- Returns the new token (> 0), or 0 when there is nothing to take over.
 local part, expected, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 redis.call('HDEL', KEYS[2], ARGV[4] .. '|' .. part)
@@ -13,7 +14,9 @@ if redis.call('HEXISTS', KEYS[3], part) == 1 then return 0 end
 local current = redis.call('HGET', KEYS[1], part) or '0|sent|'
 local token, state, holder = string.match(current, '^(%d+)|(%a*)|(.*)$')
 token = tonumber(token)
-if expected >= 0 and (token ~= expected or holder ~= worker or state == 'sent') then
+if expected >= 0 and worker == '' then  -- a message nobody recorded receiving
+  if token ~= expected or state ~= 'sent' then return 0 end
+elseif expected >= 0 and (token ~= expected or holder ~= worker or state == 'sent') then
   return 0
 end
 local new = token + 1
