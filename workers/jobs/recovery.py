@@ -91,7 +91,10 @@ def subagents_in_broker(r: redis.Redis, key_prefix: str, queue: str) -> set[tupl
     raws: list[Any] = []
     for key in [queue, *(f"{queue}{KOMBU_SEP}{step}" for step in KOMBU_PRIORITY_STEPS)]:
         raws.extend(json.loads(raw) for raw in r.lrange(base + key, 0, -1))
-    raws.extend(json.loads(raw)[0] for raw in r.hvals(base + "unacked"))
+    for raw in r.hvals(base + "unacked"):  # [message, exchange, routing key]: this queue's
+        entry = json.loads(raw)
+        if len(entry) < 3 or entry[2] in (queue, None, ""):
+            raws.append(entry[0])
     found = set()
     for message in raws:
         try:
