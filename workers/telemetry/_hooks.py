@@ -8,6 +8,7 @@ Nothing here raises into the call path: a metric or span that cannot be made is 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
@@ -115,8 +116,10 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 if decision is not None:
                     outcome = _OUTCOMES.get(decision.counter, "4xx")
                     error_type = decision.error_type
-                else:  # a cancelled task (shutdown) or a bug: the call did not complete
-                    outcome, error_type = "cancelled", type(error).__name__
+                elif isinstance(error, asyncio.CancelledError):  # the worker shut down
+                    outcome, error_type = "cancelled", "CancelledError"
+                else:  # a bug or a broken deployment: the sub-agent records it as failed
+                    outcome, error_type = "error", type(error).__name__
                 raise
             finally:
                 _WAITED.reset(token)
