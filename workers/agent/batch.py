@@ -4,8 +4,8 @@ Why parking and not waiting: a batch may take hours, and a worker thread that wa
 is a slot no other job can use. So a batch sub-agent's turn (``batch_message``) puts its
 request in the scope's pending set and raises ``Parked``; the task saves the Celery signature
 that resumes it and ends without counting towards the chord (``Ignore``). The *batcher*
-(one per worker process, working under a Redis lock so one at a time fleet-wide) does the
-rest on each tick:
+(one per worker process, under a Redis lock per API key alias: one at a time fleet-wide for
+each key, using that key) does the rest on each tick:
 
 1. cancels: a cancelled job (or one past its deadline) has its unsent requests dropped and
    its open batches cancelled at the provider; their results (``canceled``, or what still
@@ -164,6 +164,8 @@ class Batcher:
         self.resume = resume
         self.store = BatchStore(rt.store)
         s = rt.settings
+        # Its API key's scopes only: batches are created and read with this worker's key.
+        self.alias = s.key_alias
         self.api_scope = f"batchapi:{s.key_alias}"
         self.api_limits = ScopeLimits(rpm=s.batch_rpm * s.target_utilization,
                                       burst_s=s.burst_seconds)
@@ -183,7 +185,7 @@ class Batcher:
     async def tick(self) -> None:
         """One pass, by at most one batcher fleet-wide at a time."""
         # Not thread-local: acquire and release run on different threads of the I/O pool.
-        lock = self.store.r.lock(self.store.lock, timeout=120, blocking=False,
+        lock = self.store.r.lock(self.store.lock(self.alias), timeout=120, blocking=False,
                                  thread_local=False)
         if not await _io(lock.acquire):
             return
@@ -235,11 +237,12 @@ class Batcher:
                 continue
             open_ids = set(await _io(self.store.job_open_batches, job_id))
             if reason:
-                dropped = await _io(self.store.drop_pending, job_id, {"type": "canceled"})
+                dropped = await _io(self.store.drop_pending, job_id, {"type": "canceled"},
+                                    self.alias)
                 if dropped:
                     log.info("job %s cancelled: %d unsent batch requests dropped", job_id,
                              dropped)
-                for batch in await _io(self.store.open_batches):
+                for batch in await _io(self.store.open_batches, self.alias):
                     if batch.id in open_ids and not batch.cancel_sent:
                         done = await self._call(
                             "cancel", lambda b=batch: self.rt.client.messages.batches.cancel(b.id))
@@ -253,7 +256,7 @@ class Batcher:
     async def _submit(self) -> None:
         s = self.rt.settings
         now = await _io(self.rt.store.server_time)
-        for scope in await _io(self.store.scopes):
+        for scope in await _io(self.store.scopes, self.alias):
             count, oldest = await _io(self.store.pending_state, scope)
             if not count:
                 await _io(self.store.forget_scope_if_empty, scope)
@@ -317,7 +320,7 @@ class Batcher:
         s = self.rt.settings
         now = await _io(self.rt.store.server_time)
         batches = self.rt.client.messages.batches
-        for batch in await _io(self.store.open_batches):
+        for batch in await _io(self.store.open_batches, self.alias):
             if not (batch.ended and batch.results_url):
                 if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
                     continue

@@ -100,9 +100,8 @@ class BatchStore:
     def _active_jobs(self) -> str:
         return f"{self.base}:jobs"
 
-    @property
-    def lock(self) -> str:
-        return f"{self.base}:lock"
+    def lock(self, key_alias: str) -> str:
+        return f"{self.base}:lock:{key_alias}"
 
     # --- a sub-agent's side -------------------------------------------------------------
     def enqueue(self, scope: str, job_id: str, cid: str, params: dict[str, Any]) -> None:
@@ -144,8 +143,11 @@ class BatchStore:
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
 
     # --- the batcher's side -------------------------------------------------------------
-    def scopes(self) -> list[str]:
-        return sorted(_s(x) for x in self.r.smembers(self._scopes))
+    def scopes(self, key_alias: str | None = None) -> list[str]:
+        """Scopes with pending requests (of one API key's alias, when given)."""
+        mine = f"llm:{key_alias}:" if key_alias is not None else ""
+        return sorted(s for s in (_s(x) for x in self.r.smembers(self._scopes))
+                      if s.startswith(mine))
 
     def pending_state(self, scope: str) -> tuple[int, float | None]:
         """(how many wait, when the oldest came in, on Redis's clock)."""
@@ -185,8 +187,10 @@ class BatchStore:
         pipe.expire(self.jobs.key(batch.job_id, "bopen"), self.jobs.ttl_s)
         pipe.execute()
 
-    def open_batches(self) -> list[OpenBatch]:
-        return [OpenBatch.load(raw) for raw in self.r.hvals(self._open)]
+    def open_batches(self, key_alias: str | None = None) -> list[OpenBatch]:
+        mine = f"llm:{key_alias}:" if key_alias is not None else ""
+        return [b for b in (OpenBatch.load(raw) for raw in self.r.hvals(self._open))
+                if b.scope.startswith(mine)]
 
     def update(self, batch: OpenBatch) -> None:
         self.r.hset(self._open, batch.id, batch.dump())
@@ -214,10 +218,11 @@ class BatchStore:
         pipe.srem(self.jobs.key(batch.job_id, "bopen"), batch.id)
         pipe.execute()
 
-    def drop_pending(self, job_id: str, result: dict[str, Any]) -> int:
+    def drop_pending(self, job_id: str, result: dict[str, Any],
+                     key_alias: str | None = None) -> int:
         """Take a job's unsent requests out of every scope, giving each owner ``result``."""
         dropped = 0
-        for scope in self.scopes():
+        for scope in self.scopes(key_alias):
             prefix = f"{job_id}_"
             cids = [c for c in (_s(x) for x in self.r.zrange(self._pending(scope), 0, -1))
                     if c.startswith(prefix)]
