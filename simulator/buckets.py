@@ -24,9 +24,10 @@ class TokenBucket:
         self.level = self.capacity
         self.ts = now
 
-    def refill(self, now: float) -> None:
+    def refill(self, now: float, keep: float = 1.0) -> None:
+        """``keep``: the share of the refill left to us by other users of the key."""
         if now > self.ts:
-            self.level = min(self.capacity, self.level + (now - self.ts) * self.rate)
+            self.level = min(self.capacity, self.level + (now - self.ts) * self.rate * keep)
             self.ts = now
 
     def shortfall_s(self, need: float, strictly_positive: bool = False) -> float:
@@ -51,7 +52,7 @@ class Rejection:
 class KeyBuckets:
     """The requests / input-token / output-token buckets of one API key."""
 
-    __slots__ = ("requests", "input", "output", "reserve_max_tokens")
+    __slots__ = ("requests", "input", "output", "reserve_max_tokens", "other_share")
 
     def __init__(self, config: SimConfig, now: float) -> None:
         def make(limit: float | None) -> TokenBucket | None:
@@ -61,11 +62,12 @@ class KeyBuckets:
         self.input = make(config.itpm)
         self.output = make(config.otpm)
         self.reserve_max_tokens = config.otpm_mode == "max_tokens"
+        self.other_share = config.other_share  # updated in place when the config changes
 
     def refill(self, now: float) -> None:
         for bucket in (self.requests, self.input, self.output):
             if bucket is not None:
-                bucket.refill(now)
+                bucket.refill(now, 1.0 - self.other_share)
 
     def try_admit(self, input_tokens: int, max_tokens: int, now: float) -> Rejection | None:
         """Debit requests, input (and reserved output) if all have room, else say why not."""
@@ -98,7 +100,7 @@ class KeyBuckets:
         """Generated mode debits what was generated; max_tokens mode refunds the unused part."""
         if self.output is None:
             return
-        self.output.refill(now)
+        self.output.refill(now, 1.0 - self.other_share)
         if self.reserve_max_tokens:
             self.output.level = min(self.output.capacity,
                                     self.output.level + max(0, max_tokens - output_tokens))

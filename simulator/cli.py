@@ -17,6 +17,7 @@ _HELP = {
     "itpm": "input tokens per minute per API key",
     "otpm": "output tokens per minute per API key",
     "burst_s": "bucket capacity in seconds of refill",
+    "other_share": "fraction of every limit another user of the key takes (0 = none)",
     "otpm_mode": "generated: debit output as generated; max_tokens: reserve max_tokens",
     "overload_rate": "fraction of requests answered 529 overloaded_error",
     "error_5xx_rate": "fraction of requests answered 500 api_error",

@@ -28,6 +28,10 @@ class SimConfig:
     # generated: debit output when generated (admission needs the bucket > 0);
     # max_tokens: reserve max_tokens at admission and refund the unused part.
     otpm_mode: OtpmMode = "generated"
+    # Another consumer of the same key, taking this fraction of every limit all the time:
+    # each bucket refills at (1 - other_share) x its rate for us. Changing it at runtime
+    # keeps the buckets (the other user starts or stops).
+    other_share: float = 0.0
     cache_reads_count: bool = False
     overload_rate: float = 0.0
     error_5xx_rate: float = 0.0
@@ -69,6 +73,8 @@ class SimConfig:
             raise ValueError(f"burst_s must be > 0, got {self.burst_s!r}")
         if self.otpm_mode not in ("generated", "max_tokens"):
             raise ValueError(f"otpm_mode must be 'generated' or 'max_tokens', got {self.otpm_mode!r}")
+        if not 0.0 <= self.other_share < 1.0:
+            raise ValueError(f"other_share must be within [0, 1), got {self.other_share!r}")
         for name in ("overload_rate", "error_5xx_rate", "inject_429_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -113,7 +119,7 @@ class SimConfig:
 
 _FLOAT_OR_NONE = {"rpm", "itpm", "otpm", "batch_rpm"}
 _INT_OR_NONE = {"batch_queue_cap"}
-_FLOATS = {"burst_s", "overload_rate", "error_5xx_rate", "inject_429_rate",
+_FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_429_rate",
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
            "batch_expires_s", "batch_errored_rate", "batch_expired_rate"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",

@@ -96,6 +96,8 @@ class Engine:
         new = self.config.replaced(**changes)
         if any(getattr(new, f) != getattr(self.config, f) for f in LIMIT_FIELDS):
             self._buckets.clear()  # new limits: buckets start full again
+        for buckets in self._buckets.values():
+            buckets.other_share = new.other_share
         self.config = new
         return new
 

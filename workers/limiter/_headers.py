@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from workers.limiter._scopes import ScopeLimits
-
 __all__ = ["header_args", "parse_ratelimit_headers"]
 
 _DIMS = ("requests", "input-tokens", "output-tokens")
@@ -32,14 +30,11 @@ def parse_ratelimit_headers(headers: Mapping[str, str | bytes]) -> tuple[Numbers
     return remaining, limit  # type: ignore[return-value]
 
 
-def header_args(limits: ScopeLimits, headers: Mapping[str, str | bytes]) -> list[str] | None:
-    """sync.lua's six arguments: -remaining of r, i, o, then the -limit values to learn (only
-    where ``limits`` configures none: a configured limit always wins); None if all absent."""
+def header_args(headers: Mapping[str, str | bytes]) -> list[str] | None:
+    """The scripts' six header arguments: -remaining of r, i, o, then -limit of r, i, o ('' =
+    absent); None when there is none of them."""
     remaining, limit = parse_ratelimit_headers(headers)
-    configured = (limits.rpm, limits.itpm, limits.otpm)
-    learn = [lim if conf is None and lim else None
-             for lim, conf in zip(limit, configured, strict=True)]
-    values = [*remaining, *learn]
+    values = [*remaining, *(v if v else None for v in limit)]
     if all(v is None for v in values):
         return None
     return ["" if v is None else repr(v) for v in values]

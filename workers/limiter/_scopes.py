@@ -29,6 +29,8 @@ class ScopeLimits:
 
     ``None`` leaves a dimension unlimited unless a ``-limit`` header taught one; then that raw
     limit times ``learned_utilization`` applies. Each bucket holds ``burst_s`` of refill.
+    ``learn_share``: the key may be shared with software drover does not run; learn from the
+    ``-remaining`` headers and 429s which share of each limit is left for us, and plan to it.
     """
 
     rpm: float | None = None
@@ -37,6 +39,7 @@ class ScopeLimits:
     burst_s: float = 1.0
     max_in_flight: int | None = None
     learned_utilization: float = 1.0
+    learn_share: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rpm", "itpm", "otpm"):

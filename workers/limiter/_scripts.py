@@ -22,7 +22,7 @@ _SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage")
 # With an injected clock (tests) the scripts get the time as their last argument instead of
 # from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
-_STORED = ["*", "*", "*", "*", "1"]  # the limits the last write stored (release, state)
+_STORED = ["*", "*", "*", "*", "1", "0"]  # the limits the last write stored (release, state)
 _NO_HEADERS = [""] * 6
 
 
@@ -42,7 +42,8 @@ def _f(value: Any) -> float | None:
 
 def _limit_args(limits: ScopeLimits) -> list[str]:
     dims = ("" if v is None else repr(float(v)) for v in (limits.rpm, limits.itpm, limits.otpm))
-    return [*dims, repr(float(limits.burst_s)), repr(float(limits.learned_utilization))]
+    return [*dims, repr(float(limits.burst_s)), repr(float(limits.learned_utilization)),
+            "1" if limits.learn_share else "0"]
 
 
 class _Call(NamedTuple):
@@ -107,7 +108,7 @@ class LimiterCore:
         if not grant.granted or grant.lease_id is None:
             return None
         limit = _STORED if limits is None else _limit_args(limits)
-        folded = None if headers is None or limits is None else header_args(limits, headers)
+        folded = None if headers is None or limits is None else header_args(headers)
         return self._call("settle", self.keys(scope), [
             *limit, "1" if sent else "0", str(grant.input_tokens), str(grant.output_tokens),
             str(int(input_tokens)), str(int(output_tokens)), str(self.stats_window_s),
@@ -122,7 +123,7 @@ class LimiterCore:
             lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
-        folded = header_args(limits, headers)
+        folded = header_args(headers)
         if folded is None:
             return None
         return self._call("sync", self.keys(scope), [*_limit_args(limits), *folded])
@@ -164,11 +165,11 @@ class LimiterCore:
             out: dict[str, Any] = {"now": float(r[0]) / 1e6, "cooldown_s": float(r[1]),
                                    "leases": int(r[2]), "burst_s": float(r[3])}
             for k, name in enumerate(("requests", "input_tokens", "output_tokens")):
-                lim, cap, level = (_f(v) for v in r[4 + 3 * k: 7 + 3 * k])
+                lim, cap, level, share = (_f(v) for v in r[4 + 4 * k: 8 + 4 * k])
                 out[name] = None if lim is None else {
                     "limit_per_min": lim, "rate_per_s": lim / 60, "capacity": cap,
-                    "level": level}
-            out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[13:16]),
+                    "level": level, "share": share}
+            out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[16:19]),
                                       strict=True))
             return out
 

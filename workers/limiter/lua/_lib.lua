@@ -6,7 +6,10 @@
 --                         bucket is full again, all reservations paid. Absent or past = full.
 --                         Lr, Li, Lo: the per-minute limits of the last write (absent = not
 --                         limited); burst: burst_s of the last write; cd: cooldown until (us);
---                         lx: latest lease expiry (us)
+--                         lx: latest lease expiry (us); fr, fi, fo: the share of each limit
+--                         that is ours (absent = 1; see learn_share); hr/tr, hi/ti, ho/to:
+--                         the -remaining header and its time (us) a share window began at;
+--                         mr, mi, mo: the highest -remaining seen
 --   KEYS[2] leases  zset  lease id -> expiry (us)
 --   KEYS[3] learned hash  r, i, o: raw per-minute limits from -limit headers (kept 24 h)
 --   KEYS[4] stats   hash  "<second>:<field>" -> count
@@ -15,6 +18,7 @@
 --   ARGV[1..3] per-minute limit of requests, input, output tokens: '' = not configured (the
 --              learned limit x ARGV[5] if any, else unlimited), '*' = the one last written
 --   ARGV[4]    burst_s ('*' = last written)   ARGV[5] utilisation applied to learned limits
+--   ARGV[6]    '1': learn our share of the key from the headers (learn_share), else '0'
 -- A dimension's bucket holds capacity = limit / 60 x burst_s. The scripts count in time:
 -- per = us of refill per unit, burst = us of refill the bucket holds; level(t) = capacity -
 -- (tat - t) / per. Numbers leave the scripts as strings: Redis would truncate them.
@@ -27,23 +31,35 @@ local function num(x)
   return string.format('%.17g', x)
 end
 
--- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k], lim[k].
+-- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k] and
+-- lim[k] = base[k] (the limit ARGV gives) x share[k].
+local FIELDS = {'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx', 'fr', 'fi', 'fo', 'hr', 'hi',
+                'ho', 'tr', 'ti', 'to', 'mr', 'mi', 'mo'}
+
+local function set_limit(b, k, lim)
+  b.lim[k], b.per[k], b.cap[k] = lim, 60e6 / lim, lim / 60 * b.burst_s
+end
+
 local function load(now)
-  local f = redis.call('HMGET', KEYS[1], 'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx')
+  local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
   local burst_s = tonumber(ARGV[4] == '*' and f[7] or ARGV[4]) or 1
-  local b = {tat = {}, per = {}, cap = {}, lim = {}, burst_s = burst_s, burst = burst_s * 1e6,
-             cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0, was = f}
+  local b = {tat = {}, per = {}, cap = {}, lim = {}, base = {}, share = {}, hr = {}, ht = {},
+             top = {}, burst_s = burst_s, burst = burst_s * 1e6, cd = tonumber(f[8]) or 0,
+             lx = tonumber(f[9]) or 0, was = f}
   local learned = {}
   if ARGV[1] == '' or ARGV[2] == '' or ARGV[3] == '' then
     learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')
   end
   for k = 1, 3 do
     local lim
-    if ARGV[k] == '*' then lim = tonumber(f[3 + k])
+    if ARGV[k] == '*' then lim = tonumber(f[3 + k])  -- already times the share
     elseif ARGV[k] ~= '' then lim = tonumber(ARGV[k])
     elseif learned[k] then lim = tonumber(learned[k]) * tonumber(ARGV[5]) end
+    b.share[k] = tonumber(f[9 + k]) or 1
+    b.hr[k], b.ht[k], b.top[k] = tonumber(f[12 + k]), tonumber(f[15 + k]), tonumber(f[18 + k])
     if lim and lim > 0 then
-      b.lim[k], b.per[k], b.cap[k] = lim, 60e6 / lim, lim / 60 * burst_s
+      b.base[k] = lim
+      set_limit(b, k, (ARGV[6] == '1' and ARGV[k] ~= '*') and lim * b.share[k] or lim)
       b.tat[k] = math.max(now, tonumber(f[k]) or now)
     end
   end
@@ -65,22 +81,66 @@ local function save(b, now)
       table.insert(gone, DIMS[k]); table.insert(gone, 'L' .. DIMS[k])
     end
   end
+  for k = 1, 3 do  -- what learn_share knows, kept a minute past its last change
+    local share = (b.share[k] ~= 1 or b.was[9 + k]) and b.share[k] or nil
+    local values = {share, b.hr[k], b.ht[k], b.top[k]}
+    for i = 1, 4 do
+      if values[i] then
+        table.insert(set, FIELDS[6 + 3 * i + k]); table.insert(set, num(values[i]))
+        needed = math.max(needed, now + 60e6)
+      end
+    end
+  end
   redis.call('HSET', KEYS[1], unpack(set))
   if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((needed - now) / 1000) + 5000))
 end
 
--- ARGV[j..j+2]: raw -limit headers of r, i, o to learn ('' = none), kept for 24 h.
+-- ARGV[j..j+2]: the -limit headers of r, i, o ('' = absent), kept for 24 h for the
+-- dimensions ARGV gives no limit for (a configured limit always wins).
 local function learn(j)
   local set = {}
   for k = 1, 3 do
-    if ARGV[j + k - 1] ~= '' then
+    if ARGV[k] == '' and ARGV[j + k - 1] ~= '' then
       table.insert(set, DIMS[k]); table.insert(set, ARGV[j + k - 1])
     end
   end
   if #set > 0 then
     redis.call('HSET', KEYS[3], unpack(set))
     redis.call('PEXPIRE', KEYS[3], 24 * 3600 * 1000)
+  end
+end
+
+-- When someone else uses the key too (ARGV[6] = '1'), learn the share that is ours from
+-- ARGV[j..j+2] (-remaining) and ARGV[j+3..j+5] (-limit), over windows of 5 s: the provider's
+-- bucket moves at limit - (our rate + the others'), and while callers queue we send at our
+-- planning rate, so what is left for us is (slope + our rate) / limit of the key. The share
+-- moves a quarter of the way there per window: our sends lag our plans by the queue, and
+-- the headers are rounded. Near full the slope says nothing and the share climbs back by
+-- 1/60 per second: all the way within a minute once the others stop.
+local SHARE_MIN, SHARE_WINDOW_US, SHARE_GAIN = 0.05, 5e6, 0.25
+local function learn_share(b, j, now)
+  if ARGV[6] ~= '1' then return end
+  for k = 1, 3 do
+    local rem, limit = tonumber(ARGV[j + k - 1]), tonumber(ARGV[j + k + 2])
+    if b.per[k] and rem and limit and limit > 0 then
+      b.top[k] = math.max(b.top[k] or 0, rem)
+      local t0, r0 = b.ht[k], b.hr[k]
+      if not t0 or not r0 or now < t0 then
+        b.hr[k], b.ht[k] = rem, now
+      elseif now - t0 >= SHARE_WINDOW_US then
+        local share = b.share[k]
+        if rem >= 0.9 * b.top[k] or r0 >= 0.9 * b.top[k] then
+          share = share + (now - t0) / 60e6
+        else
+          local left = ((rem - r0) / (now - t0) + b.lim[k] / 60e6) / (limit / 60e6)
+          share = share + SHARE_GAIN * (left - share)
+        end
+        b.share[k] = math.min(1, math.max(SHARE_MIN, share))
+        set_limit(b, k, b.base[k] * b.share[k])
+        b.hr[k], b.ht[k] = rem, now
+      end
+    end
   end
 end
 

@@ -1,7 +1,7 @@
 -- acquire.lua: reserve one request and its token estimate in every dimension of a scope, at
--- once. KEYS and ARGV[1..5]: see _lib.lua.
--- ARGV[6] input tokens   ARGV[7] output tokens   ARGV[8] horizon_s
--- ARGV[9] max_in_flight ('' = no limit)   ARGV[10] lease_ttl_s   ARGV[11] lease id
+-- once. KEYS and ARGV[1..6]: see _lib.lua.
+-- ARGV[7] input tokens   ARGV[8] output tokens   ARGV[9] horizon_s
+-- ARGV[10] max_in_flight ('' = no limit)   ARGV[11] lease_ttl_s   ARGV[12] lease id
 -- Returns {reason, seconds, now_us}. reason ok: granted, send after `seconds`;
 -- horizon | cooldown | in_flight: nothing was debited, come back after `seconds`.
 --
@@ -13,9 +13,9 @@
 
 local now = now_us()
 local b = load(now)
-local cost = {1, tonumber(ARGV[6]), tonumber(ARGV[7])}
-local horizon = tonumber(ARGV[8]) * 1e6
-local max_in_flight = tonumber(ARGV[9])
+local cost = {1, tonumber(ARGV[7]), tonumber(ARGV[8])}
+local horizon = tonumber(ARGV[9]) * 1e6
+local max_in_flight = tonumber(ARGV[10])
 
 local function later(reason, us)
   return {reason, num(math.max(us / 1e6, 0.05)), num(now)}
@@ -47,8 +47,8 @@ for k = 1, 3 do
   end
 end
 
-local expiry = send + tonumber(ARGV[10]) * 1e6
-redis.call('ZADD', KEYS[2], num(expiry), ARGV[11])
+local expiry = send + tonumber(ARGV[11]) * 1e6
+redis.call('ZADD', KEYS[2], num(expiry), ARGV[12])
 b.lx = math.max(b.lx, expiry)
 redis.call('PEXPIRE', KEYS[2], string.format('%d', math.ceil((b.lx - now) / 1000) + 1000))
 

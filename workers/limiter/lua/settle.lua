@@ -1,11 +1,11 @@
 -- settle.lua: a granted call ended (settle) or never went out (release). KEYS and
--- ARGV[1..5]: see _lib.lua.
--- ARGV[6] 1 = sent (settle), 0 = never sent (release: the request is refunded too)
--- ARGV[7], ARGV[8] input, output tokens reserved   ARGV[9], ARGV[10] input, output used
--- ARGV[11] stats window_s   ARGV[12] second of the acquire   ARGV[13] send time (us)
--- ARGV[14] the grant's wait (s)   ARGV[15] lease id
--- ARGV[16..21] the response's headers or '': -remaining r, i, o, then -limit r, i, o to
---   learn; applied after the true-up exactly as sync.lua right after it would be
+-- ARGV[1..6]: see _lib.lua.
+-- ARGV[7] 1 = sent (settle), 0 = never sent (release: the request is refunded too)
+-- ARGV[8], ARGV[9] input, output tokens reserved   ARGV[10], ARGV[11] input, output used
+-- ARGV[12] stats window_s   ARGV[13] second of the acquire   ARGV[14] send time (us)
+-- ARGV[15] the grant's wait (s)   ARGV[16] lease id
+-- ARGV[17..22] the response's headers or '': -remaining r, i, o, then -limit r, i, o;
+--   applied after the true-up exactly as sync.lua right after it would be
 -- Returns 1 if the lease was still held.
 --
 -- True-up per dimension: what was used beyond the reservation is debited now; what was
@@ -16,10 +16,10 @@
 
 local now = now_us()
 local b = load(now)
-local sent = ARGV[6] == '1'
-local reserved = {1, tonumber(ARGV[7]), tonumber(ARGV[8])}
-local used = {sent and 1 or 0, tonumber(ARGV[9]), tonumber(ARGV[10])}
-local held = redis.call('ZREM', KEYS[2], ARGV[15])
+local sent = ARGV[7] == '1'
+local reserved = {1, tonumber(ARGV[8]), tonumber(ARGV[9])}
+local used = {sent and 1 or 0, tonumber(ARGV[10]), tonumber(ARGV[11])}
+local held = redis.call('ZREM', KEYS[2], ARGV[16])
 for k = 1, 3 do
   local per = b.per[k]
   if per and used[k] > reserved[k] then
@@ -31,21 +31,22 @@ for k = 1, 3 do
   end
 end
 save(b, now)
-if ARGV[16] ~= '' or ARGV[17] ~= '' or ARGV[18] ~= '' or ARGV[19] ~= '' or ARGV[20] ~= ''
-    or ARGV[21] ~= '' then
-  learn(19)
+if ARGV[17] ~= '' or ARGV[18] ~= '' or ARGV[19] ~= '' or ARGV[20] ~= '' or ARGV[21] ~= ''
+    or ARGV[22] ~= '' then
+  learn(20)
   b = load(now)
-  lower(b, 16, now)
+  learn_share(b, 17, now)
+  lower(b, 17, now)
   save(b, now)
 end
 
-local window, sec = tonumber(ARGV[11]), math.floor(now / 1e6)
+local window, sec = tonumber(ARGV[12]), math.floor(now / 1e6)
 stat_add(window, now, sec, 'input_tokens', used[2])
 stat_add(window, now, sec, 'output_tokens', used[3])
-if sent then stat_add(window, now, math.floor(tonumber(ARGV[13]) / 1e6), 'requests', 1) end
-local wait = tonumber(ARGV[14])
+if sent then stat_add(window, now, math.floor(tonumber(ARGV[14]) / 1e6), 'requests', 1) end
+local wait = tonumber(ARGV[15])
 if wait > 0 then
-  stat_add(window, now, tonumber(ARGV[12]), 'waits', 1)
-  stat_add(window, now, tonumber(ARGV[12]), 'wait_ms', math.floor(wait * 1000 + 0.5))
+  stat_add(window, now, tonumber(ARGV[13]), 'waits', 1)
+  stat_add(window, now, tonumber(ARGV[13]), 'wait_ms', math.floor(wait * 1000 + 0.5))
 end
 return held

@@ -1,6 +1,7 @@
--- state.lua: a read-only view of a scope at now. KEYS and ARGV[1..5]: see _lib.lua.
+-- state.lua: a read-only view of a scope at now. KEYS and ARGV[1..6]: see _lib.lua.
 -- Returns {now_us, cooldown_s, live leases, burst_s, then per dimension r, i, o: limit per
--- minute, capacity, level ('' x 3 when not limited), then the learned raw limits r, i, o}.
+-- minute, capacity, level, our share of the key ('' x 4 when not limited), then the learned
+-- raw limits r, i, o}.
 
 local now = now_us()
 local b = load(now)
@@ -10,8 +11,9 @@ for k = 1, 3 do
   if b.per[k] then
     table.insert(out, num(b.lim[k])); table.insert(out, num(b.cap[k]))
     table.insert(out, num(b.cap[k] - (b.tat[k] - now) / b.per[k]))
+    table.insert(out, num(b.share[k]))
   else
-    table.insert(out, ''); table.insert(out, ''); table.insert(out, '')
+    table.insert(out, ''); table.insert(out, ''); table.insert(out, ''); table.insert(out, '')
   end
 end
 local learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')

@@ -1,13 +1,14 @@
 -- sync.lua: fold a response's anthropic-ratelimit-* headers into the scope. KEYS and
--- ARGV[1..5]: see _lib.lua.
--- ARGV[6..8] -remaining of requests, input, output tokens ('' = absent): a level only ever
---            goes down to it, never up
--- ARGV[9..11] raw -limit values to learn ('' = none; the caller sends only those of
---            dimensions it has no configured limit for)
+-- ARGV[1..6]: see _lib.lua.
+-- ARGV[7..9]   -remaining of requests, input, output tokens ('' = absent): a level only
+--              ever goes down to it, never up
+-- ARGV[10..12] -limit of requests, input, output tokens ('' = absent): learned where no
+--              limit is configured, and the key's limit when learning our share
 
-learn(9)
+learn(10)
 local now = now_us()
 local b = load(now)
-lower(b, 6, now)
+learn_share(b, 7, now)
+lower(b, 7, now)
 save(b, now)
 return 1
