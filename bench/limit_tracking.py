@@ -4,6 +4,7 @@
 alone on the 200-sub-agent workload and takes its makespan apart:
 
     python -m bench.limit_tracking [--repeat N] [--concurrency C] [--env DROVER_X=V ...]
+                                   [--sim other_share=0.4 --sim burst_s=60 ...]
 
 - start: from `submit()` to the provider's first accepted request;
 - saturated: while the binding dimension runs at >= 80% of the limit (its mean there is the
@@ -13,7 +14,9 @@ alone on the 200-sub-agent workload and takes its makespan apart:
 
 A sampler reads the limiter's bucket every 0.25 s: a negative level means callers are queued
 (the job is limit-bound), so time without a queue is time the limiter did not slow anything.
-Results go to the "limit tracking" section of bench/RESULTS.md with `--write`.
+`--sim NAME=VALUE` changes the simulator's config (e.g. `other_share=0.4`: another user of
+the key takes 40% of every limit; the run then also reports the makespan against the bound
+for the share that is left). Results are recorded by hand in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -125,13 +128,14 @@ class LimiterSampler:
 
 
 def run_once(workload: Workload, redis_url: str, prefix: str, concurrency: int,
-             env: dict[str, str]) -> tuple[dict[str, Any], dict[str, float], float]:
+             env: dict[str, str], sim_changes: dict[str, str] | None = None
+             ) -> tuple[dict[str, Any], dict[str, float], float]:
     """One drover run; ``drover.use_prefix(redis_url, prefix)`` must have been called."""
     from bench.contenders import drover
 
     sampler = LimiterSampler(redis_url)
     try:
-        with SimProcess(workload.sim_config()) as sim:
+        with SimProcess(workload.sim_config(**(sim_changes or {}))) as sim:
             ctx = RunContext(workload, sim.url, redis_url, f"sk-bench-{prefix}", prefix,
                              concurrency=concurrency)
             outcome = drover.run(ctx, probe=sampler, env=env)
@@ -160,22 +164,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="threads per worker")
     parser.add_argument("--env", action="append", default=[], metavar="DROVER_X=VALUE",
                         help="extra settings for the workers (repeatable)")
+    parser.add_argument("--sim", action="append", default=[], metavar="NAME=VALUE",
+                        help="simulator config changes, e.g. other_share=0.4 (repeatable)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
+    sim_changes = dict(item.split("=", 1) for item in args.sim)
     workload = QUICK if args.quick else FULL
     print(f"workload: {workload.subagents} sub-agents, {workload.demand.requests} calls; lower "
           f"bound {workload.lower_bound_s:.1f} s ({workload.binding}); limits "
-          f"{workload.limits}; workers 4 x {args.concurrency}; env {env or 'defaults'}")
+          f"{workload.limits}; workers 4 x {args.concurrency}; env {env or 'defaults'}; "
+          f"simulator {sim_changes or 'as the workload says'}")
+    other = float(sim_changes.get("other_share", 0))
+    burst = workload.burst_s  # drover's bucket, whatever the simulator's holds
     from bench.contenders import drover
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     drover.use_prefix(args.redis_url, prefix)  # once: drover's Celery app reads it at import
     for i in range(args.repeat):
         started = time.monotonic()
-        fig, ph, queued = run_once(workload, args.redis_url, prefix, args.concurrency, env)
-        print(f"run {i + 1}: {describe(fig, ph, queued)} ({time.monotonic() - started:.0f} s)",
-              flush=True)
+        fig, ph, queued = run_once(workload, args.redis_url, prefix, args.concurrency, env,
+                                   sim_changes)
+        left = ""
+        if other:
+            bound = (workload.lower_bound_s + burst) / (1 - other) - burst
+            left = (f"; {fig['makespan_s'] / bound:.3f} x the bound for the {1 - other:.0%} "
+                    f"left ({bound:.1f} s); 429s per request "
+                    f"{fig['n429'] / workload.demand.requests:.1%}")
+        print(f"run {i + 1}: {describe(fig, ph, queued)}{left} "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
     return 0
 
 
