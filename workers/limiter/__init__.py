@@ -48,6 +48,10 @@ Decisions worth knowing:
   the simulator with buckets equal to ours sees no 429 (``bench/RESULTS.md``).
 - ``-limit`` headers are stored raw (24 h) for dimensions the ``ScopeLimits`` leaves None,
   then used times ``learned_utilization``; a configured limit always wins.
+- ``learn_share`` (LLM scopes): the key may be used by other software too. The slope of the
+  ``-remaining`` headers over 5 s windows, with our own planned rate, tells which share of
+  each limit is left for us; a 429 cuts it by a tenth; near a full bucket it climbs back by
+  1/60 per second. The share multiplies the limits (``_lib.lua:learn_share``).
 - Counters: requests at the planned send second, tokens at the settle second, waits at the
   acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
 """
