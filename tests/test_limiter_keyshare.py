@@ -83,3 +83,26 @@ def test_the_limiter_learns_its_share_of_a_shared_key_and_climbs_back(redis_clie
     assert lim.state(scope, LIMITS)["input_tokens"]["share"] >= 0.95
     assert rate(stats, 290, 300) >= 0.90 * ITPM / 60, rate(stats, 290, 300) / (ITPM / 60)
     assert stats.get("429", 0) == n429
+
+
+def test_the_simulators_other_user_takes_its_share_of_every_limit_and_can_stop():
+    from simulator.engine import Engine
+
+    engine = Engine(SimConfig(rpm=600, itpm=60_000, burst_s=1, other_share=0.5))
+    buckets = engine._buckets_for("k", 0.0)
+    assert buckets.try_admit(1_000, 0, 0.0) is None  # the whole input bucket
+    buckets.refill(1.0)
+    assert buckets.input.level == 500  # half of a second's refill was the other user's
+    with_other = buckets.try_admit(1_000, 0, 1.0)
+    assert with_other is not None and with_other.limit_name == "input tokens"
+    engine.configure(other_share=0.0)  # the other user stops: the buckets stay
+    assert engine._buckets_for("k", 1.0) is buckets and buckets.other_share == 0.0
+    buckets.refill(1.5)
+    assert buckets.input.level == 1_000
+    for bad in (-0.1, 1.0):
+        try:
+            SimConfig(other_share=bad)
+        except ValueError as error:
+            assert "other_share" in str(error)
+        else:
+            raise AssertionError(f"other_share={bad} accepted")
