@@ -165,7 +165,7 @@ def make_machine(client, prefix: str):
             learned = [float(v) if v is not None and c is None and v > 0 else None
                        for v, c in zip(learn, conf, strict=True)]
             rem = [None if v is None else float(v) for v in remaining]
-            if any(v is not None for v in (*rem, *learned)):
+            if any(v is not None for v in (*remaining, *learn)):  # then the script runs
                 self.model.sync(self.clock.us, self.limits, rem, learned)
 
         @rule(headers=headers_strategy)
