@@ -166,9 +166,9 @@ class LimiterCore:
                                    "leases": int(r[2]), "burst_s": float(r[3])}
             for k, name in enumerate(("requests", "input_tokens", "output_tokens")):
                 lim, cap, level, share = (_f(v) for v in r[4 + 4 * k: 8 + 4 * k])
-                out[name] = None if lim is None else {
-                    "limit_per_min": lim, "rate_per_s": lim / 60, "capacity": cap,
-                    "level": level, "share": share}
+                out[name] = None if lim is None else {  # rate and capacity: with the share
+                    "limit_per_min": lim, "share": share, "rate_per_s": lim * share / 60,
+                    "capacity": cap, "level": level}
             out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[16:19]),
                                       strict=True))
             return out

@@ -4,8 +4,8 @@
 --   KEYS[1] bucket  hash  r, i, o: per dimension (requests, input tokens, output tokens) the
 --                         theoretical arrival time (GCRA), us of Redis time: the instant its
 --                         bucket is full again, all reservations paid. Absent or past = full.
---                         Lr, Li, Lo: the per-minute limits of the last write (absent = not
---                         limited); burst: burst_s of the last write; cd: cooldown until (us);
+--                         Lr, Li, Lo: the per-minute limits of the last write, before our
+--                         share (absent = not limited); burst: burst_s of the last write; cd: cooldown until (us);
 --                         lx: latest lease expiry (us); fr, fi, fo: the share of each limit
 --                         that is ours (absent = 1; see learn_share); hr/tr, hi/ti, ho/to:
 --                         the -remaining header and its time (us) a share window began at;
@@ -32,7 +32,7 @@ local function num(x)
 end
 
 -- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k] and
--- lim[k] = base[k] (the limit ARGV gives) x share[k].
+-- lim[k] = base[k] (the limit ARGV gives, or the last write's) x share[k] when learning it.
 local FIELDS = {'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx', 'fr', 'fi', 'fo', 'hr', 'hi',
                 'ho', 'tr', 'ti', 'to', 'mr', 'mi', 'mo'}
 
@@ -52,14 +52,14 @@ local function load(now)
   end
   for k = 1, 3 do
     local lim
-    if ARGV[k] == '*' then lim = tonumber(f[3 + k])  -- already times the share
+    if ARGV[k] == '*' then lim = tonumber(f[3 + k])
     elseif ARGV[k] ~= '' then lim = tonumber(ARGV[k])
     elseif learned[k] then lim = tonumber(learned[k]) * tonumber(ARGV[5]) end
     b.share[k] = tonumber(f[9 + k]) or 1
     b.hr[k], b.ht[k], b.top[k] = tonumber(f[12 + k]), tonumber(f[15 + k]), tonumber(f[18 + k])
     if lim and lim > 0 then
       b.base[k] = lim
-      set_limit(b, k, (ARGV[6] == '1' and ARGV[k] ~= '*') and lim * b.share[k] or lim)
+      set_limit(b, k, (ARGV[6] == '1' or ARGV[k] == '*') and lim * b.share[k] or lim)
       b.tat[k] = math.max(now, tonumber(f[k]) or now)
     end
   end
@@ -75,7 +75,7 @@ local function save(b, now)
   for k = 1, 3 do
     if b.tat[k] then
       table.insert(set, DIMS[k]); table.insert(set, num(b.tat[k]))
-      table.insert(set, 'L' .. DIMS[k]); table.insert(set, num(b.lim[k]))
+      table.insert(set, 'L' .. DIMS[k]); table.insert(set, num(b.base[k]))
       needed = math.max(needed, b.tat[k])
     elseif b.was[k] or b.was[3 + k] then  -- no longer limited: its state goes
       table.insert(gone, DIMS[k]); table.insert(gone, 'L' .. DIMS[k])

@@ -1,7 +1,7 @@
 -- state.lua: a read-only view of a scope at now. KEYS and ARGV[1..6]: see _lib.lua.
 -- Returns {now_us, cooldown_s, live leases, burst_s, then per dimension r, i, o: limit per
--- minute, capacity, level, our share of the key ('' x 4 when not limited), then the learned
--- raw limits r, i, o}.
+-- minute (before our share), capacity, level, our share of the key ('' x 4 when not
+-- limited), then the learned raw limits r, i, o}.
 
 local now = now_us()
 local b = load(now)
@@ -9,7 +9,7 @@ local out = {num(now), num(math.max(0, b.cd - now) / 1e6),
              redis.call('ZCOUNT', KEYS[2], '(' .. num(now), '+inf'), num(b.burst_s)}
 for k = 1, 3 do
   if b.per[k] then
-    table.insert(out, num(b.lim[k])); table.insert(out, num(b.cap[k]))
+    table.insert(out, num(b.base[k])); table.insert(out, num(b.cap[k]))
     table.insert(out, num(b.cap[k] - (b.tat[k] - now) / b.per[k]))
     table.insert(out, num(b.share[k]))
   else
