@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from config import Settings, get_settings
 from orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
 from orchestrator.stats import scope_usage
+from workers.jobs import liveness
 from workers.jobs.connections import sync_redis
 from workers.jobs.records import STATUSES
 from workers.jobs.store import ACTIVE, JobStore
@@ -107,6 +108,8 @@ class DroverCollector(Collector):
                 families += self._job_series(procs)
                 families.append(self._gauge("drover_workers_alive", [((), len(
                     {p["node"] for p in procs if p.get("node")}))]))
+                families.append(self._gauge("drover_worker_processes_alive",
+                                            [((), self._live_processes())]))
             except redis.RedisError as error:
                 log.warning("cannot read Redis for this scrape (%s: %s)",
                             type(error).__name__, error)
@@ -211,9 +214,13 @@ class DroverCollector(Collector):
                 gone.append(proc)
         if gone:
             self.r.srem(self.keys["procs"], *gone)
-        # HOOK(workerloss): once workers/jobs keeps per-worker heartbeat keys, count those
-        # nodes here (through its public reader) instead of the telemetry heartbeats.
         return alive
+
+    def _live_processes(self) -> int:
+        """Processes alive by the recovery sweep's own heartbeats (the sweep prunes the dead)."""
+        ids = [_s(w) for w in self.r.zrange(liveness.workers_key(self.settings.key_prefix),
+                                            0, -1)]
+        return sum(liveness.alive(self.r, self.settings.key_prefix, ids).values()) if ids else 0
 
     def _job_series(self, procs: list[dict[str, str]]) -> list[Metric]:
         now = time.time()

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.settings import Settings, load_settings
 from orchestrator.metrics import DroverCollector
+from workers.jobs import liveness
 from workers.jobs.connections import sync_redis
 from workers.jobs.records import SubagentResult
 from workers.jobs.spec import JobSpec
@@ -92,6 +93,9 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
     store.finish(SubagentResult(job_id="job2", index=0, status="ok"))
     store.finish(SubagentResult(job_id="job2", index=1, status="failed"))
     recorders[0].running("job2", +1)
+    beat = liveness.Heartbeat(settings)
+    beat.stop()  # one beat is enough: its key lives for DROVER_HEARTBEAT_TTL_S
+    client.set(liveness.heartbeat_key(settings.key_prefix, beat.id), "{}", ex=60)
     for rec in recorders:
         rec.flush()
     return store
@@ -149,6 +153,7 @@ def test_counters_of_every_process_add_up_and_histograms_are_cumulative(settings
     assert value(families, hist, f"{hist}_count", error_type="rate_limit_error") == 2
     assert value(families, hist, f"{hist}_sum", error_type="") == pytest.approx(1.0)
     assert value(families, "drover_workers_alive") == 2
+    assert value(families, "drover_worker_processes_alive") == 1  # the liveness heartbeat
 
 
 def test_scope_series_come_from_the_limiter(settings, recorders):

@@ -128,6 +128,9 @@ METRICS: tuple[Metric, ...] = (
            "memory are not in it: see the waiting sub-agents)", "state"),
     Metric("drover_workers_alive", "gauge", (),
            "Celery worker nodes whose heartbeat is fresh", "state"),
+    Metric("drover_worker_processes_alive", "gauge", (),
+           "worker processes whose liveness heartbeat (workers.jobs.liveness, the one the "
+           "recovery sweep trusts) has not expired", "state"),
     Metric("drover_exporter_jobs_without_series", "gauge", (),
            "active jobs left out of the drover_job_* series by DROVER_METRICS_MAX_JOBS",
            "state"),
