@@ -24,7 +24,7 @@ import anthropic
 import httpx2
 import pytest
 
-from orchestrator import JobSpec
+from orchestrator import JobSpec, submit
 from orchestrator.services import free_port
 from tests.conftest import configure
 from workers.agent import SubagentRun
@@ -504,3 +504,21 @@ def test_a_call_that_fails_for_good_logs_next_failed(monkeypatch, drover_env, si
                               CallContext("j", 0, asyncio.Event())))
     (line,) = [r.getMessage() for r in caplog.records if "outcome=n4xx" in r.getMessage()]
     assert "status=400 " in line and line.endswith(" next=failed countdown=0.0")
+
+
+def test_planning_backs_off_and_gives_up_after_its_attempts(monkeypatch, drover_env, sim,
+                                                            worker, caplog):
+    # The planning call goes through the same retries as a sub-agent's: its backoff grows
+    # with each retry of plan_job, and the last attempt fails the job with the last error.
+    configure(monkeypatch, drover_env, max_attempts=3)
+    caplog.set_level(logging.INFO, logger="drover.llm")
+    worker(concurrency=2)
+    result = submit(JobSpec(goal="Plan the tides [[sim:529]]", max_tokens=100)
+                    ).wait(timeout=90)
+
+    assert result.status == "failed" and result.results == []
+    assert result.reason.startswith("planning failed: gave up after 3 attempts")
+    assert "Overloaded" in result.reason
+    assert sim.stats()["overloaded_529"] == 3
+    lines = [r.getMessage() for r in caplog.records if "outcome=n529" in r.getMessage()]
+    assert [line.split(" next=")[1].split()[0] for line in lines] == ["retry", "retry", "failed"]
