@@ -477,12 +477,17 @@ def test_backoff_grows_with_each_failed_delivery_and_the_last_logs_next_failed(
     caplog.set_level(logging.INFO, logger="drover.llm")
     job_id = _job(rt, ["Check the tides [[sim:529]]"])
     countdowns, reasons = [], []
+    token = 0  # the claim token the next delivery's message carries
     for _ in range(7):  # each delivery fails once and asks for a Celery retry
+        run = SubagentRun(rt, job_id, 0, token=token)
         with pytest.raises(RetryableFailure) as caught:
-            rt.run(SubagentRun(rt, job_id, 0).run())
+            rt.run(run.run())
         countdowns.append(caught.value.countdown)
         reasons.append(caught.value.reason)
-    record = rt.run(SubagentRun(rt, job_id, 0).run())  # the 8th attempt is the last
+        # What the Celery retry does: the new message carries the claim, which is released.
+        token = run.token
+        rt.store.claims.release(job_id, 0, token, run.worker)
+    record = rt.run(SubagentRun(rt, job_id, 0, token=token).run())  # the 8th is the last
 
     assert record.status == "failed" and record.attempts == 8
     assert all(c <= 2 ** k for k, c in enumerate(countdowns))  # full jitter, base 1 s
