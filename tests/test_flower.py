@@ -307,10 +307,10 @@ def test_a_subagent_sent_again_says_so_in_flowers_args(drover_env, redis_client)
     subtasks = [f"{SECRET} a", f"{SECRET} b", f"{SECRET} c"]
     store.create(job_id, JobSpec(subtasks=subtasks), subtasks, status="queued",
                  queue=settings.queue)
-    send_again(settings.queue, job_id, 2)  # no worker runs: the message stays in the queue
-    send_again(settings.queue, job_id, None)
+    send_again(settings.queue, job_id, 2, 7)  # no worker runs: the message stays queued
+    send_again(settings.queue, job_id, "join", 8)
     raws = redis_client.lrange(f"{settings.key_prefix}:celery:{settings.queue}", 0, -1)
     shown = sorted(json.loads(raw)["headers"]["argsrepr"] for raw in raws)
-    assert shown == [f"job={job_id} join of 3 resent: the join never ran",
-                     f"job={job_id} sub=2/3 resent: task lost by the broker"]
+    assert shown == [f"job={job_id} join of 3 resent",
+                     f"job={job_id} sub=2/3 resent: its worker or message was lost"]
     assert all(SECRET not in raw for raw in raws)
