@@ -203,3 +203,21 @@ def test_drover_demo_batch_shows_a_batch_job_end_to_end(drover_env, capsys) -> N
     out = capsys.readouterr().out
     assert "LLM calls by Message Batch" in out and "billed at the batch rate" in out
     assert "Message Batches: 0 open" in out
+
+
+def test_auto_delivery_uses_batches_only_when_the_deadline_allows_it() -> None:
+    from pydantic import ValidationError
+
+    from config import load_settings
+    from workers.agent import uses_batch
+
+    settings = load_settings(batch_auto_min_deadline_s=3600)
+    job = {"subtasks": ["Summarise the archive"]}
+    assert not uses_batch(JobSpec(**job), settings)  # realtime is the default
+    assert uses_batch(JobSpec(**job, delivery="batch", deadline_s=5), settings)
+    assert uses_batch(JobSpec(**job, delivery="auto"), settings)  # no deadline
+    assert uses_batch(JobSpec(**job, delivery="auto", deadline_s=7200), settings)
+    assert not uses_batch(JobSpec(**job, delivery="auto", deadline_s=600), settings)
+    with pytest.raises(ValidationError) as bad:
+        JobSpec(**job, delivery="overnight")
+    assert "'realtime', 'batch' or 'auto'" in str(bad.value)
