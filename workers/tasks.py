@@ -217,6 +217,8 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     try:
         outcome = rt.run(run.run())
     except ClaimLost:  # a late copy: another delivery runs (or ran) this sub-agent
+        log.warning("sub-agent %s/%d: a late copy of its task (another delivery holds its "
+                    "claim or it has finished); this one stops without a call", job_id, index)
         return {"status": "superseded", "job_id": job_id, "index": index}
     except Parked:
         # Its request waits in a Message Batch: keep what resumes this very task (same id,
