@@ -146,7 +146,7 @@ def one_round(broker: str | None, n: int, overload: float, kill: bool) -> dict[s
         if broker:
             env["DROVER_BROKER_URL"] = broker
         workers: list[subprocess.Popen] = []
-        monitor = None
+        monitor = Monitor(url)  # from before the job: every command of it is counted
         try:
             job = submit(env, n)
             workers = [spawn_worker(env, f"b{i}-{uuid.uuid4().hex[:4]}") for i in range(2)]
@@ -156,7 +156,6 @@ def one_round(broker: str | None, n: int, overload: float, kill: bool) -> dict[s
                              if w.split(":")[-2] == str(proc.pid)), None)
 
             ids = wait("heartbeats", lambda: all(i := [worker_id(p) for p in workers]) and i)
-            monitor = Monitor(url)
             out: dict[str, Any] = {}
             if kill:
                 victim = ids[0]
@@ -187,6 +186,7 @@ def one_round(broker: str | None, n: int, overload: float, kill: bool) -> dict[s
             out["dup"] = sim.stats()["duplicate_accepted"]
             return out
         finally:
+            monitor.stop()
             for proc in workers:
                 with_suppress(lambda p=proc: os.killpg(p.pid, signal.SIGKILL))
                 proc.wait()
@@ -206,6 +206,15 @@ LIVENESS_KINDS = ("EVALSHA receive", "EVALSHA release", "SET (liveness)", "ZADD 
                   "EVALSHA takeover")
 
 
+def round_trips(counts: dict[str, int]) -> int:
+    """Round trips among the liveness commands: a heartbeat's SET and ZADD are one pipeline,
+    and so are the sweep's EXISTS of every worker (one per sweep that read the workers)."""
+    return (counts.get("EVALSHA receive", 0) + counts.get("EVALSHA release", 0)
+            + counts.get("EVALSHA takeover", 0) + counts.get("SET (liveness)", 0)
+            + counts.get("SET (sweep)", 0) + 2 * counts.get("ZRANGE (liveness)", 0)
+            + counts.get("SMEMBERS (sweep)", 0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=5)
@@ -220,8 +229,10 @@ def main() -> None:
         extra = {k: v for k, v in counts["counts"].items() if k in LIVENESS_KINDS}
         total = sum(counts["counts"].values())
         print(f"no kill, {overload:.0%} 529s: {total / args.n:.1f} Redis commands per "
-              f"sub-agent; liveness and claims {sum(extra.values()) / args.n:.2f} of them "
-              f"per sub-agent: {extra}")
+              f"sub-agent in all; liveness and claims add {round_trips(extra) / args.n:.2f} "
+              f"round trips per sub-agent (receipts {extra.get('EVALSHA receive', 0)}, "
+              f"releases after a retry {extra.get('EVALSHA release', 0)}, heartbeats and "
+              f"sweeps the rest): {extra}")
 
     times = []
     for i in range(args.kills):
