@@ -152,7 +152,8 @@ def one_round(broker: str | None, n: int, overload: float, kill: bool) -> dict[s
             workers = [spawn_worker(env, f"b{i}-{uuid.uuid4().hex[:4]}") for i in range(2)]
 
             def worker_id(proc: subprocess.Popen) -> str | None:
-                return next((w for w in r.zrange(f"{prefix}:workers", 0, -1)
+                # ZRANGEBYSCORE, not the sweep's ZRANGE: the count of those stays the sweep's.
+                return next((w for w in r.zrangebyscore(f"{prefix}:workers", "-inf", "+inf")
                              if w.split(":")[-2] == str(proc.pid)), None)
 
             ids = wait("heartbeats", lambda: all(i := [worker_id(p) for p in workers]) and i)
@@ -211,7 +212,7 @@ def round_trips(counts: dict[str, int]) -> int:
     and so are the sweep's EXISTS of every worker (one per sweep that read the workers)."""
     return (counts.get("EVALSHA receive", 0) + counts.get("EVALSHA release", 0)
             + counts.get("EVALSHA takeover", 0) + counts.get("SET (liveness)", 0)
-            + counts.get("SET (sweep)", 0) + 2 * counts.get("ZRANGE (liveness)", 0)
+            + counts.get("SET (sweep)", 0) + 2 * counts.get("ZRANGE (liveness)", 0)  # + EXISTS
             + counts.get("SMEMBERS (sweep)", 0))
 
 
