@@ -25,7 +25,10 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    kombu's Redis layout: ``{prefix}:celery:{queue}`` lists and the ``unacked`` hash) are sent
    again, whatever their claim says (with a new token: a delivery that still runs one stops
    at its next write); this is the only step whose cost grows with the queue, and it runs
-   only for a stalled job. RabbitMQ keeps unacked messages on the server: no such gap.
+   only for a stalled job. A dying worker can hit that gap too (a message popped whose reply
+   it never read), so for a minute after a worker death a job counts as stalled after
+   ``DROVER_HEARTBEAT_TTL_S`` without a record. RabbitMQ keeps unacked messages on the
+   server: no such gap.
 
 A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a ``failed`` record instead, so a
 task that kills every worker it lands on cannot keep a job open.
@@ -114,13 +117,20 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
         return []
     dead: list[str] = []
     sent = take_over_dead_workers(store, settings, send, dead)
+    death = f"{store.prefix}:recovery:death"
     if dead and not settings.broker_is_rabbitmq:
         sent += resend_orphans(store, settings, send)
+        # A dying worker may also have taken a message off the queue whose reply it never
+        # read (the BRPOP gap): for a while, a job that stalls is looked at after a heartbeat
+        # TTL instead of DROVER_RESEND_AFTER_S.
+        r.set(death, "1", px=int(max(60.0, 4 * settings.heartbeat_ttl_s) * 1000))
     sent += join_recovered_jobs(store, send)
-    if not settings.broker_is_rabbitmq and r.set(
-            f"{store.prefix}:recovery:scan", "1", nx=True,
-            px=int(scan_interval_s(settings) * 900)):
-        sent += resend_lost_messages(store, settings, send)
+    if not settings.broker_is_rabbitmq:
+        after_a_death = bool(r.exists(death))
+        every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)
+        if r.set(f"{store.prefix}:recovery:scan", "1", nx=True, px=int(every * 900)):
+            sent += resend_lost_messages(store, settings, send, min(
+                settings.resend_after_s, settings.heartbeat_ttl_s) if after_a_death else None)
     return sent
 
 
@@ -230,8 +240,8 @@ def _send_join(store: JobStore, send: Send, queue: str | None, job_id: str) -> b
     return bool(token) and _send_to(send, queue, job_id, "join", token)
 
 
-def resend_lost_messages(store: JobStore, settings: Settings, send: Send
-                         ) -> list[tuple[str, Part]]:
+def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
+                         after_s: float | None = None) -> list[tuple[str, Part]]:
     """Step 3 (Redis broker): sub-agents of a stalled job whose message the broker lost.
 
     With late acks every unfinished sub-agent has a message in the broker (queued, or
@@ -248,7 +258,7 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send
         if meta.get("status") not in ACTIVE or "launched" not in meta:
             continue
         n, done = int(meta["n"]), store.record_count(job_id)
-        if not _stalled(store, job_id, done, now, settings.resend_after_s):
+        if not _stalled(store, job_id, done, now, after_s or settings.resend_after_s):
             continue
         if done >= n:
             if store.result(job_id) is None and _send_join(store, send, queue, job_id):
@@ -271,6 +281,8 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send
             if _send_to(send, queue, job_id, index, token):
                 r.sadd(f"{store.prefix}:recovering", job_id)
                 sent.append((job_id, index))
+                log.warning("sub-agent %s/%d: its message is gone from the broker; sent again",
+                            job_id, index)
     return sent
 
 
