@@ -179,6 +179,7 @@ def main() -> None:
         keys = list(client.scan_iter(match=f"{prefix}:*"))
         if keys:
             client.delete(*keys)
+        print(f"\nkeys under {prefix}: {len(keys)} deleted")
         client.close()
 
 
