@@ -1,7 +1,7 @@
 """Three hosts of our own on this machine: Linux network namespaces joined by veth pairs on a
 bridge. Host A runs Redis and the simulator; hosts B and C run a Celery worker each and reach
 A only over the namespaces' addresses (nothing in a namespace can see this machine's
-loopback). A 200-sub-agent job, submitted from host B, must stay inside the provider's
+loopback). A 120-sub-agent job, submitted from host B, must stay inside the provider's
 limits although two hosts share them, and must still complete when host C's worker is
 killed in the middle of it.
 
@@ -28,16 +28,15 @@ from pathlib import Path
 
 import pytest
 
-from config import SettingsError, load_settings
 from tests.conftest import ROOT, wait_until
 
 NS_PREFIX = "drovertest-"
 SUBNET = "10.213.7"  # inside our own namespaces only: no route to it exists outside them
 REDIS_PORT = 6379
 SIM_PORT = 8080
-LIMITS = {"rpm": 300, "itpm": 40_000, "otpm": 20_000}
-SUBAGENTS = 200
-KILL_AFTER = 50  # finished sub-agents before host C's worker is killed
+LIMITS = {"rpm": 600, "itpm": 80_000, "otpm": 40_000}  # bind: 32 slots could send far more
+SUBAGENTS = 120
+KILL_AFTER = 30  # finished sub-agents before host C's worker is killed
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -180,19 +179,6 @@ print(json.dumps({"result": {"status": result.status, "counts": result.counts,
 """
 
 
-def _settings_env() -> dict[str, str]:
-    """Short timeouts so a killed worker's tasks come back soon, as low as Settings allows."""
-    for visibility in (30, 60):
-        values = {"countdown_cap_s": 8, "task_time_limit_s": visibility - 12,
-                  "call_timeout_s": 10, "visibility_timeout_s": visibility}
-        try:
-            load_settings(**values)
-        except SettingsError:
-            continue
-        return {f"DROVER_{k.upper()}": str(v) for k, v in values.items()}
-    raise AssertionError("Settings refuse every short visibility timeout this test can use")
-
-
 def test_two_worker_hosts_share_the_limits_and_survive_losing_one(hosts: Hosts):
     a = hosts.address["a"]
     hosts.start("redis", "a", "redis-server", "--bind", a, "--port", str(REDIS_PORT),
@@ -211,8 +197,7 @@ def test_two_worker_hosts_share_the_limits_and_survive_losing_one(hosts: Hosts):
         "DROVER_KEY_PREFIX": "drover-multihost", "DROVER_QUEUE": "multihost",
         "DROVER_RPM": str(LIMITS["rpm"]), "DROVER_ITPM": str(LIMITS["itpm"]),
         "DROVER_OTPM": str(LIMITS["otpm"]), "DROVER_BACKOFF_BASE_S": "0.2",
-        **_settings_env(),
-    }
+    }  # recovery with the default settings: heartbeats, not a short visibility timeout
     # Nothing on host B can reach this machine's Redis: the namespaces' addresses are all
     # there is, so whatever the job does goes over them.
     probe = ("import redis; r = redis.Redis(host='127.0.0.1', port=6379, "
