@@ -20,7 +20,6 @@ read from each job's event stream incrementally (only the entries since the last
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -231,13 +230,9 @@ class DroverCollector(Collector):
             for k, v in beat.items():
                 if k.startswith("running:"):
                     running[k.removeprefix("running:")] += int(v)
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hmget(self.store.key(job_id, "meta"), "status", "n", "launched", "created",
-                       "queue")
-        metas = pipe.execute() if job_ids else []
+        metas = self.store.metas(job_ids, "status", "n", "launched", "created", "queue")
         ended = [(m, j) for m, j, meta in zip(members, job_ids, metas, strict=True)
-                 if meta[0] is None or _s(meta[0]) not in ACTIVE]
+                 if meta[0] is None or meta[0] not in ACTIVE]
         if ended:
             self.r.zrem(self.keys["jobs"], *(m for m, _ in ended))
             for _, job_id in ended:
@@ -256,8 +251,7 @@ class DroverCollector(Collector):
         queues = {self.settings.queue}
         cap = self.settings.metrics_max_jobs
         for rank, (job_id, meta, tenant) in enumerate(active):
-            _status, n, launched, created, queue = (_s(x) if x is not None else None
-                                                    for x in meta)
+            _status, n, launched, created, queue = meta
             if queue:
                 queues.add(queue)
             done = self._jobs[job_id].done
@@ -293,26 +287,16 @@ class DroverCollector(Collector):
         """Count the records each job's stream gained since the last scrape."""
         todo = list(job_ids)
         while todo:
-            pipe = self.r.pipeline(transaction=False)
-            for job_id in todo:
-                seen = self._jobs.setdefault(job_id, _JobSeen())
-                pipe.xrange(self.store.key(job_id, "events"), min=f"({seen.last_id}",
-                            count=STREAM_PAGE)
-            more = []
-            for job_id, entries in zip(todo, pipe.execute(), strict=True):
+            after = {job_id: self._jobs.setdefault(job_id, _JobSeen()).last_id
+                     for job_id in todo}
+            found = self.store.new_statuses(after, count=STREAM_PAGE)
+            for job_id, entries in found.items():
                 seen = self._jobs[job_id]
-                for entry_id, fields in entries:
-                    seen.last_id = _s(entry_id)
-                    raw = fields.get(b"record") or fields.get("record")
-                    try:
-                        status = json.loads(raw)["status"]
-                    except (TypeError, ValueError, KeyError):
-                        continue
+                for entry_id, status in entries:
+                    seen.last_id = entry_id
                     if status in seen.done:
                         seen.done[status] += 1
-                if len(entries) == STREAM_PAGE:
-                    more.append(job_id)
-            todo = more
+            todo = [job_id for job_id, entries in found.items() if len(entries) == STREAM_PAGE]
 
     def _queue_lengths(self, queues: list[str]) -> list[tuple[tuple[str, ...], float]]:
         if not self.broker_queues:

@@ -394,6 +394,34 @@ class JobStore:
                 raw = fields.get(b"record") or fields.get("record")
                 yield _s(entry_id), SubagentResult.model_validate_json(raw)
 
+    def metas(self, job_ids: list[str], *fields: str) -> list[list[str | None]]:
+        """Some meta fields of many jobs in one round trip (None where a job or field is gone)."""
+        if not job_ids:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(self.key(job_id, "meta"), *fields)
+        return [[_s(v) if v is not None else None for v in row] for row in pipe.execute()]
+
+    def new_statuses(self, after: dict[str, str], count: int = 500
+                     ) -> dict[str, list[tuple[str, str]]]:
+        """(entry id, status) of the records each job's stream gained after the entry id
+        given for it, for many jobs in one call (at most ``count`` per job)."""
+        if not after:
+            return {}
+        streams = {self.key(job_id, "events"): last for job_id, last in after.items()}
+        jobs = {key: job_id for key, job_id in zip(streams, after, strict=True)}
+        found: dict[str, list[tuple[str, str]]] = {}
+        for stream, entries in self.r.xread(streams, count=count) or []:
+            rows = found.setdefault(jobs[_s(stream)], [])
+            for entry_id, fields in entries:
+                raw = fields.get(b"record") or fields.get("record")
+                try:
+                    rows.append((_s(entry_id), json.loads(raw)["status"]))
+                except (TypeError, ValueError, KeyError):
+                    rows.append((_s(entry_id), ""))
+        return found
+
     def save_result(self, result: JobResult) -> None:
         pipe = self.r.pipeline()
         pipe.set(self.key(result.job_id, "result"), result.model_dump_json(), ex=self.ttl_s)
