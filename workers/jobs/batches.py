@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 
+from workers.jobs._decode import text as _s
 from workers.jobs.store import JobStore
 
 __all__ = ["BatchStore", "OpenBatch", "custom_id", "parse_custom_id"]
@@ -286,7 +287,3 @@ class BatchStore:
 
     def retire_job(self, job_id: str) -> None:
         self.r.srem(self._active_jobs, job_id)
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

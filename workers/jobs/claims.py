@@ -26,6 +26,8 @@ from pathlib import Path
 
 import redis
 
+from workers.jobs._decode import text as _s
+
 __all__ = ["ClaimLost", "Claims", "Held", "part_name"]
 
 LUA = Path(__file__).with_name("lua")
@@ -155,7 +157,3 @@ def token_of(raw: bytes | str | None) -> int:
     if raw is None:
         return 0
     return int(_s(raw).split("|", 1)[0])
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

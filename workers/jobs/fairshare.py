@@ -49,6 +49,7 @@ from importlib import resources
 import redis
 
 from config import Settings
+from workers.jobs._decode import text as _s
 from workers.jobs.spec import PRIORITIES
 from workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
@@ -292,7 +293,3 @@ def _pump_forever(fs: FairShare, store: JobStore, publish: Publish, node: str | 
         except Exception as error:  # Redis or the broker away: again next time
             log.warning("fair-share pump failed (%s: %s)", type(error).__name__, error)
         time.sleep(PUMP_S * random.uniform(0.8, 1.2))
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -48,6 +48,7 @@ from typing import Any
 import redis
 
 from config import Settings, get_settings
+from workers.jobs._decode import text as _s
 from workers.jobs.connections import sync_redis
 from workers.jobs.fairshare import FairShare
 from workers.jobs.liveness import alive, workers_key
@@ -339,9 +340,6 @@ def _stalled(store: JobStore, job_id: str, done: int, now: float, after_s: float
     store.r.hset(key, "since", now)  # act at most once per wait
     return True
 
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 _started = threading.Lock()

@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from workers.jobs._decode import text as _s
 from workers.jobs.claims import ClaimLost, Claims
 from workers.jobs.records import (
     STATUSES,
@@ -432,7 +433,3 @@ class JobStore:
     def result(self, job_id: str) -> JobResult | None:
         raw = self.r.get(self.key(job_id, "result"))
         return JobResult.model_validate_json(raw) if raw else None
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
