@@ -42,6 +42,7 @@ __all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field", "parse_jo
            "register_job"]
 
 log = logging.getLogger("drover.telemetry")
+COUNTERS_TTL_S = 7 * 24 * 3600
 
 
 def keys(prefix: str) -> dict[str, str]:
@@ -58,6 +59,7 @@ def register_job(client: redis.Redis, prefix: str, job_id: str, tenant: str,
     pipe = client.pipeline(transaction=False)
     pipe.zadd(key, {f"{job_id}|{tenant}": now})
     pipe.zremrangebyscore(key, "-inf", now - keep_s)
+    pipe.expire(key, max(1, int(keep_s)))  # no key of ours outlives what it describes
     pipe.execute()
 
 
@@ -148,6 +150,10 @@ class Recorder:
         pipe = self._client.pipeline(transaction=False)
         for key, value in batch.items():
             pipe.hincrbyfloat(self.keys["counters"], key, value)
+        if batch:
+            # Counters of a fleet idle for a week start again from zero (Prometheus takes a
+            # counter reset in its stride); nothing stays in Redis for ever.
+            pipe.expire(self.keys["counters"], COUNTERS_TTL_S)
         if beat:
             self._heartbeat(pipe, node, running)
         if not len(pipe):
@@ -172,6 +178,7 @@ class Recorder:
         # Three missed flushes and this process no longer counts as alive.
         pipe.pexpire(key, int(max(5.0, 3 * self.flush_s) * 1000))
         pipe.sadd(self.keys["procs"], self.proc_id)
+        pipe.expire(self.keys["procs"], int(max(60.0, 10 * self.flush_s)))
 
     def close(self) -> None:
         if self._stop.is_set() or os.getpid() != self.pid:
