@@ -233,3 +233,29 @@ def rabbitmq_url() -> Iterator[str]:
             pytest.skip(f"rabbitmqctl {argv[1]} failed: {done.stderr.strip()[:200]}")
     yield f"amqp://guest:guest@{DEFAULT_AMQP_HOST}:{DEFAULT_AMQP_PORT}/{vhost}"
     subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def sim_factory() -> Iterator[Callable[..., SimulatorServer]]:
+    """Simulators of a test's own configuration (each stopped at the end)."""
+    started: list[SimulatorServer] = []
+
+    def make(**config: object) -> SimulatorServer:
+        server = SimulatorServer(SimConfig(**config)).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def wait_for_workers(count: int, timeout: float = 90) -> None:
+    """Until ``count`` worker processes answer a ping (so a job's clock starts with them up)."""
+    from workers.app import app
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(app.control.ping(timeout=0.5) or []) >= count:
+            return
+    raise AssertionError(f"{count} workers did not come up within {timeout} s")

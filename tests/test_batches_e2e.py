@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from orchestrator import JobSpec, submit
-from tests.conftest import configure, wait_until
+from tests.conftest import configure, wait_for_workers, wait_until
 from workers.limiter import Limiter
 
 FAST = {"DROVER_BATCH_LINGER_S": "0.3", "DROVER_BATCH_POLL_S": "0.2",
@@ -28,14 +28,6 @@ def batch_env(monkeypatch: pytest.MonkeyPatch, drover_env: dict[str, str], sim) 
     return drover_env
 
 
-def _wait_for_workers(count: int, timeout: float = 90) -> None:
-    from workers.app import app
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(app.control.ping(timeout=0.5) or []) >= count:
-            return
-    raise AssertionError(f"{count} workers did not come up within {timeout} s")
 
 
 def _batch_counters(redis_url: str, env: dict[str, str], job_id: str) -> dict[str, int]:
@@ -47,7 +39,7 @@ def _batch_counters(redis_url: str, env: dict[str, str], job_id: str) -> dict[st
 def test_a_batch_job_runs_every_turn_by_batch_and_bills_what_the_simulator_saw(
         sim, spawn_worker, batch_env, redis_url):  # noqa: ANN001
     spawn_worker(concurrency=4)
-    _wait_for_workers(1)
+    wait_for_workers(1)
     handle = submit(JobSpec(subtasks=[f"Summarise document {i}" for i in range(30)],
                             tools=["lookup_fact"], delivery="batch"))
     result = handle.wait(timeout=120)
@@ -73,7 +65,7 @@ def test_errored_and_expired_results_are_retried_or_recorded_and_endpoint_429s_b
     # a minute, so it meets the provider's 429s and has to back off on them.
     sim.configure(batch_rpm=120, burst_s=1.0, tool_turns=0)
     spawn_worker(concurrency=4)
-    _wait_for_workers(1)
+    wait_for_workers(1)
     tasks = ["Summarise report A [[sim:529:1]]",  # overloaded once: retried in the next batch
              "Summarise report B [[sim:400]]",    # invalid: not retryable, failed
              "Summarise report C [[sim:expire:1]]",  # expired once: sent again
@@ -102,7 +94,7 @@ def test_the_queued_requests_cap_holds_across_the_fleet(
     sim.configure(batch_queue_cap=cap, tool_turns=0, batch_processing_s=0.3)
     spawn_worker(concurrency=4)
     spawn_worker(concurrency=4)
-    _wait_for_workers(2)
+    wait_for_workers(2)
     handle = submit(JobSpec(subtasks=[f"Summarise memo {i}" for i in range(14)],
                             delivery="batch"))
     result = handle.wait(timeout=120)
@@ -118,7 +110,7 @@ def test_cancel_mid_batch_cancels_it_at_the_provider_and_every_subagent_gets_a_r
         sim, spawn_worker, batch_env, redis_url):  # noqa: ANN001
     sim.configure(batch_processing_s=4.0)
     spawn_worker(concurrency=4)
-    _wait_for_workers(1)
+    wait_for_workers(1)
     handle = submit(JobSpec(subtasks=[f"Assess supplier {i}" for i in range(20)],
                             tools=["lookup_fact"], delivery="batch"))
     wait_until("a batch in progress", lambda: sim.stats()["batches"]["in_progress"], 60)
@@ -168,7 +160,7 @@ def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the
     sim.configure(batch_processing_s=3.0)
     spawn_worker(concurrency=4)
     spawn_worker(concurrency=4)
-    _wait_for_workers(2)
+    wait_for_workers(2)
     batch_job = submit(JobSpec(subtasks=[f"Summarise filing {i}" for i in range(500)],
                                tools=["lookup_fact"], delivery="batch"))
     wait_until("a batch in progress", lambda: sim.stats()["batches"]["in_progress"], 120)

@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
 import pytest
 
-from simulator import SimConfig, SimulatorServer
+from simulator import SimulatorServer
 
 MODEL = "claude-sim-1"
 
 
-@pytest.fixture
-def sim_factory() -> Iterator[Callable[..., SimulatorServer]]:
-    started: list[SimulatorServer] = []
-
-    def make(**config: Any) -> SimulatorServer:
-        server = SimulatorServer(SimConfig(**config)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 def client_for(server: SimulatorServer) -> anthropic.Anthropic:

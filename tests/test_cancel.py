@@ -18,7 +18,7 @@ import time
 import redis
 
 from orchestrator import JobHandle, JobSpec, submit
-from tests.conftest import ROOT, configure, stop_process_group, wait_until
+from tests.conftest import ROOT, configure, stop_process_group, wait_for_workers, wait_until
 from workers.agent.errors import Cancelled
 from workers.agent.llm import CallContext, create_message
 from workers.limiter import Limiter, llm_scope
@@ -41,15 +41,6 @@ def _no_request_after_the_records(sim, result) -> None:  # noqa: ANN001
     assert arrivals and max(arrivals) < last_record
 
 
-def _wait_for_workers(count: int, timeout: float = 90) -> None:
-    """Until ``count`` worker processes answer a ping (so a job's clock starts with them up)."""
-    from workers.app import app
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(app.control.ping(timeout=0.5) or []) >= count:
-            return
-    raise AssertionError(f"{count} workers did not come up within {timeout} s")
 
 
 def _limiter(redis_url: str, env: dict[str, str]) -> tuple[Limiter, str]:
@@ -73,7 +64,7 @@ def test_cancel_in_the_middle_stops_every_worker_and_keeps_finished_results(
     sim.configure(**SLOW, rpm=600)
     configure(monkeypatch, drover_env, rpm=600, max_in_flight=16)
     workers = [spawn_worker(concurrency=16), spawn_worker(concurrency=16)]
-    _wait_for_workers(2)
+    wait_for_workers(2)
     handle = submit(JobSpec(subtasks=[f"Assess supplier {i}" for i in range(200)],
                             tools=["lookup_fact"]))
     early = []
@@ -112,7 +103,7 @@ def test_cancel_in_the_middle_stops_every_worker_and_keeps_finished_results(
 def test_a_deadline_ends_a_long_job_the_same_way(sim, spawn_worker, drover_env, redis_url):
     sim.configure(**SLOW)
     workers = [spawn_worker(concurrency=8)]
-    _wait_for_workers(1)
+    wait_for_workers(1)
     handle = submit(JobSpec(subtasks=[f"Assess depot {i}" for i in range(100)],
                             tools=["lookup_fact"], deadline_s=3))
     deadline = float(handle.store.meta(handle.id)["deadline"])  # Redis's clock (this host's)
@@ -137,7 +128,7 @@ def test_a_deadline_aborts_a_call_in_flight_with_no_cancel_message(sim, spawn_wo
     # other worker announces the deadline. Only the worker's own timer can stop it.
     sim.configure(latency_mean_s=9, latency_p95_s=9, tool_turns=0)
     spawn_worker(concurrency=2)
-    _wait_for_workers(1)
+    wait_for_workers(1)
     handle = submit(JobSpec(subtasks=["Write the long report"], deadline_s=4))
     result = handle.wait(timeout=60)
 
@@ -256,7 +247,7 @@ def test_cancel_stops_the_tools_that_are_running(sim, worker, monkeypatch, drove
 def test_a_cancelled_job_gets_no_synthesis(sim, spawn_worker, drover_env):
     sim.configure(**SLOW)
     workers = [spawn_worker(concurrency=8)]
-    _wait_for_workers(1)
+    wait_for_workers(1)
     handle = submit(JobSpec(subtasks=[f"Assess warehouse {i}" for i in range(40)],
                             tools=["lookup_fact"], synthesize=True))
     next(handle.as_completed(timeout=60))

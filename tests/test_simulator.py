@@ -6,7 +6,7 @@ import json
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -46,18 +46,6 @@ PLAN_TOOL: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def sim_factory() -> Iterator[Callable[..., SimulatorServer]]:
-    started: list[SimulatorServer] = []
-
-    def make(**config: Any) -> SimulatorServer:
-        server = SimulatorServer(SimConfig(**config)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 @pytest.fixture
