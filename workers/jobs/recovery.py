@@ -276,6 +276,8 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
         for index in range(n if dispatched is None else min(n, dispatched)):
             if index in recorded or (job_id, index) in in_broker[queue]:
                 continue
+            if _running_on_a_live_worker(store, job_id, index):
+                continue  # kombu handed its message out again and a late copy acked it
             token = store.claims.takeover(job_id, index, -1, "")
             if not token or _given_up(store, job_id, index, settings.max_attempts):
                 continue
@@ -285,6 +287,17 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
                 log.warning("sub-agent %s/%d: its message is gone from the broker; sent again",
                             job_id, index)
     return sent
+
+
+def _running_on_a_live_worker(store: JobStore, job_id: str, index: int) -> bool:
+    """A delivery of the sub-agent runs on a worker whose heartbeat is alive.
+
+    Such a sub-agent is not lost even when the broker holds no message for it: a task that
+    runs past the visibility timeout is handed out again by kombu, and the late copy stops
+    and acks it. If that worker dies, the dead-worker step recovers the sub-agent."""
+    raw = store.claims.claim(job_id, index)
+    _token, state, worker = ((raw or "").split("|", 2) + ["", ""])[:3]
+    return state == "running" and bool(worker) and alive(store.r, store.prefix, [worker])[worker]
 
 
 def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Part,

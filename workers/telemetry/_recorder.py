@@ -85,13 +85,15 @@ def _bound(value: float) -> str:
 class Recorder:
     """Counts of one process for one Redis and key prefix."""
 
-    def __init__(self, redis_url: str, prefix: str, flush_s: float):
+    def __init__(self, redis_url: str, prefix: str, flush_s: float,
+                 keep_s: int = COUNTERS_TTL_S):
         from workers.jobs.connections import sync_redis
 
         self.prefix = prefix
         self.redis_url = redis_url
         self.keys = keys(prefix)
         self.flush_s = flush_s
+        self.keep_s = keep_s  # the counters outlive an idle fleet this long (the records' TTL)
         self.pid = os.getpid()
         self.proc_id = f"{socket.gethostname()}:{self.pid}:{uuid.uuid4().hex[:6]}"
         self.node: str | None = None
@@ -151,9 +153,9 @@ class Recorder:
         for key, value in batch.items():
             pipe.hincrbyfloat(self.keys["counters"], key, value)
         if batch:
-            # Counters of a fleet idle for a week start again from zero (Prometheus takes a
-            # counter reset in its stride); nothing stays in Redis for ever.
-            pipe.expire(self.keys["counters"], COUNTERS_TTL_S)
+            # Counters of a fleet idle for as long as records are kept start again from zero
+            # (Prometheus takes a counter reset in its stride); nothing stays in Redis for ever.
+            pipe.expire(self.keys["counters"], self.keep_s)
         if beat:
             self._heartbeat(pipe, node, running)
         if not len(pipe):
@@ -214,5 +216,5 @@ def get_recorder() -> Recorder:
             if current is not None and current.pid == os.getpid():
                 current.close()
             _recorder = Recorder(settings.redis_url, settings.key_prefix,
-                                 settings.metrics_flush_s)
+                                 settings.metrics_flush_s, keep_s=settings.result_ttl_s)
         return _recorder
