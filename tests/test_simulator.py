@@ -122,7 +122,8 @@ def test_max_tokens_truncates_with_stop_reason_max_tokens(sim: SimulatorServer) 
 
 # -- tools ----------------------------------------------------------------------------------
 
-def test_tool_turns_then_end_turn_through_the_sdk(sim_factory: Callable[..., SimulatorServer]) -> None:
+def test_tool_turns_then_end_turn_through_the_sdk(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
     sim = sim_factory(tool_turns=2, tools_per_turn=2)
     client = client_for(sim)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Research ACME's stock"}]
@@ -225,22 +226,30 @@ def test_tool_choice_none_answers_with_text(sim: SimulatorServer) -> None:
 # -- validation and faults ------------------------------------------------------------------
 
 def test_missing_api_key_is_401_with_the_error_shape(sim: SimulatorServer) -> None:
-    status, headers, body = raw_post(sim, "/v1/messages", json.dumps(
-        {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}).encode())
+    request = {"model": MODEL, "max_tokens": 10,
+               "messages": [{"role": "user", "content": "hi"}]}
+    status, headers, body = raw_post(sim, "/v1/messages", json.dumps(request).encode())
     assert status == 401
     assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
     assert body["request_id"].startswith("req_") and headers["request-id"] == body["request_id"]
 
 
+_USER_X = [{"role": "user", "content": "x"}]
+
+
+def _body(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
 @pytest.mark.parametrize("body, fragment", [
     (b"{not json", "parsing"),
-    (json.dumps({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}).encode(), "model"),
-    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode(), "max_tokens"),
-    (json.dumps({"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}).encode(), "max_tokens"),
-    (json.dumps({"model": MODEL, "max_tokens": 5, "messages": []}).encode(), "messages"),
-    (json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "assistant", "content": "x"}]}).encode(), "user"),
-    (json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"},
-                                                                {"role": "user", "content": "y"}]}).encode(), "alternate"),
+    (_body(max_tokens=5, messages=_USER_X), "model"),
+    (_body(model=MODEL, messages=_USER_X), "max_tokens"),
+    (_body(model=MODEL, max_tokens=0, messages=_USER_X), "max_tokens"),
+    (_body(model=MODEL, max_tokens=5, messages=[]), "messages"),
+    (_body(model=MODEL, max_tokens=5, messages=[{"role": "assistant", "content": "x"}]), "user"),
+    (_body(model=MODEL, max_tokens=5,
+           messages=[*_USER_X, {"role": "user", "content": "y"}]), "alternate"),
 ])
 def test_invalid_bodies_are_400_naming_the_problem(sim: SimulatorServer, body: bytes,
                                                    fragment: str) -> None:
@@ -280,7 +289,8 @@ def test_triggers_in_a_tool_result_apply(sim: SimulatorServer) -> None:
     assert info.value.status_code == 500
 
 
-def test_overload_rate_one_gives_overloaded_error(sim_factory: Callable[..., SimulatorServer]) -> None:
+def test_overload_rate_one_gives_overloaded_error(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
     sim = sim_factory(overload_rate=1.0)
     with pytest.raises(anthropic.OverloadedError) as info:
         ask(client_for(sim), "Anything")
