@@ -74,9 +74,46 @@ def test_the_window_goes_by_arrival_weight_level_and_slot(redis_url, key_prefix)
     assert round(held["batch"]) == 2  # its floor, 10 % of 20 places, and no more
     # A sub-agent waiting out a countdown frees its slot for the others, keeping its share.
     chat_before = next(j for j in fs.jobs() if j.job_id == "chat").out
-    assert [(d.job_id, d.count) for d in fs.defer("batch")] == [("chat", 1)]
+    assert [(d.job_id, d.count) for d in fs.defer("batch", 0)] == [("chat", 1)]
     assert next(j for j in fs.jobs() if j.job_id == "chat").out == chat_before + 1
-    assert fs.resume("batch") == []
+    # Copies of one sub-agent's task count once: a second defer frees no second slot, and
+    # two resumes (the broker's redelivery and the sweep's re-send) take back only one.
+    assert fs.defer("batch", 0) == []
+    assert fs.resume("batch", 0) == [] and fs.resume("batch", 0) == []
+    assert next(j for j in fs.jobs() if j.job_id == "batch").deferred == 0
+
+
+def test_a_grant_whose_publisher_died_is_published_by_the_pump(redis_url, key_prefix):
+    """A worker killed between the scheduler's grant and its publish leaves sub-agents that
+    count as out but that no broker has: the pump publishes them again, and only those."""
+    from workers.jobs.fairshare import pump_once
+    from workers.jobs.liveness import heartbeat_key
+    from workers.jobs.store import JobStore
+
+    r = redis.Redis.from_url(redis_url)
+    store = JobStore(r, prefix=key_prefix, ttl_s=600)
+    for job_id in ("dead", "live", "outside"):
+        store.r.hset(store.key(job_id, "meta"), mapping={"status": "running", "n": 3})
+    r.set(heartbeat_key(key_prefix, "w-live"), "{}", ex=60)  # a worker that is alive
+    kw = dict(prefix=key_prefix, queue="grants", window=10)
+    FairShare(r, holder="w-dead", **kw).add("dead", n=3, tenant="t", weight=1,
+                                            priority="normal")  # killed before publishing
+    FairShare(r, holder="w-live", **kw).add("live", n=3, tenant="t", weight=1,
+                                            priority="normal")  # still publishing
+    outside = FairShare(r, holder="", **kw)  # `submit`, outside a worker
+    granted = outside.add("outside", n=2, tenant="u", weight=1, priority="normal")
+    assert [(d.job_id, d.first, d.count) for d in granted] == [("outside", 0, 2)]
+
+    published: list = []
+    pump = FairShare(r, holder="w-pump", **kw)
+    pump_once(pump, store, published.extend)
+    assert [(d.job_id, d.first, d.count) for d in published] == [("dead", 0, 3)]
+    assert pump.lost_grants() == []  # published now: listed no more
+
+    # A grant from outside a worker has no heartbeat: it counts as lost only when old.
+    assert [(d.job_id, d.count) for d in pump.lost_grants(orphan_s=0.0)] == [("outside", 2)]
+    outside.published(granted)
+    assert pump.lost_grants(orphan_s=0.0) == []
 
 
 def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(

@@ -49,13 +49,10 @@ def default_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> No
     # sub-agent (three calls each at 30% 529s): 15 makes a sub-agent drawing that many
     # failures negligibly rare (the default 8 fails about one job in ten at this fault rate);
     # a countdown cap of 5 s keeps one unlucky sub-agent's backoff from outlasting the test.
-    # Neither is a recovery setting.
-    # The fair-share window is opened wide (every sub-agent published at submit): with the
-    # default window, a dead worker's sub-agents that were waiting out a countdown keep their
-    # places in the window after the sweep re-sends them, and a CI run once saw the job's
-    # last sub-agent never published (1 of 100, no claim, 60 s after the kill). A known bug
-    # between fair share and worker loss, open; these tests prove recovery itself.
-    configure(monkeypatch, env, max_attempts=15, countdown_cap_s=5, dispatch_window=1_000_000)
+    # Neither is a recovery setting. The fair-share window is the default (the workers'
+    # slots): the killed worker takes places of the window with it (sub-agents deferred in a
+    # countdown, grants not yet published), which recovery must give back.
+    configure(monkeypatch, env, max_attempts=15, countdown_cap_s=5)
 
 
 def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:

@@ -51,6 +51,7 @@ from workers.jobs import (
 )
 from workers.jobs.batches import BatchStore
 from workers.jobs.fairshare import Dispatch, FairShare, start_pump
+from workers.jobs.liveness import local_worker_id
 from workers.jobs.store import JobStore
 from workers.telemetry import worker_started
 
@@ -211,8 +212,8 @@ def subagent_task_result(outcome: SubagentResult) -> dict[str, Any]:
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)
 def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
-    if self.request.retries:  # back from a countdown: on a slot again
-        _window_op(job_id, "resume")
+    if self.request.retries:  # back from a countdown (or re-sent, maybe from one): on a slot
+        _window_op(job_id, "resume", index)
     run = SubagentRun(rt, job_id, index, token=_token(self))
     try:
         outcome = rt.run(run.run())
@@ -230,7 +231,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         _release(job_id, index, run.token)
         raise Ignore() from None
     except RetryLater as later:
-        _window_op(job_id, "defer")  # its slot is free while it waits
+        _window_op(job_id, "defer", index)  # its slot is free while it waits
         raise _retry(self, later, (job_id, index, run.token)) from None
     _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
     return subagent_task_result(outcome)
@@ -283,8 +284,8 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
         dispatch([Dispatch(job_id, 0, n)], queue)
         return
     fs = _fairshare(settings, queue)
-    dispatch(fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
-                    priority=priority), queue)
+    _publish(fs, fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
+                        priority=priority))
 
 
 def dispatch(runs: list[Dispatch], queue: str) -> None:
@@ -292,6 +293,14 @@ def dispatch(runs: list[Dispatch], queue: str) -> None:
     (``workers/dispatch.py``: one Redis round trip per batch, task-sent events included)."""
     for run in runs:
         publish_subagents(run.job_id, run.indices(), queue, n=_job_size(run.job_id))
+
+
+def _publish(fs: FairShare, runs: list[Dispatch]) -> None:
+    """Publish what the scheduler granted, then tell it so (until then the grants are listed
+    with this process as their holder: should it die in between, the pump publishes them)."""
+    if runs:
+        dispatch(runs, fs.queue)
+        fs.published(runs)
 
 
 def _job_size(job_id: str) -> int | str:
@@ -324,17 +333,17 @@ def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
                 send_join(job_id, settings.queue)
         else:
             runs = fs.finished(job_id, store.record_count(job_id))
-        dispatch(runs, settings.queue)
+        _publish(fs, runs)
     except Exception as error:  # the record is safe; the pump tops the window up later
         log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,
                     type(error).__name__, error)
 
 
-def _window_op(job_id: str, op: str) -> None:
+def _window_op(job_id: str, op: str, index: int) -> None:
     settings = get_settings()
     fs = _fairshare(settings, settings.queue)
     try:
-        dispatch(getattr(fs, op)(job_id), settings.queue)
+        _publish(fs, getattr(fs, op)(job_id, index))
     except Exception as error:  # the pump reconciles; the sub-agent itself goes on
         log.warning("job %s: fair-share %s failed (%s: %s)", job_id, op,
                     type(error).__name__, error)
@@ -342,15 +351,15 @@ def _window_op(job_id: str, op: str) -> None:
 
 @lru_cache(maxsize=16)
 def _fairshare_for(redis_url: str, prefix: str, queue: str, window: int, fallback: int,
-                   floor: float, ttl_s: int) -> FairShare:
+                   floor: float, ttl_s: int, holder: str) -> FairShare:
     return FairShare(sync_redis(redis_url), prefix=prefix, queue=queue, window=window,
-                     fallback_window=fallback, floor=floor, ttl_s=ttl_s)
+                     fallback_window=fallback, floor=floor, ttl_s=ttl_s, holder=holder)
 
 
 def _fairshare(settings: Settings, queue: str) -> FairShare:
     return _fairshare_for(settings.redis_url, settings.key_prefix, queue,
                           settings.dispatch_window, settings.dispatch_window_fallback,
-                          settings.priority_floor, settings.result_ttl_s)
+                          settings.priority_floor, settings.result_ttl_s, local_worker_id())
 
 
 @app.task(name="drover.plan_job", bind=True, max_retries=None)
@@ -402,10 +411,12 @@ def send_again(queue: str, job_id: str, part: int | str, token: int) -> None:
     elif part == "plan":
         plan_job.s(job_id).set(**options).apply_async()
     else:
-        # A new task (the lost one cannot be retried): its args say why it exists.
+        # A new task (the lost one cannot be retried): its args say why it exists. It counts
+        # as a retry, so it "resumes" in the fair-share window: the lost copy may have been
+        # waiting out a countdown there (a resume of one that was not changes nothing).
         run_subagent.s(job_id, int(part)).set(argsrepr=subagent_argsrepr(
             job_id, int(part), _job_size(job_id), "resent: its worker or message was lost"),
-            **options).apply_async()
+            retries=1, **options).apply_async()
 
 
 def resume_parked(raw: str) -> None:

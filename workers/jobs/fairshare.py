@@ -27,12 +27,20 @@ equally. So a ``batch`` job behind continuous ``interactive``
 work of its tenant still runs at no less than 10 % of that tenant's slots.
 
 A sub-agent waiting out a retry countdown holds no worker slot: ``defer``/``resume`` keep it
-in its job's share but out of the window, so the others can use the slot.
+in its job's share but out of the window, so the others can use the slot. Both count once per
+sub-agent (a set of the job's deferred indexes), so copies of its task (the broker's
+redelivery after a worker died, the sweep's re-send, which both say "resume") cannot make the
+window drift.
 
 State: one hash per queue, ``{prefix}:fs:{<queue>}:jobs`` (a hash tag per queue, so it works
 on Redis Cluster), changed only by the Lua script; ``done`` is only ever raised to the job
 store's record count, so a duplicate delivery or a lost update cannot make it drift.
-Knows no Celery: the caller publishes the ``Dispatch`` runs it gets back.
+Knows no Celery: the caller publishes the ``Dispatch`` runs it gets back, then says so
+(``published``). Until then each grant is listed with who holds it (``:granted``): a worker
+killed between the grant and the publish would otherwise leave sub-agents counted as out that
+no broker has, and on RabbitMQ nothing else would ever find them. The pump publishes again
+the grants of a holder whose heartbeat is gone (or, from outside a worker, older than
+``ORPHAN_GRANT_S``); a sub-agent published twice runs once (claims) and is recorded once.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ import redis
 
 from config import Settings
 from workers.jobs._decode import text as _s
+from workers.jobs.liveness import alive
 from workers.jobs.spec import PRIORITIES
 from workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
@@ -57,6 +66,9 @@ __all__ = ["Dispatch", "FairShare", "JobShare", "PUMP_S", "start_pump", "tenant_
 
 log = logging.getLogger("drover.fairshare")
 PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the window up
+# A grant made outside a worker (``submit``) has no heartbeat to watch: it counts as lost when
+# still unpublished after this long (a publish rides out a broker restart for about a minute).
+ORPHAN_GRANT_S = 90.0
 _SCRIPT = resources.files("workers.jobs").joinpath("lua/fairshare.lua").read_text()
 
 
@@ -102,9 +114,11 @@ class FairShare:
 
     def __init__(self, client: redis.Redis, *, prefix: str = "drover", queue: str = "drover",
                  window: int = 0, fallback_window: int = 32, floor: float = 0.1,
-                 ttl_s: int = 7 * 24 * 3600, average_s: float = 5.0):
+                 ttl_s: int = 7 * 24 * 3600, average_s: float = 5.0, holder: str = ""):
         self.r = client
+        self.prefix = prefix
         self.queue = queue
+        self.holder = holder  # this process's worker id: who publishes what it is granted
         self.base = f"{prefix}:fs:{{{queue}}}"
         self.window = window
         self.fallback_window = fallback_window
@@ -115,12 +129,12 @@ class FairShare:
         self._window, self._window_at = fallback_window, -1e9
 
     @classmethod
-    def from_settings(cls, client: redis.Redis, settings: Settings, queue: str | None = None
-                      ) -> FairShare:
+    def from_settings(cls, client: redis.Redis, settings: Settings, queue: str | None = None,
+                      holder: str = "") -> FairShare:
         return cls(client, prefix=settings.key_prefix, queue=queue or settings.queue,
                    window=settings.dispatch_window,
                    fallback_window=settings.dispatch_window_fallback,
-                   floor=settings.priority_floor, ttl_s=settings.result_ttl_s)
+                   floor=settings.priority_floor, ttl_s=settings.result_ttl_s, holder=holder)
 
     @property
     def jobs_key(self) -> str:
@@ -129,6 +143,10 @@ class FairShare:
     @property
     def slots_key(self) -> str:
         return f"{self.base}:slots"
+
+    @property
+    def granted_key(self) -> str:
+        return f"{self.base}:granted"
 
     # --- the window ---------------------------------------------------------------------
     def report_slots(self, node: str, slots: int, ttl_s: float = PUMP_S * 3) -> None:
@@ -171,13 +189,14 @@ class FairShare:
         """The job now has ``done`` records: its finished sub-agents free their places."""
         return self._call("done", job_id, done)
 
-    def defer(self, job_id: str) -> list[Dispatch]:
+    def defer(self, job_id: str, index: int) -> list[Dispatch]:
         """A sub-agent of the job waits out a retry countdown: its slot is free meanwhile."""
-        return self._call("defer", job_id)
+        return self._call("defer", job_id, index)
 
-    def resume(self, job_id: str) -> list[Dispatch]:
-        """A deferred sub-agent is back on a slot."""
-        return self._call("resume", job_id)
+    def resume(self, job_id: str, index: int) -> list[Dispatch]:
+        """A sub-agent is back on a slot (idempotent: a second copy of its task, or a resume
+        of one that was never deferred, changes nothing)."""
+        return self._call("resume", job_id, index)
 
     def remove(self, job_id: str) -> list[Dispatch]:
         """Forget a job (ended, expired) and hand its places to the others."""
@@ -189,11 +208,41 @@ class FairShare:
 
     def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
         reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
-                                   f"{self.base}:tenants"],
+                                   f"{self.base}:tenants", self.granted_key,
+                                   f"{self.base}:deferred:{job_id}"],
                              args=[op, self.current_window(), self.floor, self.ttl_s,
-                                   self.average_s, job_id, *args])
+                                   self.average_s, self.holder, job_id, *args])
         return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
                 for i in range(0, len(reply), 3)]
+
+    # --- publishing what was granted ----------------------------------------------------
+    def published(self, runs: list[Dispatch]) -> None:
+        """The caller has put these grants on the broker: nobody needs to publish them again."""
+        if runs:
+            self.r.hdel(self.granted_key, *(_grant_field(run) for run in runs))
+
+    def lost_grants(self, orphan_s: float = ORPHAN_GRANT_S) -> list[Dispatch]:
+        """Grants whose holder died before saying it published them (a worker whose heartbeat
+        is gone, or a grant from outside a worker older than ``orphan_s``); grants of a job
+        the scheduler no longer holds (every record in, or removed) are dropped."""
+        entries = {_s(field): _s(value).rsplit("|", 1)
+                   for field, value in self.r.hgetall(self.granted_key).items()}
+        if not entries:
+            return []
+        jobs = {_s(job_id) for job_id in self.r.hkeys(self.jobs_key)}
+        holders = sorted({holder for holder, _ in entries.values() if holder})
+        living = alive(self.r, self.prefix, holders) if holders else {}
+        now = self.server_time()
+        lost, gone = [], []
+        for field, (holder, since) in entries.items():
+            job_id, first, count = field.rsplit("|", 2)
+            if job_id not in jobs:
+                gone.append(field)
+            elif (not living[holder]) if holder else now - float(since) > orphan_s:
+                lost.append(Dispatch(job_id, int(first), int(count)))
+        if gone:
+            self.r.hdel(self.granted_key, *gone)
+        return lost
 
     # --- reading ------------------------------------------------------------------------
     def dispatched(self, job_id: str) -> int | None:
@@ -216,6 +265,10 @@ class FairShare:
     def server_time(self) -> float:
         seconds, micros = self.r.time()
         return seconds + micros / 1e6
+
+
+def _grant_field(run: Dispatch) -> str:
+    return f"{run.job_id}|{run.first}|{run.count}"
 
 
 def tenant_budget_scopes(tenant: str, per_minute: float | None, per_day: float | None
@@ -244,6 +297,11 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
     if not fs.r.set(f"{fs.base}:pump", "1", nx=True, px=int(PUMP_S * 900)):
         return []
     runs: list[Dispatch] = []
+    for lost in fs.lost_grants():
+        log.warning("job %s: sub-agents %d..%d were granted to a process that died before "
+                    "publishing them; published now", lost.job_id, lost.first,
+                    lost.first + lost.count - 1)
+        runs.append(lost)
     for share in fs.jobs():
         try:
             meta = store.meta(share.job_id)
@@ -263,6 +321,7 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
     runs += fs.fill()
     if runs:
         publish(runs)
+        fs.published(runs)
     return runs
 
 

@@ -27,7 +27,8 @@ import redis
 from config import Settings
 from workers.jobs.connections import sync_redis
 
-__all__ = ["Heartbeat", "alive", "local_worker", "stop_local_worker", "workers_key"]
+__all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
+           "workers_key"]
 
 log = logging.getLogger("drover.liveness")
 
@@ -117,6 +118,12 @@ def local_worker(settings: Settings) -> Heartbeat:
                 _local.stop()  # settings changed under an in-process worker (tests)
             _local = Heartbeat(settings)
         return _local
+
+
+def local_worker_id() -> str:
+    """This process's worker id if it is a worker (its heartbeat runs), else ""."""
+    current = _local
+    return current.id if current is not None and current.pid == os.getpid() else ""
 
 
 def stop_local_worker() -> None:

@@ -7,16 +7,24 @@
 --                 seq: arrival order)
 -- KEYS[2]  string arrival counter
 -- KEYS[3]  hash   tenant -> cjson {a, t}: its recent average of sub-agents out (a) as of t
+-- KEYS[4]  hash   "job id|first|count" -> "holder|time": grants not yet published
+-- KEYS[5]  set    the op's job's deferred sub-agents (their indexes), so that a defer or a
+--                 resume counts once per sub-agent however many copies of its task say so
 -- ARGV[1]  op: add | done | defer | resume | remove | fill
 -- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
 -- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
--- ARGV[4]  ttl of KEYS[1] and KEYS[3] in seconds
+-- ARGV[4]  ttl of KEYS[1], KEYS[3] and KEYS[4] in seconds
 -- ARGV[5]  seconds over which a tenant's average out is taken
--- ARGV[6]  job id (not for fill)
--- add:  ARGV[7] n, ARGV[8] tenant, ARGV[9] weight, ARGV[10] rank
--- done: ARGV[7] records of the job now in (the job store's count; only raises `done`)
+-- ARGV[6]  holder: the caller's worker id ("" outside a worker), who publishes the grants
+-- ARGV[7]  job id (not for fill)
+-- add:  ARGV[8] n, ARGV[9] tenant, ARGV[10] weight, ARGV[11] rank
+-- done: ARGV[8] records of the job now in (the job store's count; only raises `done`)
+-- defer, resume: ARGV[8] the sub-agent's index
 --
 -- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
+-- Each grant is also written to KEYS[4] until the caller says it published it: a caller
+-- that dies in between (kill -9 between this call and the publish) would otherwise leave
+-- sub-agents counted as published that no broker has; the pump publishes them again.
 --
 -- The rule (max-min fairness of the window, three levels): give the next free place to a
 -- tenant with sub-agents waiting and fewer out than its due (the window, less what tenants
@@ -33,7 +41,7 @@
 -- the others can use the slot; its job, being at its share, gets no more meanwhile.
 
 local op, window, floor, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local TAU, id = tonumber(ARGV[5]), ARGV[6]
+local TAU, holder, id = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 
@@ -78,6 +86,7 @@ end
 
 local function forget(job)
   redis.call('HDEL', KEYS[1], job.id)
+  redis.call('DEL', KEYS[5])
   by_id[job.id] = nil
   for i, other in ipairs(jobs) do
     if other == job then table.remove(jobs, i) break end
@@ -97,28 +106,34 @@ local function grant(job, first, count)
   grants[#grants + 1] = job.id
   grants[#grants + 1] = first
   grants[#grants + 1] = count
+  redis.call('HSET', KEYS[4], job.id .. '|' .. first .. '|' .. count, holder .. '|' .. now)
 end
 
 local job = by_id[id]
 if op == 'add' then
   if not job then  -- a second add (a launch delivered twice) changes nothing
-    job = {id = id, n = tonumber(ARGV[7]), next = 0, done = 0, deferred = 0, tenant = ARGV[8],
-           w = tonumber(ARGV[9]), rank = tonumber(ARGV[10]),
+    job = {id = id, n = tonumber(ARGV[8]), next = 0, done = 0, deferred = 0, tenant = ARGV[9],
+           w = tonumber(ARGV[10]), rank = tonumber(ARGV[11]),
            seq = redis.call('INCR', KEYS[2])}
     jobs[#jobs + 1] = job
     by_id[id] = job
     save(job)
   end
 elseif op == 'done' and job then
-  job.done = math.max(job.done, tonumber(ARGV[7]))
+  job.done = math.max(job.done, tonumber(ARGV[8]))
   job.deferred = math.min(job.deferred, out(job))
   if job.done >= job.n then forget(job) else save(job) end
 elseif op == 'defer' and job then
-  job.deferred = math.min(job.deferred + 1, out(job))
-  save(job)
+  if redis.call('SADD', KEYS[5], ARGV[8]) == 1 then
+    redis.call('EXPIRE', KEYS[5], ttl)
+    job.deferred = math.min(job.deferred + 1, out(job))
+    save(job)
+  end
 elseif op == 'resume' and job then
-  job.deferred = math.max(0, job.deferred - 1)
-  save(job)
+  if redis.call('SREM', KEYS[5], ARGV[8]) == 1 then
+    job.deferred = math.max(0, job.deferred - 1)
+    save(job)
+  end
 elseif op == 'remove' and job then
   forget(job)
 end
@@ -212,4 +227,5 @@ for _, j in ipairs(jobs) do
 end
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[3], ttl)
+if #grants > 0 then redis.call('EXPIRE', KEYS[4], ttl) end
 return grants
