@@ -42,7 +42,8 @@ def start_simulator(port: int, extra: list[str]) -> subprocess.Popen[str]:
     return proc
 
 
-async def drive(url: str, total: int, concurrency: int, deadline_s: float) -> tuple[Counter[int], float]:
+async def drive(url: str, total: int, concurrency: int, deadline_s: float
+                ) -> tuple[Counter[int], float]:
     statuses: Counter[int] = Counter()
     next_index = 0
     headers = {"x-api-key": "sk-bench", "anthropic-version": "2023-06-01",

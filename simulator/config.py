@@ -72,7 +72,8 @@ class SimConfig:
         if not self.burst_s > 0:
             raise ValueError(f"burst_s must be > 0, got {self.burst_s!r}")
         if self.otpm_mode not in ("generated", "max_tokens"):
-            raise ValueError(f"otpm_mode must be 'generated' or 'max_tokens', got {self.otpm_mode!r}")
+            raise ValueError("otpm_mode must be 'generated' or 'max_tokens', "
+                             f"got {self.otpm_mode!r}")
         if not 0.0 <= self.other_share < 1.0:
             raise ValueError(f"other_share must be within [0, 1), got {self.other_share!r}")
         for name in ("overload_rate", "error_5xx_rate", "inject_429_rate"):
@@ -144,7 +145,8 @@ def _coerce(name: str, value: Any) -> Any:
     if name in _BOOLS:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if isinstance(value, str) and value.lower() in (
+                "1", "true", "yes", "on", "0", "false", "no", "off"):
             return value.lower() in ("1", "true", "yes", "on")
         raise ValueError(f"{name} must be a boolean, got {value!r}")
     return value

@@ -88,7 +88,8 @@ class SimStats:
         if status == 200:
             self.last_done_ts = now
 
-    def admitted(self, now: float, digest: bytes, counted_input: int, usage: dict[str, int]) -> None:
+    def admitted(self, now: float, digest: bytes, counted_input: int, usage: dict[str, int]
+                 ) -> None:
         self.accepted += 1
         if self.first_accept_ts is None:
             self.first_accept_ts = now

@@ -88,7 +88,8 @@ def segments(body: dict[str, Any]) -> list[Segment]:
     for tool in body.get("tools") or ():
         out.append(Segment(count_tool(tool), "cache_control" in tool, tool))
     for block in _system_blocks(body.get("system")):
-        tokens = count_text(str(block.get("text", ""))) if isinstance(block, dict) else count_block(block)
+        tokens = (count_text(str(block.get("text", ""))) if isinstance(block, dict)
+                  else count_block(block))
         out.append(Segment(tokens, isinstance(block, dict) and "cache_control" in block, block))
     for message in body.get("messages") or ():
         role = message.get("role")

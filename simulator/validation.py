@@ -81,7 +81,8 @@ def _validate_tool_choice(choice: Any, tool_names: set[str]) -> None:
         if not isinstance(name, str):
             raise InvalidRequest("tool_choice.name: Field required")
         if name not in tool_names:
-            raise InvalidRequest(f"tool_choice.name: tool {name!r} is not among the request's tools")
+            raise InvalidRequest(
+                f"tool_choice.name: tool {name!r} is not among the request's tools")
     if choice["type"] in ("tool", "any") and not tool_names:
         raise InvalidRequest("tool_choice: a tool must be provided when tool_choice is "
                              f"{choice['type']!r}")
