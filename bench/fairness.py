@@ -86,6 +86,11 @@ def _tokens(results: list[Any], start: float, end: float) -> int:
 
 # --- scenarios --------------------------------------------------------------------------------
 
+# drover's buckets hold DROVER_BURST_SECONDS (1 s) of refill: every 400-sub-agent run starts
+# after this pause, so each starts with a full bucket (a run right after another would start
+# with an empty one and lose that burst: a third of a second at 1,500 RPM, as much as the
+# growth measured).
+BUCKET_REFILL_S = 2.0
 SMALL_SIM = {"tool_turns": 0, "latency_mean_s": 0.5, "latency_p95_s": 0.6, "rpm": 1500,
              "output_tokens_mean": 60, "seed": 5}
 
@@ -108,9 +113,11 @@ def small_after_big(redis_url: str, prefix: str, workers: int, concurrency: int,
                         at = time.time()
                         alone = submit(_spec(10, "Check invoice"), settings=settings).wait(300)
                         runs.setdefault("small_alone_s", []).append(_last(alone) - at)
+                        time.sleep(BUCKET_REFILL_S)
                         runs.setdefault("big_alone_s", []).append(submit(
                             _spec(400, "Summarise contract"), settings=settings).wait(600).wall_s)
                     sim.reset()
+                    time.sleep(BUCKET_REFILL_S)
                     big = submit(_spec(400, "Summarise contract"), settings=settings)
                     time.sleep(6)
                     at = time.time()
