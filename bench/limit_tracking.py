@@ -10,13 +10,20 @@ alone on the 200-sub-agent workload and takes its makespan apart:
 - saturated: while the binding dimension runs at >= 80% of the limit (its mean there is the
   steady-state utilisation; drover aims at DROVER_TARGET_UTILIZATION = 95%);
 - tail: the rest of the busy period (the last sub-agents' remaining calls, one after another);
-- join: from the last answer to the stored JobResult.
+- join: from the last answer to the stored JobResult;
+- unused: the binding limit's capacity (its bucket, full at the start, plus its refill) that
+  the provider had to give by the end of the saturated period and did not admit, in seconds
+  of refill: what the limiter left on the table while the job was limit-bound. The lower
+  bound is that capacity's end, so makespan - bound = start + unused + (the tail, less the
+  refill time of the tokens it still admitted) + join.
 
 A sampler reads the limiter's bucket every 0.25 s: a negative level means callers are queued
 (the job is limit-bound), so time without a queue is time the limiter did not slow anything.
 `--sim NAME=VALUE` changes the simulator's config (e.g. `other_share=0.4`: another user of
 the key takes 40% of every limit; the run then also reports the makespan against the bound
-for the share that is left). Results are recorded by hand in bench/RESULTS.md.
+for the share that is left, the 429s per request and the use of what is left over the busy
+period, and the phases count against the rate that is left). Results are recorded by hand in
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -62,11 +69,15 @@ def figures(workload: Workload, stats: dict[str, Any], outcome: Outcome) -> dict
     }
 
 
-def phases(workload: Workload, stats: dict[str, Any], outcome: Outcome) -> dict[str, float]:
-    """The makespan taken apart (see the module docstring); seconds, and the utilisations."""
+def phases(workload: Workload, stats: dict[str, Any], outcome: Outcome, other: float = 0.0,
+           sim_burst_s: float | None = None) -> dict[str, float]:
+    """The makespan taken apart (see the module docstring); seconds, and the utilisations.
+    ``other``: the share of every limit another user of the key takes (the rates count what
+    is left); ``sim_burst_s``: the simulator's bucket, when not the workload's."""
     dim = workload.binding
     column = DIMS[dim][2]
-    rate = workload.limits[dim] / 60
+    rate = workload.limits[dim] / 60 * (1 - other)
+    capacity = workload.limits[dim] / 60 * (sim_burst_s or workload.burst_s)
     timeline = stats["timeline"]
     per_s = {row["t"]: row[column] for row in timeline}
     last = max(per_s) if per_s else 0
@@ -75,9 +86,11 @@ def phases(workload: Workload, stats: dict[str, Any], outcome: Outcome) -> dict[
     first, end = (saturated[0], saturated[-1] + 1) if saturated else (0, 0)
     steady = [per_s.get(t, 0) for t in range(first + 1, end - 1)] or [0]
     busy_s = stats["last_done_ts"] - stats["first_accept_ts"]
+    admitted = sum(per_s.get(t, 0) for t in range(end))
     return {
         "start_s": stats["first_accept_ts"] - outcome.started_at,
         "saturated_s": float(end - first),
+        "unused_s": (capacity + rate * end - admitted) / rate if end else 0.0,
         "tail_s": max(0.0, busy_s - end),
         "busy_s": busy_s,
         "join_s": outcome.finished_at - stats["last_done_ts"],
@@ -134,15 +147,17 @@ def run_once(workload: Workload, redis_url: str, prefix: str, concurrency: int,
     from bench.contenders import drover
 
     sampler = LimiterSampler(redis_url)
+    config = workload.sim_config(**(sim_changes or {}))
     try:
-        with SimProcess(workload.sim_config(**(sim_changes or {}))) as sim:
+        with SimProcess(config) as sim:
             ctx = RunContext(workload, sim.url, redis_url, f"sk-bench-{prefix}", prefix,
                              concurrency=concurrency)
             outcome = drover.run(ctx, probe=sampler, env=env)
             stats = sim.stats()
     finally:
         delete_prefix(redis_url, prefix)
-    return figures(workload, stats, outcome), phases(workload, stats, outcome), \
+    return figures(workload, stats, outcome), \
+        phases(workload, stats, outcome, config.other_share, config.burst_s), \
         sampler.queued_fraction()
 
 
@@ -150,7 +165,8 @@ def describe(fig: dict[str, Any], ph: dict[str, float], queued: float) -> str:
     return (f"makespan {fig['makespan_s']:.1f} s = {fig['ratio']:.3f} x lower bound; "
             f"429s {fig['n429']}, 529s {fig['n529']}, lost {fig['lost']}; start "
             f"{ph['start_s']:.1f} s, saturated {ph['saturated_s']:.0f} s at "
-            f"{ph['steady_utilisation']:.1%} of the limit, tail {ph['tail_s']:.1f} s, join "
+            f"{ph['steady_utilisation']:.1%} of the limit (unused {ph['unused_s']:.1f} s), tail "
+            f"{ph['tail_s']:.1f} s, join "
             f"{ph['join_s']:.1f} s; busy period at {ph['busy_utilisation']:.1%}; callers "
             f"queued in {queued:.0%} of limiter samples; peak 60 s "
             + ", ".join(f"{d} {v:.1%}" for d, v in fig["peak_fraction"].items()))
@@ -188,9 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         left = ""
         if other:
             bound = (workload.lower_bound_s + burst) / (1 - other) - burst
+            sent = fig["accepted"] + fig["n429"] + fig["n529"]
             left = (f"; {fig['makespan_s'] / bound:.3f} x the bound for the {1 - other:.0%} "
-                    f"left ({bound:.1f} s); 429s per request "
-                    f"{fig['n429'] / workload.demand.requests:.1%}")
+                    f"left ({bound:.1f} s); 429s per request {fig['n429'] / sent:.1%}; use of "
+                    f"what is left over the busy period {ph['busy_utilisation']:.1%}")
         print(f"run {i + 1}: {describe(fig, ph, queued)}{left} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
     return 0

@@ -48,10 +48,14 @@ Decisions worth knowing:
   the simulator with buckets equal to ours sees no 429 (``bench/RESULTS.md``).
 - ``-limit`` headers are stored raw (24 h) for dimensions the ``ScopeLimits`` leaves None,
   then used times ``learned_utilization``; a configured limit always wins.
-- ``learn_share`` (LLM scopes): the key may be used by other software too. The slope of the
-  ``-remaining`` headers over 5 s windows, with our own planned rate, tells which share of
-  each limit is left for us; a 429 cuts it by a tenth; near a full bucket it climbs back by
-  1/60 per second. The share multiplies the limits (``_lib.lua:learn_share``).
+- ``learn_share`` (LLM scopes): the key may be used by other software too. Over a window
+  (2 s, and at least five mean call times), the change of a ``-remaining`` header plus what
+  our calls used meanwhile (counted at settle) is what the provider's bucket refilled for
+  us: that over the key's limit is the share left for us, whether callers queue or not and
+  at an empty bucket too. The share moves halfway there per window; a 429 cuts it by a
+  tenth; a window in which the bucket came near full only gives a floor, and the share then
+  climbs by 1/60 per second (whole again within a minute of the others stopping). The share
+  multiplies the limits (``_lib.lua:learn_share``).
 - Counters: requests at the planned send second, tokens at the settle second, waits at the
   acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
 """

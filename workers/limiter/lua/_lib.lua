@@ -5,11 +5,15 @@
 --                         theoretical arrival time (GCRA), us of Redis time: the instant its
 --                         bucket is full again, all reservations paid. Absent or past = full.
 --                         Lr, Li, Lo: the per-minute limits of the last write, before our
---                         share (absent = not limited); burst: burst_s of the last write; cd: cooldown until (us);
---                         lx: latest lease expiry (us); fr, fi, fo: the share of each limit
+--                         share (absent = not limited); burst: burst_s of the last write;
+--                         cd: cooldown until (us); lx: latest lease expiry (us);
+--                         fr, fi, fo: the share of each limit
 --                         that is ours (absent = 1; see learn_share); hr/tr, hi/ti, ho/to:
 --                         the -remaining header and its time (us) a share window began at;
---                         mr, mi, mo: the highest -remaining seen
+--                         xr, xi, xo: the highest -remaining in that window, ur, ui, uo:
+--                         what our calls used in it; mr, mi, mo: the highest -remaining
+--                         seen; wr, wi, wo: when learning began (us); lt: the mean time
+--                         (us) from a call's send to its settle
 --   KEYS[2] leases  zset  lease id -> expiry (us)
 --   KEYS[3] learned hash  r, i, o: raw per-minute limits from -limit headers (kept 24 h)
 --   KEYS[4] stats   hash  "<second>:<field>" -> count
@@ -34,7 +38,8 @@ end
 -- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k] and
 -- lim[k] = base[k] (the limit ARGV gives, or the last write's) x share[k] when learning it.
 local FIELDS = {'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx', 'fr', 'fi', 'fo', 'hr', 'hi',
-                'ho', 'tr', 'ti', 'to', 'mr', 'mi', 'mo'}
+                'ho', 'tr', 'ti', 'to', 'mr', 'mi', 'mo', 'ur', 'ui', 'uo', 'wr', 'wi', 'wo',
+                'xr', 'xi', 'xo', 'lt'}
 
 local function set_limit(b, k, lim)
   b.lim[k], b.per[k], b.cap[k] = lim, 60e6 / lim, lim / 60 * b.burst_s
@@ -44,8 +49,8 @@ local function load(now)
   local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
   local burst_s = tonumber(ARGV[4] == '*' and f[7] or ARGV[4]) or 1
   local b = {tat = {}, per = {}, cap = {}, lim = {}, base = {}, share = {}, hr = {}, ht = {},
-             top = {}, burst_s = burst_s, burst = burst_s * 1e6, cd = tonumber(f[8]) or 0,
-             lx = tonumber(f[9]) or 0, was = f}
+             top = {}, used = {}, since = {}, hx = {}, burst_s = burst_s, burst = burst_s * 1e6,
+             cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0, lat = tonumber(f[31]), was = f}
   local learned = {}
   if ARGV[1] == '' or ARGV[2] == '' or ARGV[3] == '' then
     learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')
@@ -57,6 +62,7 @@ local function load(now)
     elseif learned[k] then lim = tonumber(learned[k]) * tonumber(ARGV[5]) end
     b.share[k] = tonumber(f[9 + k]) or 1
     b.hr[k], b.ht[k], b.top[k] = tonumber(f[12 + k]), tonumber(f[15 + k]), tonumber(f[18 + k])
+    b.used[k], b.since[k], b.hx[k] = tonumber(f[21 + k]), tonumber(f[24 + k]), tonumber(f[27 + k])
     if lim and lim > 0 then
       b.base[k] = lim
       set_limit(b, k, (ARGV[6] == '1' or ARGV[k] == '*') and lim * b.share[k] or lim)
@@ -83,14 +89,15 @@ local function save(b, now)
   end
   for k = 1, 3 do  -- what learn_share knows, kept a minute past its last change
     local share = (b.share[k] ~= 1 or b.was[9 + k]) and b.share[k] or nil
-    local values = {share, b.hr[k], b.ht[k], b.top[k]}
-    for i = 1, 4 do
+    local values = {share, b.hr[k], b.ht[k], b.top[k], b.used[k], b.since[k], b.hx[k]}
+    for i = 1, 7 do
       if values[i] then
         table.insert(set, FIELDS[6 + 3 * i + k]); table.insert(set, num(values[i]))
         needed = math.max(needed, now + 60e6)
       end
     end
   end
+  if b.lat then table.insert(set, 'lt'); table.insert(set, num(b.lat)) end
   redis.call('HSET', KEYS[1], unpack(set))
   if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((needed - now) / 1000) + 5000))
@@ -111,34 +118,46 @@ local function learn(j)
   end
 end
 
--- When someone else uses the key too (ARGV[6] = '1'), learn the share that is ours from
--- ARGV[j..j+2] (-remaining) and ARGV[j+3..j+5] (-limit), over windows of 5 s: the provider's
--- bucket moves at limit - (our rate + the others'), and while callers queue we send at our
--- planning rate, so what is left for us is (slope + our rate) / limit of the key. The share
--- moves a quarter of the way there per window: our sends lag our plans by the queue, and
--- the headers are rounded. Near full the slope says nothing and the share climbs back by
--- 1/60 per second: all the way within a minute once the others stop.
-local SHARE_MIN, SHARE_WINDOW_US, SHARE_GAIN = 0.05, 5e6, 0.25
+-- When someone else uses the key too (ARGV[6] = '1'), learn the share of each limit that is
+-- ours from ARGV[j..j+2] (-remaining) and ARGV[j+3..j+5] (-limit), over windows. The
+-- provider's bucket refills at the rate left for us and loses what it admits of ours, which
+-- settle counts (`used`: calls sent since learning began, so the first window leaves out
+-- the calls its first -remaining already shows), hence what is left for us is
+--     left = (remaining now - remaining then + used) / (the key's limit x the window)
+-- whether callers queue or not, and at an empty bucket too (all that refilled was then used
+-- by us: a 429 refused the rest). The share moves halfway there per window (calls settle out
+-- of order, the headers are rounded). Two windows give only a floor:
+-- one in which the bucket came near full (it may have wasted refill), where the share climbs
+-- by 1/60 per second (all the way within a minute once the others stop) or to `left` if
+-- higher; and the first, whose `used` misses the calls still in flight at its end (later
+-- windows count as many from before their start), where the share only rises to `left`.
+-- Counting calls as they settle moves those in flight at a window's end into the next, so a
+-- window lasts at least SHARE_CALLS mean call times (and 2 s: the headers are rounded).
+local SHARE_MIN, SHARE_WINDOW_US, SHARE_CALLS, SHARE_GAIN = 0.05, 2e6, 5, 0.5
 local function learn_share(b, j, now)
   if ARGV[6] ~= '1' then return end
   for k = 1, 3 do
     local rem, limit = tonumber(ARGV[j + k - 1]), tonumber(ARGV[j + k + 2])
     if b.per[k] and rem and limit and limit > 0 then
-      b.top[k] = math.max(b.top[k] or 0, rem)
+      -- full: the most seen, and at least our own burst's worth of the key's limit
+      b.top[k] = math.max(b.top[k] or limit / 60 * b.burst_s, rem)
       local t0, r0 = b.ht[k], b.hr[k]
-      if not t0 or not r0 or now < t0 then
-        b.hr[k], b.ht[k] = rem, now
-      elseif now - t0 >= SHARE_WINDOW_US then
-        local share = b.share[k]
-        if rem >= 0.9 * b.top[k] or r0 >= 0.9 * b.top[k] then
-          share = share + (now - t0) / 60e6
-        else
-          local left = ((rem - r0) / (now - t0) + b.lim[k] / 60e6) / (limit / 60e6)
-          share = share + SHARE_GAIN * (left - share)
+      if not t0 or not r0 or not b.since[k] or now < t0 then
+        b.hr[k], b.ht[k], b.hx[k], b.used[k], b.since[k] = rem, now, rem, 0, now
+      else
+        b.hx[k] = math.max(b.hx[k] or rem, rem)
+        if now - t0 >= math.max(SHARE_WINDOW_US, SHARE_CALLS * (b.lat or 0)) then
+          local left = (rem - r0 + (b.used[k] or 0)) / (now - t0) / (limit / 60e6)
+          local share = b.share[k] + SHARE_GAIN * (left - b.share[k])
+          if b.hx[k] >= 0.9 * b.top[k] then
+            share = math.max(b.share[k] + (now - t0) / 60e6, left)
+          elseif t0 == b.since[k] then
+            share = math.max(b.share[k], left)
+          end
+          b.share[k] = math.min(1, math.max(SHARE_MIN, share))
+          set_limit(b, k, b.base[k] * b.share[k])
+          b.hr[k], b.ht[k], b.hx[k], b.used[k] = rem, now, rem, 0
         end
-        b.share[k] = math.min(1, math.max(SHARE_MIN, share))
-        set_limit(b, k, b.base[k] * b.share[k])
-        b.hr[k], b.ht[k] = rem, now
       end
     end
   end

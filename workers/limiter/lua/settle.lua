@@ -30,6 +30,18 @@ for k = 1, 3 do
     b.tat[k] = math.min(b.tat[k], math.max(floor, b.tat[k] - credit))
   end
 end
+-- What the provider admitted of ours, for learn_share's windows (a call that used no tokens
+-- was refused; one sent before the learning began is in its first -remaining already), and
+-- the mean call time, which sets how long they last.
+if ARGV[6] == '1' and used[2] + used[3] > 0 then
+  local took = math.max(0, now - tonumber(ARGV[14]))
+  b.lat = b.lat and b.lat + 0.1 * (took - b.lat) or took
+  for k = 1, 3 do
+    if b.per[k] and b.since[k] and tonumber(ARGV[14]) >= b.since[k] then
+      b.used[k] = (b.used[k] or 0) + used[k]
+    end
+  end
+end
 save(b, now)
 if ARGV[17] ~= '' or ARGV[18] ~= '' or ARGV[19] ~= '' or ARGV[20] ~= '' or ARGV[21] ~= ''
     or ARGV[22] ~= '' then
