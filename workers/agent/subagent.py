@@ -3,13 +3,16 @@
 State is checkpointed in Redis twice per turn: right after the model's reply (so a retry
 never repeats a completed LLM call) and after the tool results (each tool result is also
 saved as it completes, so a crash mid-turn does not run a finished tool again). A retry or a
-redelivered task resumes from the checkpoint.
+redelivered task resumes from the checkpoint. The reply that ends the sub-agent goes straight
+into its record instead (the record is what a redelivery finds; a checkpoint written just
+before it would cost a round trip and protect nothing).
 
 Never twice at once: the start takes the sub-agent's claim (workers/jobs/claims.py) in the same
 round trip that reads its state, every checkpoint, tool result and the record is written only
 under that claim, and the check before each LLM call reads it too; a delivery that finds a
-newer claim stops with ``ClaimLost`` before any call. A worker that is shutting down hands its
-sub-agents back to the broker (checkpointed) instead of starting another call.
+newer claim stops with ``ClaimLost`` before any call (the first call of a delivery goes on
+the start's own reading of the cancel and the claim it just took). A worker that is shutting
+down hands its sub-agents back to the broker (checkpointed) instead of starting another call.
 
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
 (``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
@@ -78,6 +81,8 @@ class SubagentRun:
         self.message_token = token  # the claim token its message carries
         self.worker = worker
         self.token = 0  # the claim this delivery took at its start
+        # The start read the cancel and took the claim: the first call needs no check of them.
+        self._checked = False
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
@@ -94,6 +99,9 @@ class SubagentRun:
             raise ClaimLost(f"{self.job_id}/{self.index}: message token {self.message_token} "
                             "is stale")
         self.worker, self.token = worker, start.token
+        # A passed deadline is left to the check (``cancelled`` cancels the job for it).
+        self._checked = start.cancel_reason is None and (start.deadline_in is None
+                                                         or start.deadline_in > 0)
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
@@ -158,10 +166,12 @@ class SubagentRun:
                                           error_type="budget_exceeded")
             params = request_params(spec, model, tools, state.messages)
             batched = uses_batch(spec, settings)
+            checked, self._checked = self._checked, False
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
                 message = await batch_message(self.rt, params, ctx, state)
             else:
-                if await self._io(self.store.cancelled, self.job_id, (self.index, self.token)):
+                if not checked and await self._io(self.store.cancelled, self.job_id,
+                                                  (self.index, self.token)):
                     raise Cancelled()
                 if local_worker(settings).draining:  # SIGTERM: no new call, hand it back
                     raise LimiterSaysLater(0.0, "worker shutting down")
@@ -172,10 +182,14 @@ class SubagentRun:
             state.turns += 1
             state.stop_reason = message.stop_reason
             state.usage.add(message.usage, batch=batched)
-            await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
-                           self.token)
+            final = not state.pending_tool_calls() and state.stop_reason != "tool_use"
+            if not final:
+                await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+                               self.token)
             if spec.token_budget:
                 await self._io(self.store.spend, self.job_id, budget_tokens(message.usage))
+            if final:
+                return await self._finish(state, "ok")
 
     async def _over_budget(self, spec: JobSpec, state: Checkpoint, max_turns: int
                            ) -> str | None:

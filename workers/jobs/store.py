@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from workers.jobs._decode import text as _s
-from workers.jobs.claims import ClaimLost, Claims
+from workers.jobs.claims import LUA, ClaimLost, Claims
 from workers.jobs.records import (
     STATUSES,
     Checkpoint,
@@ -51,6 +51,7 @@ class SubagentStart:
     deadline_in: float | None = None  # seconds until the job's deadline, on Redis's clock
     token: int = 0  # the claim this delivery took (see claims.py); 0 when it took none
     stale: bool = False  # another delivery holds the claim: stop before any call
+    cancel_reason: str | None = None  # the job's cancel, as the same round trip read it
 
 
 class JobStore:
@@ -59,6 +60,7 @@ class JobStore:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.claims = Claims(client, prefix, ttl_s)
+        self._record = client.register_script((LUA / "record.lua").read_text())
 
     # --- keys ---------------------------------------------------------------------------
     def key(self, job_id: str, *parts: object) -> str:
@@ -232,6 +234,9 @@ class JobStore:
 
         With ``worker``, the same round trip takes the sub-agent's claim for that worker,
         if ``token`` (the message's) is the current one; else the start comes back ``stale``.
+        It reads the job's cancel too, so the check before the first call needs no round
+        trip of its own (a deadline that has passed is left to ``cancelled``, which acts
+        on it).
         """
         pipe = self.r.pipeline(transaction=False)
         if worker is not None:
@@ -240,11 +245,11 @@ class JobStore:
         pipe.get(self.key(job_id, "spec"))
         pipe.get(self.key(job_id, "ckpt", index))
         pipe.lindex(self.key(job_id, "tasks"), index)
-        pipe.hget(self.key(job_id, "meta"), "deadline")
+        pipe.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
         pipe.time()
         replies = pipe.execute()
         claimed = int(replies.pop(0)) if worker is not None else 0
-        record, spec, checkpoint, task, deadline, (seconds, micros) = replies
+        record, spec, checkpoint, task, (reason, deadline), (seconds, micros) = replies
         if record is not None:
             return SubagentStart(record=SubagentResult.model_validate_json(record))
         if claimed < 0:
@@ -258,7 +263,7 @@ class JobStore:
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             task=_s(task) if task is not None else None,
             deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None,
-            token=claimed)
+            token=claimed, cancel_reason=_s(reason) if reason else None)
 
     def load_checkpoint(self, job_id: str, index: int) -> Checkpoint | None:
         raw = self.r.get(self.key(job_id, "ckpt", index))
@@ -327,20 +332,19 @@ class JobStore:
         (``ClaimLost`` otherwise); the claim ends with the record.
         """
         job_id, index = result.job_id, result.index
-        stored = self.claims.finish(job_id, index, token, result.model_dump_json(), worker)
+        raw = result.model_dump_json()
+        # One script (lua/record.lua): the record, the claim let go, the status counters,
+        # the report and the stream's entry, all or nothing, in one round trip.
+        stored = int(self._record(
+            keys=[self.key(job_id, "claims"), self.key(job_id, "records"),
+                  self.claims.worker_key(worker), self.key(job_id, "counts"),
+                  self.key(job_id, "events"), self.key(job_id, "report", index)],
+            args=[str(index), token, raw, job_id, self.ttl_s, result.status,
+                  report.model_dump_json() if report is not None else ""]))
         if stored < 0:
             raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
         if not stored:
             return self.record(job_id, index) or result
-        pipe = self.r.pipeline()
-        # Counts per status, so progress is one read however many records there are.
-        pipe.hincrby(self.key(job_id, "counts"), result.status, 1)
-        pipe.expire(self.key(job_id, "counts"), self.ttl_s)
-        if report is not None:
-            pipe.set(self.key(job_id, "report", index), report.model_dump_json(), ex=self.ttl_s)
-        pipe.xadd(self.key(job_id, "events"), {"record": result.model_dump_json()})
-        pipe.expire(self.key(job_id, "events"), self.ttl_s)
-        pipe.execute()
         return result
 
     def record(self, job_id: str, index: int) -> SubagentResult | None:
