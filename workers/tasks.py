@@ -215,6 +215,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     if self.request.retries:  # back from a countdown (or re-sent, maybe from one): on a slot
         _window_op(job_id, "resume", index)
     run = SubagentRun(rt, job_id, index, token=_token(self))
+    run.begin()  # in this thread: it only waits while the sub-agent runs on the loop
     try:
         outcome = rt.run(run.run())
     except ClaimLost:  # a late copy: another delivery runs (or ran) this sub-agent
@@ -233,7 +234,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     except RetryLater as later:
         _window_op(job_id, "defer", index)  # its slot is free while it waits
         raise _retry(self, later, (job_id, index, run.token)) from None
-    _refill(rt.store, job_id, cancelled=outcome.status == "cancelled")
+    _refill(rt.store, job_id, cancelled=outcome.status == "cancelled", done=run.records_in)
     return subagent_task_result(outcome)
 
 
@@ -307,10 +308,20 @@ def _job_size(job_id: str) -> int | str:
     """The job's sub-agent count, for Flower's args (``job=<id> sub=<i>/<n>``)."""
     settings = get_settings()
     try:
-        return int(_store_for(settings.redis_url, settings.key_prefix, settings.result_ttl_s
-                              ).meta(job_id)["n"])
+        return _known_size(settings.redis_url, settings.key_prefix, settings.result_ttl_s,
+                           job_id)
     except (LookupError, ValueError):
         return "?"
+
+
+@lru_cache(maxsize=1024)
+def _known_size(redis_url: str, prefix: str, ttl_s: int, job_id: str) -> int:
+    # Read once per process: a job's size is fixed before its first sub-agent is published
+    # (a planned job's subtasks are stored before it launches); an unknown one is not kept.
+    n = int(_store_for(redis_url, prefix, ttl_s).meta(job_id)["n"])
+    if n <= 0:
+        raise ValueError("no sub-agents yet")
+    return n
 
 
 @lru_cache(maxsize=4)
@@ -318,8 +329,11 @@ def _store_for(redis_url: str, prefix: str, ttl_s: int) -> JobStore:
     return JobStore(sync_redis(redis_url), prefix=prefix, ttl_s=ttl_s)
 
 
-def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
-    """A sub-agent has its record: its place in the window goes to the next sub-agents."""
+def _refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = None
+            ) -> None:
+    """A sub-agent has its record: its place in the window goes to the next sub-agents.
+
+    ``done``: the job's record count as the record's own write returned it (None: read it)."""
     settings = get_settings()
     fs = _fairshare(settings, settings.queue)
     try:
@@ -332,7 +346,7 @@ def _refill(store: JobStore, job_id: str, *, cancelled: bool) -> None:
             if store.record_count(job_id) >= int(store.meta(job_id).get("n", 0)):
                 send_join(job_id, settings.queue)
         else:
-            runs = fs.finished(job_id, store.record_count(job_id))
+            runs = fs.finished(job_id, done if done is not None else store.record_count(job_id))
         _publish(fs, runs)
     except Exception as error:  # the record is safe; the pump tops the window up later
         log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,

@@ -43,6 +43,7 @@ from workers.jobs.records import (
     budget_tokens,
 )
 from workers.jobs.spec import JobSpec
+from workers.jobs.store import SubagentStart
 from workers.limiter import ScopeLimits, tool_scope
 from workers.telemetry import subagent_finished, subagent_run
 from workers.tools import Tool, get_tools, run_turn
@@ -83,16 +84,29 @@ class SubagentRun:
         self.token = 0  # the claim this delivery took at its start
         # The start read the cancel and took the claim: the first call needs no check of them.
         self._checked = False
+        self.records_in: int | None = None  # the job's record count once this one's was stored
+        self._begun: tuple[str, SubagentStart] | None = None
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
+    def begin(self) -> None:
+        """The start's round trip (the claim, the state), from the calling thread: the task's
+        own, which only waits while the sub-agent runs on the loop, so the loop has one
+        hand-off to its I/O threads fewer. ``run`` makes it itself when this was not called."""
+        worker = self.worker or local_worker(self.rt.settings).id
+        self._begun = worker, self.store.start(self.job_id, self.index, worker=worker,
+                                               token=self.message_token)
+
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
-        worker = self.worker or local_worker(self.rt.settings).id
-        start = await self._io(partial(self.store.start, self.job_id, self.index,
-                                       worker=worker, token=self.message_token))
+        if self._begun is not None:
+            (worker, start), self._begun = self._begun, None
+        else:
+            worker = self.worker or local_worker(self.rt.settings).id
+            start = await self._io(partial(self.store.start, self.job_id, self.index,
+                                           worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
             return start.record
         if start.stale:  # another delivery holds the claim: no call from this one
@@ -280,8 +294,10 @@ class SubagentRun:
             attempts=state.failures + (0 if status == "failed" else 1), error_type=error_type,
             status_code=status_code, error=error, finished_at=time.time())
         report = SubagentReport(findings=findings, tried=state.tried, failed=state.failed)
-        return await self._io(partial(self.store.finish, result, report, token=self.token,
-                                      worker=self.worker or ""))
+        stored, self.records_in = await self._io(partial(
+            self.store.finish_counted, result, report, token=self.token,
+            worker=self.worker or ""))
+        return stored
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,22 @@ class SubagentStart:
     token: int = 0  # the claim this delivery took (see claims.py); 0 when it took none
     stale: bool = False  # another delivery holds the claim: stop before any call
     cancel_reason: str | None = None  # the job's cancel, as the same round trip read it
+
+
+def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
+    """Run the pipeline ``queued()`` builds, taking its scripts to be loaded already.
+
+    redis-py checks a pipeline's scripts with a SCRIPT EXISTS round trip of its own before
+    every execute; a script is loaded once per Redis server, so that check is skipped. Should
+    Redis have lost the scripts (a restart), the pipeline fails before its one script ran
+    (the other commands only read) and is built and run again the usual way, which loads them.
+    """
+    pipe = queued()
+    pipe.scripts.clear()
+    try:
+        return pipe.execute()
+    except redis.exceptions.NoScriptError:
+        return queued().execute()
 
 
 class JobStore:
@@ -238,16 +254,19 @@ class JobStore:
         trip of its own (a deadline that has passed is left to ``cancelled``, which acts
         on it).
         """
-        pipe = self.r.pipeline(transaction=False)
-        if worker is not None:
-            self.claims.start(job_id, index, token, worker, client=pipe)
-        pipe.hget(self.key(job_id, "records"), str(index))
-        pipe.get(self.key(job_id, "spec"))
-        pipe.get(self.key(job_id, "ckpt", index))
-        pipe.lindex(self.key(job_id, "tasks"), index)
-        pipe.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
-        pipe.time()
-        replies = pipe.execute()
+        def queued() -> redis.client.Pipeline:
+            pipe = self.r.pipeline(transaction=False)
+            if worker is not None:
+                self.claims.start(job_id, index, token, worker, client=pipe)
+            pipe.hget(self.key(job_id, "records"), str(index))
+            pipe.get(self.key(job_id, "spec"))
+            pipe.get(self.key(job_id, "ckpt", index))
+            pipe.lindex(self.key(job_id, "tasks"), index)
+            pipe.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
+            pipe.time()
+            return pipe
+
+        replies = _execute_loaded(queued)
         claimed = int(replies.pop(0)) if worker is not None else 0
         record, spec, checkpoint, task, (reason, deadline), (seconds, micros) = replies
         if record is not None:
@@ -331,6 +350,13 @@ class JobStore:
         With a claim ``token`` the record is stored only while that token is the claim
         (``ClaimLost`` otherwise); the claim ends with the record.
         """
+        return self.finish_counted(result, report, token=token, worker=worker)[0]
+
+    def finish_counted(self, result: SubagentResult, report: SubagentReport | None = None, *,
+                       token: int = 0, worker: str = "") -> tuple[SubagentResult, int | None]:
+        """``finish``, and the job's record count just after this record was stored (None
+        when it was there already): what the fair-share refill needs, in the same round trip.
+        """
         job_id, index = result.job_id, result.index
         raw = result.model_dump_json()
         # One script (lua/record.lua): the record, the claim let go, the status counters,
@@ -344,8 +370,8 @@ class JobStore:
         if stored < 0:
             raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
         if not stored:
-            return self.record(job_id, index) or result
-        return result
+            return self.record(job_id, index) or result, None
+        return result, stored
 
     def record(self, job_id: str, index: int) -> SubagentResult | None:
         raw = self.r.hget(self.key(job_id, "records"), str(index))

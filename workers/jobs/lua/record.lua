@@ -6,7 +6,8 @@
 -- ARGV[1] part (the index)    ARGV[2] the writer's token (0: unfenced)    ARGV[3] the record
 -- (JSON)    ARGV[4] job id    ARGV[5] ttl (s)    ARGV[6] the record's status
 -- ARGV[7] the report (JSON; "" for none)
--- Returns 1 when stored, 0 when a record was there already, -1 when the claim is not ours.
+-- Returns the job's record count once this one is stored (>= 1: the fair-share refill needs
+-- it), 0 when a record was there already, -1 when the claim is not ours.
 local part, token, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 if redis.call('HEXISTS', KEYS[2], part) == 1 then return 0 end
 if token > 0 then
@@ -23,4 +24,4 @@ redis.call('EXPIRE', KEYS[4], ttl)
 if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[7], 'EX', ttl) end
 redis.call('XADD', KEYS[5], '*', 'record', ARGV[3])
 redis.call('EXPIRE', KEYS[5], ttl)
-return 1
+return redis.call('HLEN', KEYS[2])
