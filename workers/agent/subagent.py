@@ -10,8 +10,8 @@ before it would cost a round trip and protect nothing).
 Never twice at once: the start takes the sub-agent's claim (workers/jobs/claims.py) in the same
 round trip that reads its state, every checkpoint, tool result and the record is written only
 under that claim, and the check before each LLM call reads it too; a delivery that finds a
-newer claim stops with ``ClaimLost`` before any call (the first call of a delivery goes on
-the start's own reading of the cancel and the claim it just took). A worker that is shutting
+newer claim stops with ``ClaimLost`` before any call (a first call within START_FRESH_S of
+the start goes on the start's own reading of the cancel and the claim). A worker that is shutting
 down hands its sub-agents back to the broker (checkpointed) instead of starting another call.
 
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
@@ -50,6 +50,12 @@ from workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
 REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later
+# A first call this soon after the start was sent needs no check of the cancel and the claim:
+# the start read both. Taking a claim over needs its holder to look dead for seconds (a paused
+# or lost worker), so a start sent this recently cannot have been superseded; after a longer
+# gap (a slow loop, a paused process, even one paused while the start was out) the call
+# checks as every later one does.
+START_FRESH_S = 0.05
 log = logging.getLogger("drover.agent")
 
 
@@ -82,10 +88,11 @@ class SubagentRun:
         self.message_token = token  # the claim token its message carries
         self.worker = worker
         self.token = 0  # the claim this delivery took at its start
-        # The start read the cancel and took the claim: the first call needs no check of them.
-        self._checked = False
+        # When the start read the cancel and took the claim (monotonic): a first call right
+        # after it needs no check of its own (see START_FRESH_S).
+        self._checked_at: float | None = None
         self.records_in: int | None = None  # the job's record count once this one's was stored
-        self._begun: tuple[str, SubagentStart] | None = None
+        self._begun: tuple[str, SubagentStart, float] | None = None
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
@@ -95,16 +102,18 @@ class SubagentRun:
         own, which only waits while the sub-agent runs on the loop, so the loop has one
         hand-off to its I/O threads fewer. ``run`` makes it itself when this was not called."""
         worker = self.worker or local_worker(self.rt.settings).id
+        sent = time.monotonic()  # before the request: a pause while it is out counts too
         self._begun = worker, self.store.start(self.job_id, self.index, worker=worker,
-                                               token=self.message_token)
+                                               token=self.message_token), sent
 
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
         if self._begun is not None:
-            (worker, start), self._begun = self._begun, None
+            (worker, start, started), self._begun = self._begun, None
         else:
             worker = self.worker or local_worker(self.rt.settings).id
+            started = time.monotonic()  # before the request (see begin)
             start = await self._io(partial(self.store.start, self.job_id, self.index,
                                            worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
@@ -114,8 +123,8 @@ class SubagentRun:
                             "is stale")
         self.worker, self.token = worker, start.token
         # A passed deadline is left to the check (``cancelled`` cancels the job for it).
-        self._checked = start.cancel_reason is None and (start.deadline_in is None
-                                                         or start.deadline_in > 0)
+        if start.cancel_reason is None and (start.deadline_in is None or start.deadline_in > 0):
+            self._checked_at = started
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
@@ -180,7 +189,9 @@ class SubagentRun:
                                           error_type="budget_exceeded")
             params = request_params(spec, model, tools, state.messages)
             batched = uses_batch(spec, settings)
-            checked, self._checked = self._checked, False
+            checked = (self._checked_at is not None
+                       and time.monotonic() - self._checked_at < START_FRESH_S)
+            self._checked_at = None
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
                 message = await batch_message(self.rt, params, ctx, state)
             else:
