@@ -16,7 +16,9 @@ again, a worker that was only paused) and stops before any LLM or tool call; the
 stored once. Each worker also lists the parts it holds or runs (``worker:{id}:claims``), so
 the recovery sweep finds a dead worker's parts without reading the broker or every job.
 
-Every change is one Lua script (``lua/*.lua``), so a claim never moves half-way.
+Every change is one Lua script (``lua/*.lua``), so a claim never moves half-way. The record's
+own write lets go of the claim too: the job store's ``lua/record.lua``, which stores the
+record with its counters in the same step.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ class Claims:
         self._receive = client.register_script((LUA / "receive.lua").read_text())
         self._start = client.register_script((LUA / "start.lua").read_text())
         self._fenced = client.register_script((LUA / "fenced.lua").read_text())
-        self._finish = client.register_script((LUA / "finish.lua").read_text())
         self._release = client.register_script((LUA / "release.lua").read_text())
         self._takeover = client.register_script((LUA / "takeover.lua").read_text())
 
@@ -101,13 +102,6 @@ class Claims:
         if not self._fenced(keys=[self.job_key(job_id, "claims"), key],
                             args=[part_name(part), token, "hset", self.ttl_s, field, value]):
             raise ClaimLost(f"{job_id}/{part}: claim {token} was superseded")
-
-    def finish(self, job_id: str, part: int | str, token: int, record: str, worker: str) -> int:
-        """Store the record once: 1 stored, 0 there already, -1 the claim is another's."""
-        keys = [self.job_key(job_id, "claims"), self.job_key(job_id, "records"),
-                self.worker_key(worker)]
-        return int(self._finish(keys=keys,
-                                args=[part_name(part), token, record, job_id, self.ttl_s]))
 
     def release(self, job_id: str, part: int | str, token: int, worker: str) -> bool:
         """The part's message went back to the broker with ``token``: the claim says so."""
