@@ -16,6 +16,8 @@ stock consumer.
 
 from __future__ import annotations
 
+import time
+
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 __all__ = ["EVENTS_FLUSH_S", "Consumer"]
@@ -24,21 +26,25 @@ EVENTS_FLUSH_S = 0.2
 
 
 class Consumer(CeleryConsumer):
-    _events_flush_due = False  # a flush is scheduled: an event buffered now goes with it
+    # When the scheduled flush was asked for (monotonic), None when none is: an event buffered
+    # meanwhile goes with it. One older than a second was lost (the consumer restarted after
+    # a broker connection loss, and its timer with it): a new one is scheduled.
+    _events_flush_due: float | None = None
 
     def on_send_event_buffered(self) -> None:
         # Called from any thread (the pool's threads send task-started and task-succeeded)
         # right after the event went into the buffer, so a flush that is due takes it.
-        if self.hub is None or self._events_flush_due:
+        due = self._events_flush_due
+        if self.hub is None or (due is not None and time.monotonic() - due < 1.0):
             return
-        self._events_flush_due = True
+        self._events_flush_due = time.monotonic()
         self.hub.call_soon(self._schedule_events_flush)  # the timer is the hub thread's
 
     def _schedule_events_flush(self) -> None:
         self.hub.call_later(EVENTS_FLUSH_S, self._flush_due_events)
 
     def _flush_due_events(self) -> None:
-        self._events_flush_due = False  # before the flush: an event buffered during it is taken
+        self._events_flush_due = None  # before the flush: an event buffered during it is taken
         self._flush_events()
 
     def stop(self) -> None:
