@@ -202,6 +202,7 @@ def test_a_paused_worker_is_resumed_elsewhere_and_calls_nothing_when_it_wakes(
         held = fleet.held(victim_id)
         kill_group(victim, signal.SIGSTOP)  # a partition: alive, but silent
         stopped = time.monotonic()
+        running = fleet.running(victim_id)  # its claims cannot change while it is stopped
         time.sleep(2.0)  # the calls it had sent reach the simulator
         calls_before = own.stats()["accepted"]
         wait_until("its sub-agents resumed elsewhere",
@@ -213,7 +214,15 @@ def test_a_paused_worker_is_resumed_elsewhere_and_calls_nothing_when_it_wakes(
         kill_group(victim, signal.SIGCONT)
         time.sleep(6.0)  # its replies land, its held messages run: each finds a newer claim
         assert victim.poll() is None  # it woke up and carried on
-        assert own.stats()["accepted"] == calls_before  # and called nothing for them
+        # And started no call for them: every call it makes after waking stops at its check
+        # of the claim (after the limiter's wait, right before the send). What can still
+        # reach the simulator late is a request it had begun to send when it was stopped (a
+        # process stopped before its event loop wrote the bytes writes them when it wakes):
+        # at most one per sub-agent that was running on it.
+        late = own.stats()["accepted"] - calls_before
+        print(f"calls of the woken worker that reached the simulator after the pause: {late} "
+              f"(sub-agents running on it at the pause: {len(running)})")
+        assert late <= len(running)
         assert_complete(result, fleet, 40)
         stats = sim.stats()
         assert stats["duplicate_accepted"] == 0

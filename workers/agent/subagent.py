@@ -10,9 +10,11 @@ before it would cost a round trip and protect nothing).
 Never twice at once: the start takes the sub-agent's claim (workers/jobs/claims.py) in the same
 round trip that reads its state, every checkpoint, tool result and the record is written only
 under that claim, and the check before each LLM call reads it too; a delivery that finds a
-newer claim stops with ``ClaimLost`` before any call (a first call within START_FRESH_S of
-the start goes on the start's own reading of the cancel and the claim). A worker that is shutting
-down hands its sub-agents back to the broker (checkpointed) instead of starting another call.
+newer claim stops with ``ClaimLost`` before any call. That check runs after the limiter's
+wait, right before the send (``CallContext.check``), so a worker paused while it waited sends
+nothing once it wakes; a first call within ``llm.FRESH_S`` of the start goes on the start's own
+reading of the cancel and the claim. A worker that is shutting down hands its sub-agents back
+to the broker (checkpointed) instead of starting another call.
 
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
 (``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
@@ -50,12 +52,6 @@ from workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
 REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later
-# A first call this soon after the start was sent needs no check of the cancel and the claim:
-# the start read both. Taking a claim over needs its holder to look dead for seconds (a paused
-# or lost worker), so a start sent this recently cannot have been superseded; after a longer
-# gap (a slow loop, a paused process, even one paused while the start was out) the call
-# checks as every later one does.
-START_FRESH_S = 0.05
 log = logging.getLogger("drover.agent")
 
 
@@ -88,9 +84,6 @@ class SubagentRun:
         self.message_token = token  # the claim token its message carries
         self.worker = worker
         self.token = 0  # the claim this delivery took at its start
-        # When the start read the cancel and took the claim (monotonic): a first call right
-        # after it needs no check of its own (see START_FRESH_S).
-        self._checked_at: float | None = None
         self.records_in: int | None = None  # the job's record count once this one's was stored
         self._begun: tuple[str, SubagentStart, float] | None = None
 
@@ -122,16 +115,24 @@ class SubagentRun:
             raise ClaimLost(f"{self.job_id}/{self.index}: message token {self.message_token} "
                             "is stale")
         self.worker, self.token = worker, start.token
-        # A passed deadline is left to the check (``cancelled`` cancels the job for it).
-        if start.cancel_reason is None and (start.deadline_in is None or start.deadline_in > 0):
-            self._checked_at = started
+        # When the start read the cancel and took the claim (sent at ``started``, monotonic),
+        # a first call right after it needs no check of its own (llm.FRESH_S). A passed
+        # deadline is left to the check (``cancelled`` cancels the job for it).
+        checked_at = started if start.cancel_reason is None and (
+            start.deadline_in is None or start.deadline_in > 0) else None
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
-                              tenant=spec.tenant)
+                              tenant=spec.tenant, check=self._check, checked_at=checked_at)
             return await self._run(spec, state, ctx)
+
+    async def _check(self) -> None:
+        """Before a send: ClaimLost when another delivery holds the sub-agent, Cancelled
+        when its job was cancelled (or its deadline passed)."""
+        if await self._io(self.store.cancelled, self.job_id, (self.index, self.token)):
+            raise Cancelled()
 
     async def _run(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                    ) -> SubagentResult:
@@ -189,15 +190,9 @@ class SubagentRun:
                                           error_type="budget_exceeded")
             params = request_params(spec, model, tools, state.messages)
             batched = uses_batch(spec, settings)
-            checked = (self._checked_at is not None
-                       and time.monotonic() - self._checked_at < START_FRESH_S)
-            self._checked_at = None
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
                 message = await batch_message(self.rt, params, ctx, state)
             else:
-                if not checked and await self._io(self.store.cancelled, self.job_id,
-                                                  (self.index, self.token)):
-                    raise Cancelled()
                 if local_worker(settings).draining:  # SIGTERM: no new call, hand it back
                     raise LimiterSaysLater(0.0, "worker shutting down")
                 message = await create_message(self.rt, params, ctx)
