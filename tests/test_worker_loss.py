@@ -313,6 +313,26 @@ class PrivateRabbit:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             self.proc = None
+        # Started as root, Debian's script runs the node as the rabbitmq user in a session
+        # of its own, out of our process group: find it by the node name in its environment.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            beams = self._beams()
+            for pid in beams:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 30
+            while beams and self._beams() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    def _beams(self) -> list[int]:
+        mark = f"RABBITMQ_NODENAME={self.node}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if mark in (entry / "environ").read_bytes().split(b"\0"):
+                        found.append(int(entry.name))
+        return found
 
 
 @pytest.fixture
