@@ -3,9 +3,9 @@
 State is checkpointed in Redis twice per turn: right after the model's reply (so a retry
 never repeats a completed LLM call) and after the tool results (each tool result is also
 saved as it completes, so a crash mid-turn does not run a finished tool again). A retry or a
-redelivered task resumes from the checkpoint. The reply that ends the sub-agent goes straight
-into its record instead (the record is what a redelivery finds; a checkpoint written just
-before it would cost a round trip and protect nothing).
+redelivered task resumes from the checkpoint. The reply that ends the sub-agent is checkpointed
+with its record, in the record's one script (the record is what a redelivery finds; the
+final checkpoint is only the transcript, ``JobHandle.transcript``).
 
 Never twice at once: the start takes the sub-agent's claim (workers/jobs/claims.py) in the same
 round trip that reads its state, every checkpoint, tool result and the record is written only
@@ -302,7 +302,7 @@ class SubagentRun:
         report = SubagentReport(findings=findings, tried=state.tried, failed=state.failed)
         stored, self.records_in = await self._io(partial(
             self.store.finish_counted, result, report, token=self.token,
-            worker=self.worker or ""))
+            worker=self.worker or "", checkpoint=state))
         return stored
 
 

@@ -353,9 +353,12 @@ class JobStore:
         return self.finish_counted(result, report, token=token, worker=worker)[0]
 
     def finish_counted(self, result: SubagentResult, report: SubagentReport | None = None, *,
-                       token: int = 0, worker: str = "") -> tuple[SubagentResult, int | None]:
+                       token: int = 0, worker: str = "", checkpoint: Checkpoint | None = None
+                       ) -> tuple[SubagentResult, int | None]:
         """``finish``, and the job's record count just after this record was stored (None
         when it was there already): what the fair-share refill needs, in the same round trip.
+        With ``checkpoint``, the sub-agent's final state is stored with the record (its
+        transcript, ``JobHandle.transcript``: the last reply is saved nowhere else).
         """
         job_id, index = result.job_id, result.index
         raw = result.model_dump_json()
@@ -364,9 +367,11 @@ class JobStore:
         stored = int(self._record(
             keys=[self.key(job_id, "claims"), self.key(job_id, "records"),
                   self.claims.worker_key(worker), self.key(job_id, "counts"),
-                  self.key(job_id, "events"), self.key(job_id, "report", index)],
+                  self.key(job_id, "events"), self.key(job_id, "report", index),
+                  self.key(job_id, "ckpt", index)],
             args=[str(index), token, raw, job_id, self.ttl_s, result.status,
-                  report.model_dump_json() if report is not None else ""]))
+                  report.model_dump_json() if report is not None else "",
+                  checkpoint.model_dump_json() if checkpoint is not None else ""]))
         if stored < 0:
             raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
         if not stored:

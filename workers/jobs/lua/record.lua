@@ -3,9 +3,10 @@
 -- job's status counters, the sub-agent's report and the record on the job's event stream.
 -- KEYS[1] the job's claims hash    KEYS[2] the job's records    KEYS[3] the worker's claims hash
 -- KEYS[4] the job's status counts    KEYS[5] the job's event stream    KEYS[6] the report's key
+-- KEYS[7] the sub-agent's checkpoint (its transcript)
 -- ARGV[1] part (the index)    ARGV[2] the writer's token (0: unfenced)    ARGV[3] the record
 -- (JSON)    ARGV[4] job id    ARGV[5] ttl (s)    ARGV[6] the record's status
--- ARGV[7] the report (JSON; "" for none)
+-- ARGV[7] the report (JSON; "" for none)    ARGV[8] the final checkpoint (JSON; "" for none)
 -- Returns the job's record count once this one is stored (>= 1: the fair-share refill needs
 -- it), 0 when a record was there already, -1 when the claim is not ours.
 local part, token, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
@@ -22,6 +23,7 @@ redis.call('HDEL', KEYS[3], ARGV[4] .. '|' .. part)
 redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
 redis.call('EXPIRE', KEYS[4], ttl)
 if ARGV[7] ~= '' then redis.call('SET', KEYS[6], ARGV[7], 'EX', ttl) end
+if ARGV[8] ~= '' then redis.call('SET', KEYS[7], ARGV[8], 'EX', ttl) end
 redis.call('XADD', KEYS[5], '*', 'record', ARGV[3])
 redis.call('EXPIRE', KEYS[5], ttl)
 return redis.call('HLEN', KEYS[2])
