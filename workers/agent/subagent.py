@@ -102,13 +102,10 @@ class SubagentRun:
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
-        if self._begun is not None:
-            (worker, start, started), self._begun = self._begun, None
-        else:
-            worker = self.worker or local_worker(self.rt.settings).id
-            started = time.monotonic()  # before the request (see begin)
-            start = await self._io(partial(self.store.start, self.job_id, self.index,
-                                           worker=worker, token=self.message_token))
+        if self._begun is None:
+            await self._io(self.begin)
+        assert self._begun is not None
+        (worker, start, started), self._begun = self._begun, None
         if start.record is not None:  # delivered twice: counted once
             return start.record
         if start.stale:  # another delivery holds the claim: no call from this one
