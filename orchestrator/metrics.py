@@ -87,8 +87,7 @@ class DroverCollector(Collector):
         self.broker_queues = broker_queues
         self._broker: Any = None
         self._jobs: dict[str, _JobSeen] = {}
-        self._scope_list: list[str] = []
-        self._scopes_at = -SCOPES_REFRESH_S
+        self._scope_list: list[str] | None = None
         self._lock = threading.Lock()  # one scrape at a time: the stream cursors are shared
 
     def describe(self) -> Iterable[Metric]:
@@ -165,14 +164,18 @@ class DroverCollector(Collector):
             out.append(family)
         return out, scopes
 
+    def refresh_scopes(self) -> None:
+        """List the limiter's scopes again. Listing walks Redis's whole keyspace (SCAN): on a
+        Redis that also holds millions of other keys it takes seconds, more than Prometheus
+        waits for a scrape, so ``serve`` calls this from a thread of its own."""
+        self._scope_list = self.limiter.scopes()
+
     def _scopes(self, counted: set[str]) -> list[str]:
-        """The limiter's scopes, listed again every SCOPES_REFRESH_S or when a process counted
-        calls of one not listed yet: listing them may walk the keyspace, a scrape need not."""
-        now = time.monotonic()
-        if now - self._scopes_at > SCOPES_REFRESH_S or not counted <= set(self._scope_list):
-            self._scope_list = self.limiter.scopes()
-            self._scopes_at = now
-        return self._scope_list
+        """The last listing's scopes (the first scrape lists them), and every LLM scope a
+        process counted calls of, listed or not yet."""
+        if self._scope_list is None:
+            self.refresh_scopes()
+        return sorted(set(self._scope_list or ()) | counted)
 
     # --- the limiter ----------------------------------------------------------------------
     def _scope_series(self, scopes: list[str]) -> list[Metric]:
@@ -353,6 +356,14 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _refresh_scopes(collector: DroverCollector, stop: threading.Event) -> None:
+    while not stop.wait(SCOPES_REFRESH_S):
+        try:
+            collector.refresh_scopes()
+        except redis.RedisError as error:
+            log.warning("cannot list the limiter's scopes (%s: %s)", type(error).__name__, error)
+
+
 def serve(port: int = 9808, addr: str = "127.0.0.1", settings: Settings | None = None,
           *, ready: threading.Event | None = None) -> int:
     """Serve ``/metrics`` until SIGTERM or Ctrl-C."""
@@ -360,9 +371,12 @@ def serve(port: int = 9808, addr: str = "127.0.0.1", settings: Settings | None =
 
     settings = settings or get_settings()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DroverCollector(settings))
+    collector = DroverCollector(settings)
+    registry.register(collector)
     server, thread = start_http_server(port, addr=addr, registry=registry)
     stop = threading.Event()
+    threading.Thread(target=_refresh_scopes, args=(collector, stop), daemon=True,
+                     name="drover-metrics-scopes").start()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log.info("serving drover's metrics on http://%s:%d/metrics", addr, port)

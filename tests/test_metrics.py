@@ -171,6 +171,31 @@ def test_scope_series_come_from_the_limiter(settings, recorders):
     assert value(families, "drover_scope_cooldown_seconds", scope=SCOPE) == 0
 
 
+def test_only_the_first_scrape_walks_the_keyspace_for_scopes(settings, recorders, redis_client):
+    """Listing the limiter's scopes is a SCAN over every key in Redis, seconds on a Redis
+    shared with millions of other keys: later scrapes reuse the listing (``drover metrics``
+    lists again from a thread of its own), so none outlasts Prometheus's scrape timeout."""
+    _a_fleet(settings, recorders)
+    collector = DroverCollector(settings, broker_queues=False)
+    scrape(collector)
+
+    def scans() -> int:
+        stats = redis_client.info("commandstats").get("cmdstat_scan", {})
+        return int(stats.get("calls", 0))
+
+    before = scans()
+    tool = "tool:lookup"
+    Limiter(redis_client, prefix=settings.key_prefix).acquire(tool, ScopeLimits(rpm=60))
+    families = scrape(collector)
+    assert scans() == before
+    assert {s.labels["scope"] for s in families["drover_scope_leases_in_flight"].samples} == \
+        {SCOPE}
+    collector.refresh_scopes()  # what the exporter's thread does every SCOPES_REFRESH_S
+    families = scrape(collector)
+    assert {s.labels["scope"] for s in families["drover_scope_leases_in_flight"].samples} == \
+        {SCOPE, tool}
+
+
 def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorders):
     store = _a_fleet(settings, recorders)
     collector = DroverCollector(settings)
