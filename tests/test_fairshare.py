@@ -150,11 +150,11 @@ def test_two_tenants_weighted_two_to_one_share_the_key_two_to_one(
     configure(monkeypatch, drover_env, rpm=1260, target_utilization=1.0,
               tenant_weights='{"red": 2, "blue": 1}')
     _fleet(spawn_worker, redis_url)
-    red = submit(_jobs(120, "Translate page", tenant="red"))
-    blue = submit(_jobs(120, "Translate page", tenant="blue"))
+    red = submit(_jobs(180, "Translate page", tenant="red"))
+    blue = submit(_jobs(180, "Translate page", tenant="blue"))
     red_result, blue_result = red.wait(timeout=180), blue.wait(timeout=180)
 
-    assert red_result.counts["ok"] == 120 and blue_result.counts["ok"] == 120
+    assert red_result.counts["ok"] == 180 and blue_result.counts["ok"] == 180
     # The contended period: from a second after blue's first record until the first job ends.
     start = min(r.finished_at for r in blue_result.results) + 1.0
     end = min(max(r.finished_at for r in res.results) for res in (red_result, blue_result))
