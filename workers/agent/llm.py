@@ -40,12 +40,6 @@ from workers.telemetry import acquire_wait, llm_call
 
 log = logging.getLogger("drover.llm")
 POLL_S = 0.05
-# A check of the sub-agent's claim and its job's cancel this recent needs no repeat before a
-# send: taking a claim over needs its holder to look dead for seconds. After any longer gap
-# (a wait for the limiter, a slow loop, a process paused with SIGSTOP) the call checks again
-# right before it goes out, so a worker that wakes up after its sub-agents moved on sends
-# nothing for them.
-FRESH_S = 0.05
 
 
 @dataclass
@@ -61,7 +55,6 @@ class CallContext:
     # Raises ClaimLost or Cancelled when the call must not go out (another delivery holds the
     # sub-agent now, or its job was cancelled); run right before each send.
     check: Callable[[], Awaitable[None]] | None = None
-    checked_at: float | None = None  # monotonic time of a check already made (used once)
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -192,7 +185,8 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     raw = None
     try:
         await wait_or_cancel(max([grant.wait_s, *(g.wait_s for _, _, g in budget)]), ctx.cancel)
-        await _check_before_send(ctx)
+        if ctx.check is not None:  # after every wait, right before the send
+            await ctx.check()
         in_flight = True
         raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
         message = await raw.parse()
@@ -246,15 +240,6 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
              time.monotonic() - started - grant.wait_s, used_in, used_out,
              message.usage.cache_read_input_tokens or 0)
     return message
-
-
-async def _check_before_send(ctx: CallContext) -> None:
-    """The claim and the cancel, checked after every wait and right before the send (unless a
-    check made a moment ago stands: the sub-agent's start reads both)."""
-    checked_at, ctx.checked_at = ctx.checked_at, None
-    if ctx.check is not None and (checked_at is None
-                                  or time.monotonic() - checked_at >= FRESH_S):
-        await ctx.check()
 
 
 async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: Decision,

@@ -12,9 +12,8 @@ round trip that reads its state, every checkpoint, tool result and the record is
 under that claim, and the check before each LLM call reads it too; a delivery that finds a
 newer claim stops with ``ClaimLost`` before any call. That check runs after the limiter's
 wait, right before the send (``CallContext.check``), so a worker paused while it waited sends
-nothing once it wakes; a first call within ``llm.FRESH_S`` of the start goes on the start's own
-reading of the cancel and the claim. A worker that is shutting down hands its sub-agents back
-to the broker (checkpointed) instead of starting another call.
+nothing once it wakes. A worker that is shutting down hands its sub-agents back to the broker
+(checkpointed) instead of starting another call.
 
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
 (``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
@@ -85,7 +84,7 @@ class SubagentRun:
         self.worker = worker
         self.token = 0  # the claim this delivery took at its start
         self.records_in: int | None = None  # the job's record count once this one's was stored
-        self._begun: tuple[str, SubagentStart, float] | None = None
+        self._begun: tuple[str, SubagentStart] | None = None
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
@@ -95,9 +94,8 @@ class SubagentRun:
         own, which only waits while the sub-agent runs on the loop, so the loop has one
         hand-off to its I/O threads fewer. ``run`` makes it itself when this was not called."""
         worker = self.worker or local_worker(self.rt.settings).id
-        sent = time.monotonic()  # before the request: a pause while it is out counts too
         self._begun = worker, self.store.start(self.job_id, self.index, worker=worker,
-                                               token=self.message_token), sent
+                                               token=self.message_token)
 
     @subagent_run
     async def run(self) -> SubagentResult:
@@ -105,24 +103,19 @@ class SubagentRun:
         if self._begun is None:
             await self._io(self.begin)
         assert self._begun is not None
-        (worker, start, started), self._begun = self._begun, None
+        (worker, start), self._begun = self._begun, None
         if start.record is not None:  # delivered twice: counted once
             return start.record
         if start.stale:  # another delivery holds the claim: no call from this one
             raise ClaimLost(f"{self.job_id}/{self.index}: message token {self.message_token} "
                             "is stale")
         self.worker, self.token = worker, start.token
-        # When the start read the cancel and took the claim (sent at ``started``, monotonic),
-        # a first call right after it needs no check of its own (llm.FRESH_S). A passed
-        # deadline is left to the check (``cancelled`` cancels the job for it).
-        checked_at = started if start.cancel_reason is None and (
-            start.deadline_in is None or start.deadline_in > 0) else None
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
-                              tenant=spec.tenant, check=self._check, checked_at=checked_at)
+                              tenant=spec.tenant, check=self._check)
             return await self._run(spec, state, ctx)
 
     async def _check(self) -> None:

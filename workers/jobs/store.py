@@ -51,7 +51,6 @@ class SubagentStart:
     deadline_in: float | None = None  # seconds until the job's deadline, on Redis's clock
     token: int = 0  # the claim this delivery took (see claims.py); 0 when it took none
     stale: bool = False  # another delivery holds the claim: stop before any call
-    cancel_reason: str | None = None  # the job's cancel, as the same round trip read it
 
 
 def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
@@ -61,6 +60,9 @@ def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
     every execute; a script is loaded once per Redis server, so that check is skipped. Should
     Redis have lost the scripts (a restart), the pipeline fails before its one script ran
     (the other commands only read) and is built and run again the usual way, which loads them.
+    That fallback is needed either way: redis-py's own check does not cover a restart between
+    it and the execute (its retry after the reconnect sends EVALSHA to a server without the
+    script), which test_crash_recovery's Redis restart hits.
     """
     pipe = queued()
     pipe.scripts.clear()
@@ -250,9 +252,6 @@ class JobStore:
 
         With ``worker``, the same round trip takes the sub-agent's claim for that worker,
         if ``token`` (the message's) is the current one; else the start comes back ``stale``.
-        It reads the job's cancel too, so the check before the first call needs no round
-        trip of its own (a deadline that has passed is left to ``cancelled``, which acts
-        on it).
         """
         def queued() -> redis.client.Pipeline:
             pipe = self.r.pipeline(transaction=False)
@@ -262,13 +261,13 @@ class JobStore:
             pipe.get(self.key(job_id, "spec"))
             pipe.get(self.key(job_id, "ckpt", index))
             pipe.lindex(self.key(job_id, "tasks"), index)
-            pipe.hmget(self.key(job_id, "meta"), "cancelled", "deadline")
+            pipe.hget(self.key(job_id, "meta"), "deadline")
             pipe.time()
             return pipe
 
         replies = _execute_loaded(queued)
         claimed = int(replies.pop(0)) if worker is not None else 0
-        record, spec, checkpoint, task, (reason, deadline), (seconds, micros) = replies
+        record, spec, checkpoint, task, deadline, (seconds, micros) = replies
         if record is not None:
             return SubagentStart(record=SubagentResult.model_validate_json(record))
         if claimed < 0:
@@ -282,7 +281,7 @@ class JobStore:
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             task=_s(task) if task is not None else None,
             deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None,
-            token=claimed, cancel_reason=_s(reason) if reason else None)
+            token=claimed)
 
     def load_checkpoint(self, job_id: str, index: int) -> Checkpoint | None:
         raw = self.r.get(self.key(job_id, "ckpt", index))
