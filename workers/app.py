@@ -48,7 +48,6 @@ except SettingsError as error:
 
 app = Celery("drover", include=["workers.tasks"])
 app.config_from_object(celery_config(_settings))
-app.conf.worker_consumer = "workers.consumer:Consumer"  # task events in batches (see there)
 configure_logging(_settings)  # one line per LLM call; no prompt text, no task results
 
 
