@@ -1,13 +1,15 @@
 """What one one-call sub-agent costs a worker: CPU (user, system), context switches, and the
 Redis commands it sends, for drover or for the bare Celery chord of `bench.scale`.
 
-    python -m bench.worker_cost [-n 2000] [--bare] [--monitor] [--workers 4] [--concurrency 16]
+    python -m bench.worker_cost [-n 2000] [--bare [--noop]] [--monitor] [--workers 4]
+                                [--concurrency 16]
     python -m bench.worker_cost --ab /path/to/checkout-a,/path/to/checkout-b --repeat 3
 
 The workload is `bench.scale`'s (one short call each, limits far away, a simulator with no
 latency). CPU is the worker processes' own (`/proc`), context switches summed over their
 threads; ``--monitor`` counts the commands `MONITOR` shows under this run's key prefix (the
 commands inside Lua scripts too, so a script's HSET counts), per sub-agent, by command and key.
+``--bare --noop``: the bare chord of tasks that make no call, Celery's own work per task.
 ``--ab`` runs this module from each checkout in turn, ``--repeat`` times, and prints the
 medians: on a shared 2-core box only interleaved runs compare.
 """
@@ -68,7 +70,7 @@ def _monitor(url: str, prefix: str, counts: collections.Counter, stop: threading
 
 
 def measure(n: int, bare: bool, workers: int, concurrency: int, monitor: bool,
-            redis_url: str) -> dict[str, Any]:
+            redis_url: str, noop: bool = False) -> dict[str, Any]:
     from bench.contenders import drover
 
     prefix = f"cost-{uuid.uuid4().hex[:8]}"
@@ -112,7 +114,9 @@ def measure(n: int, bare: bool, workers: int, concurrency: int, monitor: bool,
                 before, cpu_before = _proc_usage(pids), sum(cpu_seconds(p) for p in pids)
                 started = time.monotonic()
                 if bare:
-                    header = [app.signature("bench.one_call", args=(i, MODEL, task), queue=queue)
+                    header = [app.signature("bench.noop", args=(i,), queue=queue) if noop
+                              else app.signature("bench.one_call", args=(i, MODEL, task),
+                                                 queue=queue)
                               for i, task in enumerate(subtasks)]
                     done = chord(header, app=app)(app.signature("bench.collect", queue=queue))
                     assert done.get(timeout=1800, interval=0.05) == n
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--bare", action="store_true", help="the bare Celery chord instead")
+    parser.add_argument("--noop", action="store_true",
+                        help="with --bare: tasks that make no call (Celery's own cost)")
     parser.add_argument("--monitor", action="store_true", help="count Redis commands")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -170,11 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.ab:
         passed = ["-n", str(args.n), "--workers", str(args.workers), "--concurrency",
-                  str(args.concurrency)] + (["--bare"] if args.bare else [])
+                  str(args.concurrency)] + (["--bare"] if args.bare else []) + (
+                      ["--noop"] if args.noop else [])
         ab(args.ab.split(","), args.repeat, passed)
         return 0
     out = measure(args.n, args.bare, args.workers, args.concurrency, args.monitor,
-                  args.redis_url)
+                  args.redis_url, noop=args.noop)
     print(describe(out))
     if out["commands"]:
         print(f"Redis commands per sub-agent: {sum(out['commands'].values()):.1f}")
