@@ -16,7 +16,9 @@ worker processes x C threads, against one simulator with no limits and no latenc
   fair share frees places (one window ahead of the workers), so there it is the end-to-end
   rate that counts;
 - end to end: N / the time from the start of submit until the joined result is stored;
-- CPU per sub-agent: the worker processes' CPU time / N (the simulator's apart);
+- CPU per sub-agent: the worker processes' CPU time / N (the simulator's apart), and the
+  submitting process's (this one: the bare chord's sender publishes every message; drover's
+  submit and its wait for the result) over the same span;
 - memory: peak RSS (VmHWM) of each worker process, and how much the submitting process grew.
 """
 
@@ -66,7 +68,7 @@ def _bare(redis_url: str, prefix: str, subtasks: list[str], workers: int, concur
     with celery_workers("bench.contenders.bare_chord", env, queue, workers, concurrency,
                         sender) as procs:
         cpu_before = sum(cpu_seconds(p.pid) for p in procs)
-        rss_before = rss_kb()
+        rss_before, own_before = rss_kb(), time.process_time()
         started = time.monotonic()
         header = [sender.signature("bench.one_call", args=(i, MODEL, task), queue=queue)
                   for i, task in enumerate(subtasks)]
@@ -75,10 +77,11 @@ def _bare(redis_url: str, prefix: str, subtasks: list[str], workers: int, concur
         assert result.get(timeout=1800, interval=0.05) == n
         wall = time.monotonic() - started
         cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
+        own = time.process_time() - own_before
         rss = [peak_rss_kb(p.pid) for p in procs]
         grew = rss_kb() - rss_before
     sender.close()
-    return {"submit_s": submit_s, "wall_s": wall, "cpu_s": cpu,
+    return {"submit_s": submit_s, "wall_s": wall, "cpu_s": cpu, "submitter_cpu_s": own,
             "worker_rss_kb": rss, "submitter_grew_kb": grew, "ok": n}
 
 
@@ -99,17 +102,18 @@ def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, conc
     spec_args = {"subtasks": subtasks, "model": MODEL, "max_tokens": 1024, "max_turns": 2}
     with celery_workers("workers.app", env, queue, workers, concurrency, app) as procs:
         cpu_before = sum(cpu_seconds(p.pid) for p in procs)
-        rss_before = rss_kb()
+        rss_before, own_before = rss_kb(), time.process_time()
         started = time.monotonic()
         handle = submit(JobSpec(**spec_args), settings=settings)
         submit_s = time.monotonic() - started
         result = handle.wait(timeout=1800, poll_s=0.05)
         wall = time.monotonic() - started
         cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
+        own = time.process_time() - own_before
         rss = [peak_rss_kb(p.pid) for p in procs]
         grew = rss_kb() - rss_before
-    return {"submit_s": submit_s, "wall_s": wall, "cpu_s": cpu, "worker_rss_kb": rss,
-            "submitter_grew_kb": grew, "ok": result.counts["ok"],
+    return {"submit_s": submit_s, "wall_s": wall, "cpu_s": cpu, "submitter_cpu_s": own,
+            "worker_rss_kb": rss, "submitter_grew_kb": grew, "ok": result.counts["ok"],
             "result_bytes": len(result.model_dump_json())}
 
 
@@ -208,15 +212,17 @@ def describe_one(n: int, o: dict[str, Any]) -> str:
     return (f"submit {o['submit_s'] * 1000:.0f} ms, publish {n / o['publish_s']:,.0f}/s, "
             f"end to end {o['wall_s']:.1f} s = {n / o['wall_s']:,.0f}/s, {o['ok']} ok, "
             f"{o['calls']} calls, worker CPU {o['cpu_s'] / n * 1000:.2f} ms/sub-agent "
-            f"(+ simulator {o['sim_cpu_s'] / n * 1000:.2f}), peak worker RSS "
+            f"(+ simulator {o['sim_cpu_s'] / n * 1000:.2f}, submitter "
+            f"{o['submitter_cpu_s'] / n * 1000:.2f}), peak worker RSS "
             f"{max(o['worker_rss_kb']) / 1024:.0f} MB, submitter grew "
             f"{o['submitter_grew_kb'] / 1024:.1f} MB")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| N | contender | submit | publish | end to end | drover / bare (end to end) "
-             "| worker CPU per sub-agent | peak RSS per worker | submitter grew |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| worker CPU per sub-agent | submitter CPU per sub-agent | peak RSS per worker "
+             "| submitter grew |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         n = row["n"]
         ratio = row["bare"]["wall_s"] / row["drover"]["wall_s"]
@@ -228,7 +234,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"| {n:,} | {label} | {o['submit_s'] * 1000:,.0f} ms | "
                 f"{n / o['publish_s']:,.0f}/s | {o['wall_s']:.1f} s ({n / o['wall_s']:,.0f}/s) "
                 f"| {f'**{ratio:.2f} x**' if name == 'drover' else '1'} | "
-                f"{o['cpu_s'] / n * 1000:.2f} ms | {rss} MB | "
+                f"{o['cpu_s'] / n * 1000:.2f} ms | {o['submitter_cpu_s'] / n * 1000:.2f} ms | "
+                f"{rss} MB | "
                 f"{o['submitter_grew_kb'] / 1024:.1f} MB |")
     return "\n".join(lines)
 
