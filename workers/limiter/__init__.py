@@ -50,12 +50,17 @@ Decisions worth knowing:
   then used times ``learned_utilization``; a configured limit always wins.
 - ``learn_share`` (LLM scopes): the key may be used by other software too. Over a window
   (2 s, and at least five mean call times), the change of a ``-remaining`` header plus what
-  our calls used meanwhile (counted at settle) is what the provider's bucket refilled for
-  us: that over the key's limit is the share left for us, whether callers queue or not and
-  at an empty bucket too. The share moves halfway there per window; a 429 cuts it by a
-  tenth; a window in which the bucket came near full only gives a floor, and the share then
-  climbs by 1/60 per second (whole again within a minute of the others stopping). The share
-  multiplies the limits (``_lib.lua:learn_share``).
+  our calls sent in the window used is what the provider's bucket refilled for us: that over
+  the key's limit is the share left for us, whether callers queue or not and at an empty
+  bucket too. A call counts in the window of its send (when the provider takes its input),
+  known at its settle, so a window is judged four mean call times after its end, its late
+  calls in: counted at settle instead, the calls in flight at a window's two ends made the
+  estimate a few percent noisy, and a share capped at 1 could only dip. The share moves
+  halfway there, down only by more than that noise now is (3%), so a key that is all ours
+  keeps a whole share; a 429 cuts it by a tenth; a window in which the bucket came near full
+  only gives a floor, and the share then climbs by 1/60 per second (whole again within a
+  minute of the others stopping); a window at its end, on the calls in so far, is a floor
+  too. The share multiplies the limits (``_lib.lua:learn_share``).
 - Counters: requests at the planned send second, tokens at the settle second, waits at the
   acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
 """

@@ -7,13 +7,13 @@
 --                         Lr, Li, Lo: the per-minute limits of the last write, before our
 --                         share (absent = not limited); burst: burst_s of the last write;
 --                         cd: cooldown until (us); lx: latest lease expiry (us);
---                         fr, fi, fo: the share of each limit
---                         that is ours (absent = 1; see learn_share); hr/tr, hi/ti, ho/to:
---                         the -remaining header and its time (us) a share window began at;
---                         xr, xi, xo: the highest -remaining in that window, ur, ui, uo:
---                         what our calls used in it; mr, mi, mo: the highest -remaining
---                         seen; wr, wi, wo: when learning began (us); lt: the mean time
---                         (us) from a call's send to its settle
+--                         fr, fi, fo: the share of each limit that is ours (absent =
+--                         1; see learn_share); learn_share's two windows per dimension:
+--                         the previous one from h (-remaining) at t (us), its calls' use
+--                         u and its highest -remaining x; the current one from g at k,
+--                         its use v and highest y (hr, tr, ur, xr, gr, kr, vr, yr for
+--                         requests, and so on); mr, mi, mo: the highest -remaining seen;
+--                         lt: the mean time (us) from a call's send to its settle
 --   KEYS[2] leases  zset  lease id -> expiry (us)
 --   KEYS[3] learned hash  r, i, o: raw per-minute limits from -limit headers (kept 24 h)
 --   KEYS[4] stats   hash  "<second>:<field>" -> count
@@ -37,9 +37,13 @@ end
 
 -- The bucket brought to `now`, per limited dimension k: tat[k] (>= now), per[k], cap[k] and
 -- lim[k] = base[k] (the limit ARGV gives, or the last write's) x share[k] when learning it.
-local FIELDS = {'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx', 'fr', 'fi', 'fo', 'hr', 'hi',
-                'ho', 'tr', 'ti', 'to', 'mr', 'mi', 'mo', 'ur', 'ui', 'uo', 'wr', 'wi', 'wo',
-                'xr', 'xi', 'xo', 'lt'}
+local FIELDS = {'r', 'i', 'o', 'Lr', 'Li', 'Lo', 'burst', 'cd', 'lx', 'lt'}
+-- learn_share's state per dimension: field letter (+ r, i or o) and its name in the bucket
+local SHARE_STATE = {{'f', 'share'}, {'h', 'r0'}, {'t', 't0'}, {'u', 'u0'}, {'x', 'x0'},
+                     {'g', 'r1'}, {'k', 't1'}, {'v', 'u1'}, {'y', 'x1'}, {'m', 'top'}}
+for _, field in ipairs(SHARE_STATE) do
+  for k = 1, 3 do table.insert(FIELDS, field[1] .. DIMS[k]) end
+end
 
 local function set_limit(b, k, lim)
   b.lim[k], b.per[k], b.cap[k] = lim, 60e6 / lim, lim / 60 * b.burst_s
@@ -48,9 +52,13 @@ end
 local function load(now)
   local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
   local burst_s = tonumber(ARGV[4] == '*' and f[7] or ARGV[4]) or 1
-  local b = {tat = {}, per = {}, cap = {}, lim = {}, base = {}, share = {}, hr = {}, ht = {},
-             top = {}, used = {}, since = {}, hx = {}, burst_s = burst_s, burst = burst_s * 1e6,
-             cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0, lat = tonumber(f[31]), was = f}
+  local b = {tat = {}, per = {}, cap = {}, lim = {}, base = {}, burst_s = burst_s,
+             burst = burst_s * 1e6, cd = tonumber(f[8]) or 0, lx = tonumber(f[9]) or 0,
+             lat = tonumber(f[10]), was = f}
+  for i, field in ipairs(SHARE_STATE) do
+    b[field[2]] = {}
+    for k = 1, 3 do b[field[2]][k] = tonumber(f[7 + 3 * i + k]) end
+  end
   local learned = {}
   if ARGV[1] == '' or ARGV[2] == '' or ARGV[3] == '' then
     learned = redis.call('HMGET', KEYS[3], 'r', 'i', 'o')
@@ -60,9 +68,7 @@ local function load(now)
     if ARGV[k] == '*' then lim = tonumber(f[3 + k])
     elseif ARGV[k] ~= '' then lim = tonumber(ARGV[k])
     elseif learned[k] then lim = tonumber(learned[k]) * tonumber(ARGV[5]) end
-    b.share[k] = tonumber(f[9 + k]) or 1
-    b.hr[k], b.ht[k], b.top[k] = tonumber(f[12 + k]), tonumber(f[15 + k]), tonumber(f[18 + k])
-    b.used[k], b.since[k], b.hx[k] = tonumber(f[21 + k]), tonumber(f[24 + k]), tonumber(f[27 + k])
+    b.share[k] = b.share[k] or 1
     if lim and lim > 0 then
       b.base[k] = lim
       set_limit(b, k, (ARGV[6] == '1' or ARGV[k] == '*') and lim * b.share[k] or lim)
@@ -88,12 +94,14 @@ local function save(b, now)
     end
   end
   for k = 1, 3 do  -- what learn_share knows, kept a minute past its last change
-    local share = (b.share[k] ~= 1 or b.was[9 + k]) and b.share[k] or nil
-    local values = {share, b.hr[k], b.ht[k], b.top[k], b.used[k], b.since[k], b.hx[k]}
-    for i = 1, 7 do
-      if values[i] then
-        table.insert(set, FIELDS[6 + 3 * i + k]); table.insert(set, num(values[i]))
+    for i, field in ipairs(SHARE_STATE) do
+      local value = b[field[2]][k]
+      if i == 1 and value == 1 and not b.was[10 + k] then value = nil end  -- a whole share
+      if value then
+        table.insert(set, field[1] .. DIMS[k]); table.insert(set, num(value))
         needed = math.max(needed, now + 60e6)
+      elseif b.was[7 + 3 * i + k] then
+        table.insert(gone, field[1] .. DIMS[k])
       end
     end
   end
@@ -120,20 +128,33 @@ end
 
 -- When someone else uses the key too (ARGV[6] = '1'), learn the share of each limit that is
 -- ours from ARGV[j..j+2] (-remaining) and ARGV[j+3..j+5] (-limit), over windows. The
--- provider's bucket refills at the rate left for us and loses what it admits of ours, which
--- settle counts (`used`: calls sent since learning began, so the first window leaves out
--- the calls its first -remaining already shows), hence what is left for us is
---     left = (remaining now - remaining then + used) / (the key's limit x the window)
+-- provider's bucket refills at the rate left for us and loses what it admits of ours, so
+-- over a window from the -remaining r0 at t0 to r1 at t1
+--     left = (r1 - r0 + what our calls sent in [t0, t1) used) / (the key's limit x (t1 - t0))
 -- whether callers queue or not, and at an empty bucket too (all that refilled was then used
--- by us: a 429 refused the rest). The share moves halfway there per window (calls settle out
--- of order, the headers are rounded). Two windows give only a floor:
--- one in which the bucket came near full (it may have wasted refill), where the share climbs
--- by 1/60 per second (all the way within a minute once the others stop) or to `left` if
--- higher; and the first, whose `used` misses the calls still in flight at its end (later
--- windows count as many from before their start), where the share only rises to `left`.
--- Counting calls as they settle moves those in flight at a window's end into the next, so a
--- window lasts at least SHARE_CALLS mean call times (and 2 s: the headers are rounded).
-local SHARE_MIN, SHARE_WINDOW_US, SHARE_CALLS, SHARE_GAIN = 0.05, 2e6, 5, 0.5
+-- by us: a 429 refused the rest). A call counts in the window it was sent in (the provider
+-- takes its input then), which settle learns only when the call ends: so a window is judged
+-- SHARE_LATE mean call times after its end, its late calls in by then (a window lasts 2 s,
+-- the headers being rounded, and at least SHARE_CALLS mean call times). The share moves
+-- halfway to `left`, down only by more than the estimate's noise (SHARE_NOISE: the calls
+-- sent right at a window's ends, the rounding), so a key that is all ours keeps its whole
+-- share. A window in which the bucket came near full (it may have wasted refill) gives only
+-- a floor: the share climbs by 1/60 per second of it (all the way within a minute once the
+-- others stop) or to `left` if higher. At its end, a window on the calls in so far (too
+-- few, never too many) is a floor too: it lifts a share that fell too far without waiting.
+local SHARE_MIN, SHARE_WINDOW_US, SHARE_CALLS, SHARE_LATE = 0.05, 2e6, 5, 4
+local SHARE_GAIN, SHARE_NOISE = 0.5, 0.03
+local function judge_window(b, k, limit)
+  local left = (b.r1[k] - b.r0[k] + b.u0[k]) / (b.t1[k] - b.t0[k]) / (limit / 60e6)
+  local share = b.share[k]
+  if b.x0[k] >= 0.9 * b.top[k] then
+    share = math.max(share + (b.t1[k] - b.t0[k]) / 60e6, left)
+  elseif left > share or left < share - SHARE_NOISE then
+    share = share + SHARE_GAIN * (left - share)
+  end
+  return share
+end
+
 local function learn_share(b, j, now)
   if ARGV[6] ~= '1' then return end
   for k = 1, 3 do
@@ -141,23 +162,23 @@ local function learn_share(b, j, now)
     if b.per[k] and rem and limit and limit > 0 then
       -- full: the most seen, and at least our own burst's worth of the key's limit
       b.top[k] = math.max(b.top[k] or limit / 60 * b.burst_s, rem)
-      local t0, r0 = b.ht[k], b.hr[k]
-      if not t0 or not r0 or not b.since[k] or now < t0 then
-        b.hr[k], b.ht[k], b.hx[k], b.used[k], b.since[k] = rem, now, rem, 0, now
+      if not b.t1[k] or now < b.t1[k] then  -- a first header
+        b.r0[k], b.t0[k], b.u0[k], b.x0[k] = nil, nil, nil, nil
+        b.r1[k], b.t1[k], b.u1[k], b.x1[k] = rem, now, 0, rem
       else
-        b.hx[k] = math.max(b.hx[k] or rem, rem)
-        if now - t0 >= math.max(SHARE_WINDOW_US, SHARE_CALLS * (b.lat or 0)) then
-          local left = (rem - r0 + (b.used[k] or 0)) / (now - t0) / (limit / 60e6)
-          local share = b.share[k] + SHARE_GAIN * (left - b.share[k])
-          if b.hx[k] >= 0.9 * b.top[k] then
-            share = math.max(b.share[k] + (now - t0) / 60e6, left)
-          elseif t0 == b.since[k] then
-            share = math.max(b.share[k], left)
-          end
-          b.share[k] = math.min(1, math.max(SHARE_MIN, share))
-          set_limit(b, k, b.base[k] * b.share[k])
-          b.hr[k], b.ht[k], b.hx[k], b.used[k] = rem, now, rem, 0
+        local share = b.share[k]
+        b.x1[k] = math.max(b.x1[k], rem)
+        if b.t0[k] and now - b.t1[k] >= SHARE_LATE * (b.lat or 0) then
+          share = judge_window(b, k, limit)
+          b.r0[k], b.t0[k], b.u0[k], b.x0[k] = nil, nil, nil, nil
         end
+        if now - b.t1[k] >= math.max(SHARE_WINDOW_US, SHARE_CALLS * (b.lat or 0)) then
+          share = math.max(share, (rem - b.r1[k] + b.u1[k]) / (now - b.t1[k]) / (limit / 60e6))
+          b.r0[k], b.t0[k], b.u0[k], b.x0[k] = b.r1[k], b.t1[k], b.u1[k], b.x1[k]
+          b.r1[k], b.t1[k], b.u1[k], b.x1[k] = rem, now, 0, rem
+        end
+        b.share[k] = math.min(1, math.max(SHARE_MIN, share))
+        set_limit(b, k, b.base[k] * b.share[k])
       end
     end
   end

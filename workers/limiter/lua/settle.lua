@@ -30,15 +30,19 @@ for k = 1, 3 do
     b.tat[k] = math.min(b.tat[k], math.max(floor, b.tat[k] - credit))
   end
 end
--- What the provider admitted of ours, for learn_share's windows (a call that used no tokens
--- was refused; one sent before the learning began is in its first -remaining already), and
--- the mean call time, which sets how long they last.
+-- What the provider admitted of ours, for learn_share's windows: counted in the window the
+-- call was sent in (a call that used no tokens was refused; one sent before the first
+-- window began is in its -remaining already), and the mean call time, which sets how long
+-- a window lasts.
 if ARGV[6] == '1' and used[2] + used[3] > 0 then
-  local took = math.max(0, now - tonumber(ARGV[14]))
+  local sent_at = tonumber(ARGV[14])
+  local took = math.max(0, now - sent_at)
   b.lat = b.lat and b.lat + 0.1 * (took - b.lat) or took
   for k = 1, 3 do
-    if b.per[k] and b.since[k] and tonumber(ARGV[14]) >= b.since[k] then
-      b.used[k] = (b.used[k] or 0) + used[k]
+    if b.per[k] and b.t1[k] and sent_at >= b.t1[k] then
+      b.u1[k] = b.u1[k] + used[k]
+    elseif b.per[k] and b.t0[k] and sent_at >= b.t0[k] then
+      b.u0[k] = b.u0[k] + used[k]
     end
   end
 end
