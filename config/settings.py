@@ -274,7 +274,7 @@ class Settings(BaseSettings):
         # delivered twice, so the three are checked together. Every countdown drover schedules
         # (a failed call's backoff or retry-after, the limiter's horizon or cooldown, Redis
         # away, an early join) is capped at countdown_cap_s where the retry is made
-        # (workers/tasks.py), so this one sum bounds them all.
+        # (workers/_delivery.py), so this one sum bounds them all.
         longest = self.countdown_cap_s + self.task_time_limit_s
         if self.visibility_timeout_s <= longest:
             raise ValueError(

@@ -134,7 +134,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                                          queues=[settings.queue], shutdown_timeout=30))
         console.print(f"in-process worker pool: {config.concurrency} threads\n")
         if config.batch:  # an in-process worker sends no worker_ready: start it here
-            from workers.tasks import start_batcher, stop_batcher
+            from workers.lifecycle import start_batcher, stop_batcher
 
             start_batcher()
             stack.callback(stop_batcher)

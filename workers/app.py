@@ -46,7 +46,7 @@ except SettingsError as error:
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(2) from None
 
-app = Celery("drover", include=["workers.tasks"])
+app = Celery("drover", include=["workers.tasks", "workers.lifecycle"])
 app.config_from_object(celery_config(_settings))
 configure_logging(_settings)  # one line per LLM call; no prompt text, no task results
 

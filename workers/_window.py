@@ -1,0 +1,136 @@
+"""A job's place in its queue's fair-share window, as the tasks see it: launching a job
+publishes the first sub-agents its share allows, and each one that ends, waits out a
+countdown or comes back from one hands places on (``workers/jobs/fairshare.py`` keeps the
+window; this publishes what it grants)."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+from config import Settings, get_settings
+from workers.agent import uses_batch
+from workers.dispatch import dispatch as publish_subagents
+from workers.dispatch import open_fanout, send_join
+from workers.jobs import sync_redis
+from workers.jobs.fairshare import Dispatch, FairShare
+from workers.jobs.liveness import local_worker_id
+from workers.jobs.store import JobStore
+
+__all__ = ["dispatch", "fairshare", "job_size", "launch", "refill", "window_op"]
+
+log = logging.getLogger("drover.recovery")
+
+
+def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
+           priority: str = "normal", settings: Settings | None = None) -> None:
+    """Start the chord: one sub-agent task per subtask, joined by ``join_results``.
+
+    The chord is Celery's own (group id = job id, the header's size in the result backend,
+    each member carrying the body), but its members are published as the job's fair share
+    of the queue's window allows (``workers/jobs/fairshare.py``): the first ones now, the
+    rest each time one of the queue's sub-agents finishes. Results go to the job's records
+    in Redis, not to Celery's result backend (``ignore_result``); the chord still counts its
+    members, which the backend does whether results are kept or not.
+    """
+    settings = settings or get_settings()
+    open_fanout(job_id, n)
+    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                     ttl_s=settings.result_ttl_s)
+    if uses_batch(store.spec(job_id), settings):
+        # A batch sub-agent holds a worker slot only for the moments between its batch
+        # rounds, so a window of slots is no measure of it: every turn of every sub-agent
+        # should make the next batch. All of them go out now.
+        dispatch([Dispatch(job_id, 0, n)], queue)
+        return
+    fs = fairshare(settings, queue)
+    granted = fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
+                     priority=priority)
+    publish_granted(fs, granted)
+
+
+def dispatch(runs: list[Dispatch], queue: str) -> None:
+    """Publish the chord members the fair-share scheduler handed out, pipelined
+    (``workers/dispatch.py``: one Redis round trip per batch, task-sent events included)."""
+    for run in runs:
+        publish_subagents(run.job_id, run.indices(), queue, n=job_size(run.job_id))
+
+
+def publish_granted(fs: FairShare, runs: list[Dispatch]) -> None:
+    """Publish what the scheduler granted, then tell it so (until then the grants are listed
+    with this process as their holder: should it die in between, the pump publishes them)."""
+    if runs:
+        dispatch(runs, fs.queue)
+        fs.published(runs)
+
+
+def job_size(job_id: str) -> int | str:
+    """The job's sub-agent count, for Flower's args (``job=<id> sub=<i>/<n>``)."""
+    settings = get_settings()
+    try:
+        return _known_size(settings.redis_url, settings.key_prefix, settings.result_ttl_s,
+                           job_id)
+    except (LookupError, ValueError):
+        return "?"
+
+
+@lru_cache(maxsize=1024)
+def _known_size(redis_url: str, prefix: str, ttl_s: int, job_id: str) -> int:
+    # Read once per process: a job's size is fixed before its first sub-agent is published
+    # (a planned job's subtasks are stored before it launches); an unknown one is not kept.
+    n = int(_store_for(redis_url, prefix, ttl_s).meta(job_id)["n"])
+    if n <= 0:
+        raise ValueError("no sub-agents yet")
+    return n
+
+
+@lru_cache(maxsize=4)
+def _store_for(redis_url: str, prefix: str, ttl_s: int) -> JobStore:
+    return JobStore(sync_redis(redis_url), prefix=prefix, ttl_s=ttl_s)
+
+
+def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = None
+           ) -> None:
+    """A sub-agent has its record: its place in the window goes to the next sub-agents.
+
+    ``done``: the job's record count as the record's own write returned it (None: read it)."""
+    settings = get_settings()
+    fs = fairshare(settings, settings.queue)
+    try:
+        if cancelled:
+            # The cancel gave every sub-agent that had not started its record (in bulk), so
+            # nothing of this job is left to publish: its places go to the other jobs, and
+            # the join goes out once the last running one is in (the chord, short of the
+            # members never published, would not count to its size).
+            runs = fs.remove(job_id)
+            if store.record_count(job_id) >= int(store.meta(job_id).get("n", 0)):
+                send_join(job_id, settings.queue)
+        else:
+            runs = fs.finished(job_id, done if done is not None else store.record_count(job_id))
+        publish_granted(fs, runs)
+    except Exception as error:  # the record is safe; the pump tops the window up later
+        log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,
+                    type(error).__name__, error)
+
+
+def window_op(job_id: str, op: str, index: int) -> None:
+    settings = get_settings()
+    fs = fairshare(settings, settings.queue)
+    try:
+        publish_granted(fs, getattr(fs, op)(job_id, index))
+    except Exception as error:  # the pump reconciles; the sub-agent itself goes on
+        log.warning("job %s: fair-share %s failed (%s: %s)", job_id, op,
+                    type(error).__name__, error)
+
+
+@lru_cache(maxsize=16)
+def _fairshare_for(redis_url: str, prefix: str, queue: str, window: int, fallback: int,
+                   floor: float, ttl_s: int, holder: str) -> FairShare:
+    return FairShare(sync_redis(redis_url), prefix=prefix, queue=queue, window=window,
+                     fallback_window=fallback, floor=floor, ttl_s=ttl_s, holder=holder)
+
+
+def fairshare(settings: Settings, queue: str) -> FairShare:
+    return _fairshare_for(settings.redis_url, settings.key_prefix, queue,
+                          settings.dispatch_window, settings.dispatch_window_fallback,
+                          settings.priority_floor, settings.result_ttl_s, local_worker_id())

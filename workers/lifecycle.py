@@ -1,0 +1,138 @@
+"""A worker process's life: at start, its tools, its heartbeat, the recovery sweep, the
+fair-share pump and the batcher; a receipt for every message it takes off the broker; on
+SIGTERM a warm shutdown; at the end, its heartbeat gone at once (``workers/jobs/liveness.py``,
+``claims.py``, ``recovery.py``). The Celery app includes this module with the tasks."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import socket
+from typing import Any
+
+from celery.signals import (
+    task_received,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+
+from config import get_settings
+from workers._window import dispatch, fairshare
+from workers.agent import Batcher, get_runtime
+from workers.agent.runtime import Runtime
+from workers.jobs import TOKEN_HEADER, local_worker, start_sweeper, stop_local_worker, sync_redis
+from workers.jobs.fairshare import start_pump
+from workers.jobs.store import JobStore
+from workers.tasks import resume_parked, send_again
+from workers.telemetry import worker_started
+
+__all__ = ["import_tool_modules", "start_batcher", "stop_batcher"]
+
+log = logging.getLogger("drover.recovery")
+
+
+def import_tool_modules() -> None:
+    """Import the modules named in DROVER_TOOL_MODULES so their @tool functions register."""
+    for name in get_runtime().settings.tool_modules:
+        importlib.import_module(name)
+
+
+@worker_ready.connect
+@worker_process_init.connect
+def _on_worker_start(sender: Any = None, **_: Any) -> None:
+    import_tool_modules()
+    worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
+    local_worker(get_runtime().settings)  # liveness for recovery, before the first message
+    start_sweeper(send_again)  # re-sends what dead workers held (see workers/jobs/recovery.py)
+    # The worker's slots size the fair-share window; worker_ready's sender is the consumer
+    # of the node (a prefork child has none: the node's main process reports for it).
+    controller = getattr(sender, "controller", None)
+    slots = int(getattr(controller, "concurrency", 0) or 0)
+    node = getattr(sender, "hostname", None) or f"{socket.gethostname()}"
+    settings = get_settings()
+    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
+                     ttl_s=settings.result_ttl_s)
+    start_pump(fairshare(settings, settings.queue), store,
+               lambda runs: dispatch(runs, settings.queue), node=node, slots=slots)
+
+
+PARTS = {"drover.run_subagent": 1, "drover.join_results": "join", "drover.plan_job": "plan"}
+
+
+@task_received.connect
+def _on_task_received(request: Any = None, **_: Any) -> None:
+    """A message was taken off the broker (to run now, or held: prefetched, a countdown):
+    this worker becomes its holder, so the sweep re-sends it should the worker die."""
+    part = PARTS.get(getattr(request, "task_name", None) or getattr(request, "name", ""))
+    if part is None:
+        return
+    try:
+        job_id, part = _job_part(request.args, request.kwargs, part)
+        token = int((request.request_dict or {}).get(TOKEN_HEADER) or 0)
+        rt = get_runtime()
+        rt.store.claims.receive(job_id, part, token, local_worker(rt.settings).id)
+    except Exception as error:  # never lose the message over it: the broker still has it
+        log.warning("could not record the receipt of a %s message (%s: %s)", request.task_name,
+                    type(error).__name__, error)
+
+
+def _job_part(args: Any, kwargs: Any, part: int | str) -> tuple[str, int | str]:
+    args, kwargs = list(args or ()), dict(kwargs or {})
+    if part == 1:  # run_subagent(job_id, index)
+        job_id = kwargs.get("job_id", args[0] if args else None)
+        return str(job_id), int(kwargs.get("index", args[1] if len(args) > 1 else 0))
+    # join_results(job_id) (older messages: (results, job_id)), plan_job(job_id)
+    return str(kwargs.get("job_id", args[-1] if args else None)), part
+
+
+@worker_shutting_down.connect
+def _on_warm_shutdown(**_: Any) -> None:
+    """SIGTERM: no new LLM call starts; calls in flight get DROVER_SHUTDOWN_GRACE_S, then they
+    are aborted; every sub-agent is checkpointed and handed back to the broker (a retry with
+    no countdown), so another worker resumes it at once."""
+    rt = get_runtime()
+    local_worker(rt.settings).drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
+
+
+@worker_shutdown.connect
+def _on_worker_shutdown(**_: Any) -> None:
+    # The heartbeat goes at once, so the sweep re-sends what this worker still held
+    # (prefetched messages, retries waiting out a countdown) without waiting for its TTL.
+    stop_local_worker()
+
+
+_batcher: tuple[Runtime, Any] | None = None
+
+
+def start_batcher() -> None:
+    """This worker process's batcher (Message Batches: submit, poll, resume), on its own loop.
+
+    Every worker runs one; a Redis lock lets one at a time do a pass, so a fleet submits
+    and polls as one. Its runtime is its own: it outlives no worker and shares no state
+    with the sub-agents' runtime."""
+    global _batcher
+    if _batcher is not None:
+        return
+    rt = Runtime(get_settings())
+    _batcher = (rt, rt.submit(Batcher(rt, resume_parked).run_forever()))
+
+
+@worker_shutdown.connect
+def stop_batcher(**_: Any) -> None:
+    global _batcher
+    if _batcher is None:
+        return
+    rt, running = _batcher
+    _batcher = None
+    rt.loop.call_soon_threadsafe(running.cancel)
+    try:
+        rt.close()
+    except Exception:  # Redis gone at shutdown: nothing left to tidy
+        pass
+
+
+@worker_ready.connect
+def _on_worker_ready(**_: Any) -> None:
+    start_batcher()
