@@ -196,6 +196,12 @@ def test_only_the_first_scrape_walks_the_keyspace_for_scopes(settings, recorders
         {SCOPE, tool}
 
 
+def test_the_worker_registry_expires_with_the_jobs(settings, redis_client):
+    liveness.Heartbeat(settings).stop()
+    ttl = redis_client.ttl(liveness.workers_key(settings.key_prefix))
+    assert 0 < ttl <= settings.result_ttl_s
+
+
 def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorders):
     store = _a_fleet(settings, recorders)
     collector = DroverCollector(settings)

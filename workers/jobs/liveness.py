@@ -66,6 +66,9 @@ class Heartbeat:
         pipe.set(heartbeat_key(self.prefix, self.id), self._info,
                  px=int(self.settings.heartbeat_ttl_s * 1000))
         pipe.zadd(workers_key(self.prefix), {self.id: time.time()}, nx=True)
+        # The registry outlives dead workers (the sweep takes over what they held) but not
+        # the jobs they could have held: a prefix no worker uses any more leaves nothing.
+        pipe.expire(workers_key(self.prefix), self.settings.result_ttl_s)
         pipe.execute()
 
     def _run(self) -> None:
