@@ -66,7 +66,6 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     if self.request.retries:  # back from a countdown (or re-sent, maybe from one): on a slot
         window_op(job_id, "resume", index)
     run = SubagentRun(rt, job_id, index, token=token_of(self))
-    run.begin()  # in this thread: it only waits while the sub-agent runs on the loop
     try:
         outcome = rt.run(run.run())
     except ClaimLost:  # a late copy: another delivery runs (or ran) this sub-agent

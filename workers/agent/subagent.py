@@ -44,7 +44,6 @@ from workers.jobs.records import (
     budget_tokens,
 )
 from workers.jobs.spec import JobSpec
-from workers.jobs.store import SubagentStart
 from workers.limiter import ScopeLimits, tool_scope
 from workers.telemetry import subagent_finished, subagent_run
 from workers.tools import Tool, get_tools, run_turn
@@ -84,26 +83,16 @@ class SubagentRun:
         self.worker = worker
         self.token = 0  # the claim this delivery took at its start
         self.records_in: int | None = None  # the job's record count once this one's was stored
-        self._begun: tuple[str, SubagentStart] | None = None
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    def begin(self) -> None:
-        """The start's round trip (the claim, the state), from the calling thread: the task's
-        own, which only waits while the sub-agent runs on the loop, so the loop has one
-        hand-off to its I/O threads fewer. ``run`` makes it itself when this was not called."""
-        worker = self.worker or local_worker(self.rt.settings).id
-        self._begun = worker, self.store.start(self.job_id, self.index, worker=worker,
-                                               token=self.message_token)
-
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
-        if self._begun is None:
-            await self._io(self.begin)
-        assert self._begun is not None
-        (worker, start), self._begun = self._begun, None
+        worker = self.worker or local_worker(self.rt.settings).id
+        start = await self._io(partial(self.store.start, self.job_id, self.index,
+                                       worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
             return start.record
         if start.stale:  # another delivery holds the claim: no call from this one
