@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import functools
 import json
 import logging
 import os
@@ -70,7 +69,6 @@ def parse_job(member: str) -> tuple[str, str]:
     return job_id, tenant or "default"
 
 
-@functools.lru_cache(maxsize=4096)  # a few series, recorded per call: JSON them once
 def field(name: str, values: tuple[str, ...], part: str | None = None) -> str:
     return json.dumps([name, list(values), part], separators=(",", ":"))
 
