@@ -104,6 +104,7 @@ def prometheus(exporter: str, tmp_path: Path) -> Iterator[Callable[[str, float |
             wait_until("prometheus to scrape the exporter", ready, timeout=60)
         except AssertionError as error:
             raise AssertionError(f"{error}; its last scrape: {last_error()}") from None
+        query.last_error = last_error  # type: ignore[attr-defined]
         yield query
     finally:
         with contextlib.suppress(ProcessLookupError):  # its data dir goes: no clean shutdown
@@ -116,6 +117,24 @@ def _last(series: str) -> str:
     """The series' last scraped value: a scrape that timed out on a loaded machine marks every
     series stale, and a plain instant query right after it finds none."""
     return f"last_over_time({series}[10s])"
+
+
+def _wait_for(prometheus: Callable[[str, float | None], list], what: str, series: str,
+              expected: float) -> None:
+    """Wait until the series' last scraped value is ``expected``; a timeout says what it was
+    and how the last scrape went."""
+    seen: list[float] = []
+
+    def check() -> bool:
+        seen.append(_value(prometheus(_last(series))))
+        return seen[-1] == expected
+
+    try:
+        wait_until(what, check, timeout=30)
+    except AssertionError as error:
+        raise AssertionError(
+            f"{error}: expected {expected}, last seen {seen[-3:]}; the last scrape: "
+            f"{prometheus.last_error()}") from None  # type: ignore[attr-defined]
 
 
 def _value(result: list) -> float:
@@ -136,8 +155,7 @@ def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
     # A first small job makes the scope's series exist, so the window below starts on them.
     submit(JobSpec(subtasks=["Warm up"], max_tokens=100)).wait(timeout=60)
     warm = sim.stats()["accepted"]
-    wait_until("prometheus to see the warm-up calls",
-               lambda: _value(prometheus(ok)) == warm, timeout=30)
+    _wait_for(prometheus, "prometheus to see the warm-up calls", ok, warm)
     start = time.time()
     time.sleep(2)  # the window starts on flat samples: increase() then counts the whole job
 
@@ -151,8 +169,7 @@ def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
     provider = sim.stats()
     accepted = provider["accepted"] - warm
     assert provider["rejected_429"] == 1
-    wait_until("prometheus to see the job's last calls",
-               lambda: _value(prometheus(ok)) == provider["accepted"], timeout=30)
+    _wait_for(prometheus, "prometheus to see the job's last calls", ok, provider["accepted"])
     time.sleep(3)  # and ends on flat ones: extrapolation stays a small share of the window
     end = time.time()
     window = f"{int(end - start) + 1}s"
