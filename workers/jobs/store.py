@@ -53,14 +53,21 @@ class SubagentStart:
     stale: bool = False  # another delivery holds the claim: stop before any call
 
 
-def _execute_reloading(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
-    """Run the pipeline ``queued()`` builds; should Redis have lost its script on the way (a
-    restart between redis-py's check that the script is loaded and the execute: its retry
-    after the reconnect sends EVALSHA to a server without it, which test_crash_recovery's
-    Redis restart hits), build and run it once more, which loads the script again. The
-    script fails before it changes anything, and the other commands only read."""
+def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
+    """Run the pipeline ``queued()`` builds, taking its scripts to be loaded already.
+
+    redis-py checks a pipeline's scripts with a SCRIPT EXISTS round trip of its own before
+    every execute; a script is loaded once per Redis server, so that check is skipped. Should
+    Redis have lost the scripts (a restart), the pipeline fails before its one script ran
+    (the other commands only read) and is built and run again the usual way, which loads them.
+    That fallback is needed either way: redis-py's own check does not cover a restart between
+    it and the execute (its retry after the reconnect sends EVALSHA to a server without the
+    script), which test_crash_recovery's Redis restart hits.
+    """
+    pipe = queued()
+    pipe.scripts.clear()
     try:
-        return queued().execute()
+        return pipe.execute()
     except redis.exceptions.NoScriptError:
         return queued().execute()
 
@@ -258,7 +265,7 @@ class JobStore:
             pipe.time()
             return pipe
 
-        replies = _execute_reloading(queued)
+        replies = _execute_loaded(queued)
         claimed = int(replies.pop(0)) if worker is not None else 0
         record, spec, checkpoint, task, deadline, (seconds, micros) = replies
         if record is not None:
