@@ -19,7 +19,9 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# Only the four packages that run; tests, bench and docs are not copied (see .dockerignore).
+# Only the package that runs: the root's __init__.py (the package `drover`) and its four
+# folders; tests, bench and docs are not copied (see .dockerignore).
+COPY __init__.py ./
 COPY config ./config
 COPY workers ./workers
 COPY orchestrator ./orchestrator

@@ -28,7 +28,7 @@ import uuid
 import redis
 import redis.asyncio
 
-from workers.limiter import AsyncLimiter, Limiter, ScopeLimits
+from drover.workers.limiter import AsyncLimiter, Limiter, ScopeLimits
 
 # Limits high enough that nothing waits: we measure the decision, not the queue.
 LIMITS = ScopeLimits(rpm=1e9, itpm=1e12, otpm=1e12, max_in_flight=10**9)

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from bench.contenders.common import celery_workers
-from simulator import SimConfig, SimulatorServer
+from drover.simulator import SimConfig, SimulatorServer
 
 MODEL = "claude-sonnet-4-6"
 # Standard prices (USD per million tokens) of a Sonnet-class model; batches bill 50% of them.
@@ -56,9 +56,9 @@ def _cost(usage: Any, batch: bool) -> tuple[dict[str, int], float]:
 
 
 def run_one(delivery: str, args: argparse.Namespace, redis_url: str, prefix: str) -> Run:
-    from config import load_settings
-    from orchestrator import JobSpec, submit
-    from workers.app import app
+    from drover import JobSpec, submit
+    from drover.config import load_settings
+    from drover.workers.app import app
 
     run_id = uuid.uuid4().hex[:8]
     queue = alias = f"bbench-{run_id}"
@@ -74,14 +74,14 @@ def run_one(delivery: str, args: argparse.Namespace, redis_url: str, prefix: str
                "DROVER_ITPM": str(LIMITS["itpm"]), "DROVER_OTPM": str(LIMITS["otpm"]),
                "DROVER_BATCH_RPM": "50", "DROVER_BATCH_LINGER_S": "2",
                "DROVER_BATCH_POLL_S": "5",
-               "DROVER_TOOL_MODULES": "workers.demo_tools,bench.batch_probe"}
+               "DROVER_TOOL_MODULES": "drover.workers.demo_tools,bench.batch_probe"}
         settings = load_settings(queue=queue, key_alias=alias)
         spec = JobSpec(subtasks=[f"Summarise filing {i} for the quarterly review"
                                  for i in range(args.subagents)],
                        tools=["lookup_fact"], max_tokens=512, model=MODEL,
                        delivery=delivery)  # type: ignore[arg-type]
         logs = Path(args.log_dir) if args.log_dir else None
-        with celery_workers("workers.app", env, queue, args.workers, args.concurrency, app,
+        with celery_workers("drover.workers.app", env, queue, args.workers, args.concurrency, app,
                             log_dir=logs):
             started = time.monotonic()
             result = submit(spec, settings=settings).wait(timeout=3600, poll_s=0.1)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prefix = f"bbench-{uuid.uuid4().hex[:8]}"
     os.environ.update({"DROVER_REDIS_URL": args.redis_url, "DROVER_KEY_PREFIX": prefix})
-    from config import get_settings
+    from drover.config import get_settings
 
     get_settings.cache_clear()
     try:

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from celery.signals import task_postrun, task_prerun
 
-from config import get_settings
+from drover.config import get_settings
 
 _started: dict[str, float] = {}
 _lock = threading.Lock()

@@ -40,10 +40,10 @@ def fleet(redis_url: str, prefix: str, sim_url: str, workers: int, concurrency: 
           **settings: str) -> Iterator[Any]:
     """Worker processes on a queue of their own with ``settings``; yields the Settings the
     submitter uses (the same environment)."""
-    from config import get_settings
-    from workers.app import app
-    from workers.jobs.connections import sync_redis
-    from workers.jobs.fairshare import FairShare
+    from drover.config import get_settings
+    from drover.workers.app import app
+    from drover.workers.jobs.connections import sync_redis
+    from drover.workers.jobs.fairshare import FairShare
 
     queue = f"bench-fair-{uuid.uuid4().hex[:8]}"
     env = {"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": queue,
@@ -56,7 +56,7 @@ def fleet(redis_url: str, prefix: str, sim_url: str, workers: int, concurrency: 
     os.environ.update(env)
     get_settings.cache_clear()
     try:
-        with celery_workers("workers.app", env, queue, workers, concurrency, app):
+        with celery_workers("drover.workers.app", env, queue, workers, concurrency, app):
             s = get_settings()
             fs = FairShare.from_settings(sync_redis(redis_url), s)
             deadline = time.monotonic() + 30
@@ -70,7 +70,7 @@ def fleet(redis_url: str, prefix: str, sim_url: str, workers: int, concurrency: 
 
 
 def _spec(n: int, what: str, **fields: Any) -> Any:
-    from orchestrator import JobSpec
+    from drover import JobSpec
 
     return JobSpec(subtasks=[f"{what} {i}" for i in range(n)], max_tokens=64, **fields)
 
@@ -99,8 +99,8 @@ def small_after_big(redis_url: str, prefix: str, workers: int, concurrency: int,
                     repeat: int = 1) -> dict[str, Any]:
     """With fair share, ``repeat`` rounds of: the 10 alone, the 400 alone, the 400 with the
     10 six seconds in (medians reported: one run moves by +-0.5 s here); then once without."""
-    from orchestrator import submit
-    from simulator import SimConfig
+    from drover import submit
+    from drover.simulator import SimConfig
 
     runs: dict[str, list[float]] = {}
     out: dict[str, Any] = {"fair_ok": 0, "fair_429": 0}
@@ -137,8 +137,8 @@ def small_after_big(redis_url: str, prefix: str, workers: int, concurrency: int,
 
 
 def tenants(redis_url: str, prefix: str, workers: int, concurrency: int) -> dict[str, Any]:
-    from orchestrator import submit
-    from simulator import SimConfig
+    from drover import submit
+    from drover.simulator import SimConfig
 
     out: dict[str, Any] = {}
     config = {**SMALL_SIM, "latency_mean_s": 0.05, "latency_p95_s": 0.08}
@@ -159,8 +159,8 @@ def tenants(redis_url: str, prefix: str, workers: int, concurrency: int) -> dict
 
 
 def priority(redis_url: str, prefix: str, workers: int, concurrency: int) -> dict[str, Any]:
-    from orchestrator import submit
-    from simulator import SimConfig
+    from drover import submit
+    from drover.simulator import SimConfig
 
     out: dict[str, Any] = {}
     with SimProcess(SimConfig(**SMALL_SIM)) as sim:

@@ -111,7 +111,7 @@ class LimiterSampler:
     def __call__(self, settings: Any) -> Iterator[None]:
         import redis
 
-        from workers.limiter import Limiter, llm_scope
+        from drover.workers.limiter import Limiter, llm_scope
 
         client = redis.Redis.from_url(self.redis_url)
         limiter = Limiter(client, prefix=settings.key_prefix)

@@ -5,7 +5,7 @@ it: ``--jobs`` active jobs of ``--subagents`` sub-agents each (a third of them f
 each job's record hash and event stream), ``--scopes`` limiter scopes with real acquires and
 settles, ``--procs`` worker heartbeats with running sub-agents, and the counters and
 histograms of several models, scopes and tools. Then serves it with the real exporter
-(``orchestrator.metrics.serve``'s collector over HTTP) and times GET /metrics:
+(``drover.orchestrator.metrics.serve``'s collector over HTTP) and times GET /metrics:
 
 - the first scrape (it reads every job's stream from the start);
 - ``--scrapes`` steady-state scrapes, with ``--finish`` more sub-agents finishing between two
@@ -27,15 +27,15 @@ import time
 import urllib.request
 import uuid
 
-from config.settings import load_settings
-from orchestrator.metrics import DroverCollector
-from orchestrator.services import free_port
-from workers.jobs.connections import sync_redis
-from workers.jobs.records import SubagentResult
-from workers.jobs.spec import JobSpec
-from workers.jobs.store import JobStore
-from workers.limiter import Limiter, ScopeLimits, llm_scope, tool_scope
-from workers.telemetry import CALL_OUTCOMES, TOKEN_TYPES, Recorder, register_job
+from drover.config.settings import load_settings
+from drover.orchestrator.metrics import DroverCollector
+from drover.orchestrator.services import free_port
+from drover.workers.jobs.connections import sync_redis
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import JobStore
+from drover.workers.limiter import Limiter, ScopeLimits, llm_scope, tool_scope
+from drover.workers.telemetry import CALL_OUTCOMES, TOKEN_TYPES, Recorder, register_job
 
 
 def build_fleet(settings, args):  # noqa: ANN001, ANN201

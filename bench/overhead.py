@@ -6,7 +6,7 @@ drover runs N one-call sub-agents (a short prompt, no tools) on W worker process
 simulator with no limits and no latency, so what is measured is drover itself: the chord,
 the Redis job state, the limiter round trips, one HTTP call, the records and the join. The
 baseline is a bare Celery chord of N no-op tasks on the same number of workers with the same
-Celery configuration (`config.celery.celery_config`: JSON, late acks, prefetch 1, Redis
+Celery configuration (`drover.config.celery.celery_config`: JSON, late acks, prefetch 1, Redis
 broker and result backend). Per sub-agent = wall time / N, from sending the chord to the
 stored join result; the ratio is drover's over the bare chord's. Peak memory is the largest
 VmHWM (peak RSS) among the worker processes.
@@ -73,7 +73,7 @@ def measure(redis_url: str, prefix: str, n: int = 2000, workers: int = 8,
     unlimited = {"DROVER_RPM": "1e9", "DROVER_ITPM": "1e12", "DROVER_OTPM": "1e12",
                  "DROVER_MAX_IN_FLIGHT": "100000"}
     subtasks = [f"Sub-agent {i}: give one short finding about market {i}." for i in range(n)]
-    from simulator import SimConfig
+    from drover.simulator import SimConfig
 
     try:
         bare_s, bare_rss, bare_cpu = _bare_chord(redis_url, prefix, subtasks, workers,

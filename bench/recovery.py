@@ -37,8 +37,8 @@ from typing import Any
 
 import redis
 
-from orchestrator.services import free_port
-from simulator import SimConfig, SimulatorServer
+from drover.orchestrator.services import free_port
+from drover.simulator import SimConfig, SimulatorServer
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "workers" / "jobs" / "lua"
@@ -104,7 +104,7 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 def spawn_worker(env: dict[str, str], name: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool", "threads",
+        [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool", "threads",
          "--concurrency", str(THREADS), "--queues", env["DROVER_QUEUE"], "--loglevel", "ERROR",
          "--without-gossip", "--without-mingle", "-n", f"{name}@%h"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -112,11 +112,11 @@ def spawn_worker(env: dict[str, str], name: str) -> subprocess.Popen:
 
 
 def submit(env: dict[str, str], n: int) -> str:
-    from orchestrator import JobSpec
+    from drover import JobSpec
 
     spec = JobSpec(subtasks=[f"Inspect pier {i}" for i in range(n)], tools=["lookup_fact"],
                    max_tokens=60)
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "-"],
+    done = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
                           input=spec.model_dump_json(), capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=120, check=True)
     return done.stdout.split()[-1]

@@ -11,7 +11,7 @@ worker processes x C threads, against one simulator with no limits and no latenc
 
 - submit: how long the caller is blocked (`chord(...)()` / `submit()`);
 - publish: N / the time to put N sub-agent messages on a queue no worker consumes (the bare
-  chord: `chord(...)()`; drover: `workers.dispatch.dispatch`, which is what a job's window,
+  chord: `chord(...)()`; drover: `drover.workers.dispatch.dispatch`, which is what a job's window,
   a drain and a batch-mode job are sent with). During a drover run the messages go out as
   fair share frees places (one window ahead of the workers), so there it is the end-to-end
   rate that counts;
@@ -87,10 +87,11 @@ def _bare(redis_url: str, prefix: str, subtasks: list[str], workers: int, concur
 
 def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, concurrency: int,
             sim_url: str) -> dict[str, Any]:
-    importlib.import_module("workers.tasks")  # a process's first submit imports it: not timed
-    from config import load_settings
-    from orchestrator import JobSpec, submit
-    from workers.app import app
+    # a process's first submit imports it: not timed
+    importlib.import_module("drover.workers.tasks")
+    from drover import JobSpec, submit
+    from drover.config import load_settings
+    from drover.workers.app import app
 
     run_id = uuid.uuid4().hex[:8]
     queue = alias = f"bench-scale-{run_id}"
@@ -100,7 +101,7 @@ def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, conc
            **EXTRA_ENV}
     settings = load_settings(queue=queue, key_alias=alias)
     spec_args = {"subtasks": subtasks, "model": MODEL, "max_tokens": 1024, "max_turns": 2}
-    with celery_workers("workers.app", env, queue, workers, concurrency, app) as procs:
+    with celery_workers("drover.workers.app", env, queue, workers, concurrency, app) as procs:
         cpu_before = sum(cpu_seconds(p.pid) for p in procs)
         rss_before, own_before = rss_kb(), time.process_time()
         started = time.monotonic()
@@ -120,7 +121,7 @@ def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, conc
 def _bare_publish(n: int) -> float:
     """Seconds for ``chord(...)()`` of n one-call tasks to a queue with no consumer."""
     from bench.contenders.bare_chord import make_app
-    from config import get_settings
+    from drover.config import get_settings
 
     sender = make_app()
     queue = f"bench-publish-{uuid.uuid4().hex[:8]}"
@@ -135,11 +136,11 @@ def _bare_publish(n: int) -> float:
 
 
 def _publish_rate(n: int) -> float:
-    """Seconds for ``workers.dispatch.dispatch`` to publish n chord members to a queue with no
-    consumer (what a window, a drain or a batch-mode job costs to send), the queue then
+    """Seconds for ``drover.workers.dispatch.dispatch`` to publish n chord members to a queue
+    with no consumer (what a window, a drain or a batch-mode job costs to send), the queue then
     deleted."""
-    from config import get_settings
-    from workers.dispatch import dispatch
+    from drover.config import get_settings
+    from drover.workers.dispatch import dispatch
 
     queue = f"bench-publish-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
@@ -153,12 +154,12 @@ def cancel_at_scale(redis_url: str, prefix: str, n: int, workers: int, concurren
                     after_s: float = 3.0) -> dict[str, Any]:
     """Submit n sub-agents whose calls take 0.5 s, cancel after ``after_s``; how long until
     the job has its JobResult, and with how many records."""
-    from config import load_settings
-    from orchestrator import JobSpec, submit
-    from simulator import SimConfig
-    from workers.app import app
+    from drover import JobSpec, submit
+    from drover.config import load_settings
+    from drover.simulator import SimConfig
+    from drover.workers.app import app
 
-    importlib.import_module("workers.tasks")
+    importlib.import_module("drover.workers.tasks")
     run_id = uuid.uuid4().hex[:8]
     queue = alias = f"bench-cancel-{run_id}"
     try:
@@ -171,7 +172,7 @@ def cancel_at_scale(redis_url: str, prefix: str, n: int, workers: int, concurren
                    **UNLIMITED}
             settings = load_settings(queue=queue, key_alias=alias)
             subtasks = [f"Sub-agent {i}: one finding about market {i}." for i in range(n)]
-            with celery_workers("workers.app", env, queue, workers, concurrency, app):
+            with celery_workers("drover.workers.app", env, queue, workers, concurrency, app):
                 handle = submit(JobSpec(subtasks=subtasks, model=MODEL, max_tokens=1024,
                                         max_turns=2), settings=settings)
                 time.sleep(after_s)
@@ -189,7 +190,7 @@ def cancel_at_scale(redis_url: str, prefix: str, n: int, workers: int, concurren
 
 def measure(redis_url: str, prefix: str, n: int, workers: int, concurrency: int,
             log: Any = print) -> dict[str, Any]:
-    from simulator import SimConfig
+    from drover.simulator import SimConfig
 
     subtasks = [f"Sub-agent {i}: give one short finding about market {i}." for i in range(n)]
     out: dict[str, Any] = {"n": n}
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.publish:
         drover_s, bare_s = _publish_rate(args.publish), _bare_publish(args.publish)
         text += (f"\n\nPublishing {args.publish:,} sub-agent messages with no worker running: "
-                 f"`workers.dispatch.dispatch` {args.publish / drover_s:,.0f}/s, a bare "
+                 f"`drover.workers.dispatch.dispatch` {args.publish / drover_s:,.0f}/s, a bare "
                  f"`chord(...)()` {args.publish / bare_s:,.0f}/s.")
     if args.cancel:
         c = cancel_at_scale(args.redis_url, prefix, args.cancel, args.workers, args.concurrency)

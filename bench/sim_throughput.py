@@ -1,4 +1,4 @@
-"""Simulator throughput: requests/s of `python -m simulator` with no limits and no latency.
+"""Simulator throughput: requests/s of `python -m drover.simulator` with no limits and no latency.
 
 The simulator runs in a subprocess (its own interpreter and core), and this process drives
 it over loopback with many concurrent aiohttp connections, a fixed number of requests and
@@ -32,7 +32,7 @@ def free_port() -> int:
 
 
 def start_simulator(port: int, extra: list[str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "simulator", "--port", str(port), *extra],
+    proc = subprocess.Popen([sys.executable, "-m", "drover.simulator", "--port", str(port), *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "simulator listening on http://..." once bound

@@ -75,7 +75,7 @@ def measure(n: int, bare: bool, workers: int, concurrency: int, monitor: bool,
 
     prefix = f"cost-{uuid.uuid4().hex[:8]}"
     drover.use_prefix(redis_url, prefix)
-    from simulator import SimConfig
+    from drover.simulator import SimConfig
 
     subtasks = [f"Sub-agent {i}: give one short finding about market {i}." for i in range(n)]
     counts: collections.Counter = collections.Counter()
@@ -94,11 +94,11 @@ def measure(n: int, bare: bool, workers: int, concurrency: int, monitor: bool,
                        "DROVER_QUEUE": queue, "BENCH_SIM_URL": sim.url,
                        "BENCH_API_KEY": f"sk-bench-cost-{prefix}"}
             else:
-                from config import load_settings
-                from orchestrator import JobSpec, submit
-                from workers.app import app
+                from drover import JobSpec, submit
+                from drover.config import load_settings
+                from drover.workers.app import app
 
-                module = "workers.app"
+                module = "drover.workers.app"
                 env = {"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix,
                        "DROVER_QUEUE": queue, "DROVER_KEY_ALIAS": alias,
                        "DROVER_ANTHROPIC_BASE_URL": sim.url,

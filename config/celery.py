@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.settings import Settings
+from drover.config.settings import Settings
 
 
 def restore_interval_s(settings: Settings) -> int:

@@ -186,7 +186,7 @@ class Settings(BaseSettings):
     tool_rps: dict[str, PositiveRate] = Field(default_factory=dict)
     # A JSON list or plain comma-separated module names.
     tool_modules: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["workers.demo_tools"])
+        default_factory=lambda: ["drover.workers.demo_tools"])
     max_fanout: int = Field(default=10_000, ge=1)
     # The SDK's and httpx's DEBUG lines hold whole request bodies (prompts); they stay off at
     # every log level unless this asks for them (never in production).

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from config import SettingsError
+from drover.config import SettingsError
 
 OK, NOT_ALL_OK, USAGE, UNREACHABLE, NOT_FINISHED, INTERRUPTED = 0, 1, 2, 3, 4, 130
 # Output that is not a terminal (a pipe, a file, CI) gets this many columns instead of
@@ -54,14 +54,14 @@ class Refused(Exception):
 
 
 def _settings() -> Any:
-    from config import get_settings
+    from drover.config import get_settings
 
     return get_settings()
 
 
 def _need_services(settings: Any, *, broker: bool = False) -> None:
     """Fail in seconds, naming the variable, when Redis (or the broker) does not answer."""
-    from workers.preflight import Unreachable, check_services
+    from drover.workers.preflight import Unreachable, check_services
 
     try:
         check_services(settings, broker=broker)
@@ -79,7 +79,7 @@ def _needs_extra(error: ImportError, what: str, alternative: str = "") -> Refuse
 # --- demo -------------------------------------------------------------------------------------
 
 def _demo(args: argparse.Namespace) -> int:
-    from orchestrator.demo import DemoConfig, run_demo, run_demo_on_services
+    from drover.orchestrator.demo import DemoConfig, run_demo, run_demo_on_services
 
     plot = None if args.no_plot else Path(args.plot)
     if plot is not None:
@@ -106,7 +106,7 @@ def _demo(args: argparse.Namespace) -> int:
 # --- sim, worker, flower: their options go on to the simulator, Celery, Flower ----------------
 
 def _sim(args: argparse.Namespace) -> int:
-    from simulator.cli import main as sim_main
+    from drover.simulator.cli import main as sim_main
 
     return sim_main(args.rest, prog="drover sim")
 
@@ -125,7 +125,8 @@ def worker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="drover worker", formatter_class=_Formatter, add_help=False,
         usage="drover worker [drover's options] [any `celery worker` option]",
-        description=_wrap("Start a Celery worker for drover's tasks (celery -A workers.app worker) "
+        description=_wrap("Start a Celery worker for drover's tasks "
+        "(celery -A drover.workers.app worker) "
         "with drover's defaults. It refuses to start, saying what to fix, without an API key "
         "(ANTHROPIC_API_KEY, unless DROVER_ANTHROPIC_BASE_URL points at a simulator or proxy "
         "that needs none), with a DROVER_TOOL_MODULES module that does not import, or when "
@@ -146,10 +147,10 @@ def _worker(args: argparse.Namespace) -> int:
     if any(a in ("-h", "--help") for a in args.rest):
         worker_parser().print_help()
         print("\n--- celery worker --help " + "-" * 50, flush=True)
-        from workers.app import app
+        from drover.workers.app import app
 
         return _celery_exit(app.worker_main, ["worker", "--help"])
-    from workers.preflight import WorkerCannotStart, check_worker
+    from drover.workers.preflight import WorkerCannotStart, check_worker
 
     settings = _settings()
     try:
@@ -157,7 +158,7 @@ def _worker(args: argparse.Namespace) -> int:
     except WorkerCannotStart as error:
         raise Refused(str(error), error.exit_code) from None
     os.environ["_DROVER_WORKER_CHECKED"] = "1"  # the celeryd_init check need not run again
-    from workers.app import app
+    from drover.workers.app import app
 
     argv = ["worker", "--pool", "threads", "--concurrency", "32", "--queues", settings.queue,
             "--loglevel", "INFO", *args.rest]
@@ -172,7 +173,7 @@ def _celery_exit(fn: Any, argv: list[str]) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from orchestrator.flower import run_flower
+    from drover.orchestrator.flower import run_flower
 
     return run_flower(args.rest)
 
@@ -199,7 +200,7 @@ enqueued); 3 Redis or the broker does not answer."""
 
 
 def _spec_error_lines(path: str, error: ValidationError) -> list[str]:
-    from workers.jobs.spec import JobSpec
+    from drover.workers.jobs.spec import JobSpec
 
     fields = list(JobSpec.model_fields)
     lines = [f"the job spec {path!r} is not valid; nothing was enqueued:"]
@@ -217,7 +218,7 @@ def _spec_error_lines(path: str, error: ValidationError) -> list[str]:
 
 
 def _load_spec(path: str) -> object:
-    from workers.jobs.spec import JobSpec
+    from drover.workers.jobs.spec import JobSpec
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
@@ -233,8 +234,8 @@ def _submit(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec)  # a bad spec is reported without needing Redis
     settings = _settings()
     _need_services(settings, broker=True)
-    from orchestrator.jobs import submit  # Celery and the SDK: only once they can be used
-    from workers.preflight import tool_module_problem
+    from drover.orchestrator.jobs import submit  # Celery and the SDK: only once they can be used
+    from drover.workers.preflight import tool_module_problem
     try:
         handle = submit(spec, settings=settings)  # type: ignore[arg-type]
     except ImportError as error:
@@ -270,7 +271,7 @@ def _wait(handle: Any, settings: Any) -> Any:
 
 def no_worker_hint(queue: str, timeout: float = 2.0) -> str | None:
     """None when a worker consumes ``queue``; else what to do (asks workers over the broker)."""
-    from workers.app import app
+    from drover.workers.app import app
 
     try:
         replies = app.control.inspect(timeout=timeout).active_queues() or {}
@@ -290,7 +291,7 @@ def no_worker_hint(queue: str, timeout: float = 2.0) -> str | None:
 def _handle(job_id: str):  # noqa: ANN202
     settings = _settings()
     _need_services(settings)
-    from orchestrator.jobs import JobHandle, JobNotFound
+    from drover.orchestrator.jobs import JobHandle, JobNotFound
     try:
         return JobHandle.attach(job_id, settings=settings)
     except JobNotFound as error:
@@ -347,7 +348,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from orchestrator.watch import watch
+    from drover.orchestrator.watch import watch
 
     return watch(_handle(args.job), console)
 
@@ -361,7 +362,7 @@ def _stats(args: argparse.Namespace) -> int:
             raise _needs_extra(error, "drover stats --plot") from None
     settings = _settings()
     _need_services(settings)
-    from orchestrator.stats import print_stats
+    from drover.orchestrator.stats import print_stats
 
     return print_stats(console, plot=plot, settings=settings)
 
@@ -369,7 +370,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _metrics(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
-    from orchestrator.metrics import serve
+    from drover.orchestrator.metrics import serve
 
     try:
         return serve(args.port, args.addr)
@@ -381,10 +382,10 @@ def _metrics(args: argparse.Namespace) -> int:
 def _jobs(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
-    from orchestrator.shares import active_jobs, jobs_table, tenants_table
-    from workers.jobs.connections import sync_redis
-    from workers.jobs.fairshare import FairShare
-    from workers.limiter import Limiter
+    from drover.orchestrator.shares import active_jobs, jobs_table, tenants_table
+    from drover.workers.jobs.connections import sync_redis
+    from drover.workers.jobs.fairshare import FairShare
+    from drover.workers.limiter import Limiter
 
     fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
     active = active_jobs(settings, fs)

@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.services import FIRST_CONTACT_TIMEOUT_S, ensure_redis, redis_problem
+from drover.orchestrator.services import FIRST_CONTACT_TIMEOUT_S, ensure_redis, redis_problem
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # How long --keep keeps the demo's keys; also the records' TTL while it runs.
@@ -79,7 +79,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) -> int:
     console = console or Console()
-    from simulator import SimConfig, SimulatorServer
+    from drover.simulator import SimConfig, SimulatorServer
 
     with contextlib.ExitStack() as stack:
         redis = _find_or_start_redis(console)
@@ -114,8 +114,8 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             # --batch: short rounds, so the demo shows several of them in seconds.
             "DROVER_BATCH_LINGER_S": "1", "DROVER_BATCH_POLL_S": "1",
         }))
-        from config import get_settings
-        from workers.agent.runtime import reset_runtime
+        from drover.config import get_settings
+        from drover.workers.agent.runtime import reset_runtime
 
         get_settings.cache_clear()
         stack.callback(get_settings.cache_clear)
@@ -124,8 +124,8 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
 
         from celery.contrib.testing.worker import start_worker
 
-        from orchestrator.jobs import submit
-        from workers.app import app
+        from drover.orchestrator.jobs import submit
+        from drover.workers.app import app
 
         app.conf.update(broker_url=settings.broker, result_backend=settings.backend,
                         task_default_queue=settings.queue)
@@ -134,7 +134,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                                          queues=[settings.queue], shutdown_timeout=30))
         console.print(f"in-process worker pool: {config.concurrency} threads\n")
         if config.batch:  # an in-process worker sends no worker_ready: start it here
-            from workers.lifecycle import start_batcher, stop_batcher
+            from drover.workers.lifecycle import start_batcher, stop_batcher
 
             start_batcher()
             stack.callback(stop_batcher)
@@ -159,7 +159,7 @@ def _find_or_start_redis(console: Console) -> Any:
     problem = redis_problem(url, FIRST_CONTACT_TIMEOUT_S)
     if problem is None:
         return ensure_redis(url)
-    from config.settings import mask_url
+    from drover.config.settings import mask_url
 
     named = ("DROVER_REDIS_URL" if configured else
              "the default; DROVER_REDIS_URL is not set")
@@ -196,7 +196,7 @@ def _clean_up(url: str, prefix: str, keep: bool, console: Console) -> None:
 
 def _counted(settings: Any) -> dict[str, int]:
     """The limiter's totals over every LLM call of the run: what `drover stats` counts."""
-    from orchestrator.stats import collect
+    from drover.orchestrator.stats import collect
 
     totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0}
     for usage in collect(settings):
@@ -209,7 +209,7 @@ def _counted(settings: Any) -> dict[str, int]:
 
 def _follow_or_cancel(handle: Any, console: Console) -> Any:
     """Follow the job to its result; on Ctrl-C cancel it on every worker first."""
-    from orchestrator.watch import follow
+    from drover.orchestrator.watch import follow
 
     try:
         return follow(handle, console)
@@ -220,7 +220,7 @@ def _follow_or_cancel(handle: Any, console: Console) -> Any:
 
 
 def demo_spec(config: DemoConfig) -> Any:
-    from workers.jobs.spec import JobSpec
+    from drover.workers.jobs.spec import JobSpec
 
     return JobSpec(goal=GOAL, max_subtasks=config.subagents, system=SYSTEM,
                    tools=["lookup_fact", "calculator", "save_note"], max_tokens=256,
@@ -236,9 +236,9 @@ def run_demo_on_services(config: DemoConfig = DemoConfig(),
     service uses. The limits are the workers' (DROVER_RPM/ITPM/OTPM), not ``config``'s.
     """
     console = console or Console()
-    from config import get_settings
-    from orchestrator.jobs import submit
-    from orchestrator.stats import safe_url
+    from drover.config import get_settings
+    from drover.orchestrator.jobs import submit
+    from drover.orchestrator.stats import safe_url
 
     settings = get_settings()
     console.print(f"[bold]drover demo[/] on running services: Redis at "
@@ -314,7 +314,7 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
 
 def _usage(settings: Any, plot: Path | None, console: Console, *, keeps: bool) -> None:
     """The limiter's own view of the run (``drover stats``), and the plot when asked for."""
-    from orchestrator.stats import print_stats, safe_url, stats_window_s
+    from drover.orchestrator.stats import print_stats, safe_url, stats_window_s
 
     console.print()
     print_stats(console, plot=plot, settings=settings)

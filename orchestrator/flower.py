@@ -1,6 +1,6 @@
 """``drover flower``: Flower on drover's Celery app, never open to a network without a password.
 
-It is ``celery -A workers.app flower`` with three differences:
+It is ``celery -A drover.workers.app flower`` with three differences:
 
 - It listens on 127.0.0.1 unless told otherwise (Flower's own default is every interface).
 - Beyond loopback it refuses to start without HTTP basic auth: Flower can revoke and
@@ -11,7 +11,7 @@ It is ``celery -A workers.app flower`` with three differences:
 
 The broker is the app's (``DROVER_BROKER_URL``/``DROVER_REDIS_URL``, with drover's key
 prefix), so Flower sees exactly the workers and queues that ``drover worker`` uses. Task
-events are on in ``config.celery`` (``worker_send_task_events``, ``task_send_sent_event``),
+events are on in ``drover.config.celery`` (``worker_send_task_events``, ``task_send_sent_event``),
 which Flower's task list needs.
 
 It also sets defaults for what an operator of drover needs to see (``flower_defaults``): the
@@ -44,7 +44,7 @@ MIN_PASSWORD_CHARS = 12
 HELP = f"""\
 usage: drover flower [--address=ADDR] [--port=PORT] [--basic-auth=USER:PASSWORD] [flower options]
 
-Start Flower (celery -A workers.app flower) on drover's broker (DROVER_BROKER_URL, else
+Start Flower (celery -A drover.workers.app flower) on drover's broker (DROVER_BROKER_URL, else
 DROVER_REDIS_URL, with drover's key prefix), so it sees the workers and queues drover uses.
 
 drover's rules:
@@ -217,7 +217,7 @@ def run_flower(args: list[str]) -> int:
     os.environ.pop(AUTH_ENV, None)
     if credentials:
         os.environ["FLOWER_BASIC_AUTH"] = ",".join(credentials)
-    from config import get_settings
+    from drover.config import get_settings
 
     os.environ.update(default_environment(dict(os.environ),
                                           get_settings().task_time_limit_s))
@@ -232,9 +232,9 @@ def run_flower(args: list[str]) -> int:
 
 def _broker_problem() -> str | None:
     """Why Flower would show nothing: the broker does not answer (one short attempt)."""
-    from config import get_settings
-    from config.settings import mask_url
-    from workers.preflight import FIRST_CONTACT_TIMEOUT_S, broker_problem
+    from drover.config import get_settings
+    from drover.config.settings import mask_url
+    from drover.workers.preflight import FIRST_CONTACT_TIMEOUT_S, broker_problem
 
     settings = get_settings()
     problem = broker_problem(settings.broker)
@@ -247,6 +247,6 @@ def _broker_problem() -> str | None:
 
 
 def _celery(argv: list[str]) -> int:
-    from workers.app import app
+    from drover.workers.app import app
 
     return int(app.start(argv) or 0)

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from config import Settings, get_settings
-from workers.agent.runtime import sync_redis
-from workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
-from workers.jobs.spec import JobSpec
-from workers.jobs.store import ACTIVE, JobNotFound, JobStore
-from workers.telemetry import job_submitted
-from workers.tools import get_tools
+from drover.config import Settings, get_settings
+from drover.workers.agent.runtime import sync_redis
+from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.workers.telemetry import job_submitted
+from drover.workers.tools import get_tools
 
 
 def _store(settings: Settings) -> JobStore:
@@ -50,7 +50,7 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
 @job_submitted
 def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) -> JobHandle:
     """Validate ``spec``, store it and start the job; returns at once with a handle."""
-    from workers.tasks import launch, plan_job  # the Celery app is built only when needed
+    from drover.workers.tasks import launch, plan_job  # the Celery app is built only when needed
 
     settings = settings or get_settings()
     if not isinstance(spec, JobSpec):
@@ -188,7 +188,7 @@ class JobHandle:
             return False
         meta = self.store.meta(self.id)
         if "launched" in meta and int(meta.get("n", 0)):
-            from workers.dispatch import send_join
+            from drover.workers.dispatch import send_join
 
             send_join(self.id, meta.get("queue") or self.settings.queue)
         return True

@@ -4,7 +4,7 @@ A small exporter process (like celery-exporter): at each scrape a custom ``Colle
 reads, from Redis,
 
 - the counters and histograms every worker and submitter adds there
-  (``workers.telemetry._recorder``): LLM calls by outcome, their duration, tokens by type,
+  (``drover.workers.telemetry._recorder``): LLM calls by outcome, their duration, tokens by type,
   limiter waits and deferrals, tool calls, finished sub-agents, submitted jobs;
 - the limiter's state of every scope it saw within ``DROVER_STATS_WINDOW_S``, through the
   limiter's public ``Limiter.scopes/state/usage`` (what ``drover stats`` reads): limits,
@@ -38,15 +38,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from config import Settings, get_settings
-from orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
-from orchestrator.stats import scope_usage
-from workers.jobs import liveness
-from workers.jobs.connections import sync_redis
-from workers.jobs.records import STATUSES
-from workers.jobs.store import ACTIVE, JobStore
-from workers.limiter import Limiter
-from workers.telemetry import (
+from drover.config import Settings, get_settings
+from drover.orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
+from drover.orchestrator.stats import scope_usage
+from drover.workers.jobs import liveness
+from drover.workers.jobs.connections import sync_redis
+from drover.workers.jobs.records import STATUSES
+from drover.workers.jobs.store import ACTIVE, JobStore
+from drover.workers.limiter import Limiter
+from drover.workers.telemetry import (
     CALL_OUTCOMES,
     METRICS,
     SUBAGENT_STATUSES,
@@ -311,7 +311,7 @@ class DroverCollector(Collector):
                 # This exporter's own settings, not the Celery app's import-time ones.
                 from kombu import Connection
 
-                from config.celery import celery_config
+                from drover.config.celery import celery_config
 
                 conf = celery_config(self.settings)
                 self._broker = Connection(conf["broker_url"],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from workers.agent import RetryLater
-from workers.agent.planning import plan_goal
-from workers.agent.runtime import get_runtime
+from drover.workers.agent import RetryLater
+from drover.workers.agent.planning import plan_goal
+from drover.workers.agent.runtime import get_runtime
 
 
 def plan(goal: str, max_subtasks: int = 8, *, model: str | None = None,

@@ -1,6 +1,6 @@
 """Who has which share of the fleet now: the active jobs and tenants of the fair-share window.
 
-Read from the scheduler's state (``workers.jobs.fairshare``) and the job store, so it sees
+Read from the scheduler's state (``drover.workers.jobs.fairshare``) and the job store, so it sees
 every worker on every host. A job's *share* is its part of the window (sub-agents in the
 broker or running) out of what is out now: since running sub-agents queue for the limiter on
 equal terms, that is also its share of the key's capacity. *Due* is what the fair-share rule
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from config import Settings, get_settings
-from config.settings import TenantBudget
-from workers.jobs.connections import sync_redis
-from workers.jobs.fairshare import FairShare, JobShare, tenant_budget_scopes
-from workers.jobs.spec import PRIORITIES
-from workers.limiter import Limiter
+from drover.config import Settings, get_settings
+from drover.config.settings import TenantBudget
+from drover.workers.jobs.connections import sync_redis
+from drover.workers.jobs.fairshare import FairShare, JobShare, tenant_budget_scopes
+from drover.workers.jobs.spec import PRIORITIES
+from drover.workers.limiter import Limiter
 
 __all__ = ["ActiveJob", "active_jobs", "budget_text", "due_shares", "jobs_table",
            "tenants_table"]

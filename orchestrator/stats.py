@@ -1,7 +1,7 @@
 """``drover stats``: how much of each limit the fleet used, read from the limiter's counters.
 
 The limiter keeps per-scope, per-second counters in Redis (requests at the planned send
-second, tokens when a call settles, waits, 429s and 529s; see ``workers.limiter``), pruned
+second, tokens when a call settles, waits, 429s and 529s; see ``drover.workers.limiter``), pruned
 after ``DROVER_STATS_WINDOW_S``. Everything here is computed from those counters, so it sees
 every worker on every host, and needs nothing but the Redis and the key prefix the workers use.
 
@@ -24,9 +24,9 @@ from urllib.parse import urlsplit, urlunsplit
 from rich.console import Console
 from rich.table import Table
 
-from config import Settings, get_settings
-from workers.agent.limits import llm_limits
-from workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
+from drover.config import Settings, get_settings
+from drover.workers.agent.limits import llm_limits
+from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
            "safe_url", "scope_usage", "stats_window_s", "usage_figure"]
@@ -126,7 +126,7 @@ def collect(settings: Settings | None = None, *, window_s: int | None = None
             ) -> list[ScopeUsage]:
     """Every scope the limiter saw within the window, with its per-second counters."""
     settings = settings or get_settings()
-    from workers.agent.runtime import sync_redis
+    from drover.workers.agent.runtime import sync_redis
 
     window = int(window_s or stats_window_s(settings))
     client = sync_redis(settings.redis_url)
@@ -246,9 +246,9 @@ def print_stats(console: Console, plot: Path | None = None, *,
 def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage]) -> None:
     """Message Batches: what is queued or open now, and the tokens that came back by batch
     (the ``batch:`` scopes above, billed at half the price)."""
-    from workers.jobs.batches import BatchStore
-    from workers.jobs.connections import sync_redis
-    from workers.jobs.store import JobStore
+    from drover.workers.jobs.batches import BatchStore
+    from drover.workers.jobs.connections import sync_redis
+    from drover.workers.jobs.store import JobStore
 
     store = BatchStore(JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix))
     opened = store.open_batches()
@@ -267,9 +267,9 @@ def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage
 
 def _print_shares(console: Console, settings: Settings) -> None:
     """Per active job and tenant: its share of the window (so of the limits) and backlog."""
-    from orchestrator.shares import active_jobs, jobs_table, tenants_table
-    from workers.jobs.connections import sync_redis
-    from workers.jobs.fairshare import FairShare
+    from drover.orchestrator.shares import active_jobs, jobs_table, tenants_table
+    from drover.workers.jobs.connections import sync_redis
+    from drover.workers.jobs.fairshare import FairShare
 
     fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
     active = active_jobs(settings, fs)

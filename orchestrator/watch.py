@@ -7,10 +7,10 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from orchestrator.jobs import JobHandle
-from orchestrator.shares import active_jobs
-from workers.jobs.fairshare import FairShare
-from workers.jobs.records import JobResult
+from drover.orchestrator.jobs import JobHandle
+from drover.orchestrator.shares import active_jobs
+from drover.workers.jobs.fairshare import FairShare
+from drover.workers.jobs.records import JobResult
 
 
 def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -> JobResult:
@@ -57,7 +57,7 @@ def _share(handle: JobHandle, fs: FairShare) -> str:
 
 def _batches(handle: JobHandle) -> str:
     """The job's Message Batch counters (requests submitted, and how they ended)."""
-    from workers.jobs.batches import BatchStore
+    from drover.workers.jobs.batches import BatchStore
 
     counts = BatchStore(handle.store).counters(handle.id)
     return " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"

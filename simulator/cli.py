@@ -1,4 +1,4 @@
-"""`python -m simulator`: a flag per SimConfig field, --host, --port; blocks until Ctrl-C."""
+"""`python -m drover.simulator`: a flag per SimConfig field, --host, --port; blocks until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ _HELP = {
 }
 
 
-def build_parser(prog: str = "python -m simulator") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m drover.simulator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Anthropic-compatible Messages API simulator with real rate limits.")
@@ -71,7 +71,7 @@ async def _serve(config: SimConfig, host: str, port: int) -> None:
         await runner.cleanup()
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m simulator") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m drover.simulator") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     changes = {f.name: getattr(args, f.name) for f in fields(SimConfig)

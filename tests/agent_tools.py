@@ -18,8 +18,8 @@ from functools import lru_cache
 import redis
 from pydantic import BaseModel, Field
 
-from config import get_settings
-from workers.tools import tool
+from drover import tool
+from drover.config import get_settings
 
 # The sync hung tool waits on this instead of sleeping, so a test can let its abandoned
 # thread go at teardown (an interpreter exit joins the tool pool's threads).

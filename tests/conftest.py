@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from orchestrator.services import RedisService, ensure_redis
+from drover.orchestrator.services import RedisService, ensure_redis
 
 DEFAULT_REDIS = os.environ.get("DROVER_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -64,7 +64,7 @@ import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from simulator import SimConfig, SimulatorServer  # noqa: E402
+from drover.simulator import SimConfig, SimulatorServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION = uuid.uuid4().hex[:8]
@@ -94,8 +94,8 @@ def sim() -> Iterator[SimulatorServer]:
 def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
                sim: SimulatorServer) -> Iterator[dict[str, str]]:
     """DROVER_* variables for this test (also handed to worker subprocesses)."""
-    from config import get_settings
-    from workers.agent.runtime import reset_runtime
+    from drover.config import get_settings
+    from drover.workers.agent.runtime import reset_runtime
 
     test_id = uuid.uuid4().hex[:8]
     env = {
@@ -119,8 +119,8 @@ def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
 
 def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **values: object) -> None:
     """Change DROVER_* settings of the running test (before its workers start)."""
-    from config import get_settings
-    from workers.agent.runtime import reset_runtime
+    from drover.config import get_settings
+    from drover.workers.agent.runtime import reset_runtime
 
     for key, value in values.items():
         name = key if key.startswith(("DROVER_", "ANTHROPIC_")) else f"DROVER_{key.upper()}"
@@ -135,8 +135,8 @@ def worker(drover_env: dict[str, str]) -> Callable[..., object]:
     """Start an in-process Celery worker (threads pool) on this test's queue."""
     from celery.contrib.testing.worker import start_worker
 
-    from config import get_settings
-    from workers.app import app
+    from drover.config import get_settings
+    from drover.workers.app import app
 
     with contextlib.ExitStack() as stack:
         def start(concurrency: int = 8) -> object:
@@ -150,13 +150,14 @@ def worker(drover_env: dict[str, str]) -> Callable[..., object]:
 
 @pytest.fixture
 def spawn_worker(drover_env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Start real worker processes (``celery -A workers.app worker``) on this test's queue."""
+    """Start real worker processes (``celery -A drover.workers.app worker``) on this test's
+    queue."""
     procs: list[subprocess.Popen] = []
 
     def spawn(concurrency: int = 8, pool: str = "threads", **extra_env: str) -> subprocess.Popen:
         env = {**os.environ, **drover_env, **extra_env}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool", pool,
+            [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool", pool,
              "--concurrency", str(concurrency), "--queues", env["DROVER_QUEUE"],
              "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
              "-n", f"w{len(procs)}-{uuid.uuid4().hex[:6]}@%h"],
@@ -252,7 +253,7 @@ def sim_factory() -> Iterator[Callable[..., SimulatorServer]]:
 
 def wait_for_workers(count: int, timeout: float = 90) -> None:
     """Until ``count`` worker processes answer a ping (so a job's clock starts with them up)."""
-    from workers.app import app
+    from drover.workers.app import app
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

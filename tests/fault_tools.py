@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from workers.tools import tool
+from drover import tool
 
 HANG_TIMEOUT_S = 0.5
 

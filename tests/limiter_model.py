@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction as F
 
-from workers.limiter import ScopeLimits
+from drover.workers.limiter import ScopeLimits
 
 MIN_RETRY_S = F(5, 100)
 T0 = 1_700_000_000_000_000  # us: where the tests' clocks start

@@ -12,9 +12,9 @@ import time
 import pytest
 import redis
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.workers.limiter import Limiter
 from tests.conftest import configure, wait_for_workers, wait_until
-from workers.limiter import Limiter
 
 FAST = {"DROVER_BATCH_LINGER_S": "0.3", "DROVER_BATCH_POLL_S": "0.2",
         "DROVER_BATCH_TICK_S": "0.1", "DROVER_BATCH_RPM": "6000",
@@ -132,9 +132,9 @@ def test_cancel_mid_batch_cancels_it_at_the_provider_and_every_subagent_gets_a_r
 
 def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason(
         drover_env, redis_url):  # noqa: ANN001
-    from workers.agent import SubagentRun, get_runtime
-    from workers.jobs.batches import BatchStore, custom_id
-    from workers.jobs.records import Checkpoint
+    from drover.workers.agent import SubagentRun, get_runtime
+    from drover.workers.jobs.batches import BatchStore, custom_id
+    from drover.workers.jobs.records import Checkpoint
 
     handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch",
                             deadline_s=0.2))  # no workers: the sub-agent is run here
@@ -187,7 +187,7 @@ def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the
 def test_drover_demo_batch_shows_a_batch_job_end_to_end(drover_env, capsys) -> None:  # noqa: ANN001
     from rich.console import Console
 
-    from orchestrator.demo import DemoConfig, run_demo
+    from drover.orchestrator.demo import DemoConfig, run_demo
 
     console = Console(width=140, force_terminal=False)
     assert run_demo(DemoConfig(subagents=4, concurrency=4, plot=None, batch=True),
@@ -200,8 +200,8 @@ def test_drover_demo_batch_shows_a_batch_job_end_to_end(drover_env, capsys) -> N
 def test_auto_delivery_uses_batches_only_when_the_deadline_allows_it() -> None:
     from pydantic import ValidationError
 
-    from config import load_settings
-    from workers.agent import uses_batch
+    from drover.config import load_settings
+    from drover.workers.agent import uses_batch
 
     settings = load_settings(batch_auto_min_deadline_s=3600)
     job = {"subtasks": ["Summarise the archive"]}

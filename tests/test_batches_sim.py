@@ -9,7 +9,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from simulator import SimulatorServer
+from drover.simulator import SimulatorServer
 
 MODEL = "claude-sim-1"
 

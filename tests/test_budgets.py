@@ -3,8 +3,8 @@ job's token budget shared in Redis. The simulator's request count is the referee
 
 from __future__ import annotations
 
-from orchestrator import JobSpec, submit
-from workers.jobs.records import SubagentResult
+from drover import JobSpec, submit
+from drover.workers.jobs.records import SubagentResult
 
 
 def _tokens(record: SubagentResult) -> int:

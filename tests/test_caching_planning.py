@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 import redis
 
-from orchestrator import JobSpec, plan, submit
-from orchestrator.demo import SYSTEM as LONG_SYSTEM
+from drover import JobSpec, plan, submit
+from drover.orchestrator.demo import SYSTEM as LONG_SYSTEM
+from drover.workers.agent.join import SYNTHESIS_PROMPT, synthesis_request
+from drover.workers.agent.planning import fit_plan
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.limiter import Limiter, llm_scope
 from tests.conftest import ROOT, configure
-from workers.agent.join import SYNTHESIS_PROMPT, synthesis_request
-from workers.agent.planning import fit_plan
-from workers.jobs.records import SubagentResult
-from workers.limiter import Limiter, llm_scope
 
-TOOL_MODULES = json.dumps(["workers.demo_tools", "tests.agent_tools"])
+TOOL_MODULES = json.dumps(["drover.workers.demo_tools", "tests.agent_tools"])
 
 
 def _limiter(redis_url: str, env: dict[str, str]) -> tuple[Limiter, str]:
-    from config import get_settings
+    from drover.config import get_settings
 
     limiter = Limiter(redis.Redis.from_url(redis_url), prefix=env["DROVER_KEY_PREFIX"])
     return limiter, llm_scope(env["DROVER_KEY_ALIAS"], get_settings().model)
@@ -212,7 +212,7 @@ def test_the_readme_example_runs_as_written(sim, spawn_worker, drover_env, tmp_p
         (tmp_path / name).write_text(code)
     sim.configure(plan_items=7, tool_turns=1, tools_per_turn=2)
     env = {**os.environ, **drover_env,
-           "DROVER_TOOL_MODULES": json.dumps(["workers.demo_tools", "my_tools"]),
+           "DROVER_TOOL_MODULES": json.dumps(["drover.workers.demo_tools", "my_tools"]),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     spawn_worker(concurrency=4, DROVER_TOOL_MODULES=env["DROVER_TOOL_MODULES"],
                  PYTHONPATH=env["PYTHONPATH"])

@@ -17,11 +17,11 @@ import time
 
 import redis
 
-from orchestrator import JobHandle, JobSpec, submit
+from drover import JobHandle, JobSpec, submit
+from drover.workers.agent.errors import Cancelled
+from drover.workers.agent.llm import CallContext, create_message
+from drover.workers.limiter import Limiter, llm_scope
 from tests.conftest import ROOT, configure, stop_process_group, wait_for_workers, wait_until
-from workers.agent.errors import Cancelled
-from workers.agent.llm import CallContext, create_message
-from workers.limiter import Limiter, llm_scope
 
 
 def _stop_workers(procs: list[subprocess.Popen]) -> None:
@@ -44,7 +44,7 @@ def _no_request_after_the_records(sim, result) -> None:  # noqa: ANN001
 
 
 def _limiter(redis_url: str, env: dict[str, str]) -> tuple[Limiter, str]:
-    from config import get_settings
+    from drover.config import get_settings
 
     limiter = Limiter(redis.Redis.from_url(redis_url), prefix=env["DROVER_KEY_PREFIX"])
     return limiter, llm_scope(env["DROVER_KEY_ALIAS"], get_settings().model)
@@ -143,7 +143,7 @@ def test_cancel_aborts_in_flight_calls_and_refunds_what_was_not_sent(sim, monkey
     # One request/s: the first call goes out at once, the second waits for the bucket.
     configure(monkeypatch, drover_env, rpm=60, target_utilization=1)
     sim.configure(latency_mean_s=4, latency_p95_s=4)
-    from workers.agent.runtime import get_runtime
+    from drover.workers.agent.runtime import get_runtime
 
     rt = get_runtime()
     params = {"model": rt.settings.model, "max_tokens": 50,
@@ -212,10 +212,10 @@ def test_drover_cancel_and_watch_work_from_another_process(sim, spawn_worker, dr
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]
+    return [sys.executable, "-m", "drover.orchestrator.cli", *args]
 
 
-TOOL_MODULES = "workers.demo_tools,tests.agent_tools"
+TOOL_MODULES = "drover.workers.demo_tools,tests.agent_tools"
 
 
 def test_cancel_stops_the_tools_that_are_running(sim, worker, monkeypatch, drover_env,
@@ -261,7 +261,7 @@ def test_a_cancelled_job_gets_no_synthesis(sim, spawn_worker, drover_env):
 
 def test_a_subagent_waiting_out_a_countdown_ends_cancelled_without_another_call(
         sim, worker, drover_env):
-    from workers.app import app
+    from drover.workers.app import app
 
     # Every first call draws a 429 with retry-after 6 s: both sub-agents end up waiting out
     # a Celery countdown (one for its 429, the other for the scope's cooldown).

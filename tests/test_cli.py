@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.services import free_port
+from drover.orchestrator.services import free_port
+from drover.workers.preflight import FIRST_CONTACT_TIMEOUT_S
 from tests.conftest import ROOT
-from workers.preflight import FIRST_CONTACT_TIMEOUT_S
 
 BOUND_S = 30  # far above one connect attempt; a retry loop (about 75 s) would exceed it
 
@@ -36,7 +36,8 @@ def clean_env(**values: str) -> dict[str, str]:
 
 def drover(args: list[str], env: dict[str, str], cwd: Path, *, stdin: str | None = None,
            timeout: float = BOUND_S) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, env=env,
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", *args], cwd=cwd,
+                          env=env,
                           input=stdin, capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc
@@ -118,7 +119,7 @@ def test_the_worker_refuses_to_start_when_redis_does_not_answer(tmp_path):
     env = clean_env(DROVER_REDIS_URL=url, ANTHROPIC_API_KEY="sk-x")
     proc = drover(["worker"], env, tmp_path)
     assert proc.returncode == 3 and "DROVER_REDIS_URL" in proc.stderr, proc.stderr
-    celery = subprocess.run([sys.executable, "-m", "celery", "-A", "workers.app", "worker"],
+    celery = subprocess.run([sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker"],
                             cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=BOUND_S)
     assert celery.returncode == 3 and "DROVER_REDIS_URL" in celery.stderr, celery.stderr
@@ -129,8 +130,8 @@ def test_the_worker_refuses_to_start_when_redis_does_not_answer(tmp_path):
 
 def test_the_worker_refuses_to_start_without_an_api_key(redis_url, tmp_path):
     env = clean_env(DROVER_REDIS_URL=redis_url)
-    for command in ([sys.executable, "-m", "orchestrator.cli", "worker"],
-                    [sys.executable, "-m", "celery", "-A", "workers.app", "worker"]):
+    for command in ([sys.executable, "-m", "drover.orchestrator.cli", "worker"],
+                    [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker"]):
         proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=BOUND_S)
         assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -143,7 +144,7 @@ def test_the_worker_refuses_a_tool_module_that_does_not_import(redis_url, tmp_pa
     (tmp_path / "broken_tools.py").write_text("import nonexistent_dependency_xyz\n")
     env = clean_env(DROVER_REDIS_URL=redis_url, ANTHROPIC_API_KEY="sk-x",
                     PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
-                    DROVER_TOOL_MODULES="workers.demo_tools,broken_tools")
+                    DROVER_TOOL_MODULES="drover.workers.demo_tools,broken_tools")
     proc = drover(["worker"], env, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "the tool module 'broken_tools' (DROVER_TOOL_MODULES) does not import" in proc.stderr
@@ -163,7 +164,7 @@ def test_the_worker_refuses_a_tool_module_that_does_not_import(redis_url, tmp_pa
     ("unix:///tmp/redis.sock?db=one", "db='one'"),
 ])
 def test_a_malformed_redis_url_is_refused_at_settings_time(url, says):
-    from config import SettingsError, load_settings
+    from drover.config import SettingsError, load_settings
 
     with pytest.raises(SettingsError) as refused:
         load_settings(redis_url=url)
@@ -199,7 +200,7 @@ def test_a_settings_error_exits_2_from_every_command(spec_file, tmp_path):
 
 def test_celerys_own_command_line_reports_a_settings_error_without_a_traceback(tmp_path):
     env = clean_env(DROVER_REDIS_URL="redis://host:notaport/0")
-    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "workers.app", "worker"],
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker"],
                           cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=BOUND_S)
     assert proc.returncode == 2, proc.stderr

@@ -16,10 +16,10 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.workers.agent.retry import classify
 from tests.conftest import ROOT, stop_process_group, wait_until
 from tests.test_retry_classify import api_error
-from workers.agent.retry import classify
 
 
 def test_a_401_and_a_missing_key_are_authentication_errors_that_fail_at_once():
@@ -44,14 +44,14 @@ def test_a_keyless_worker_starts_with_a_warning_and_every_subagent_fails_once_pe
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "worker", "--concurrency", "4",
+            [sys.executable, "-m", "drover.orchestrator.cli", "worker", "--concurrency", "4",
              "--without-gossip", "--without-mingle", "-n", f"keyless-{uuid.uuid4().hex[:6]}@%h"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until("the worker to be ready", lambda: "ready." in log.read_text())
         spec = tmp_path / "job.json"
         spec.write_text('{"subtasks": ["one", "two", "three", "four"], "max_tokens": 32}')
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(spec),
+        proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", str(spec),
                                "--wait"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=120)
         time.sleep(0.5)  # the last log lines reach the file
@@ -72,7 +72,7 @@ def test_a_keyless_worker_starts_with_a_warning_and_every_subagent_fails_once_pe
 def test_no_credentials_at_all_fail_each_subagent_without_a_traceback_or_a_claimed_send(
         sim, worker, drover_env, caplog, monkeypatch):
     """The SDK's own refusal (no key, no base URL to omit it for) is classified too."""
-    from workers.agent.runtime import get_runtime
+    from drover.workers.agent.runtime import get_runtime
 
     worker(concurrency=4)
     rt = get_runtime()
@@ -96,7 +96,7 @@ def test_no_credentials_at_all_fail_each_subagent_without_a_traceback_or_a_claim
 def _debug_worker(env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "worker", "--concurrency", "4",
+            [sys.executable, "-m", "drover.orchestrator.cli", "worker", "--concurrency", "4",
              "--loglevel", "DEBUG", "--without-gossip", "--without-mingle",
              "-n", f"debug-{uuid.uuid4().hex[:6]}@%h"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -121,12 +121,12 @@ def test_no_prompt_text_or_key_in_the_worker_log_even_at_debug(sim, drover_env, 
 
 
 def test_submit_wait_says_when_no_worker_consumes_the_queue(drover_env, tmp_path):
-    from orchestrator.cli import NO_WORKER_HINT_AFTER_S
+    from drover.orchestrator.cli import NO_WORKER_HINT_AFTER_S
 
     spec = tmp_path / "job.json"
     spec.write_text('{"subtasks": ["nobody runs this"], "max_tokens": 16}')
     env = {**os.environ, **drover_env}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "submit", str(spec),
+    proc = subprocess.Popen([sys.executable, "-m", "drover.orchestrator.cli", "submit", str(spec),
                              "--wait"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     guard = threading.Timer(60, lambda: stop_process_group(proc, timeout=5))  # never hang

@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from config import load_settings
-from orchestrator import JobHandle, JobSpec, submit
-from orchestrator.services import free_port, redis_answers
+from drover import JobHandle, JobSpec, submit
+from drover.config import load_settings
+from drover.orchestrator.services import free_port, redis_answers
+from drover.workers.agent.runtime import sync_redis
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
+from drover.workers.jobs.store import JobStore
 from tests.conftest import ROOT, configure
-from workers.agent.runtime import sync_redis
-from workers.jobs.records import SubagentResult
-from workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
-from workers.jobs.store import JobStore
 
 VISIBILITY_TIMEOUT_S = 15
 # Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.
@@ -56,7 +56,7 @@ def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
     This test process's Celery app keeps the broker it was first used with; a job for the
     private Redis has to be sent by a process that starts with its URL.
     """
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "-"],
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
                           input=spec.model_dump_json(), capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, **env}, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.services import RedisService, free_port, start_redis_server
+from drover.orchestrator.services import RedisService, free_port, start_redis_server
 from tests.conftest import ROOT
 
 
@@ -40,7 +40,7 @@ def _env(**values: str) -> dict[str, str]:
 
 
 def _demo(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "demo", *args],
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "demo", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     return proc

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.services import free_port
+from drover.orchestrator.services import free_port
 from tests.conftest import ROOT
 
 PASSWORD = "pw-" + uuid.uuid4().hex  # what must never show in a log or a record
@@ -65,7 +65,7 @@ def _env_without_settings() -> dict[str, str]:
 
 
 def _drover(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]
+    return [sys.executable, "-m", "drover.orchestrator.cli", *args]
 
 
 def test_drover_worker_and_submit_run_a_job_from_a_dotenv_file_on_a_redis_with_a_password(

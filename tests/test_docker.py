@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.services import free_port
+from drover.orchestrator.services import free_port
 from tests.conftest import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML parses docker-compose.yml in this test")
@@ -99,9 +99,9 @@ def test_services_point_at_each_other_and_share_the_simulated_limits(compose):
 def _local(command: list[str]) -> list[str]:
     """A compose command as this checkout runs it: `drover` is orchestrator.cli's main."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["drover"] == "orchestrator.cli:main"
+    assert scripts["drover"] == "drover.orchestrator.cli:main"
     if command[0] == "drover":
-        return [sys.executable, "-m", "orchestrator.cli", *command[1:]]
+        return [sys.executable, "-m", "drover.orchestrator.cli", *command[1:]]
     return command
 
 
@@ -144,8 +144,8 @@ def test_redis_service_command_starts_a_redis_that_keeps_its_data(compose, tmp_p
 
 
 def test_worker_healthcheck_command_exists():
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "workers.app", "inspect", "ping",
-                          "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "drover.workers.app", "inspect",
+                          "ping", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--destination" in out.stdout, out.stderr
 
 
@@ -159,7 +159,8 @@ def test_dockerfile_is_slim_non_root_and_ships_only_the_runtime():
     last_user = max(i for i, line in enumerate(lines) if line.startswith("USER "))
     assert not any(line.startswith(("RUN pip", "RUN apt")) for line in lines[last_user:])
     copied = {line.split()[1] for line in lines if line.startswith("COPY ")}
-    assert copied == {"pyproject.toml", "config", "workers", "orchestrator", "simulator"}
+    assert copied == {"pyproject.toml", "__init__.py", "config", "workers", "orchestrator",
+                      "simulator"}
     for path in copied:
         assert (ROOT / path).exists(), path
     # test and benchmark extras are not installed; the demo extra is (the orchestrator's plot)
@@ -171,12 +172,18 @@ def test_dockerfile_is_slim_non_root_and_ships_only_the_runtime():
 
 
 def test_the_image_installs_every_runtime_package_and_its_lua():
-    """`pip install .` in the Dockerfile installs what pyproject.toml's setuptools finds."""
-    from setuptools import find_packages
-
+    """`pip install .` installs one root package, `drover`, with every package folder of the
+    four rooms under it (pyproject.toml lists them: a folder left out would not install)."""
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    packages = set(find_packages(str(ROOT), include=tool["packages"]["find"]["include"]))
-    assert {"config", "workers", "orchestrator", "simulator"} <= packages
-    assert not any(p.startswith(("tests", "bench")) for p in packages)
-    assert tool["package-data"]["workers.limiter"] == ["lua/*.lua"]
+    assert tool["package-dir"] == {"drover": "."}
+    listed = set(tool["packages"])
+    folders = {"drover"} | {
+        "drover." + ".".join(init.parent.relative_to(ROOT).parts)
+        for room in ("config", "workers", "orchestrator", "simulator")
+        for init in (ROOT / room).rglob("__init__.py")}
+    assert listed == folders, (listed ^ folders)
+    for package in listed:
+        lua = ROOT.joinpath(*package.split(".")[1:], "lua")
+        if lua.is_dir():
+            assert tool["package-data"][package] == ["lua/*.lua"], package
     assert (ROOT / "workers" / "limiter" / "lua" / "acquire.lua").exists()

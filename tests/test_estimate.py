@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from orchestrator.demo import SYSTEM as LONG_SYSTEM
-from workers.agent.llm import CallContext, create_message
-from workers.limiter import llm_scope
+from drover.orchestrator.demo import SYSTEM as LONG_SYSTEM
+from drover.workers.agent.llm import CallContext, create_message
+from drover.workers.limiter import llm_scope
 
 # Two-letter words: the simulator counts a token each, chars / 4 counts about 0.75 a word, so
 # the first estimate is a third too low.
@@ -31,7 +31,7 @@ def _call(rt: Any, params: dict[str, Any]) -> Any:
 
 
 def test_the_input_estimate_converges_on_what_the_provider_counts(sim, drover_env):
-    from workers.agent.runtime import get_runtime
+    from drover.workers.agent.runtime import get_runtime
 
     sim.configure(tool_turns=0)
     rt = get_runtime()
@@ -57,7 +57,7 @@ def test_the_input_estimate_converges_on_what_the_provider_counts(sim, drover_en
 
 
 def test_a_prefix_read_from_the_cache_is_left_out_of_the_estimate(sim, drover_env):
-    from workers.agent.runtime import get_runtime
+    from drover.workers.agent.runtime import get_runtime
 
     sim.configure(tool_turns=0, cache_reads_count=False)
     rt = get_runtime()
@@ -79,7 +79,7 @@ def test_a_prefix_read_from_the_cache_is_left_out_of_the_estimate(sim, drover_en
 
 
 def test_the_output_reservation_follows_the_mean_answer_length(sim, drover_env):
-    from workers.agent.runtime import get_runtime
+    from drover.workers.agent.runtime import get_runtime
 
     sim.configure(tool_turns=0, output_tokens_mean=40)
     rt = get_runtime()

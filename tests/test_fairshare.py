@@ -13,17 +13,17 @@ import time
 
 import redis
 
-from orchestrator import JobSpec, submit
-from orchestrator.cli import main as cli_main
+from drover import JobSpec, submit
+from drover.orchestrator.cli import main as cli_main
+from drover.workers.jobs.fairshare import FairShare
 from tests.conftest import configure, wait_until
-from workers.jobs.fairshare import FairShare
 
 SLOTS = 9  # per worker; two workers, 18 places (a multiple of 3 for the 2:1 split)
 
 
 def _fleet(spawn_worker, redis_url: str, workers: int = 2) -> FairShare:  # noqa: ANN001
     """Start the workers and wait until the window knows their slots."""
-    from config import get_settings
+    from drover.config import get_settings
 
     for _ in range(workers):
         spawn_worker(concurrency=SLOTS)
@@ -86,9 +86,9 @@ def test_the_window_goes_by_arrival_weight_level_and_slot(redis_url, key_prefix)
 def test_a_grant_whose_publisher_died_is_published_by_the_pump(redis_url, key_prefix):
     """A worker killed between the scheduler's grant and its publish leaves sub-agents that
     count as out but that no broker has: the pump publishes them again, and only those."""
-    from workers.jobs.fairshare import pump_once
-    from workers.jobs.liveness import heartbeat_key
-    from workers.jobs.store import JobStore
+    from drover.workers.jobs.fairshare import pump_once
+    from drover.workers.jobs.liveness import heartbeat_key
+    from drover.workers.jobs.store import JobStore
 
     r = redis.Redis.from_url(redis_url)
     store = JobStore(r, prefix=key_prefix, ttl_s=600)

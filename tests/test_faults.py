@@ -12,17 +12,17 @@ import logging
 import pytest
 import redis
 
-from config import SettingsError, load_settings
-from config.celery import celery_config
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.config import SettingsError, load_settings
+from drover.config.celery import celery_config
+from drover.workers.agent.runtime import sync_redis
+from drover.workers.jobs.records import JobResult, SubagentResult
+from drover.workers.jobs.store import JobStore
+from drover.workers.limiter import Limiter, llm_scope
 from tests.conftest import configure
 from tests.fault_tools import HANG_TIMEOUT_S
-from workers.agent.runtime import sync_redis
-from workers.jobs.records import JobResult, SubagentResult
-from workers.jobs.store import JobStore
-from workers.limiter import Limiter, llm_scope
 
-FAULT_TOOLS = '["workers.demo_tools", "tests.fault_tools"]'
+FAULT_TOOLS = '["drover.workers.demo_tools", "tests.fault_tools"]'
 
 
 def tool_results(handle, index: int) -> list[dict]:
@@ -67,7 +67,7 @@ def test_flaky_provider_100_subagents_all_ok_and_no_turn_repeated(sim, drover_en
     assert stats["max_in_flight"] <= 8
     assert stats["max_60s"]["requests"] <= 1200
     limiter = Limiter(redis.Redis.from_url(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
-    from config import get_settings
+    from drover.config import get_settings
 
     scope = llm_scope(drover_env["DROVER_KEY_ALIAS"], get_settings().model)
     assert sum(row["waits"] for row in limiter.usage(scope, 600)) > 0

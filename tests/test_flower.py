@@ -24,8 +24,8 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from orchestrator import JobSpec, submit
-from orchestrator.flower import (
+from drover import JobSpec, submit
+from drover.orchestrator.flower import (
     AUTH_ENV,
     TASK_COLUMNS,
     FlowerRefused,
@@ -33,10 +33,10 @@ from orchestrator.flower import (
     is_loopback,
     resolve,
 )
-from orchestrator.services import free_port
+from drover.orchestrator.services import free_port
+from drover.workers.agent.limits import llm_limits
+from drover.workers.limiter import Limiter, llm_scope
 from tests.conftest import ROOT, configure, wait_until
-from workers.agent.limits import llm_limits
-from workers.limiter import Limiter, llm_scope
 
 SECRET = "ACME-PRIVATE"  # in every prompt: it must never reach Flower
 
@@ -78,7 +78,7 @@ def running_flower(drover_env: dict[str, str], log: Path, *, password: str | Non
         env[AUTH_ENV] = f"drover:{password}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "flower", f"--port={port}"],
+            [sys.executable, "-m", "drover.orchestrator.cli", "flower", f"--port={port}"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = Flower(f"http://127.0.0.1:{port}", "drover", password or "", proc, log)
     try:
@@ -110,7 +110,7 @@ def flower(drover_env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
 
 def _limiter_cooldown(env: dict[str, str], seconds: float) -> None:
     """A 429's cooldown on the test's scope, as another job's 429 would leave it."""
-    from config import get_settings
+    from drover.config import get_settings
 
     settings = get_settings()
     limiter = Limiter(redis.Redis.from_url(env["DROVER_REDIS_URL"]),
@@ -263,7 +263,8 @@ def _process_tree(pid: int) -> list[int]:
                                   ["--address="], ["--port=5555", "--address=::"]])
 def test_flower_refuses_to_listen_beyond_loopback_without_a_password(args):
     env = {k: v for k, v in os.environ.items() if "BASIC_AUTH" not in k}
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "flower", *args], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "flower", *args],
+                         cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "refusing to start Flower" in out.stderr and AUTH_ENV in out.stderr
@@ -296,9 +297,9 @@ def test_loopback_is_told_apart_from_every_interface():
 
 def test_a_subagent_sent_again_says_so_in_flowers_args(drover_env, redis_client):
     """The sweep's resend is a new task, not a Celery retry: its args say why it exists."""
-    from config import get_settings
-    from workers.jobs import JobStore, sync_redis
-    from workers.tasks import send_again
+    from drover.config import get_settings
+    from drover.workers.jobs import JobStore, sync_redis
+    from drover.workers.tasks import send_again
 
     settings = get_settings()
     store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,

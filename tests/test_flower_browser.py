@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
 from tests.conftest import wait_until
 from tests.test_flower import SECRET, running_flower
 

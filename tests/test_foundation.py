@@ -12,8 +12,8 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from config import SettingsError, load_settings
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.config import SettingsError, load_settings
 from tests.conftest import ROOT
 
 
@@ -119,14 +119,14 @@ def test_the_api_key_never_shows_in_settings_errors_or_reprs(monkeypatch):
 def test_cli_refuses_a_bad_spec_file_and_says_what_to_fix(tmp_path, drover_env):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"subtasks": ["ok"], "max_tokens": -1}))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(spec)],
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", str(spec)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "max_tokens" in proc.stderr and "nothing was enqueued" in proc.stderr
 
 
 def test_task_messages_carry_ids_only(drover_env):
-    from workers.tasks import run_subagent
+    from drover.workers.tasks import run_subagent
 
     signature = run_subagent.s("job123", 4)
     assert signature.args == ("job123", 4) and not signature.kwargs
@@ -144,7 +144,7 @@ def test_bad_json_settings_name_the_variable_and_the_entry(monkeypatch, value, n
 
 
 def test_tool_modules_take_a_json_list_or_comma_separated_names(monkeypatch):
-    monkeypatch.setenv("DROVER_TOOL_MODULES", "workers.demo_tools, my_tools")
-    assert load_settings().tool_modules == ["workers.demo_tools", "my_tools"]
-    monkeypatch.setenv("DROVER_TOOL_MODULES", '["workers.demo_tools"]')
-    assert load_settings().tool_modules == ["workers.demo_tools"]
+    monkeypatch.setenv("DROVER_TOOL_MODULES", "drover.workers.demo_tools, my_tools")
+    assert load_settings().tool_modules == ["drover.workers.demo_tools", "my_tools"]
+    monkeypatch.setenv("DROVER_TOOL_MODULES", '["drover.workers.demo_tools"]')
+    assert load_settings().tool_modules == ["drover.workers.demo_tools"]

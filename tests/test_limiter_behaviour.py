@@ -11,8 +11,8 @@ import redis.asyncio
 from limiter_model import T0, Clock
 from redis.crc import key_slot
 
-from workers.agent.limits import llm_limits
-from workers.limiter import (
+from drover.workers.agent.limits import llm_limits
+from drover.workers.limiter import (
     STAT_FIELDS,
     AsyncLimiter,
     Limiter,
@@ -45,7 +45,7 @@ def test_scope_names():
 
 
 def test_settings_give_limits_scaled_by_target_utilisation():
-    from config import load_settings
+    from drover.config import load_settings
     s = load_settings(rpm=100, itpm=10_000, otpm=2_000, target_utilization=0.5,
                       burst_seconds=2, max_in_flight=7, model="m1")
     limits = llm_limits(s, "m1")
@@ -426,6 +426,6 @@ def test_fakeredis_runs_the_production_scripts_on_its_own_clock():
 def test_the_lua_library_counts_the_same_fields_as_python():
     from importlib import resources
 
-    lib = (resources.files("workers.limiter") / "lua" / "_lib.lua").read_text()
+    lib = (resources.files("drover.workers.limiter") / "lua" / "_lib.lua").read_text()
     listed = lib.split("STAT_FIELDS = {", 1)[1].split("}", 1)[0]
     assert tuple(f.strip().strip("'") for f in listed.split(",")) == STAT_FIELDS

@@ -13,7 +13,7 @@ import time
 import redis
 from limiter_model import Send, window_violations
 
-from workers.limiter import Limiter, ScopeLimits
+from drover.workers.limiter import Limiter, ScopeLimits
 
 PROCS, THREADS, GRANTS_PER_THREAD = 8, 16, 6
 # 100 requests/s (capacity 100), 8000 input tokens/s (capacity 8000), 4000 output tokens/s

@@ -12,9 +12,9 @@ from __future__ import annotations
 import redis
 
 from bench.workload import FULL, MAX_TOKENS, MODEL, SYSTEM, TOOL_NAMES
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.workers.limiter import Limiter, llm_scope
 from tests.conftest import configure
-from workers.limiter import Limiter, llm_scope
 
 DIMS = {"rpm": ("accepted", "requests"), "itpm": ("input_tokens", "input_tokens"),
         "otpm": ("output_tokens", "output_tokens")}
@@ -79,7 +79,7 @@ def test_a_429_on_one_worker_pauses_every_worker_for_its_retry_after(
     # started a cooldown of retry_after seconds, so no request of any worker is planned in
     # the whole seconds inside it. (The provider's own timeline would need a margin for
     # requests on their way; these counters need none.)
-    from config import get_settings
+    from drover.config import get_settings
 
     limiter = Limiter(redis.Redis.from_url(drover_env["DROVER_REDIS_URL"]),
                       prefix=drover_env["DROVER_KEY_PREFIX"])

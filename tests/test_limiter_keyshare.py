@@ -1,9 +1,9 @@
 """Sharing the key with software drover does not run (issue 14, item 4).
 
 The real scripts on the real Redis with an injected clock, against the simulator's own
-buckets (``simulator.buckets.KeyBuckets``, with ``other_share`` = another consumer taking that
-fraction of every limit) and its headers (token counts rounded to the thousand, as the API
-does): a discrete-event run of callers that acquire, wait, send, and settle with the
+buckets (``drover.simulator.buckets.KeyBuckets``, with ``other_share`` = another consumer
+taking that fraction of every limit) and its headers (token counts rounded to the thousand,
+as the API does): a discrete-event run of callers that acquire, wait, send, and settle with the
 response's headers, or cool down on a 429 and come back after its retry-after. Virtual time
 and a seeded generator, so a run takes seconds, not minutes, and gives the same figures on
 a loaded machine as on an idle one.
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import pytest
 from limiter_model import T0, Clock
 
-from simulator import SimConfig
-from simulator.buckets import KeyBuckets
-from simulator.engine import lognormal_params
-from simulator.responses import ratelimit_headers
-from workers.limiter import Limiter, ScopeLimits
+from drover.simulator import SimConfig
+from drover.simulator.buckets import KeyBuckets
+from drover.simulator.engine import lognormal_params
+from drover.simulator.responses import ratelimit_headers
+from drover.workers.limiter import Limiter, ScopeLimits
 
 
 @dataclass
@@ -179,7 +179,7 @@ def test_the_limiter_learns_its_share_of_a_shared_key_and_climbs_back(redis_clie
 
 
 def test_the_simulators_other_user_takes_its_share_of_every_limit_and_can_stop():
-    from simulator.engine import Engine
+    from drover.simulator.engine import Engine
 
     engine = Engine(SimConfig(rpm=600, itpm=60_000, burst_s=1, other_share=0.5))
     buckets = engine._buckets_for("k", 0.0)

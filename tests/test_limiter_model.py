@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 )
 from limiter_model import T0, Clock, ScopeModel, Send, window_violations
 
-from workers.limiter import Limiter, ScopeLimits
+from drover.workers.limiter import Limiter, ScopeLimits
 
 limits_strategy = st.builds(
     ScopeLimits,

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from orchestrator import JobHandle, JobNotFound, JobSpec, submit
+from drover import JobHandle, JobNotFound, JobSpec, submit
 from tests.conftest import ROOT
 
 FOLLOW = """
 import json, sys
-from orchestrator import JobHandle
+from drover import JobHandle
 handle = JobHandle.attach(sys.argv[1])
 print(json.dumps([r.index for r in handle.as_completed(timeout=90, after=sys.argv[2])]))
 """
@@ -77,24 +77,24 @@ def test_drover_submit_works_from_a_host_with_no_worker_and_watch_follows_it(
     sim.configure(latency_mean_s=0.2, latency_p95_s=0.4, tool_turns=0)
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps({"subtasks": [f"Rate warehouse {i}" for i in range(12)]}))
-    submitted = _run("-m", "orchestrator.cli", "submit", str(spec))  # nothing else runs here
+    submitted = _run("-m", "drover.orchestrator.cli", "submit", str(spec))  # nothing else runs here
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     assert JobHandle.attach(job_id).status in ("queued", "running")
     assert sim.stats()["accepted"] == 0  # queued: no worker anywhere yet
 
     spawn_worker(concurrency=4)
-    watched = _run("-m", "orchestrator.cli", "watch", job_id)
+    watched = _run("-m", "drover.orchestrator.cli", "watch", job_id)
     assert watched.returncode == 0, watched.stderr
     for i in range(12):
         assert f"#{i} ok" in watched.stdout
     assert "ok=12" in watched.stdout and "status=done" in watched.stdout
-    shown = _run("-m", "orchestrator.cli", "result", job_id, "--json")
+    shown = _run("-m", "drover.orchestrator.cli", "result", job_id, "--json")
     assert json.loads(shown.stdout)["counts"]["ok"] == 12
 
 
 def test_attach_refuses_an_unknown_job_with_a_clear_message(drover_env):
     with pytest.raises(JobNotFound, match="no job 'nope'"):
         JobHandle.attach("nope")
-    shown = _run("-m", "orchestrator.cli", "watch", "nope")
+    shown = _run("-m", "drover.orchestrator.cli", "watch", "nope")
     assert shown.returncode != 0 and "no job 'nope'" in shown.stderr

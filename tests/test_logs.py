@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
 from tests.conftest import ROOT, stop_process_group
 
 LINE = re.compile(r"llm call (outcome=\S+(?: [a-z_]+=\S+)+)$")
@@ -24,7 +24,8 @@ KEYS_FAILED = ["outcome", "scope", "status", "type", "job", "sub", "wait_s", "ca
 def _worker_at_info(env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool", "threads",
+            [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool",
+             "threads",
              "--concurrency", "4", "--queues", env["DROVER_QUEUE"], "--loglevel", "INFO",
              "--without-gossip", "--without-mingle", "-n", f"logs-{uuid.uuid4().hex[:6]}@%h"],
             cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,

@@ -12,15 +12,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.settings import Settings, load_settings
-from orchestrator.metrics import DroverCollector
-from workers.jobs import liveness
-from workers.jobs.connections import sync_redis
-from workers.jobs.records import SubagentResult
-from workers.jobs.spec import JobSpec
-from workers.jobs.store import JobStore
-from workers.limiter import Limiter, ScopeLimits, llm_scope
-from workers.telemetry import CALL_OUTCOMES, METRICS, Recorder, keys, register_job
+from drover.config.settings import Settings, load_settings
+from drover.orchestrator.metrics import DroverCollector
+from drover.workers.jobs import liveness
+from drover.workers.jobs.connections import sync_redis
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import JobStore
+from drover.workers.limiter import Limiter, ScopeLimits, llm_scope
+from drover.workers.telemetry import CALL_OUTCOMES, METRICS, Recorder, keys, register_job
 
 SCOPE = llm_scope("obs", "claude-test")
 LIMITS = ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
@@ -105,7 +105,7 @@ def _broker_messages(settings: Settings, queue: str, n: int) -> None:
     """``n`` messages waiting in ``queue`` of the broker the settings name."""
     from kombu import Connection
 
-    from config.celery import celery_config
+    from drover.config.celery import celery_config
 
     conf = celery_config(settings)
     with Connection(conf["broker_url"], transport_options=conf["broker_transport_options"]
@@ -232,7 +232,7 @@ def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorde
 
 
 def _done(job_id: str):  # noqa: ANN202
-    from workers.jobs.records import JobResult, Usage
+    from drover.workers.jobs.records import JobResult, Usage
 
     return JobResult(job_id=job_id, status="done", results=[], counts={}, usage=Usage(),
                      wall_s=1.0)
@@ -248,9 +248,9 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing(settings):
 
 
 def test_a_job_on_the_simulator_counts_what_the_provider_saw(sim, worker, drover_env):
-    from config import get_settings
-    from orchestrator import submit
-    from workers.telemetry import get_recorder
+    from drover import submit
+    from drover.config import get_settings
+    from drover.workers.telemetry import get_recorder
 
     worker(concurrency=4)
     settings = get_settings()
@@ -363,14 +363,14 @@ def test_drover_metrics_serves_the_scrape_over_http_and_stops_on_sigterm(setting
     import sys
     import urllib.request
 
-    from orchestrator.services import free_port
+    from drover.orchestrator.services import free_port
     from tests.conftest import ROOT, stop_process_group, wait_until
 
     _a_fleet(settings, recorders)
     port = free_port()
     env = {**os.environ, "DROVER_REDIS_URL": settings.redis_url,
            "DROVER_KEY_PREFIX": settings.key_prefix}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "metrics", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "drover.orchestrator.cli", "metrics", "--port",
                              str(port)], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, text=True)
 

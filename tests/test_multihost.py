@@ -161,7 +161,7 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
 # the result and what the simulator saw.
 DRIVER = r"""
 import json, sys, time, urllib.request
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
 n = int(sys.argv[1]); sim = sys.argv[2]
 handle = submit(JobSpec(subtasks=[f"Survey market segment {i}" for i in range(n)],
                         max_tokens=150, tools=["lookup_fact"]))
@@ -183,7 +183,7 @@ def test_two_worker_hosts_share_the_limits_and_survive_losing_one(hosts: Hosts):
     a = hosts.address["a"]
     hosts.start("redis", "a", "redis-server", "--bind", a, "--port", str(REDIS_PORT),
                 "--save", "", "--appendonly", "no", "--protected-mode", "no")
-    hosts.start("sim", "a", sys.executable, "-m", "simulator", "--host", a,
+    hosts.start("sim", "a", sys.executable, "-m", "drover.simulator", "--host", a,
                 "--port", str(SIM_PORT), "--rpm", str(LIMITS["rpm"]),
                 "--itpm", str(LIMITS["itpm"]), "--otpm", str(LIMITS["otpm"]),
                 "--burst-s", "10", "--latency-mean-s", "0.15", "--latency-p95-s", "0.4",
@@ -210,7 +210,7 @@ def test_two_worker_hosts_share_the_limits_and_survive_losing_one(hosts: Hosts):
     wait_until("the simulator on host A", lambda: "listening" in hosts.log("sim"))
 
     for h in "bc":
-        hosts.start(f"worker-{h}", h, sys.executable, "-m", "celery", "-A", "workers.app",
+        hosts.start(f"worker-{h}", h, sys.executable, "-m", "celery", "-A", "drover.workers.app",
                     "worker", "--pool", "threads", "--concurrency", "16", "--queues",
                     "multihost", "--loglevel", "INFO", "--without-gossip",
                     "--without-mingle", "-n", f"worker@host-{h}", env=env)

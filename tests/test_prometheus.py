@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.workers.limiter import llm_scope
 from tests.conftest import ROOT, configure, stop_process_group, wait_until
-from workers.limiter import llm_scope
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -46,7 +46,7 @@ def exporter(drover_env: dict[str, str]) -> Iterator[str]:
     """`drover metrics` as its own process; yields its host:port."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "metrics", "--port", str(port)],
+        [sys.executable, "-m", "drover.orchestrator.cli", "metrics", "--port", str(port)],
         cwd=ROOT, env={**os.environ, **drover_env}, start_new_session=True,
         stdout=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"
@@ -144,7 +144,7 @@ def _value(result: list) -> float:
 def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
         monkeypatch, drover_env, sim, spawn_worker, prometheus):
     configure(monkeypatch, drover_env, DROVER_RPM=300, DROVER_METRICS_FLUSH_S=0.25)
-    from config import get_settings
+    from drover.config import get_settings
 
     settings = get_settings()
     scope = llm_scope(settings.key_alias, settings.model)

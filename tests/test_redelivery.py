@@ -12,7 +12,7 @@ import subprocess
 import sys
 import uuid
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
 from tests.conftest import ROOT, configure
 
 
@@ -29,7 +29,7 @@ def test_a_task_running_past_the_visibility_timeout_is_not_run_twice(
         log = tmp_path / f"worker{i}.log"
         logs.append(log)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool",
+            [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool",
              "threads", "--concurrency", "4", "--queues", env["DROVER_QUEUE"], "--loglevel",
              "WARNING", "--without-gossip", "--without-mingle",
              "-n", f"v{i}-{uuid.uuid4().hex[:6]}@%h"],

@@ -1,4 +1,4 @@
-"""The failure table in ``workers.agent.retry``, decided by its ``classify``, and the retry
+"""The failure table in ``drover.workers.agent.retry``, decided by its ``classify``, and the retry
 path that uses it: jitter, countdown caps, the backoff exponent, what an aborted call leaves
 counted, and the log line of a call whose attempts are used up.
 
@@ -24,14 +24,13 @@ import anthropic
 import httpx2
 import pytest
 
-from orchestrator import JobSpec, submit
-from orchestrator.services import free_port
-from tests.conftest import configure
-from workers.agent import SubagentRun
-from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
-from workers.agent.limits import llm_limits
-from workers.agent.llm import CallContext, acquire, create_message
-from workers.agent.retry import (
+from drover import JobSpec, submit
+from drover.orchestrator.services import free_port
+from drover.workers.agent import SubagentRun
+from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.limits import llm_limits
+from drover.workers.agent.llm import CallContext, acquire, create_message
+from drover.workers.agent.retry import (
     Decision,
     classify,
     full_jitter,
@@ -39,7 +38,8 @@ from workers.agent.retry import (
     poll_wait,
     retry_reason,
 )
-from workers.limiter import llm_scope
+from drover.workers.limiter import llm_scope
+from tests.conftest import configure
 
 BASE_S, CAP_S = 0.5, 30.0
 REQUEST = {"model": "claude-sonnet-4-6", "max_tokens": 10,
@@ -316,7 +316,7 @@ def test_retry_reasons_say_status_kind_wait_and_attempt():
 # --- the real call path: in-process runtime, real Redis limiter, the SDK to the simulator -----
 
 def _runtime(monkeypatch, drover_env, **settings):  # noqa: ANN001, ANN202
-    from workers.agent.runtime import get_runtime
+    from drover.workers.agent.runtime import get_runtime
 
     configure(monkeypatch, drover_env, **settings)
     rt = get_runtime()

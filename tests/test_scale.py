@@ -13,9 +13,9 @@ import json
 import tracemalloc
 import uuid
 
-from orchestrator import JobHandle, JobSpec, submit
+from drover import JobHandle, JobSpec, submit
+from drover.workers.jobs import JobStore, SubagentResult, sync_redis
 from tests.conftest import configure
-from workers.jobs import JobStore, SubagentResult, sync_redis
 
 UNLIMITED = {"rpm": "1e9", "itpm": "1e12", "otpm": "1e12", "max_in_flight": "100000"}
 
@@ -69,8 +69,8 @@ def test_submit_returns_before_the_fan_out_and_a_cancel_ends_the_job_without_it(
 
 
 def test_dispatch_publishes_chord_members_in_bulk(drover_env, redis_client):
-    from config import get_settings
-    from workers.dispatch import dispatch
+    from drover.config import get_settings
+    from drover.workers.dispatch import dispatch
 
     settings = get_settings()
     job_id = uuid.uuid4().hex
@@ -87,9 +87,9 @@ def test_dispatch_publishes_chord_members_in_bulk(drover_env, redis_client):
 
 
 def test_the_join_holds_compact_records_whatever_the_stored_ones_weigh(drover_env):
-    from config import get_settings
-    from workers.agent.join import collect
-    from workers.jobs.records import JobResult, Usage, record_chars
+    from drover.config import get_settings
+    from drover.workers.agent.join import collect
+    from drover.workers.jobs.records import JobResult, Usage, record_chars
 
     settings = get_settings()
     store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix)

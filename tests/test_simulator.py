@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import SimConfig, SimulatorServer, count_text, count_tokens
-from simulator.buckets import KeyBuckets
-from simulator.engine import lognormal_params
-from simulator.stats import WINDOW_S, SlidingMax
+from drover.simulator import SimConfig, SimulatorServer, count_text, count_tokens
+from drover.simulator.buckets import KeyBuckets
+from drover.simulator.engine import lognormal_params
+from drover.simulator.stats import WINDOW_S, SlidingMax
 
 MODEL = "claude-sim-1"
 

@@ -11,11 +11,11 @@ import sys
 import pytest
 from rich.console import Console
 
-from config import get_settings
-from orchestrator import JobSpec, submit
-from orchestrator.stats import collect, print_stats, rolling_sum, usage_figure
+from drover import JobSpec, submit
+from drover.config import get_settings
+from drover.orchestrator.stats import collect, print_stats, rolling_sum, usage_figure
+from drover.workers.limiter import llm_scope
 from tests.conftest import ROOT
-from workers.limiter import llm_scope
 
 
 def _run_job_with_a_429_and_a_529(sim, worker):  # noqa: ANN001, ANN202
@@ -94,7 +94,8 @@ def test_usage_plot_draws_rolling_minutes_against_limits_with_error_marks(sim, w
 def test_drover_stats_cli_writes_the_plot(sim, worker, drover_env, tmp_path):
     _run_job_with_a_429_and_a_529(sim, worker)
     plot = tmp_path / "usage.png"
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "stats", "--plot", str(plot)],
+    out = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "stats", "--plot",
+                          str(plot)],
                          cwd=ROOT, env={**os.environ, **drover_env, "COLUMNS": "200"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -123,7 +124,8 @@ def test_demo_prints_its_stats_and_writes_the_plot(tmp_path, redis_url):
     plot = tmp_path / "demo-usage.png"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DROVER_")}
     env.update(DROVER_REDIS_URL=redis_url, COLUMNS="200")
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "demo", "--subagents", "6",
+    out = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "demo",
+                          "--subagents", "6",
                           "--keep", "--plot", str(plot)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -14,20 +14,20 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
+from drover.workers.limiter import Limiter, tool_scope
+from drover.workers.tools import REGISTRY, get_tools, run_turn, tool
 from tests import agent_tools
 from tests.conftest import configure
-from workers.limiter import Limiter, tool_scope
-from workers.tools import REGISTRY, get_tools, run_turn, tool
 
-TOOL_MODULES = json.dumps(["workers.demo_tools", "tests.agent_tools"])
+TOOL_MODULES = json.dumps(["drover.workers.demo_tools", "tests.agent_tools"])
 
 
 @pytest.fixture
 def probes(monkeypatch, drover_env, redis_url):
     """The test tools loaded, and a reader of what they recorded during this test."""
     configure(monkeypatch, drover_env, tool_modules=TOOL_MODULES)
-    from config import get_settings
+    from drover.config import get_settings
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     key = agent_tools.probe_key(get_settings())

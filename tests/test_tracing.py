@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from orchestrator import JobSpec, submit
+from drover import JobSpec, submit
 from tests.conftest import configure
 
 SYSTEM = "You are a careful researcher; the secret system words are zebra-lantern."
@@ -27,7 +27,7 @@ def spans(monkeypatch: pytest.MonkeyPatch, drover_env: dict[str, str]
     """An in-memory exporter on the process's tracer provider, tracing on for this test."""
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-    from workers.telemetry import _tracing
+    from drover.workers.telemetry import _tracing
 
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
@@ -176,7 +176,7 @@ class _OtlpReceiver:
 
 def test_the_trace_crosses_real_prefork_worker_processes_over_otlp(spans, spawn_worker, sim,
                                                                     drover_env):
-    from config import get_settings
+    from drover.config import get_settings
     from tests.conftest import wait_until
 
     chat = f"chat {get_settings().model}"

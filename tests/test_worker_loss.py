@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator import JobHandle, JobSpec
-from orchestrator.services import free_port
-from simulator import SimConfig, SimulatorServer
+from drover import JobHandle, JobSpec
+from drover.orchestrator.services import free_port
+from drover.simulator import SimConfig, SimulatorServer
 from tests.conftest import ROOT, amqp_answers, configure, wait_until
 
 THREADS = 16
@@ -58,7 +58,7 @@ def default_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> No
 def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
     """``drover submit`` in a process of its own, which starts with this test's broker URL
     (this test process's Celery app keeps the broker it was first built with)."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "-"],
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
                           input=spec.model_dump_json(), capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, **env}, timeout=60)
     assert proc.returncode == 0, proc.stderr

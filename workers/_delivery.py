@@ -9,8 +9,8 @@ from typing import Any
 
 from celery import Task
 
-from workers.agent import RetryLater, get_runtime
-from workers.jobs import TOKEN_HEADER, local_worker
+from drover.workers.agent import RetryLater, get_runtime
+from drover.workers.jobs import TOKEN_HEADER, local_worker
 
 __all__ = ["claim_part", "drop_claim", "release", "retry", "token_of", "with_token"]
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from config import Settings, get_settings
-from workers.agent import uses_batch
-from workers.dispatch import dispatch as publish_subagents
-from workers.dispatch import open_fanout, send_join
-from workers.jobs import sync_redis
-from workers.jobs.fairshare import Dispatch, FairShare
-from workers.jobs.liveness import local_worker_id
-from workers.jobs.store import JobStore
+from drover.config import Settings, get_settings
+from drover.workers.agent import uses_batch
+from drover.workers.dispatch import dispatch as publish_subagents
+from drover.workers.dispatch import open_fanout, send_join
+from drover.workers.jobs import sync_redis
+from drover.workers.jobs.fairshare import Dispatch, FairShare
+from drover.workers.jobs.liveness import local_worker_id
+from drover.workers.jobs.store import JobStore
 
 __all__ = ["dispatch", "fairshare", "job_size", "launch", "refill", "window_op"]
 

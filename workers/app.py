@@ -1,8 +1,8 @@
-"""The Celery app: ``celery -A workers.app worker`` (or ``drover worker``).
+"""The Celery app: ``celery -A drover.workers.app worker`` (or ``drover worker``).
 
 A worker that cannot work refuses to start, with one message that says what to fix, instead
-of starting and failing every sub-agent later (``workers.preflight.check_worker``, run by
-``drover worker`` and, through Celery's ``celeryd_init`` signal, by ``celery -A workers.app
+of starting and failing every sub-agent later (``drover.workers.preflight.check_worker``, run by
+``drover worker`` and, through Celery's ``celeryd_init`` signal, by ``celery -A drover.workers.app
 worker``):
 
 - no API key, and no ``DROVER_ANTHROPIC_BASE_URL`` (a simulator or proxy may need none: then
@@ -22,17 +22,17 @@ from typing import Any
 from celery import Celery
 from celery.signals import celeryd_init
 
-from config import SettingsError, get_settings
-from config.celery import celery_config
-from workers.logs import configure_logging
-from workers.preflight import WorkerCannotStart, check_worker
+from drover.config import SettingsError, get_settings
+from drover.config.celery import celery_config
+from drover.workers.logs import configure_logging
+from drover.workers.preflight import WorkerCannotStart, check_worker
 
 __all__ = ["app"]
 
 
 
 def _run_by_celerys_command_line() -> bool:
-    """``celery -A workers.app ...`` (the script, or ``python -m celery``)."""
+    """``celery -A drover.workers.app ...`` (the script, or ``python -m celery``)."""
     argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
     return argv0.name == "celery" or argv0.parent.name == "celery"
 
@@ -46,7 +46,7 @@ except SettingsError as error:
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(2) from None
 
-app = Celery("drover", include=["workers.tasks", "workers.lifecycle"])
+app = Celery("drover", include=["drover.workers.tasks", "drover.workers.lifecycle"])
 app.config_from_object(celery_config(_settings))
 configure_logging(_settings)  # one line per LLM call; no prompt text, no task results
 

@@ -18,15 +18,21 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from config import get_settings
-from workers._window import dispatch, fairshare
-from workers.agent import Batcher, get_runtime
-from workers.agent.runtime import Runtime
-from workers.jobs import TOKEN_HEADER, local_worker, start_sweeper, stop_local_worker, sync_redis
-from workers.jobs.fairshare import start_pump
-from workers.jobs.store import JobStore
-from workers.tasks import resume_parked, send_again
-from workers.telemetry import worker_started
+from drover.config import get_settings
+from drover.workers._window import dispatch, fairshare
+from drover.workers.agent import Batcher, get_runtime
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs import (
+    TOKEN_HEADER,
+    local_worker,
+    start_sweeper,
+    stop_local_worker,
+    sync_redis,
+)
+from drover.workers.jobs.fairshare import start_pump
+from drover.workers.jobs.store import JobStore
+from drover.workers.tasks import resume_parked, send_again
+from drover.workers.telemetry import worker_started
 
 __all__ = ["import_tool_modules", "start_batcher", "stop_batcher"]
 

@@ -1,6 +1,6 @@
 """What a worker logs: one key=value line per LLM call outcome, no secrets, no prompt text.
 
-The per-call lines come from ``workers.agent.llm`` (logger ``drover.llm``)::
+The per-call lines come from ``drover.workers.agent.llm`` (logger ``drover.llm``)::
 
     llm call outcome=ok scope=llm:default:claude-sonnet-4-6 status=200 job=... sub=3
         wait_s=0.412 call_s=1.020 in=1840 out=212 cache_read=1500

@@ -6,7 +6,7 @@ attempt with a short connect timeout (``FIRST_CONTACT_TIMEOUT_S``); when nothing
 went wrong and what to do. Without it a command would sit in the clients' reconnect loop
 (about a minute, meant for a Redis that restarts under a running job) and end in a traceback.
 
-``check_worker`` adds what a worker needs besides (see ``workers.app``).
+``check_worker`` adds what a worker needs besides (see ``drover.workers.app``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from config import Settings
-from config.settings import mask_url
+from drover.config import Settings
+from drover.config.settings import mask_url
 
 __all__ = ["FIRST_CONTACT_TIMEOUT_S", "Unreachable", "WorkerCannotStart", "broker_problem",
            "check_services", "check_worker", "has_credentials",

@@ -12,9 +12,9 @@ from typing import Any
 from celery import Task, signature
 from celery.exceptions import Ignore
 
-from workers._delivery import claim_part, drop_claim, release, retry, token_of, with_token
-from workers._window import job_size, launch, refill, window_op
-from workers.agent import (
+from drover.workers._delivery import claim_part, drop_claim, release, retry, token_of, with_token
+from drover.workers._window import job_size, launch, refill, window_op
+from drover.workers.agent import (
     CallFailed,
     Cancelled,
     Incomplete,
@@ -27,10 +27,10 @@ from workers.agent import (
     join,
     plan_job_goal,
 )
-from workers.app import app
-from workers.dispatch import join_argsrepr, subagent_argsrepr
-from workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
-from workers.jobs.batches import BatchStore
+from drover.workers.app import app
+from drover.workers.dispatch import join_argsrepr, subagent_argsrepr
+from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
+from drover.workers.jobs.batches import BatchStore
 
 __all__ = ["join_results", "launch", "plan_job", "resume_parked", "run_subagent", "send_again",
            "subagent_task_result"]

@@ -2,7 +2,7 @@
 
 Register a function and name it in ``JobSpec.tools``::
 
-    from workers.tools import tool
+    from drover import tool
 
     @tool(kind="read", timeout_s=10, rps=5)
     def get_quote(symbol: str) -> str:
@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError, create_model
 
-from workers.telemetry import tool_call
+from drover.workers.telemetry import tool_call
 
 ToolKind = Literal["read", "write"]
 RESULT_CHARS = 20_000
@@ -133,7 +133,7 @@ def get_tools(names: list[str]) -> list[Tool]:
     if unknown:
         known = ", ".join(sorted(REGISTRY)) or "none"
         raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered tools: {known} "
-                         "(register with @workers.tools.tool in a module named in "
+                         "(register with @drover.workers.tools.tool in a module named in "
                          "DROVER_TOOL_MODULES)")
     return [REGISTRY[n] for n in names]
 

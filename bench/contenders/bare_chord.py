@@ -1,7 +1,7 @@
 """The baselines of `bench/overhead.py`: bare Celery chords of no-op tasks, and of tasks that
 each make one plain SDK call (the same request a drover sub-agent makes, sync client).
 
-Its app has drover's own Celery configuration (`config.celery.celery_config`: JSON, late
+Its app has drover's own Celery configuration (`drover.config.celery.celery_config`: JSON, late
 acks, prefetch 1, Redis broker and result backend, drover's key prefix), so the difference
 to a drover job is drover's work, not Celery settings. Workers run
 `celery -A bench.contenders.bare_chord worker`; the harness sends by task name.
@@ -18,8 +18,8 @@ from celery import Celery
 
 
 def make_app() -> Celery:
-    from config import get_settings
-    from config.celery import celery_config
+    from drover.config import get_settings
+    from drover.config.celery import celery_config
 
     app = Celery("bench_bare_chord")
     app.config_from_object(celery_config(get_settings()))

@@ -169,15 +169,15 @@ def celery_workers(app_path: str, env: dict[str, str], queue: str, count: int,
 
 
 class SimProcess:
-    """`python -m simulator` in a process of its own (its own interpreter, off the harness's
+    """`python -m drover.simulator` in a process of its own (its own interpreter, off the harness's
     GIL), driven over its control endpoints; a context manager."""
 
     def __init__(self, config: Any) -> None:
-        from orchestrator.services import free_port
+        from drover.orchestrator.services import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "simulator", "--port", str(self.port)]
+        args = [sys.executable, "-m", "drover.simulator", "--port", str(self.port)]
         for name, value in config.to_dict().items():
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):

@@ -31,14 +31,14 @@ from bench.contenders.common import (
 from bench.workload import MAX_TOKENS, MODEL, SYSTEM, TOOL_NAMES
 
 if TYPE_CHECKING:
-    from config import Settings
+    from drover.config import Settings
 
 
 def use_prefix(redis_url: str, prefix: str) -> None:
     """Point this process's drover (settings, Celery app) at ``prefix``; call it before
-    anything imports ``workers.app``."""
+    anything imports ``drover.workers.app``."""
     os.environ.update({"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix})
-    from config import get_settings
+    from drover.config import get_settings
 
     get_settings.cache_clear()
 
@@ -58,9 +58,9 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
     """Run the workload (or ``subtasks``) as one drover job; ``probe(settings)`` is entered
     from just before ``submit`` until the result is in (e.g. a limiter sampler); ``env``
     adds DROVER_* settings for the workers."""
-    from config import load_settings
-    from orchestrator import JobSpec, submit
-    from workers.app import app
+    from drover import JobSpec, submit
+    from drover.config import load_settings
+    from drover.workers.app import app
 
     run_id = uuid.uuid4().hex[:8]
     queue, alias = f"bench-{run_id}", f"bench-{run_id}"
@@ -71,7 +71,8 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
     tasks = subtasks if subtasks is not None else ctx.workload.tasks
     spec = JobSpec(subtasks=tasks, system=SYSTEM, tools=TOOL_NAMES, max_tokens=MAX_TOKENS,
                    model=MODEL, max_turns=max_turns)
-    with celery_workers("workers.app", env, queue, ctx.workers, ctx.concurrency, app) as procs:
+    with celery_workers("drover.workers.app", env, queue, ctx.workers, ctx.concurrency,
+                        app) as procs:
         with probe(settings) if probe else contextlib.nullcontext():
             cpu_before = sum(cpu_seconds(p.pid) for p in procs)
             started = time.monotonic()

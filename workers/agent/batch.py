@@ -43,16 +43,16 @@ import httpx2
 from anthropic.types import Message
 from anthropic.types.messages import MessageBatchIndividualResponse
 
-from config import Settings
-from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
-from workers.agent.llm import CallContext, counted_input
-from workers.agent.retry import Decision, classify
-from workers.agent.runtime import Runtime
-from workers.jobs.batches import BatchStore, OpenBatch, custom_id
-from workers.jobs.records import Checkpoint
-from workers.jobs.spec import JobSpec
-from workers.jobs.store import ACTIVE, JobNotFound
-from workers.limiter import Grant, ScopeLimits, llm_scope
+from drover.config import Settings
+from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.llm import CallContext, counted_input
+from drover.workers.agent.retry import Decision, classify
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.batches import BatchStore, OpenBatch, custom_id
+from drover.workers.jobs.records import Checkpoint
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import ACTIVE, JobNotFound
+from drover.workers.limiter import Grant, ScopeLimits, llm_scope
 
 __all__ = ["Batcher", "Parked", "batch_message", "uses_batch"]
 

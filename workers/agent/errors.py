@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from workers.agent.retry import Decision
+    from drover.workers.agent.retry import Decision
 
 __all__ = ["AgentError", "CallFailed", "Cancelled", "LimiterSaysLater", "RetryLater",
            "RetryableFailure"]

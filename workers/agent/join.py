@@ -12,10 +12,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from workers.agent.errors import CallFailed, Cancelled, RetryLater
-from workers.agent.llm import CallContext, create_message
-from workers.agent.runtime import Runtime
-from workers.jobs.records import (
+from drover.workers.agent.errors import CallFailed, Cancelled, RetryLater
+from drover.workers.agent.llm import CallContext, create_message
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.records import (
     STATUSES,
     JobResult,
     SubagentResult,
@@ -23,8 +23,8 @@ from workers.jobs.records import (
     compact,
     record_chars,
 )
-from workers.jobs.spec import JobSpec
-from workers.jobs.store import PAGE, JobStore
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import PAGE, JobStore
 
 SYNTHESIS_PROMPT = (
     "You are given the reports of sub-agents that worked on parts of one job. Write one "

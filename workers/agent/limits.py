@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from config import Settings
-from workers.limiter import ScopeLimits
+from drover.config import Settings
+from drover.workers.limiter import ScopeLimits
 
 __all__ = ["llm_limits"]
 

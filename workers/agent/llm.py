@@ -6,8 +6,8 @@
   caller gets ``RetryLater`` and turns it into a Celery retry with that countdown.
 - The HTTP call races the job's cancel event and is aborted at the transport when it fires;
   the lease is released and the unused reservation refunded on every path out.
-- Errors are classified by ``workers.agent.retry``; a 429 with retry-after also starts a cooldown of
-  the whole scope, so every worker on every host backs off, not only this one.
+- Errors are classified by ``drover.workers.agent.retry``; a 429 with retry-after also starts
+  a cooldown of the whole scope, so every worker on every host backs off, not only this one.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
-from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
-from workers.agent.limits import llm_limits
-from workers.agent.retry import (
+from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.limits import llm_limits
+from drover.workers.agent.retry import (
     Decision,
     classify,
     limiter_countdown,
@@ -33,10 +33,10 @@ from workers.agent.retry import (
     poll_wait,
     retry_reason,
 )
-from workers.agent.runtime import Runtime
-from workers.jobs.fairshare import tenant_budget_scopes
-from workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
-from workers.telemetry import acquire_wait, llm_call
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.fairshare import tenant_budget_scopes
+from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
+from drover.workers.telemetry import acquire_wait, llm_call
 
 log = logging.getLogger("drover.llm")
 POLL_S = 0.05

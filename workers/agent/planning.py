@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from workers.agent.errors import Cancelled
-from workers.agent.llm import CallContext, create_message
-from workers.agent.runtime import Runtime
-from workers.jobs.spec import JobSpec
+from drover.workers.agent.errors import Cancelled
+from drover.workers.agent.llm import CallContext, create_message
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.spec import JobSpec
 
 PLAN_TOOL = {
     "name": "submit_plan",

@@ -27,12 +27,12 @@ from typing import Any, TypeVar
 
 import anthropic
 
-from config import Settings, get_settings
-from workers.agent.estimate import Calibration
-from workers.jobs.connections import async_redis, sync_redis
-from workers.jobs.store import JobStore
-from workers.limiter import AsyncLimiter
-from workers.telemetry import with_trace_context
+from drover.config import Settings, get_settings
+from drover.workers.agent.estimate import Calibration
+from drover.workers.jobs.connections import async_redis, sync_redis
+from drover.workers.jobs.store import JobStore
+from drover.workers.limiter import AsyncLimiter
+from drover.workers.telemetry import with_trace_context
 
 log = logging.getLogger("drover.runtime")
 T = TypeVar("T")

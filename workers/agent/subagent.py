@@ -29,24 +29,24 @@ from typing import Any
 
 import redis
 
-from workers.agent.batch import batch_message, uses_batch
-from workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
-from workers.agent.llm import CallContext, create_message, race, wait_or_cancel
-from workers.agent.retry import Decision
-from workers.agent.runtime import Runtime
-from workers.jobs.claims import ClaimLost
-from workers.jobs.liveness import local_worker
-from workers.jobs.records import (
+from drover.workers.agent.batch import batch_message, uses_batch
+from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
+from drover.workers.agent.retry import Decision
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.claims import ClaimLost
+from drover.workers.jobs.liveness import local_worker
+from drover.workers.jobs.records import (
     SUMMARY_CHARS,
     Checkpoint,
     SubagentReport,
     SubagentResult,
     budget_tokens,
 )
-from workers.jobs.spec import JobSpec
-from workers.limiter import ScopeLimits, tool_scope
-from workers.telemetry import subagent_finished, subagent_run
-from workers.tools import Tool, get_tools, run_turn
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.limiter import ScopeLimits, tool_scope
+from drover.workers.telemetry import subagent_finished, subagent_run
+from drover.workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
 REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later

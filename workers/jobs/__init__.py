@@ -4,13 +4,13 @@ Knows no Celery (recovery is handed a function that sends a task) and nothing of
 Nothing outside the job store touches its Redis keys.
 """
 
-from workers.jobs.claims import TOKEN_HEADER, ClaimLost
-from workers.jobs.connections import async_redis, sync_redis
-from workers.jobs.liveness import local_worker, stop_local_worker
-from workers.jobs.records import Checkpoint, JobResult, SubagentReport, SubagentResult, Usage
-from workers.jobs.recovery import start_sweeper, sweep
-from workers.jobs.spec import JobSpec
-from workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.workers.jobs.claims import TOKEN_HEADER, ClaimLost
+from drover.workers.jobs.connections import async_redis, sync_redis
+from drover.workers.jobs.liveness import local_worker, stop_local_worker
+from drover.workers.jobs.records import Checkpoint, JobResult, SubagentReport, SubagentResult, Usage
+from drover.workers.jobs.recovery import start_sweeper, sweep
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
 __all__ = ["ACTIVE", "TOKEN_HEADER", "Checkpoint", "ClaimLost", "JobNotFound", "JobResult",
            "JobSpec", "JobStore", "SubagentReport", "SubagentResult", "Usage", "async_redis",

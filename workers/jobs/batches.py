@@ -27,8 +27,8 @@ from typing import Any
 
 import redis
 
-from workers.jobs._decode import text as _s
-from workers.jobs.store import JobStore
+from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.store import JobStore
 
 __all__ = ["BatchStore", "OpenBatch", "custom_id", "parse_custom_id"]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import redis
 
-from workers.jobs._decode import text as _s
+from drover.workers.jobs._decode import text as _s
 
 __all__ = ["ClaimLost", "Claims", "Held", "part_name"]
 

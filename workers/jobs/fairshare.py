@@ -56,11 +56,11 @@ from importlib import resources
 
 import redis
 
-from config import Settings
-from workers.jobs._decode import text as _s
-from workers.jobs.liveness import alive
-from workers.jobs.spec import PRIORITIES
-from workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.config import Settings
+from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.liveness import alive
+from drover.workers.jobs.spec import PRIORITIES
+from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
 __all__ = ["Dispatch", "FairShare", "JobShare", "PUMP_S", "start_pump", "tenant_budget_scopes"]
 
@@ -69,7 +69,7 @@ PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the
 # A grant made outside a worker (``submit``) has no heartbeat to watch: it counts as lost when
 # still unpublished after this long (a publish rides out a broker restart for about a minute).
 ORPHAN_GRANT_S = 90.0
-_SCRIPT = resources.files("workers.jobs").joinpath("lua/fairshare.lua").read_text()
+_SCRIPT = resources.files("drover.workers.jobs").joinpath("lua/fairshare.lua").read_text()
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import redis
 
-from config import Settings
-from workers.jobs.connections import sync_redis
+from drover.config import Settings
+from drover.workers.jobs.connections import sync_redis
 
 __all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
            "workers_key"]

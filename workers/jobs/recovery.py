@@ -47,13 +47,13 @@ from typing import Any
 
 import redis
 
-from config import Settings, get_settings
-from workers.jobs._decode import text as _s
-from workers.jobs.connections import sync_redis
-from workers.jobs.fairshare import FairShare
-from workers.jobs.liveness import alive, workers_key
-from workers.jobs.records import SubagentResult
-from workers.jobs.store import ACTIVE, JobStore
+from drover.config import Settings, get_settings
+from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.connections import sync_redis
+from drover.workers.jobs.fairshare import FairShare
+from drover.workers.jobs.liveness import alive, workers_key
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.jobs.store import ACTIVE, JobStore
 
 __all__ = ["Part", "Send", "start_sweeper", "subagent_of", "subagents_in_broker", "sweep"]
 

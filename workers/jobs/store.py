@@ -19,9 +19,9 @@ from typing import Any
 
 import redis
 
-from workers.jobs._decode import text as _s
-from workers.jobs.claims import LUA, ClaimLost, Claims
-from workers.jobs.records import (
+from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.claims import LUA, ClaimLost, Claims
+from drover.workers.jobs.records import (
     STATUSES,
     Checkpoint,
     JobResult,
@@ -30,7 +30,7 @@ from workers.jobs.records import (
     Usage,
     status_counts,
 )
-from workers.jobs.spec import JobSpec
+from drover.workers.jobs.spec import JobSpec
 
 ACTIVE = ("queued", "planning", "running")
 PAGE = 500  # records read or written per round trip when a job's records are walked in bulk

@@ -65,9 +65,9 @@ Decisions worth knowing:
   acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
 """
 
-from workers.limiter._headers import parse_ratelimit_headers
-from workers.limiter._limiter import AsyncLimiter, Limiter
-from workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits, llm_scope, tool_scope
+from drover.workers.limiter._headers import parse_ratelimit_headers
+from drover.workers.limiter._limiter import AsyncLimiter, Limiter
+from drover.workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits, llm_scope, tool_scope
 
 __all__ = ["STAT_FIELDS", "AsyncLimiter", "Grant", "Limiter", "ScopeLimits", "llm_scope",
            "parse_ratelimit_headers", "tool_scope"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.limiter._scopes import Grant, ScopeLimits
-from workers.limiter._scripts import LimiterCore, _Call
+from drover.workers.limiter._scopes import Grant, ScopeLimits
+from drover.workers.limiter._scripts import LimiterCore, _Call
 
 __all__ = ["AsyncLimiter", "Limiter"]
 

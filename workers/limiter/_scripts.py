@@ -10,14 +10,14 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any, NamedTuple
 
-from workers.limiter._headers import header_args
-from workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits
+from drover.workers.limiter._headers import header_args
+from drover.workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits
 
 __all__ = ["Clock", "LimiterCore"]
 
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
-_LUA = resources.files("workers.limiter") / "lua"
+_LUA = resources.files("drover.workers.limiter") / "lua"
 _SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage")
 # With an injected clock (tests) the scripts get the time as their last argument instead of
 # from TIME; everything else is the same text.

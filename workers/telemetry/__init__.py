@@ -2,11 +2,11 @@
 
 The call path wears the hooks (``llm_call``, ``acquire_wait``, ``tool_call``, ``subagent_run``,
 ``subagent_finished``, ``job_submitted``, ``worker_started``); each process adds its counts to
-Redis (``_recorder``) and ``drover metrics`` (``orchestrator.metrics``) serves them with the
+Redis (``_recorder``) and ``drover metrics`` (``drover.orchestrator.metrics``) serves them with the
 state the limiter and the job store keep there. ``METRICS`` lists every series.
 """
 
-from workers.telemetry._hooks import (
+from drover.workers.telemetry._hooks import (
     acquire_wait,
     job_submitted,
     llm_call,
@@ -17,7 +17,7 @@ from workers.telemetry._hooks import (
     with_trace_context,
     worker_started,
 )
-from workers.telemetry._metrics import (
+from drover.workers.telemetry._metrics import (
     CALL_OUTCOMES,
     DIMENSIONS,
     METRICS,
@@ -26,7 +26,7 @@ from workers.telemetry._metrics import (
     Metric,
     metric,
 )
-from workers.telemetry._recorder import (
+from drover.workers.telemetry._recorder import (
     Recorder,
     get_recorder,
     keys,
@@ -34,7 +34,7 @@ from workers.telemetry._recorder import (
     parse_job,
     register_job,
 )
-from workers.telemetry._tracing import content_capture, enabled, ensure_tracing, tracer
+from drover.workers.telemetry._tracing import content_capture, enabled, ensure_tracing, tracer
 
 __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
            "Metric", "Recorder", "acquire_wait", "content_capture", "enabled",

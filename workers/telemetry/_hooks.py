@@ -20,8 +20,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from workers.telemetry import _tracing
-from workers.telemetry._recorder import get_recorder
+from drover.workers.telemetry import _tracing
+from drover.workers.telemetry._recorder import get_recorder
 
 __all__ = ["acquire_wait", "job_submitted", "llm_call", "subagent_finished", "subagent_run",
            "tool_call", "with_trace_context", "worker_started"]
@@ -37,7 +37,7 @@ _OUTCOMES = {"n429": "429", "n529": "529", "n5xx": "5xx", "n4xx": "4xx", "nconn"
 
 
 def _settings() -> Any:
-    from config import get_settings
+    from drover.config import get_settings
 
     return get_settings()
 
@@ -82,8 +82,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
     @functools.wraps(fn)
     async def wrapper(rt: Any, params: dict[str, Any], ctx: Any) -> T:
-        from workers.agent.errors import Cancelled, RetryLater
-        from workers.limiter import llm_scope
+        from drover.workers.agent.errors import Cancelled, RetryLater
+        from drover.workers.limiter import llm_scope
 
         settings = rt.settings
         model = str(params.get("model"))
@@ -293,7 +293,7 @@ def job_submitted(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def _job_active(settings: Any, job_id: str, tenant: str, handle: Any) -> None:
-    from workers.telemetry._recorder import register_job
+    from drover.workers.telemetry._recorder import register_job
 
     register_job(handle.store.r, settings.key_prefix, job_id, tenant, settings.result_ttl_s)
     get_recorder().inc("drover_jobs_submitted", (tenant,))

@@ -5,11 +5,11 @@ Two sources feed the same scrape target (``drover metrics``):
 - ``process`` series are counted where they happen (the LLM call, the limiter wait, a tool
   call, a finished sub-agent, a submit) by whichever process on whichever host did it. Each
   process sums them in memory and adds the sums to one Redis hash every
-  ``DROVER_METRICS_FLUSH_S`` (``workers.telemetry._recorder``), so the exporter reads fleet-wide
-  cumulative counters and histogram buckets. Prometheus' multiprocess mode would sum the
+  ``DROVER_METRICS_FLUSH_S`` (``drover.workers.telemetry._recorder``), so the exporter reads
+  fleet-wide cumulative counters and histogram buckets. Prometheus' multiprocess mode would sum the
   processes of one host only; Redis already holds everything else that is fleet-wide.
 - ``state`` series are read by the exporter from the state the fleet already keeps in Redis:
-  the limiter (through ``workers.limiter.Limiter``), the job store, the broker queue, the
+  the limiter (through ``drover.workers.limiter.Limiter``), the job store, the broker queue, the
   processes' heartbeats.
 
 Names follow Prometheus' conventions (``drover_`` prefix, base units, ``_total`` counters;

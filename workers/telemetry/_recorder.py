@@ -36,7 +36,7 @@ from typing import Any
 
 import redis
 
-from workers.telemetry._metrics import Metric, metric
+from drover.workers.telemetry._metrics import Metric, metric
 
 __all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field", "parse_job",
            "register_job"]
@@ -87,7 +87,7 @@ class Recorder:
 
     def __init__(self, redis_url: str, prefix: str, flush_s: float,
                  keep_s: int = COUNTERS_TTL_S):
-        from workers.jobs.connections import sync_redis
+        from drover.workers.jobs.connections import sync_redis
 
         self.prefix = prefix
         self.redis_url = redis_url
@@ -203,7 +203,7 @@ _lock = threading.Lock()
 def get_recorder() -> Recorder:
     """This process's recorder for the current settings (made again after a fork)."""
     global _recorder
-    from config import get_settings
+    from drover.config import get_settings
 
     settings = get_settings()
     want = (os.getpid(), settings.redis_url, settings.key_prefix)

@@ -1,0 +1,56 @@
+"""drover: a distributed fan-out runtime for LLM sub-agents on Celery and Redis.
+
+The public API::
+
+    from drover import submit, JobSpec, tool
+
+    handle = submit(JobSpec(subtasks=["...", "..."], tools=["lookup_fact"]))
+    result = handle.wait(timeout=600)
+
+This file is the repository's root: ``pyproject.toml`` maps the package ``drover`` to it, so
+``config/``, ``workers/``, ``orchestrator/`` and ``simulator/`` install as ``drover.config``,
+``drover.workers``, ``drover.orchestrator`` and ``drover.simulator`` and nothing else takes a
+top-level import name (a project's own ``config/`` never meets ours).
+
+The names are imported on first use (PEP 562), so ``drover --help`` and the CLI's quick
+refusals do not pay for importing the SDK and Celery. ``drover.app`` is the Celery app, so
+``celery -A drover worker`` finds it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from drover.orchestrator.jobs import JobHandle, JobNotFound, submit
+    from drover.orchestrator.planning import plan
+    from drover.workers.jobs.records import JobResult, SubagentResult, Usage
+    from drover.workers.jobs.spec import JobSpec
+    from drover.workers.tools import tool
+
+    app: Celery
+
+__all__ = ["JobHandle", "JobNotFound", "JobResult", "JobSpec", "SubagentResult", "Usage",
+           "app", "plan", "submit", "tool"]
+
+_WHERE = {"JobHandle": "drover.orchestrator.jobs", "JobNotFound": "drover.orchestrator.jobs",
+          "submit": "drover.orchestrator.jobs", "plan": "drover.orchestrator.planning",
+          "JobResult": "drover.workers.jobs.records",
+          "SubagentResult": "drover.workers.jobs.records", "Usage": "drover.workers.jobs.records",
+          "JobSpec": "drover.workers.jobs.spec", "tool": "drover.workers.tools",
+          "app": "drover.workers.app"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'drover' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
