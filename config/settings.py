@@ -188,6 +188,12 @@ class Settings(BaseSettings):
     tool_modules: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["drover.workers.demo_tools"])
     max_fanout: int = Field(default=10_000, ge=1)
+    # A job's spec as stored in Redis (the spec's JSON plus every subtask, UTF-8): a bigger
+    # one is refused at submit, before anything is stored or enqueued.
+    max_spec_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # A tool result longer than this is cut (with a marker the model sees) before it goes
+    # into the checkpoint and the next request.
+    max_tool_result_chars: int = Field(default=20_000, ge=100)
     # The SDK's and httpx's DEBUG lines hold whole request bodies (prompts); they stay off at
     # every log level unless this asks for them (never in production).
     log_http_bodies: bool = False

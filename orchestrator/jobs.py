@@ -45,6 +45,18 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
     if len(spec.subtasks) > settings.max_fanout:
         raise ValueError(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")
+    size = spec_bytes(spec)
+    if size > settings.max_spec_bytes:
+        raise ValueError(f"the job spec is {size:,} bytes, over the cap of "
+                         f"{settings.max_spec_bytes:,} (DROVER_MAX_SPEC_BYTES); send fewer or "
+                         "shorter subtasks (or a smaller system prompt), or split the job")
+
+
+def spec_bytes(spec: JobSpec) -> int:
+    """What the spec takes in Redis: its JSON without the subtasks, and each subtask (UTF-8),
+    which the store keeps in a list of their own (JobStore.create)."""
+    rest = spec.model_copy(update={"subtasks": []}).model_dump_json()
+    return len(rest.encode()) + sum(len(task.encode()) for task in spec.subtasks)
 
 
 @job_submitted

@@ -136,3 +136,9 @@ async def probe_slow(item: str) -> str:
         raise
     _log(r, key, tool="probe_slow", item=item, event="finished")
     return f"slowly read {item}"
+
+
+@tool(kind="read")
+def probe_huge(item: str) -> str:
+    """Return a very long page (for the tool result size cap)."""
+    return "x" * 200_000

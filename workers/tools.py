@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,7 +40,9 @@ from pydantic import BaseModel, ValidationError, create_model
 from drover.workers.telemetry import tool_call
 
 ToolKind = Literal["read", "write"]
-RESULT_CHARS = 20_000
+RESULT_CHARS = 20_000  # DROVER_MAX_TOOL_RESULT_CHARS's default
+log = logging.getLogger("drover.tools")
+_CUT_LOGGED: set[str] = set()  # tools whose cut result this process has logged already
 
 # Sync tools run in a pool of their own: a hung tool that was abandoned at its timeout keeps
 # its thread, and must not starve the loop's default executor (the job store's Redis calls).
@@ -145,8 +148,28 @@ Save = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 def _result(tool_use_id: str, content: str, is_error: bool = False) -> dict[str, Any]:
-    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": content[:RESULT_CHARS],
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": content,
             "is_error": is_error}
+
+
+def cut_result(result: dict[str, Any], max_chars: int, tool_name: str) -> dict[str, Any]:
+    """``result`` with its content cut to ``max_chars`` characters, ending in a marker that
+    tells the model how much it did not get (so it can ask for less); itself if it fits.
+
+    The result goes into the checkpoint and every later request of the sub-agent, so an
+    unbounded one would grow both without end. The log says so once per tool and process.
+    """
+    content = result["content"]
+    if not isinstance(content, str) or len(content) <= max_chars:
+        return result
+    marker = (f"\n[drover: tool result cut to {max_chars:,} of {len(content):,} characters "
+              "(DROVER_MAX_TOOL_RESULT_CHARS); ask for a smaller part if you need the rest]")
+    kept = content[:max(0, max_chars - len(marker))] + marker
+    if tool_name not in _CUT_LOGGED:
+        _CUT_LOGGED.add(tool_name)
+        log.warning("tool %s returned %d characters; cut to %d (DROVER_MAX_TOOL_RESULT_CHARS); "
+                    "later cuts of this tool are not logged", tool_name, len(content), max_chars)
+    return {**result, "content": kept}
 
 
 @tool_call
@@ -182,12 +205,13 @@ async def _invoke(tool_: Tool, call: dict[str, Any], default_timeout: float) -> 
 async def run_turn(calls: list[dict[str, Any]], allowed: dict[str, Tool], *,
                    done: dict[str, dict[str, Any]], max_parallel: int, max_calls: int,
                    default_timeout: float, save: Save, gate: Gate | None = None,
-                   probe: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+                   probe: Callable[[int], None] | None = None,
+                   max_result_chars: int = RESULT_CHARS) -> list[dict[str, Any]]:
     """Run one assistant message's tool calls; one result per call, in the model's order.
 
     ``done`` holds results saved before a crash or retry (by tool_use id): those calls are not
-    run again. ``save`` stores each result as it completes. ``probe`` (for tests) is told how
-    many calls run at once.
+    run again. ``save`` stores each result as it completes, cut to ``max_result_chars``.
+    ``probe`` (for tests) is told how many calls run at once.
     """
     slots = asyncio.Semaphore(max_parallel)
     results: dict[str, dict[str, Any]] = {}
@@ -210,6 +234,7 @@ async def run_turn(calls: list[dict[str, Any]], allowed: dict[str, Tool], *,
                     result = await _invoke(tool_, call, default_timeout)
                 finally:
                     running -= 1
+        result = cut_result(result, max_result_chars, call["name"])
         results[call["id"]] = result
         await save(call["id"], result)
 

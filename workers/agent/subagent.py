@@ -216,7 +216,7 @@ class SubagentRun:
             max_parallel=min(spec.max_parallel_tools or settings.max_parallel_tools,
                              settings.max_parallel_tools),
             max_calls=settings.max_tool_calls_per_turn, default_timeout=settings.tool_timeout_s,
-            save=save, gate=self._tool_gate)
+            save=save, gate=self._tool_gate, max_result_chars=settings.max_tool_result_chars)
         for call, result in zip(calls, results, strict=True):
             state.tried.append(f"{call['name']}({_short(call.get('input'))})")
             if result["is_error"]:
