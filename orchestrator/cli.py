@@ -383,17 +383,16 @@ def _jobs(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
     from drover.orchestrator.shares import active_jobs, jobs_table, tenants_table
-    from drover.workers.jobs.connections import sync_redis
-    from drover.workers.jobs.fairshare import FairShare
-    from drover.workers.limiter import Limiter
+    from drover.workers.services import services
 
-    fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
+    shared = services(settings)
+    fs = shared.fairshare()
     active = active_jobs(settings, fs)
     if not active:
         console.print(f"no active jobs on queue {settings.queue!r} (DROVER_QUEUE)")
         return OK
     console.print(jobs_table(active, fs.current_window()))
-    console.print(tenants_table(active, settings, Limiter(fs.r, prefix=settings.key_prefix)))
+    console.print(tenants_table(active, settings, shared.limiter))
     return OK
 
 

@@ -15,25 +15,19 @@ import importlib
 import time
 import uuid
 from collections.abc import Iterator
-from functools import lru_cache
 from typing import Any
 
 from drover.config import Settings, get_settings
-from drover.workers.agent.runtime import sync_redis
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.workers.services import services
 from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
 
 
 def _store(settings: Settings) -> JobStore:
-    return _store_for(settings.redis_url, settings.key_prefix, settings.result_ttl_s)
-
-
-@lru_cache(maxsize=8)
-def _store_for(redis_url: str, prefix: str, ttl_s: int) -> JobStore:
-    return JobStore(sync_redis(redis_url), prefix=prefix, ttl_s=ttl_s)
+    return services(settings).store
 
 
 def check_spec(spec: JobSpec, settings: Settings) -> None:

@@ -42,10 +42,9 @@ from drover.config import Settings, get_settings
 from drover.orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
 from drover.orchestrator.stats import scope_usage
 from drover.workers.jobs import liveness
-from drover.workers.jobs.connections import sync_redis
 from drover.workers.jobs.records import STATUSES
-from drover.workers.jobs.store import ACTIVE, JobStore
-from drover.workers.limiter import Limiter
+from drover.workers.jobs.store import ACTIVE
+from drover.workers.services import Services, services
 from drover.workers.telemetry import (
     CALL_OUTCOMES,
     METRICS,
@@ -77,13 +76,10 @@ class DroverCollector(Collector):
     def __init__(self, settings: Settings | None = None, *, client: redis.Redis | None = None,
                  broker_queues: bool = True):
         self.settings = settings or get_settings()
-        self.r = client or sync_redis(self.settings.redis_url)
+        shared = (services(self.settings) if client is None
+                  else Services.from_settings(self.settings, client=client))
+        self.r, self.limiter, self.store = shared.redis, shared.limiter, shared.store
         self.keys = keys(self.settings.key_prefix)
-        self.limiter = Limiter(self.r, prefix=self.settings.key_prefix,
-                               horizon_s=self.settings.horizon_s,
-                               stats_window_s=self.settings.stats_window_s)
-        self.store = JobStore(self.r, prefix=self.settings.key_prefix,
-                              ttl_s=self.settings.result_ttl_s)
         self.broker_queues = broker_queues
         self._broker: Any = None
         self._jobs: dict[str, _JobSeen] = {}

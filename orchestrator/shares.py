@@ -15,10 +15,10 @@ from rich.table import Table
 
 from drover.config import Settings, get_settings
 from drover.config.settings import TenantBudget
-from drover.workers.jobs.connections import sync_redis
 from drover.workers.jobs.fairshare import FairShare, JobShare, tenant_budget_scopes
 from drover.workers.jobs.spec import PRIORITIES
 from drover.workers.limiter import Limiter
+from drover.workers.services import services
 
 __all__ = ["ActiveJob", "active_jobs", "budget_text", "due_shares", "jobs_table",
            "tenants_table"]
@@ -56,7 +56,7 @@ def due_shares(jobs: list[JobShare], floor: float) -> dict[str, float]:
 def active_jobs(settings: Settings | None = None, fs: FairShare | None = None
                 ) -> list[ActiveJob]:
     settings = settings or get_settings()
-    fs = fs or FairShare.from_settings(sync_redis(settings.redis_url), settings)
+    fs = fs or services(settings).fairshare()
     jobs = fs.jobs()
     out = sum(j.out for j in jobs) or 1
     due = due_shares(jobs, settings.priority_floor)

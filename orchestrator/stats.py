@@ -27,6 +27,7 @@ from rich.table import Table
 from drover.config import Settings, get_settings
 from drover.workers.agent.limits import llm_limits
 from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
+from drover.workers.services import services
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
            "safe_url", "scope_usage", "stats_window_s", "usage_figure"]
@@ -126,16 +127,10 @@ def collect(settings: Settings | None = None, *, window_s: int | None = None
             ) -> list[ScopeUsage]:
     """Every scope the limiter saw within the window, with its per-second counters."""
     settings = settings or get_settings()
-    from drover.workers.agent.runtime import sync_redis
-
     window = int(window_s or stats_window_s(settings))
-    client = sync_redis(settings.redis_url)
-    limiter = Limiter(client, prefix=settings.key_prefix, horizon_s=settings.horizon_s,
-                      stats_window_s=window)
-    try:
-        return [scope_usage(limiter, settings, scope, window) for scope in limiter.scopes()]
-    finally:
-        client.close()
+    limiter = Limiter(services(settings).redis, prefix=settings.key_prefix,
+                      horizon_s=settings.horizon_s, stats_window_s=window)
+    return [scope_usage(limiter, settings, scope, window) for scope in limiter.scopes()]
 
 
 def scope_usage(limiter: Limiter, settings: Settings, scope: str, seconds: int) -> ScopeUsage:
@@ -246,11 +241,7 @@ def print_stats(console: Console, plot: Path | None = None, *,
 def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage]) -> None:
     """Message Batches: what is queued or open now, and the tokens that came back by batch
     (the ``batch:`` scopes above, billed at half the price)."""
-    from drover.workers.jobs.batches import BatchStore
-    from drover.workers.jobs.connections import sync_redis
-    from drover.workers.jobs.store import JobStore
-
-    store = BatchStore(JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix))
+    store = services(settings).batches
     opened = store.open_batches()
     pending = sum(store.pending_state(scope)[0] for scope in store.scopes())
     billed = [u for u in usages if u.scope.startswith("batch:")]
@@ -268,14 +259,13 @@ def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage
 def _print_shares(console: Console, settings: Settings) -> None:
     """Per active job and tenant: its share of the window (so of the limits) and backlog."""
     from drover.orchestrator.shares import active_jobs, jobs_table, tenants_table
-    from drover.workers.jobs.connections import sync_redis
-    from drover.workers.jobs.fairshare import FairShare
 
-    fs = FairShare.from_settings(sync_redis(settings.redis_url), settings)
+    shared = services(settings)
+    fs = shared.fairshare()
     active = active_jobs(settings, fs)
     if active:
         console.print(jobs_table(active, fs.current_window()))
-        console.print(tenants_table(active, settings, Limiter(fs.r, prefix=settings.key_prefix)))
+        console.print(tenants_table(active, settings, shared.limiter))
 
 
 # --- the plot -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from drover.orchestrator.jobs import JobHandle
 from drover.orchestrator.shares import active_jobs
 from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.records import JobResult
+from drover.workers.services import services
 
 
 def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -> JobResult:
@@ -26,7 +27,7 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
         bar = progress.add_task("sub-agents", total=total, status="")
         counts: dict[str, int] = {}
         share, looked = "", 0.0
-        fs = FairShare.from_settings(handle.store.r, handle.settings)
+        fs = services(handle.settings).fairshare()
         for record in handle.as_completed():
             counts[record.status] = counts.get(record.status, 0) + 1
             if time.monotonic() - looked > 1.0:  # one read of the window per second
@@ -57,9 +58,7 @@ def _share(handle: JobHandle, fs: FairShare) -> str:
 
 def _batches(handle: JobHandle) -> str:
     """The job's Message Batch counters (requests submitted, and how they ended)."""
-    from drover.workers.jobs.batches import BatchStore
-
-    counts = BatchStore(handle.store).counters(handle.id)
+    counts = services(handle.settings).batches.counters(handle.id)
     return " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"
 
 

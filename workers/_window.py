@@ -12,12 +12,11 @@ from drover.config import Settings, get_settings
 from drover.workers.agent import uses_batch
 from drover.workers.dispatch import dispatch as publish_subagents
 from drover.workers.dispatch import open_fanout, send_join
-from drover.workers.jobs import sync_redis
 from drover.workers.jobs.fairshare import Dispatch, FairShare
-from drover.workers.jobs.liveness import local_worker_id
 from drover.workers.jobs.store import JobStore
+from drover.workers.services import services
 
-__all__ = ["dispatch", "fairshare", "job_size", "launch", "refill", "window_op"]
+__all__ = ["dispatch", "job_size", "launch", "refill", "window_op"]
 
 log = logging.getLogger("drover.recovery")
 
@@ -35,15 +34,14 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
     """
     settings = settings or get_settings()
     open_fanout(job_id, n)
-    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
-                     ttl_s=settings.result_ttl_s)
+    store = services(settings).store
     if uses_batch(store.spec(job_id), settings):
         # A batch sub-agent holds a worker slot only for the moments between its batch
         # rounds, so a window of slots is no measure of it: every turn of every sub-agent
         # should make the next batch. All of them go out now.
         dispatch([Dispatch(job_id, 0, n)], queue)
         return
-    fs = fairshare(settings, queue)
+    fs = services(settings).fairshare(queue)
     granted = fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
                      priority=priority)
     publish_granted(fs, granted)
@@ -68,25 +66,19 @@ def job_size(job_id: str) -> int | str:
     """The job's sub-agent count, for Flower's args (``job=<id> sub=<i>/<n>``)."""
     settings = get_settings()
     try:
-        return _known_size(settings.redis_url, settings.key_prefix, settings.result_ttl_s,
-                           job_id)
+        return _known_size(settings.redis_url, settings.key_prefix, job_id)
     except (LookupError, ValueError):
         return "?"
 
 
 @lru_cache(maxsize=1024)
-def _known_size(redis_url: str, prefix: str, ttl_s: int, job_id: str) -> int:
+def _known_size(redis_url: str, prefix: str, job_id: str) -> int:
     # Read once per process: a job's size is fixed before its first sub-agent is published
     # (a planned job's subtasks are stored before it launches); an unknown one is not kept.
-    n = int(_store_for(redis_url, prefix, ttl_s).meta(job_id)["n"])
+    n = int(services().store.meta(job_id)["n"])
     if n <= 0:
         raise ValueError("no sub-agents yet")
     return n
-
-
-@lru_cache(maxsize=4)
-def _store_for(redis_url: str, prefix: str, ttl_s: int) -> JobStore:
-    return JobStore(sync_redis(redis_url), prefix=prefix, ttl_s=ttl_s)
 
 
 def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = None
@@ -95,7 +87,7 @@ def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = 
 
     ``done``: the job's record count as the record's own write returned it (None: read it)."""
     settings = get_settings()
-    fs = fairshare(settings, settings.queue)
+    fs = services(settings).fairshare(settings.queue)
     try:
         if cancelled:
             # The cancel gave every sub-agent that had not started its record (in bulk), so
@@ -115,22 +107,9 @@ def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = 
 
 def window_op(job_id: str, op: str, index: int) -> None:
     settings = get_settings()
-    fs = fairshare(settings, settings.queue)
+    fs = services(settings).fairshare(settings.queue)
     try:
         publish_granted(fs, getattr(fs, op)(job_id, index))
     except Exception as error:  # the pump reconciles; the sub-agent itself goes on
         log.warning("job %s: fair-share %s failed (%s: %s)", job_id, op,
                     type(error).__name__, error)
-
-
-@lru_cache(maxsize=16)
-def _fairshare_for(redis_url: str, prefix: str, queue: str, window: int, fallback: int,
-                   floor: float, ttl_s: int, holder: str) -> FairShare:
-    return FairShare(sync_redis(redis_url), prefix=prefix, queue=queue, window=window,
-                     fallback_window=fallback, floor=floor, ttl_s=ttl_s, holder=holder)
-
-
-def fairshare(settings: Settings, queue: str) -> FairShare:
-    return _fairshare_for(settings.redis_url, settings.key_prefix, queue,
-                          settings.dispatch_window, settings.dispatch_window_fallback,
-                          settings.priority_floor, settings.result_ttl_s, local_worker_id())

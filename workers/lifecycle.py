@@ -19,7 +19,7 @@ from celery.signals import (
 )
 
 from drover.config import get_settings
-from drover.workers._window import dispatch, fairshare
+from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs import (
@@ -27,10 +27,9 @@ from drover.workers.jobs import (
     local_worker,
     start_sweeper,
     stop_local_worker,
-    sync_redis,
 )
 from drover.workers.jobs.fairshare import start_pump
-from drover.workers.jobs.store import JobStore
+from drover.workers.services import services
 from drover.workers.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
 
@@ -51,16 +50,15 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     local_worker(get_runtime().settings)  # liveness for recovery, before the first message
-    start_sweeper(send_again)  # re-sends what dead workers held (see workers/jobs/recovery.py)
+    settings = get_settings()
+    shared = services(settings)
+    start_sweeper(send_again, shared.store)  # re-sends what dead workers held (jobs/recovery.py)
     # The worker's slots size the fair-share window; worker_ready's sender is the consumer
     # of the node (a prefork child has none: the node's main process reports for it).
     controller = getattr(sender, "controller", None)
     slots = int(getattr(controller, "concurrency", 0) or 0)
     node = getattr(sender, "hostname", None) or f"{socket.gethostname()}"
-    settings = get_settings()
-    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
-                     ttl_s=settings.result_ttl_s)
-    start_pump(fairshare(settings, settings.queue), store,
+    start_pump(shared.fairshare(settings.queue), shared.store,
                lambda runs: dispatch(runs, settings.queue), node=node, slots=slots)
 
 

@@ -30,7 +30,7 @@ from drover.workers.agent import (
 from drover.workers.app import app
 from drover.workers.dispatch import join_argsrepr, subagent_argsrepr
 from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
-from drover.workers.jobs.batches import BatchStore
+from drover.workers.services import services
 
 __all__ = ["join_results", "launch", "plan_job", "resume_parked", "run_subagent", "send_again",
            "subagent_task_result"]
@@ -76,7 +76,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         # Its request waits in a Message Batch: keep what resumes this very task (same id,
         # same chord, its claim token) and end without counting towards the chord; the
         # batcher sends it again when the result is in (workers/agent/batch.py).
-        BatchStore(rt.store).park(job_id, index, json.dumps(self.signature_from_request(
+        services(rt.settings).batches.park(job_id, index, json.dumps(self.signature_from_request(
             argsrepr=getattr(self.request, "argsrepr", None) or None,  # Flower's args
             headers=with_token(self, run.token))))
         release(job_id, index, run.token)

@@ -48,11 +48,12 @@ from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater,
 from drover.workers.agent.llm import CallContext, counted_input
 from drover.workers.agent.retry import Decision, classify
 from drover.workers.agent.runtime import Runtime
-from drover.workers.jobs.batches import BatchStore, OpenBatch, custom_id
+from drover.workers.jobs.batches import OpenBatch, custom_id
 from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
+from drover.workers.services import services
 
 __all__ = ["Batcher", "Parked", "batch_message", "uses_batch"]
 
@@ -93,7 +94,7 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
 
     ``state.batch_cid`` (checkpointed) names the request in flight, so a resumed or
     redelivered sub-agent finds its result instead of sending the turn again."""
-    store = BatchStore(rt.store)
+    store = services(rt.settings).batches
     cid = state.batch_cid
     if cid:
         got = await _io(store.result, ctx.job_id, ctx.index)
@@ -162,7 +163,7 @@ class Batcher:
     def __init__(self, rt: Runtime, resume: Resume):
         self.rt = rt
         self.resume = resume
-        self.store = BatchStore(rt.store)
+        self.store = services(rt.settings).batches
         s = rt.settings
         # Its API key's scopes only: batches are created and read with this worker's key.
         self.alias = s.key_alias

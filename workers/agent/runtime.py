@@ -29,9 +29,9 @@ import anthropic
 
 from drover.config import Settings, get_settings
 from drover.workers.agent.estimate import Calibration
-from drover.workers.jobs.connections import async_redis, sync_redis
-from drover.workers.jobs.store import JobStore
+from drover.workers.jobs.connections import async_redis
 from drover.workers.limiter import AsyncLimiter
+from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
 
 log = logging.getLogger("drover.runtime")
@@ -49,8 +49,7 @@ class Runtime:
             max_workers=64, thread_name_prefix="drover-io"))
         self._thread = threading.Thread(target=self._run_loop, name="drover-loop", daemon=True)
         self._thread.start()
-        self.store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
-                              ttl_s=settings.result_ttl_s)
+        self.store = services(settings).store
         self.calibration = Calibration()
         self._cancel_events: dict[str, asyncio.Event] = {}
         self._active: dict[str, int] = {}  # job id -> sub-agents of it running in this process
@@ -166,7 +165,6 @@ class Runtime:
             self.submit(shutdown()).result(timeout=10)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self.store.r.close()
 
 
 _runtime: Runtime | None = None

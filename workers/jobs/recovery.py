@@ -49,7 +49,6 @@ import redis
 
 from drover.config import Settings, get_settings
 from drover.workers.jobs._decode import text as _s
-from drover.workers.jobs.connections import sync_redis
 from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.liveness import alive, workers_key
 from drover.workers.jobs.records import SubagentResult
@@ -359,24 +358,22 @@ _started = threading.Lock()
 _thread: threading.Thread | None = None
 
 
-def start_sweeper(send: Send, settings: Settings | None = None) -> None:
+def start_sweeper(send: Send, store: JobStore, settings: Settings | None = None) -> None:
     """Start this process's sweeper thread (once); called when a worker is ready.
 
     ``send`` puts a part on the broker again (the tasks module passes Celery's; this package
-    knows no Celery)."""
+    knows no Celery); ``store`` is the process's job store (``drover.workers.services``)."""
     global _thread
     with _started:
         if _thread is not None and _thread.is_alive():
             return
         settings = settings or get_settings()
-        _thread = threading.Thread(target=_sweep_forever, args=(settings, send),
+        _thread = threading.Thread(target=_sweep_forever, args=(store, settings, send),
                                    name="drover-recovery", daemon=True)
         _thread.start()
 
 
-def _sweep_forever(settings: Settings, send: Send) -> None:
-    store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,
-                     ttl_s=settings.result_ttl_s)
+def _sweep_forever(store: JobStore, settings: Settings, send: Send) -> None:
     interval = sweep_interval_s(settings)
     while True:
         time.sleep(interval * random.uniform(0.8, 1.2))
