@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drover.config.sentinel import is_sentinel
 from drover.config.settings import Settings
 
 
@@ -48,6 +49,16 @@ def rabbitmq_config() -> dict[str, Any]:
     }
 
 
+def sentinel_options(settings: Settings) -> dict[str, Any]:
+    """Transport options for a ``sentinel://`` broker or result backend (kombu and Celery take
+    the same ones: ``master_name``, and ``sentinel_kwargs`` for the sentinels' own connections,
+    their password among them: celery#3945 was the backend without it)."""
+    sentinel_kwargs: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 5}
+    if settings.sentinel_password is not None:
+        sentinel_kwargs["password"] = settings.sentinel_password.get_secret_value()
+    return {"master_name": settings.sentinel_master, "sentinel_kwargs": sentinel_kwargs}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
@@ -59,6 +70,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "retry_on_timeout": True,
         "health_check_interval": 10,
     }
+    backend_transport: dict[str, Any] = {"global_keyprefix": f"{settings.key_prefix}:celery:"}
+    if is_sentinel(settings.broker):
+        transport.update(sentinel_options(settings))
+    if is_sentinel(settings.backend):
+        backend_transport.update(sentinel_options(settings))
     config = {
         "broker_url": settings.broker,
         "result_backend": settings.backend,
@@ -78,7 +94,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "broker_transport_options": transport,
-        "result_backend_transport_options": {"global_keyprefix": f"{settings.key_prefix}:celery:"},
+        "result_backend_transport_options": backend_transport,
         # Sending a task (a retry, the chord's join) rides out a broker restart of up to about a
         # minute, like drover's own Redis clients; Celery's default gives up after ~1 s.
         "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0,

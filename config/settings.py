@@ -27,6 +27,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from drover.config.sentinel import parse_sentinel
+
 PositiveRate = Annotated[float, Field(gt=0)]
 RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0  # RabbitMQ's default consumer_timeout (30 min)
 
@@ -59,6 +61,8 @@ class SettingsError(ValueError):
 # What each kind of URL looks like, for the error message.
 _FORMS = {
     "redis": "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]",
+    "sentinel": ("sentinel://[:PASSWORD@]HOST:PORT[/DB];sentinel://HOST:PORT;... (Redis "
+                 "Sentinel, with DROVER_SENTINEL_MASTER)"),
     "rediss": "rediss://[[USER]:PASSWORD@]HOST[:PORT][/DB]",
     "unix": "unix:///PATH/TO/redis.sock[?db=DB]",
     "amqp": "amqp://[USER:PASSWORD@]HOST[:PORT][/VHOST]",
@@ -69,7 +73,11 @@ _FORMS = {
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``: safe for messages and logs."""
+    """``url`` with its password replaced by ``***``: safe for messages and logs.
+
+    A Sentinel list (``sentinel://...;sentinel://...``) is masked entry by entry."""
+    if ";" in url:
+        return ";".join(mask_url(part) for part in url.split(";"))
     try:
         parts = urlsplit(url)
         if parts.password is None:
@@ -84,6 +92,12 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
     """Check the whole URL now (scheme, host, port, database), not at the first connect."""
     value = value.strip()
     forms = " or ".join(_FORMS.get(scheme, f"{scheme}://HOST[:PORT]") for scheme in schemes)
+    if value.lower().startswith("sentinel://") and "sentinel" in schemes:
+        try:  # the master's name is checked with the other settings
+            parse_sentinel(value, master="-")
+        except ValueError as error:
+            raise ValueError(f"{error}; expected {forms}") from None
+        return value
     try:
         parts = urlsplit(value)
         port = parts.port  # raises ValueError for a port that is not a number in 0-65535
@@ -126,6 +140,11 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str | None = None  # defaults to redis_url
     result_backend: str | None = None  # defaults to redis_url
+    # Redis Sentinel (docs/high-availability.md): with a sentinel:// list in any of the three
+    # URLs above, the name of the master the sentinels monitor, and the sentinels' own
+    # password where they have one (the master's is the one in the list).
+    sentinel_master: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
+    sentinel_password: SecretStr | None = None
     anthropic_base_url: str | None = None  # the SDK's default (the real API) when unset
     anthropic_api_key: SecretStr | None = Field(
         default=None,
@@ -245,7 +264,7 @@ class Settings(BaseSettings):
     def _redis_like(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        return _check_url(value, ("redis", "rediss", "unix"))
+        return _check_url(value, ("redis", "rediss", "unix", "sentinel"))
 
     @field_validator("broker_url")
     @classmethod
@@ -254,7 +273,8 @@ class Settings(BaseSettings):
         # limiter, the job state and the results.
         if value is None:
             return None
-        return _check_url(value, ("redis", "rediss", "unix", "amqp", "amqps", "pyamqp"))
+        return _check_url(value, ("redis", "rediss", "unix", "sentinel", "amqp", "amqps",
+                                  "pyamqp"))
 
     @field_validator("tool_modules", mode="before")
     @classmethod
@@ -272,6 +292,18 @@ class Settings(BaseSettings):
         if value is None:
             return None
         return _check_url(value, ("http", "https"))
+
+    @model_validator(mode="after")
+    def _sentinel_has_a_master(self) -> Settings:
+        named = [name for name, url in (("DROVER_REDIS_URL", self.redis_url),
+                                        ("DROVER_BROKER_URL", self.broker_url),
+                                        ("DROVER_RESULT_BACKEND", self.result_backend))
+                 if url and urlsplit(url).scheme == "sentinel"]
+        if named and not self.sentinel_master:
+            raise ValueError(
+                f"{' and '.join(named)} is a Sentinel list: set DROVER_SENTINEL_MASTER to the "
+                "name of the master the sentinels monitor (their `sentinel monitor NAME ...`)")
+        return self
 
     @model_validator(mode="after")
     def _countdowns_fit_the_broker(self) -> Settings:

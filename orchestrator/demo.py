@@ -172,8 +172,10 @@ def _clean_up(url: str, prefix: str, keep: bool, console: Console) -> None:
     """Delete the run's keys (or, with keep, make each expire within KEEP_S)."""
     import redis as redis_py
 
-    client = redis_py.Redis.from_url(url, socket_connect_timeout=FIRST_CONTACT_TIMEOUT_S,
-                                     socket_timeout=10)
+    from drover.workers.redis_clients import sync_redis
+
+    client = sync_redis(url, retries=False, socket_connect_timeout=FIRST_CONTACT_TIMEOUT_S,
+                        socket_timeout=10)
     try:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         if not keep:

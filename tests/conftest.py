@@ -260,3 +260,21 @@ def wait_for_workers(count: int, timeout: float = 90) -> None:
         if len(app.control.ping(timeout=0.5) or []) >= count:
             return
     raise AssertionError(f"{count} workers did not come up within {timeout} s")
+
+
+# --- Redis Sentinel: a master, a replica and three sentinels of the test's own ---------------
+
+@pytest.fixture
+def sentinel_set() -> Iterator[object]:
+    """A Sentinel set on free ports (drover.orchestrator.sentinels), stopped afterwards; skips,
+    saying why, where redis-server is missing."""
+    import shutil
+
+    from drover.orchestrator.sentinels import start_sentinel_set
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH, so no Sentinel set can start here (Debian: "
+                    "apt-get install redis-server; .ci/run installs it)")
+    cluster = start_sentinel_set()
+    yield cluster
+    cluster.close()

@@ -28,10 +28,10 @@ import redis
 from drover import JobHandle, JobSpec, submit
 from drover.config import load_settings
 from drover.orchestrator.services import free_port, redis_answers
-from drover.workers.agent.runtime import sync_redis
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
 from drover.workers.jobs.store import JobStore
+from drover.workers.redis_clients import sync_redis
 from tests.conftest import ROOT, configure
 
 VISIBILITY_TIMEOUT_S = 15

@@ -15,10 +15,10 @@ import redis
 from drover import JobSpec, submit
 from drover.config import SettingsError, load_settings
 from drover.config.celery import celery_config
-from drover.workers.agent.runtime import sync_redis
 from drover.workers.jobs.records import JobResult, SubagentResult
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, llm_scope
+from drover.workers.redis_clients import sync_redis
 from tests.conftest import configure
 from tests.fault_tools import HANG_TIMEOUT_S
 

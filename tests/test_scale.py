@@ -14,7 +14,8 @@ import tracemalloc
 import uuid
 
 from drover import JobHandle, JobSpec, submit
-from drover.workers.jobs import JobStore, SubagentResult, sync_redis
+from drover.workers.jobs import JobStore, SubagentResult
+from drover.workers.redis_clients import sync_redis
 from tests.conftest import configure
 
 UNLIMITED = {"rpm": "1e9", "itpm": "1e12", "otpm": "1e12", "max_in_flight": "100000"}

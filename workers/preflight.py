@@ -23,10 +23,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from drover.config import Settings
+from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
 from drover.config.settings import mask_url
+from drover.workers.redis_clients import sync_redis
 
 __all__ = ["FIRST_CONTACT_TIMEOUT_S", "Unreachable", "WorkerCannotStart", "broker_problem",
-           "check_services", "check_worker", "has_credentials",
+           "check_services", "check_worker", "eviction_problem", "has_credentials",
            "tool_module_problem", "redis_answers",
            "redis_problem"]
 
@@ -39,11 +41,60 @@ class Unreachable(RuntimeError):
     """A service drover needs did not answer; the message says what to do."""
 
 
-def redis_problem(url: str, timeout: float = FIRST_CONTACT_TIMEOUT_S) -> str | None:
-    """None when a Redis answers PING at ``url`` within ``timeout``; else what went wrong."""
+def _sentinels_problem(target: SentinelTarget, timeout: float) -> str | None:
+    """None when a sentinel of ``target`` knows its master; else what each one said."""
+    said: list[str] = []
+    monitored: set[str] = set()
+    for host, port in target.sentinels:
+        where = f"{host}:{port}"
+        client = redis.Redis(host, port, retry=Retry(NoBackoff(), 0),
+                             **target.sentinel_options(timeout))
+        try:
+            with contextlib.closing(client):
+                if client.sentinel_get_master_addr_by_name(target.master):
+                    return None
+                monitored.update(str(name) for name in client.sentinel_masters())
+                said.append(f"{where} knows no master {target.master!r}")
+        except (redis.AuthenticationError, redis.ResponseError) as error:
+            said.append(f"{where} answered with an error ({error}; the sentinels' own password "
+                        "is DROVER_SENTINEL_PASSWORD)")
+        except redis.TimeoutError:
+            said.append(f"{where}: no answer within {timeout:g} s")
+        except (redis.RedisError, OSError) as error:
+            said.append(f"{where}: {str(error).rstrip('.') or type(error).__name__}")
+    if monitored:
+        return (f"no sentinel knows a master named {target.master!r} "
+                f"(DROVER_SENTINEL_MASTER); they monitor {', '.join(sorted(monitored))}: set "
+                f"DROVER_SENTINEL_MASTER to one of those ({'; '.join(said)})")
+    if any("knows no master" in line for line in said):
+        return (f"no sentinel knows a master named {target.master!r} (DROVER_SENTINEL_MASTER) "
+                f"and they monitor none: {'; '.join(said)}")
+    return f"no sentinel answered: {'; '.join(said)}"
+
+
+def redis_problem(url: str, timeout: float = FIRST_CONTACT_TIMEOUT_S, *,
+                  master: str | None = None,
+                  sentinel_password: str | None = None) -> str | None:
+    """None when a Redis answers PING at ``url`` within ``timeout``; else what went wrong.
+
+    ``url`` may be a Sentinel list: then the sentinels are asked for ``master`` (by default
+    DROVER_SENTINEL_MASTER) first, so a wrong name and dead sentinels are told apart."""
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout,
-                                      retry=Retry(NoBackoff(), 0))
+        if is_sentinel(url):
+            if master is None:
+                from drover.config import get_settings
+
+                settings = get_settings()
+                master = settings.sentinel_master
+                if sentinel_password is None and settings.sentinel_password is not None:
+                    sentinel_password = settings.sentinel_password.get_secret_value()
+            target = parse_sentinel(url, master, sentinel_password)
+            problem = _sentinels_problem(target, timeout)
+            if problem is not None:
+                return problem
+        client = sync_redis(url, master=master, sentinel_password=sentinel_password,
+                            retries=False, socket_connect_timeout=timeout,
+                            socket_timeout=timeout)
         with contextlib.closing(client):
             client.ping()
             return None
@@ -61,10 +112,11 @@ def redis_answers(url: str, timeout: float = 0.5) -> bool:
     return redis_problem(url, timeout) is None
 
 
-def broker_problem(url: str, timeout: float = FIRST_CONTACT_TIMEOUT_S) -> str | None:
+def broker_problem(url: str, timeout: float = FIRST_CONTACT_TIMEOUT_S,
+                   **sentinel: str | None) -> str | None:
     """Like ``redis_problem`` for a Celery broker URL (Redis, or AMQP through kombu)."""
-    if urlsplit(url).scheme in ("redis", "rediss", "unix"):
-        return redis_problem(url, timeout)
+    if urlsplit(url).scheme in ("redis", "rediss", "unix", "sentinel"):
+        return redis_problem(url, timeout, **sentinel)
     from kombu import Connection
 
     try:
@@ -97,7 +149,9 @@ def check_services(settings: Settings, *, broker: bool = True) -> None:
         if url in checked:
             continue
         checked.add(url)
-        problem = probe(url)
+        problem = probe(url, master=settings.sentinel_master,
+                        sentinel_password=settings.sentinel_password.get_secret_value()
+                        if settings.sentinel_password else None)
         if problem is not None:
             raise _unreachable("Redis" if variable == "DROVER_REDIS_URL" else what, variable,
                                url, problem)
@@ -128,6 +182,37 @@ def tool_module_problem(name: str, error: BaseException) -> str:
             "DROVER_TOOL_MODULES")
 
 
+def eviction_problem(settings: Settings) -> tuple[str, str] | None:
+    """("refuse" | "warn", what to say) when the Redis at DROVER_REDIS_URL may evict keys.
+
+    An evicted bucket, lease or claim silently breaks the limits and recovery, so drover
+    needs ``noeviction``. ``INFO memory`` is read rather than ``CONFIG GET``: managed Redis
+    services often rename or forbid CONFIG, never INFO. ``allkeys-*`` evicts any key: refused.
+    ``volatile-*`` evicts keys with a TTL, and every drover key has one: a warning, since a
+    Redis that never reaches its maxmemory never evicts."""
+    client = sync_redis(settings.redis_url, master=settings.sentinel_master,
+                        sentinel_password=settings.sentinel_password.get_secret_value()
+                        if settings.sentinel_password else None, retries=False,
+                        socket_connect_timeout=FIRST_CONTACT_TIMEOUT_S,
+                        socket_timeout=FIRST_CONTACT_TIMEOUT_S)
+    with contextlib.closing(client):
+        memory = client.info("memory")
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    where = f"the Redis at {mask_url(settings.redis_url)} (DROVER_REDIS_URL)"
+    if policy.startswith("allkeys-"):
+        return "refuse", (
+            f"{where} has maxmemory-policy {policy}: it may evict any key, and an evicted "
+            "limiter bucket or claim silently breaks the rate limits and recovery. Set "
+            "maxmemory-policy noeviction there (`CONFIG SET maxmemory-policy noeviction`, or "
+            "the parameter group of a managed Redis), or give drover a Redis of its own")
+    if policy.startswith("volatile-"):
+        return "warn", (
+            f"{where} has maxmemory-policy {policy}: once it reaches maxmemory it evicts keys "
+            "that have a TTL, and every drover key has one (buckets, claims, checkpoints). "
+            "Use noeviction, or keep maxmemory well above what the jobs hold")
+    return None
+
+
 def check_worker(settings: Settings, *, services: bool = True) -> None:
     """Raise WorkerCannotStart if this worker could not run a single sub-agent."""
     if not has_credentials(settings) and not settings.anthropic_base_url:
@@ -146,6 +231,15 @@ def check_worker(settings: Settings, *, services: bool = True) -> None:
             check_services(settings)
         except Unreachable as error:
             raise WorkerCannotStart(str(error), 3) from None
+        try:
+            eviction = eviction_problem(settings)
+        except redis.RedisError as error:  # it answered PING a moment ago: say so, go on
+            eviction = ("warn", f"could not read INFO memory to check maxmemory-policy "
+                                f"({error})")
+        if eviction is not None and eviction[0] == "refuse":
+            raise WorkerCannotStart(eviction[1], 3)
+        if eviction is not None:
+            print(f"drover worker: warning: {eviction[1]}", file=sys.stderr, flush=True)
     if not has_credentials(settings):
         print(f"drover worker: warning: no ANTHROPIC_API_KEY; requests to "
               f"{mask_url(settings.anthropic_base_url or '')} go without a key, and if it "

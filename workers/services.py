@@ -23,11 +23,11 @@ import redis
 
 from drover.config import Settings, get_settings
 from drover.workers.jobs.batches import BatchStore
-from drover.workers.jobs.connections import sync_redis
 from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.liveness import local_worker_id
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter
+from drover.workers.redis_clients import sentinel_settings, sync_redis
 
 __all__ = ["Services", "reset_services", "services"]
 
@@ -51,7 +51,7 @@ class Services:
     @cached_property
     def redis(self) -> redis.Redis:
         """The process's client for ``DROVER_REDIS_URL`` (a pool: safe across threads)."""
-        return sync_redis(self.settings.redis_url)
+        return sync_redis(self.settings.redis_url, **sentinel_settings(self.settings))
 
     @cached_property
     def store(self) -> JobStore:

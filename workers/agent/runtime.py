@@ -29,8 +29,8 @@ import anthropic
 
 from drover.config import Settings, get_settings
 from drover.workers.agent.estimate import Calibration
-from drover.workers.jobs.connections import async_redis
 from drover.workers.limiter import AsyncLimiter
+from drover.workers.redis_clients import async_redis, sentinel_settings
 from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
 
@@ -63,7 +63,7 @@ class Runtime:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.aredis = async_redis(self.settings.redis_url)
+        self.aredis = async_redis(self.settings.redis_url, **sentinel_settings(self.settings))
         self.limiter = AsyncLimiter(self.aredis, prefix=self.settings.key_prefix,
                                     horizon_s=self.settings.horizon_s,
                                     stats_window_s=self.settings.stats_window_s)

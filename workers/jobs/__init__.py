@@ -5,7 +5,6 @@ Nothing outside the job store touches its Redis keys.
 """
 
 from drover.workers.jobs.claims import TOKEN_HEADER, ClaimLost
-from drover.workers.jobs.connections import async_redis, sync_redis
 from drover.workers.jobs.liveness import local_worker, stop_local_worker
 from drover.workers.jobs.records import Checkpoint, JobResult, SubagentReport, SubagentResult, Usage
 from drover.workers.jobs.recovery import start_sweeper, sweep
@@ -13,5 +12,5 @@ from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
 __all__ = ["ACTIVE", "TOKEN_HEADER", "Checkpoint", "ClaimLost", "JobNotFound", "JobResult",
-           "JobSpec", "JobStore", "SubagentReport", "SubagentResult", "Usage", "async_redis",
-           "local_worker", "start_sweeper", "stop_local_worker", "sweep", "sync_redis"]
+           "JobSpec", "JobStore", "SubagentReport", "SubagentResult", "Usage",
+           "local_worker", "start_sweeper", "stop_local_worker", "sweep"]

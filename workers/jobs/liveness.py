@@ -25,7 +25,7 @@ from collections.abc import Callable
 import redis
 
 from drover.config import Settings
-from drover.workers.jobs.connections import sync_redis
+from drover.workers.redis_clients import sentinel_settings, sync_redis
 
 __all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
            "workers_key"]
@@ -49,7 +49,7 @@ class Heartbeat:
         self.prefix = settings.key_prefix
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.pid = os.getpid()
-        self.r = client or sync_redis(settings.redis_url)
+        self.r = client or sync_redis(settings.redis_url, **sentinel_settings(settings))
         self._stop = threading.Event()
         # Warm shutdown (SIGTERM): draining = start no new LLM call, hand sub-agents back;
         # handing_back = the grace for calls in flight is over, abort them and hand back too.

@@ -87,7 +87,7 @@ class Recorder:
 
     def __init__(self, redis_url: str, prefix: str, flush_s: float,
                  keep_s: int = COUNTERS_TTL_S):
-        from drover.workers.jobs.connections import sync_redis
+        from drover.workers.redis_clients import sync_redis
 
         self.prefix = prefix
         self.redis_url = redis_url

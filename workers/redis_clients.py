@@ -1,0 +1,105 @@
+"""Every Redis client drover makes: one plain Redis URL or a Sentinel list, sync and asyncio.
+
+``DROVER_REDIS_URL`` is either a Redis URL (``redis://``, ``rediss://``, ``unix://``) or, for
+Redis Sentinel, kombu's list ``sentinel://[:PASSWORD@]HOST:PORT[/DB];sentinel://HOST:PORT;...``
+with ``DROVER_SENTINEL_MASTER`` naming the master the sentinels monitor (the same form the
+Celery broker and result backend take, so one value serves all three). The password in the
+list is the master's (and its replicas'); ``DROVER_SENTINEL_PASSWORD`` is the sentinels' own
+where they have one.
+
+A Sentinel client asks the sentinels for the master's address at every new connection
+(redis-py's ``SentinelConnectionPool``), trying each sentinel in turn, so a dead first one is
+skipped (celery#5538 was kombu asking only the first). A connection that drops, or a master
+that answers READONLY because it was demoted, is a ``ConnectionError``; the same retry that
+rides out a restart of a single Redis then opens a new connection, which asks the sentinels
+again and reaches the promoted replica. A managed Redis whose failover moves a DNS name
+takes the plain-URL path: the dropped connection is retried and the name resolves anew.
+
+Every client retries a dropped connection for about a minute (exponential backoff capped at
+2 s) before an error reaches the caller: longer than Sentinel's detection plus promotion
+(``down-after-milliseconds`` + a few seconds) and a restart from the AOF.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.retry import Retry
+
+from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
+
+__all__ = ["REDIS_RETRIES", "SentinelTarget", "async_redis", "is_sentinel", "parse_sentinel",
+           "sentinel_for", "sentinel_settings", "sync_redis"]
+
+REDIS_RETRIES = 40
+_RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
+_CLIENT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 10}
+
+
+def sentinel_settings(settings: Any) -> dict[str, str | None]:
+    """``master`` and ``sentinel_password`` of drover's settings, as the factories take them."""
+    password = settings.sentinel_password
+    return {"master": settings.sentinel_master,
+            "sentinel_password": password.get_secret_value() if password else None}
+
+
+def _target(url: str, master: str | None, sentinel_password: str | None) -> SentinelTarget:
+    if master is None:
+        # Callers that hold only a URL: the process's own settings name the master.
+        from drover.config import get_settings
+
+        settings = get_settings()
+        master = settings.sentinel_master
+        if sentinel_password is None and settings.sentinel_password is not None:
+            sentinel_password = settings.sentinel_password.get_secret_value()
+    return parse_sentinel(url, master, sentinel_password)
+
+
+def sentinel_for(target: SentinelTarget, timeout: float = 5.0, **master_options: Any,
+                 ) -> redis.sentinel.Sentinel:
+    """A Sentinel over ``target``'s sentinels; ``master_options`` go to master connections."""
+    return redis.sentinel.Sentinel(
+        list(target.sentinels), sentinel_kwargs=target.sentinel_options(timeout),
+        **master_options)
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=2.0, base=0.05), REDIS_RETRIES)
+
+
+def sync_redis(url: str, *, master: str | None = None, sentinel_password: str | None = None,
+               retries: bool = True, **options: Any) -> redis.Redis:
+    """A client for ``url`` (a Redis URL or a Sentinel list) that rides out a restart or a
+    failover. Without ``master`` a Sentinel list takes DROVER_SENTINEL_MASTER; ``retries``
+    False makes one attempt (first contact); ``options`` override the socket options."""
+    settings: dict[str, Any] = {**_CLIENT_OPTIONS, **options}
+    retry = _retry() if retries else Retry(NoBackoff(), 0)
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, retry=retry, retry_on_error=_RETRY_ON, **settings)
+    target = _target(url, master, sentinel_password)
+    sentinel = sentinel_for(target, settings["socket_connect_timeout"])
+    return sentinel.master_for(target.master, redis_class=redis.Redis, retry=retry,
+                               retry_on_error=_RETRY_ON, **target.master_options(), **settings)
+
+
+def async_redis(url: str, *, master: str | None = None,
+                sentinel_password: str | None = None, **options: Any) -> aioredis.Redis:
+    """The asyncio twin of ``sync_redis`` (redis.asyncio needs its own Retry class: handed the
+    sync one, it gives up at once)."""
+    settings: dict[str, Any] = {**_CLIENT_OPTIONS, **options}
+    retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), REDIS_RETRIES)
+    if not is_sentinel(url):
+        return aioredis.Redis.from_url(url, retry=retry, retry_on_error=_RETRY_ON, **settings)
+    target = _target(url, master, sentinel_password)
+    sentinel = aiosentinel.Sentinel(
+        list(target.sentinels),
+        sentinel_kwargs=target.sentinel_options(settings["socket_connect_timeout"]))
+    return sentinel.master_for(target.master, redis_class=aioredis.Redis, retry=retry,
+                               retry_on_error=_RETRY_ON, **target.master_options(), **settings)
