@@ -368,3 +368,67 @@ def test_rabbitmq_restarted_mid_job_loses_nothing(sim, drover_env, spawn_worker,
     assert_complete(result, fleet, 100)
     stats = sim.stats()
     assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 100 * CALLS
+
+
+# --- kill -9 under tight limits, with the default window ------------------------------------
+
+TIGHT_RPM = 60  # one call a second: two workers of 16 slots are four times what 15 s serve
+TIGHT_N = 40
+
+
+def limiter_cooldown_s(env: dict[str, str]) -> float:
+    """Seconds left of the test key's cooldown (0 when none), as the limiter holds it."""
+    from drover.workers.limiter import Limiter
+
+    limiter = Limiter(redis.Redis.from_url(env["DROVER_REDIS_URL"]),
+                      prefix=env["DROVER_KEY_PREFIX"])
+    scopes = [s for s in limiter.scopes() if env["DROVER_KEY_ALIAS"] in s]
+    return max((limiter.state(s)["cooldown_s"] for s in scopes), default=0.0)
+
+
+@pytest.mark.parametrize(("moment", "broker_name"), [
+    ("early", "redis"), ("middle", "redis"), ("cooldown", "redis"),
+    ("middle", "rabbitmq"), ("cooldown", "rabbitmq")])
+def test_kill_under_tight_limits_with_the_default_window_leaves_no_part_behind(
+        moment, broker_name, sim, drover_env, spawn_worker, monkeypatch, fleet, request):
+    """kill -9 of one of two workers while the key is the bottleneck (60 RPM, 40 one-call
+    sub-agents, 32 worker slots: most sub-agents wait for the limiter at any moment), with
+    the default dispatch window, early in the job, in its middle, or while a 429's
+    retry-after (20 s, past the horizon) holds every worker in a cooldown. Every part the
+    dead worker held (running, prefetched, waiting in a countdown, deferred in the window)
+    comes back: the job ends with every sub-agent ok, each recorded once, and the window's
+    places are all handed back."""
+    if broker_name == "rabbitmq":
+        configure(monkeypatch, drover_env, broker_url=request.getfixturevalue("rabbitmq_url"))
+    configure(monkeypatch, drover_env, rpm=TIGHT_RPM, max_attempts=15, countdown_cap_s=25)
+    sim.configure(rpm=TIGHT_RPM, burst_s=1.0, tool_turns=0, output_tokens_mean=20,
+                  latency_mean_s=0.3, latency_p95_s=0.6,
+                  inject_429_rate=0.08 if moment == "cooldown" else 0.0,
+                  inject_429_retry_after=20)
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Weigh container {i}" for i in range(TIGHT_N)], max_tokens=40))
+    victim = spawn_worker(concurrency=THREADS)
+    survivor = spawn_worker(concurrency=THREADS)
+    victim_id, _ = fleet.wait_for(victim, survivor)
+    if moment == "early":
+        wait_until("the victim holding sub-agents", lambda: len(fleet.held(victim_id)) >= 3,
+                   120)
+    elif moment == "middle":
+        wait_until("half the job done", lambda: handle.progress()["ok"] >= TIGHT_N // 2 and
+                   fleet.held(victim_id), 180)
+    else:
+        wait_until("a cooldown under way", lambda: limiter_cooldown_s(drover_env) > 8 and
+                   fleet.held(victim_id), 180)
+    held = fleet.held(victim_id)
+    done_at_kill = handle.progress()["ok"]
+    kill_group(victim)
+    killed = time.monotonic()
+    victim.wait()
+    result = fleet.wait(handle, TIGHT_N, timeout=240)
+    done_s = time.monotonic() - killed
+    fs_left = fleet.r.hgetall(f"{fleet.prefix}:fs:{{{drover_env['DROVER_QUEUE']}}}:jobs")
+    print(f"\n[{broker_name}, {moment}] kill -9 of a worker holding {len(held)} parts at "
+          f"{done_at_kill}/{TIGHT_N} done: the last record {done_s:.1f} s after the kill "
+          f"(429s {sim.stats().get('rejected_429', '?')})")
+    assert_complete(result, fleet, TIGHT_N)
+    assert handle.id not in fs_left, f"the window still holds the job: {fs_left}"
