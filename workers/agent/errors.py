@@ -20,15 +20,25 @@ __all__ = ["AgentError", "CallFailed", "Cancelled", "LimiterSaysLater", "RetryLa
 
 
 class AgentError(Exception):
-    """Base of every exception the agent raises on purpose."""
+    """Base of every exception the agent raises on purpose.
+
+    ``call_outcome`` tells telemetry what the exception means for an LLM call's count
+    without telemetry importing the agent: "cancelled", "deferred" (no call was made), or
+    None (a ``decision`` of the retry policy says, or it is an error)."""
+
+    call_outcome: str | None = None
 
 
 class Cancelled(AgentError):
     """The job was cancelled (or its deadline passed) while this step waited or ran."""
 
+    call_outcome = "cancelled"
+
 
 class RetryLater(AgentError):
     """Free the worker slot and come back after ``countdown`` seconds (a Celery retry)."""
+
+    call_outcome = "deferred"  # unless a ``decision`` says the call failed (RetryableFailure)
 
     def __init__(self, countdown: float, reason: str):
         super().__init__(f"retry in {countdown:.1f} s: {reason}")

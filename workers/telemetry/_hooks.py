@@ -20,6 +20,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from drover.workers.limiter import llm_scope
 from drover.workers.telemetry import _tracing
 from drover.workers.telemetry._recorder import get_recorder
 
@@ -82,9 +83,6 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
     @functools.wraps(fn)
     async def wrapper(rt: Any, params: dict[str, Any], ctx: Any) -> T:
-        from drover.workers.agent.errors import Cancelled, RetryLater
-        from drover.workers.limiter import llm_scope
-
         settings = rt.settings
         model = str(params.get("model"))
         scope = llm_scope(settings.key_alias, model)
@@ -100,22 +98,19 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             try:
                 message = await fn(rt, params, ctx)
                 return message
-            except Cancelled:
-                outcome, error_type = "cancelled", "cancelled"
-                raise
-            except RetryLater as error:
-                decision = getattr(error, "decision", None)
-                if decision is None:  # the limiter deferred it: no call was made
-                    outcome = ""
-                    span.set_attribute("drover.deferred", error.reason)
-                    raise
-                outcome, error_type = _OUTCOMES.get(decision.counter, "4xx"), decision.error_type
-                raise
             except BaseException as error:
+                # The agent's exceptions say what they mean for the count (this room knows
+                # no agent): ``call_outcome`` and the retry policy's ``decision``.
+                kind = getattr(error, "call_outcome", None)
                 decision = getattr(error, "decision", None)
-                if decision is not None:
+                if kind == "cancelled":
+                    outcome, error_type = "cancelled", "cancelled"
+                elif decision is not None:
                     outcome = _OUTCOMES.get(decision.counter, "4xx")
                     error_type = decision.error_type
+                elif kind == "deferred":  # the limiter wanted a later start: no call made
+                    outcome = ""
+                    span.set_attribute("drover.deferred", str(getattr(error, "reason", "")))
                 elif isinstance(error, asyncio.CancelledError):  # the worker shut down
                     outcome, error_type = "cancelled", "CancelledError"
                 else:  # a bug or a broken deployment: the sub-agent records it as failed
