@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from celery import Celery
 
-    from drover.orchestrator.jobs import JobHandle, JobNotFound, submit
+    from drover.orchestrator.jobs import JobHandle, JobNotFound, Unreachable, submit
     from drover.orchestrator.planning import plan
     from drover.workers.jobs.records import JobResult, SubagentResult, Usage
     from drover.workers.jobs.spec import JobSpec
@@ -34,9 +34,10 @@ if TYPE_CHECKING:
     app: Celery
 
 __all__ = ["JobHandle", "JobNotFound", "JobResult", "JobSpec", "SubagentResult", "Usage",
-           "app", "plan", "submit", "tool"]
+           "Unreachable", "app", "plan", "submit", "tool"]
 
 _WHERE = {"JobHandle": "drover.orchestrator.jobs", "JobNotFound": "drover.orchestrator.jobs",
+          "Unreachable": "drover.orchestrator.jobs",
           "submit": "drover.orchestrator.jobs", "plan": "drover.orchestrator.planning",
           "JobResult": "drover.workers.jobs.records",
           "SubagentResult": "drover.workers.jobs.records", "Usage": "drover.workers.jobs.records",

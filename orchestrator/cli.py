@@ -17,7 +17,6 @@ Expected failures print one message that says what to do, never a traceback.
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 import textwrap
@@ -117,7 +116,10 @@ WORKER_DEFAULTS = (("--pool", "-P", "threads", "the Celery pool: drover's sub-ag
                     "own help below says the CPU count, drover's default is 32"),
                    ("--queues", "-Q", None, "the queue to consume: DROVER_QUEUE"),
                    ("--loglevel", "-l", "INFO", "log level; one line per LLM call at INFO, no "
-                    "prompt text at any level"))
+                    "prompt text at any level"),
+                   ("--hostname", "-n", "celery@HOST", "the Celery node name: the first of "
+                    "celery@HOST, celery2@HOST, ... that no live worker of this host holds, so "
+                    "several workers on one host are distinct nodes"))
 
 
 def worker_parser() -> argparse.ArgumentParser:
@@ -128,9 +130,11 @@ def worker_parser() -> argparse.ArgumentParser:
         description=_wrap("Start a Celery worker for drover's tasks "
         "(celery -A drover.workers.app worker) "
         "with drover's defaults. It refuses to start, saying what to fix, without an API key "
-        "(ANTHROPIC_API_KEY, unless DROVER_ANTHROPIC_BASE_URL points at a simulator or proxy "
-        "that needs none), with a DROVER_TOOL_MODULES module that does not import, or when "
-        "Redis or the broker does not answer."),
+        "(ANTHROPIC_API_KEY, unless DROVER_ANTHROPIC_BASE_URL points at a proxy that needs "
+        "none), with a DROVER_TOOL_MODULES module that does not import, or when Redis or the "
+        "broker does not answer. drover's simulator (drover sim) needs a key, as the API "
+        "does, and takes any: ANTHROPIC_API_KEY=sk-sim. Tool modules import from the folder "
+        "the worker starts in, as with `celery worker`."),
         epilog=_wrap("Every other option goes to `celery worker` unchanged; Celery's own help "
         "follows. Exit status: 2 settings, API key or tool module; 3 Redis or broker "
         "unreachable; otherwise Celery's."))
@@ -150,6 +154,7 @@ def _worker(args: argparse.Namespace) -> int:
         from drover.workers.app import app
 
         return _celery_exit(app.worker_main, ["worker", "--help"])
+    from drover.workers.nodenames import claim_node_name, names_a_node
     from drover.workers.preflight import WorkerCannotStart, check_worker
 
     settings = _settings()
@@ -162,6 +167,11 @@ def _worker(args: argparse.Namespace) -> int:
 
     argv = ["worker", "--pool", "threads", "--concurrency", "32", "--queues", settings.queue,
             "--loglevel", "INFO", *args.rest]
+    if not names_a_node(args.rest):  # several workers on one host: a name each
+        from drover.workers.services import services
+
+        argv[1:1] = ["--hostname", claim_node_name(services(settings).redis,
+                                                   settings.key_prefix)]
     return _celery_exit(app.worker_main, argv)
 
 
@@ -200,18 +210,11 @@ enqueued); 3 Redis or the broker does not answer."""
 
 
 def _spec_error_lines(path: str, error: ValidationError) -> list[str]:
-    from drover.workers.jobs.spec import JobSpec
-
-    fields = list(JobSpec.model_fields)
     lines = [f"the job spec {path!r} is not valid; nothing was enqueued:"]
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(spec)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden" and len(item["loc"]) == 1:
-            close = difflib.get_close_matches(str(item["loc"][0]), fields, n=1, cutoff=0.6)
-            message = "not a JobSpec field" + (f"; did you mean {close[0]!r}?" if close else
-                                                 f" (fields: {', '.join(fields)})")
-        elif item["type"] == "json_invalid":
+        message = item["msg"].removeprefix("Value error, ")  # an unknown field's names the closest
+        if item["type"] == "json_invalid":
             message = f"not valid JSON: {item.get('ctx', {}).get('error', message)}"
         lines.append(f"  {where}: {message}")
     return lines
@@ -247,7 +250,14 @@ def _submit(args: argparse.Namespace) -> int:
         raise Refused(f"refused, nothing was enqueued: {error}") from None
     console.print(handle.id)
     if args.wait:
-        return _print_result(_wait(handle, settings))
+        try:
+            result = _wait(handle, settings)
+        except KeyboardInterrupt:
+            _say(f"stopped waiting; job {handle.id} keeps running on the workers. Follow it "
+                 f"with `drover watch {handle.id}`, its result: `drover result {handle.id}`, "
+                 f"stop it: `drover cancel {handle.id}`")
+            return INTERRUPTED
+        return _print_result(result)
     return OK
 
 

@@ -11,7 +11,6 @@ everything it reads lives in Redis.
 
 from __future__ import annotations
 
-import importlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from drover.config import Settings, get_settings
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.workers.preflight import Unreachable, check_services, import_tool_modules
 from drover.workers.services import services
 from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
@@ -30,10 +30,23 @@ def _store(settings: Settings) -> JobStore:
     return services(settings).store
 
 
+# The service URLs this process has reached once; later trouble is the clients' reconnects'.
+_REACHED: set[tuple[str, str, str]] = set()
+
+
+def _first_contact(settings: Settings) -> None:
+    """Unreachable within a few seconds, naming the setting, when Redis or the broker does not
+    answer (the clients' own reconnect loop is for a Redis that restarts under a running job:
+    about a minute, then a traceback that names nothing)."""
+    urls = (settings.redis_url, settings.broker, settings.backend)
+    if urls not in _REACHED:
+        check_services(settings)
+        _REACHED.add(urls)
+
+
 def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Refuse, with a message that says what to fix, what the workers would fail on later."""
-    for module in settings.tool_modules:
-        importlib.import_module(module)
+    import_tool_modules(settings)  # from the working folder too, as the worker does
     if spec.tools:
         get_tools(spec.tools)  # raises ValueError naming the unknown tools
     if len(spec.subtasks) > settings.max_fanout:
@@ -55,13 +68,19 @@ def spec_bytes(spec: JobSpec) -> int:
 
 @job_submitted
 def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) -> JobHandle:
-    """Validate ``spec``, store it and start the job; returns at once with a handle."""
+    """Validate ``spec``, store it and start the job; returns at once with a handle.
+
+    Raises pydantic's ValidationError for a bad spec, ValueError for a job the workers would
+    refuse (an unknown tool, too many subtasks), ``Unreachable`` within a few seconds when
+    Redis or the broker does not answer; nothing is enqueued then.
+    """
     from drover.workers.tasks import launch, plan_job  # the Celery app is built only when needed
 
     settings = settings or get_settings()
     if not isinstance(spec, JobSpec):
         spec = JobSpec.model_validate(spec)
     check_spec(spec, settings)
+    _first_contact(settings)
     store = _store(settings)
     job_id = uuid.uuid4().hex
     if spec.goal:
@@ -89,6 +108,7 @@ class JobHandle:
     def attach(cls, job_id: str, *, settings: Settings | None = None) -> JobHandle:
         """A handle for a job submitted elsewhere; raises JobNotFound for an unknown id."""
         handle = cls(job_id, settings=settings)
+        _first_contact(handle.settings)
         handle.store.meta(job_id)
         return handle
 
@@ -200,4 +220,4 @@ class JobHandle:
         return True
 
 
-__all__ = ["JobHandle", "JobNotFound", "submit"]
+__all__ = ["JobHandle", "JobNotFound", "Unreachable", "submit"]

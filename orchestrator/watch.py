@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,6 +16,45 @@ from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.records import JobResult
 from drover.workers.services import services
 
+# Off a terminal (a pipe, a log file, CI) rich draws no bar: a line this often instead.
+PLAIN_EVERY_S = 5.0
+
+
+def progress_line(handle: JobHandle, started: float) -> str:
+    """``progress: 12/30 finished (ok=11 failed=1), 18 pending, 42 s`` (one Redis read)."""
+    counts = handle.progress()
+    finished = counts["total"] - counts["pending"]
+    ended = " ".join(f"{k}={v}" for k, v in counts.items()
+                     if k not in ("total", "pending") and v)
+    return (f"progress: {finished}/{counts['total']} finished" + (f" ({ended})" if ended else "")
+            + f", {counts['pending']} pending, {time.monotonic() - started:.0f} s")
+
+
+@contextmanager
+def _plain_progress(handle: JobHandle, console: Console) -> Iterator[None]:
+    """Print a progress line now and every PLAIN_EVERY_S until the block ends."""
+    if console.is_terminal:
+        yield
+        return
+    stop, started = threading.Event(), time.monotonic()
+
+    def lines() -> None:
+        while True:
+            try:
+                console.print(progress_line(handle, started), highlight=False)
+            except Exception:  # Redis away for a moment: the next line will say
+                pass
+            if stop.wait(PLAIN_EVERY_S):
+                return
+
+    printer = threading.Thread(target=lines, name="drover-watch-lines", daemon=True)
+    printer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        printer.join(timeout=5)
+
 
 def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -> JobResult:
     """Show progress until the job's JobResult is stored, and return it."""
@@ -21,6 +63,11 @@ def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -
             time.sleep(0.1)
     total = handle.progress()["total"]
     console.print(f"{total} sub-agents")
+    with _plain_progress(handle, console):
+        return _follow(handle, console, total, show_records)
+
+
+def _follow(handle: JobHandle, console: Console, total: int, show_records: bool) -> JobResult:
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
                MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:

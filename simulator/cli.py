@@ -57,7 +57,10 @@ def build_parser(prog: str = "python -m drover.simulator") -> argparse.ArgumentP
 async def _serve(config: SimConfig, host: str, port: int) -> None:
     runner, bound = await start_runner(make_app(engine=Engine(config)), host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    print(f"simulator listening on http://{shown}:{bound}", flush=True)
+    reach = "<this host's address>" if host in ("0.0.0.0", "") else host
+    print(f"simulator listening on http://{shown}:{bound} (it takes any API key: on the "
+          f"workers, DROVER_ANTHROPIC_BASE_URL=http://{reach}:{bound} ANTHROPIC_API_KEY=sk-sim)",
+          flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

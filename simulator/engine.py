@@ -155,8 +155,10 @@ class Engine:
             auth = headers.get("authorization", "")
             api_key = auth[7:] if auth.lower().startswith("bearer ") else ""
         if not api_key:
-            return self._error(401, "authentication_error", "x-api-key header is required",
-                               req_id, None, now)
+            # The API's own words, then what to do about it here (any key will do).
+            return self._error(401, "authentication_error", "x-api-key header is required "
+                               "(drover's simulator takes any key: set ANTHROPIC_API_KEY, e.g. "
+                               "ANTHROPIC_API_KEY=sk-sim)", req_id, None, now)
         buckets = self._buckets_for(api_key, now)
         try:
             body = json.loads(raw)

@@ -1,5 +1,5 @@
 """Flower on drover's app tells an operator the truth: each sub-agent task shows its job and
-index (``job=<id> sub=<i>/<n>``), its outcome first in its result, and why each retry
+index (``sub=<i>/<n> job=<id>``), its outcome first in its result, and why each retry
 happened; the join's args are the job id and its result names the failed sub-agents; the
 README's search recipe finds them. Beyond loopback Flower needs a password, which never shows
 up in a command line or a log. Real Flower, real worker processes, the simulator's faults."""
@@ -166,7 +166,7 @@ def test_flower_shows_each_subagents_job_index_outcome_and_why_it_retried(
     assert sorted(subagents) == [0, 1, 2, 3, 4]
     # Readable args, kept across retries: the job and the sub-agent, nothing else.
     for index, task in subagents.items():
-        assert task["args"] == f"job={handle.id} sub={index}/5", task
+        assert task["args"] == f"sub={index}/5 job={handle.id}", task
         assert task["worker"] == name
 
     # Outcome at a glance: the result starts with the status, the error in words.
@@ -193,7 +193,7 @@ def test_flower_shows_each_subagents_job_index_outcome_and_why_it_retried(
         f"args:job={handle.id} result:\"'status': 'failed'\""))
     assert status == 200
     assert sorted(t["args"] for t in failed.values()) == [
-        f"job={handle.id} sub=1/5", f"job={handle.id} sub=4/5"]
+        f"sub=1/5 job={handle.id}", f"sub=4/5 job={handle.id}"]
 
     status, not_ok = flower.get("/api/tasks?search=" + quote(
         f"args:job={handle.id} (result:\"'status': 'failed'\" OR "
@@ -314,5 +314,5 @@ def test_a_subagent_sent_again_says_so_in_flowers_args(drover_env, redis_client)
     raws = redis_client.lrange(f"{settings.key_prefix}:celery:{settings.queue}", 0, -1)
     shown = sorted(json.loads(raw)["headers"]["argsrepr"] for raw in raws)
     assert shown == [f"job={job_id} join of 3 resent",
-                     f"job={job_id} sub=2/3 resent: its worker or message was lost"]
+                     f"sub=2/3 job={job_id} resent: its worker or message was lost"]
     assert all(SECRET not in raw for raw in raws)

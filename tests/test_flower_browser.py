@@ -73,11 +73,11 @@ def test_the_tasks_page_shows_the_jobs_failed_subagent_row(drover_env, sim, spaw
 
         dom = dump_dom(f"{flower.url}/tasks?name=drover.run_subagent", tmp_path / "chromium")
     table = rows(dom)
-    failed = [r for r in table if f"job={handle.id} sub=1/2" in r]
+    failed = [r for r in table if f"sub=1/2 job={handle.id}" in r]
     assert len(failed) == 1, table
     (row,) = failed
     assert "drover.run_subagent" in row and "SUCCESS" in row
     assert "{'status': 'failed', 'error': '400 invalid_request_error" in row
-    ok = [r for r in table if f"job={handle.id} sub=0/2" in r]
+    ok = [r for r in table if f"sub=0/2 job={handle.id}" in r]
     assert len(ok) == 1 and "{'status': 'ok'" in ok[0]
     assert SECRET not in dom

@@ -63,7 +63,7 @@ def publish_granted(fs: FairShare, runs: list[Dispatch]) -> None:
 
 
 def job_size(job_id: str) -> int | str:
-    """The job's sub-agent count, for Flower's args (``job=<id> sub=<i>/<n>``)."""
+    """The job's sub-agent count, for Flower's args (``sub=<i>/<n> job=<id>``)."""
     settings = get_settings()
     try:
         return _known_size(settings.redis_url, settings.key_prefix, job_id)

@@ -5,9 +5,9 @@ of starting and failing every sub-agent later (``drover.workers.preflight.check_
 ``drover worker`` and, through Celery's ``celeryd_init`` signal, by ``celery -A drover.workers.app
 worker``):
 
-- no API key, and no ``DROVER_ANTHROPIC_BASE_URL`` (a simulator or proxy may need none: then
-  the worker starts, says so once, and sends no key; a 401 fails each sub-agent as
-  ``authentication_error``);
+- no API key, and no ``DROVER_ANTHROPIC_BASE_URL`` (a proxy may need none: then the worker
+  starts, says so once, and sends no key; a 401 fails each sub-agent as
+  ``authentication_error``; drover's simulator, like the API, needs a key and takes any);
 - a module in ``DROVER_TOOL_MODULES`` that does not import;
 - Redis, the broker or the result backend not answering (one short attempt).
 """

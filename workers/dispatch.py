@@ -55,11 +55,12 @@ def _chord_id(job_id: str) -> str:
 
 
 def subagent_argsrepr(job_id: str, index: int, n: int | str | None, note: str = "") -> str:
-    """What Flower shows as a sub-agent task's args: ``job=<id> sub=<i>/<n>`` (i from 0).
+    """What Flower shows as a sub-agent task's args: ``sub=<i>/<n> job=<id>`` (i from 0).
 
     The real args stay ``(job_id, index)``; this is only their display (Celery's
-    ``argsrepr``), searchable in Flower as ``args:job=<id>``."""
-    return f"job={job_id} sub={index}/{'?' if n is None else n}" + (f" {note}" if note else "")
+    ``argsrepr``), searchable in Flower as ``args:job=<id>``. The index comes first: Flower's
+    table cuts long args, and the 32-character job id would push it out of sight."""
+    return f"sub={index}/{'?' if n is None else n} job={job_id}" + (f" {note}" if note else "")
 
 
 def join_argsrepr(job_id: str, n: int | str | None = None) -> str:

@@ -5,7 +5,6 @@ SIGTERM a warm shutdown; at the end, its heartbeat gone at once (``workers/jobs/
 
 from __future__ import annotations
 
-import importlib
 import logging
 import socket
 from typing import Any
@@ -19,6 +18,7 @@ from celery.signals import (
 )
 
 from drover.config import get_settings
+from drover.workers import preflight
 from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.runtime import Runtime
@@ -40,8 +40,7 @@ log = logging.getLogger("drover.recovery")
 
 def import_tool_modules() -> None:
     """Import the modules named in DROVER_TOOL_MODULES so their @tool functions register."""
-    for name in get_runtime().settings.tool_modules:
-        importlib.import_module(name)
+    preflight.import_tool_modules(get_runtime().settings)
 
 
 @worker_ready.connect

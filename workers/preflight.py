@@ -29,8 +29,8 @@ from drover.workers.redis_clients import sync_redis
 
 __all__ = ["FIRST_CONTACT_TIMEOUT_S", "Unreachable", "WorkerCannotStart", "broker_problem",
            "check_services", "check_worker", "eviction_problem", "has_credentials",
-           "tool_module_problem", "redis_answers",
-           "redis_problem"]
+           "import_tool_modules", "tool_module_problem", "redis_answers", "redis_problem",
+           "working_folder_on_path"]
 
 # One attempt, this long, for the first contact: long enough for a Redis across a WAN, short
 # enough that a typo in a URL is reported at once.
@@ -169,12 +169,31 @@ def has_credentials(settings: Settings) -> bool:
     return bool(settings.anthropic_api_key or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
 
 
+def working_folder_on_path() -> None:
+    """Put the working folder first on ``sys.path``, as ``celery worker`` and ``python -m`` do.
+
+    A console script's ``sys.path[0]`` is the script's own folder, so without this a tool
+    module next to the job (``my_tools.py`` in the folder ``drover worker`` was started from)
+    would not import.
+    """
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def import_tool_modules(settings: Settings) -> None:
+    """Import the DROVER_TOOL_MODULES (from the working folder too) so their tools register."""
+    working_folder_on_path()
+    for name in settings.tool_modules:
+        importlib.import_module(name)
+
+
 def tool_module_problem(name: str, error: BaseException) -> str:
     """What to say about a DROVER_TOOL_MODULES entry that raised ``error`` on import."""
     if isinstance(error, ModuleNotFoundError) and error.name == name:
         return (f"the tool module {name!r} (DROVER_TOOL_MODULES) is not importable here: "
-                "no module of that name on sys.path. Put its directory on PYTHONPATH (or run "
-                "from it), or take it out of DROVER_TOOL_MODULES")
+                "no module of that name in the working folder or on sys.path. Run from its "
+                "folder, put that folder on PYTHONPATH, or take it out of DROVER_TOOL_MODULES")
     frames = traceback.extract_tb(error.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return (f"the tool module {name!r} (DROVER_TOOL_MODULES) does not import: "
@@ -219,8 +238,10 @@ def check_worker(settings: Settings, *, services: bool = True) -> None:
         raise WorkerCannotStart(
             "no API key: set ANTHROPIC_API_KEY on the worker's host (it never travels in a "
             "task), or set DROVER_ANTHROPIC_BASE_URL to a proxy that needs none. drover's "
-            "simulator takes any key: `drover sim --port 8080`, then "
+            "simulator needs a key, as the API does, and takes any: `drover sim --port 8080`, "
+            "then "
             "DROVER_ANTHROPIC_BASE_URL=http://127.0.0.1:8080 ANTHROPIC_API_KEY=sk-sim", 2)
+    working_folder_on_path()
     for name in settings.tool_modules:
         try:
             importlib.import_module(name)
@@ -243,7 +264,8 @@ def check_worker(settings: Settings, *, services: bool = True) -> None:
     if not has_credentials(settings):
         print(f"drover worker: warning: no ANTHROPIC_API_KEY; requests to "
               f"{mask_url(settings.anthropic_base_url or '')} go without a key, and if it "
-              "needs one every sub-agent fails with authentication_error",
+              "needs one every sub-agent fails with authentication_error (drover's simulator "
+              "needs one and takes any: ANTHROPIC_API_KEY=sk-sim)",
               file=sys.stderr, flush=True)
 
 

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
@@ -108,10 +108,26 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def tool(name: F, /) -> F: ...
+@overload
 def tool(name: str | None = None, *, description: str | None = None, kind: ToolKind = "read",
-         timeout_s: float | None = None, rps: float | None = None
-         ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn`` as a tool; ``rps`` puts it under a global limiter scope of its own."""
+         timeout_s: float | None = None, rps: float | None = None) -> Callable[[F], F]: ...
+
+
+def tool(name: Any = None, *, description: str | None = None, kind: ToolKind = "read",
+         timeout_s: float | None = None, rps: float | None = None) -> Any:
+    """Register a function as a tool: ``@tool`` bare, or ``@tool("name", kind=..., ...)``.
+
+    ``rps`` puts it under a global limiter scope of its own.
+    """
+    if callable(name):  # used bare: @tool
+        return tool()(name)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"@tool's name must be a string, not {type(name).__name__}")
     if kind not in ("read", "write"):
         raise ValueError(f"tool kind must be 'read' or 'write', not {kind!r}")
 

@@ -68,7 +68,7 @@ class Runtime:
                                     horizon_s=self.settings.horizon_s,
                                     stats_window_s=self.settings.stats_window_s)
         key = self.settings.anthropic_api_key
-        # No key but a base URL: a proxy (or simulator) that may need none. The SDK would
+        # No key but a base URL: a proxy that may need none. The SDK would
         # refuse to send without a credential unless the header is omitted on purpose.
         keyless = (not key and self.settings.anthropic_base_url
                    and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))

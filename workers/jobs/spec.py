@@ -6,9 +6,19 @@ It lives in ``workers`` because workers read it back from Redis; users import it
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import difflib
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200_000)]
 TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -25,7 +35,8 @@ class JobSpec(BaseModel):
     the model plan at most ``max_subtasks`` subtasks first.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # hide_input: a bad value's error never repeats it (a subtask or a system prompt).
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     subtasks: list[Text] = Field(default_factory=list)
     goal: Text | None = None
@@ -51,6 +62,20 @@ class JobSpec(BaseModel):
     tenant: TenantName = DEFAULT_TENANT
     priority: Priority = "normal"
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_the_closest_field(cls, data: Any, handler: ValidatorFunctionWrapHandler
+                                ) -> JobSpec:
+        """An unknown field's error names the closest field (``max_token``: ``max_tokens``)."""
+        try:
+            return handler(data)
+        except ValidationError as error:
+            if not any(e["type"] == "extra_forbidden" for e in error.errors()):
+                raise
+            raise ValidationError.from_exception_data(
+                error.title, [_with_suggestion(e) for e in error.errors()],
+                hide_input=True) from None
+
     @model_validator(mode="after")
     def _one_source_of_work(self) -> JobSpec:
         if self.subtasks and self.goal:
@@ -58,3 +83,23 @@ class JobSpec(BaseModel):
         if not self.subtasks and not self.goal:
             raise ValueError("a job needs subtasks (a list of strings) or a goal to plan from")
         return self
+
+
+def unknown_field_message(name: str) -> str:
+    """What to say about a field JobSpec does not have: the closest one, or all of them."""
+    fields = list(JobSpec.model_fields)
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    return "not a JobSpec field" + (f"; did you mean {close[0]!r}?" if close else
+                                    f" (fields: {', '.join(fields)})")
+
+
+def _with_suggestion(error: Any) -> InitErrorDetails:
+    details: dict[str, Any] = {"loc": error["loc"], "input": error["input"]}
+    if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+        details["type"] = PydanticCustomError(
+            "extra_forbidden", unknown_field_message(str(error["loc"][0])))
+    else:
+        details["type"] = error["type"]
+        if "ctx" in error:
+            details["ctx"] = error["ctx"]
+    return details  # type: ignore[return-value]
