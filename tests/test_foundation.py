@@ -73,7 +73,7 @@ def test_a_bad_request_fails_one_subagent_and_the_others_finish(sim, worker):
     ({"subtasks": ["a"], "max_tokens": 0}, "greater than or equal to 1"),
     ({"subtasks": ["   "]}, "at least 1 character"),
     ({"subtasks": ["a"], "mode": "sometimes"}, "partial"),
-    ({"subtasks": ["a"], "colour": "red"}, "Extra inputs"),
+    ({"subtasks": ["a"], "colour": "red"}, "not a JobSpec field"),
 ])
 def test_invalid_specs_are_refused_with_a_clear_message(spec, message):
     with pytest.raises(ValidationError, match=message):
