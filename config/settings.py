@@ -38,11 +38,13 @@ class ModelLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rpm: PositiveRate | None = None
-    itpm: PositiveRate | None = None
-    otpm: PositiveRate | None = None
-    # Cache reads do not count towards ITPM on most current models; a few older ones do.
-    cache_reads_count: bool = False
+    rpm: PositiveRate | None = Field(default=None, description="Requests per minute.")
+    itpm: PositiveRate | None = Field(default=None, description="Input tokens per minute.")
+    otpm: PositiveRate | None = Field(default=None, description="Output tokens per minute.")
+    cache_reads_count: bool = Field(
+        default=False,
+        description="Whether cache reads count towards ITPM (not on most current models; a few "
+        "older ones do).")
 
 
 class TenantBudget(BaseModel):
@@ -50,8 +52,12 @@ class TenantBudget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    per_minute: PositiveRate | None = None
-    per_day: PositiveRate | None = None
+    per_minute: PositiveRate | None = Field(
+        default=None, description="Tokens per minute (a bucket holding a minute's worth, refilled "
+        "continuously).")
+    per_day: PositiveRate | None = Field(
+        default=None,
+        description="Tokens per day (a bucket holding a day's worth, refilled continuously).")
 
 
 class SettingsError(ValueError):
@@ -128,6 +134,9 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
 
 
 class Settings(BaseSettings):
+    """Every field is one ``DROVER_`` variable; its ``description`` is what docs/settings.md says
+    about it (generated: ``python -m drover.config.docs > docs/settings.md``)."""
+
     model_config = SettingsConfigDict(
         env_prefix="DROVER_",
         env_file=".env",
@@ -137,127 +146,242 @@ class Settings(BaseSettings):
     )
 
     # --- where things are ---------------------------------------------------------------
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    broker_url: str | None = None  # defaults to redis_url
-    result_backend: str | None = None  # defaults to redis_url
-    # Redis Sentinel (docs/high-availability.md): with a sentinel:// list in any of the three
-    # URLs above, the name of the master the sentinels monitor, and the sentinels' own
-    # password where they have one (the master's is the one in the list).
-    sentinel_master: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]+$")
-    sentinel_password: SecretStr | None = None
-    anthropic_base_url: str | None = None  # the SDK's default (the real API) when unset
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="The Redis that holds job state, the limiter and the results, and by "
+        "default Celery's broker and result backend: `redis://`, `rediss://`, `unix://`, or a "
+        "Redis Sentinel list `sentinel://HOST:PORT;sentinel://HOST:PORT;...` (with "
+        "`DROVER_SENTINEL_MASTER`).")
+    broker_url: str | None = Field(
+        default=None,
+        description="Celery's broker: Redis, or RabbitMQ (`amqp://user:pass@host:5672/vhost`, "
+        "what Celery recommends for production). Defaults to `DROVER_REDIS_URL`.")
+    result_backend: str | None = Field(
+        default=None,
+        description="Celery's result backend (a Redis). Defaults to `DROVER_REDIS_URL`.")
+    sentinel_master: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Redis Sentinel (docs/high-availability.md): with a `sentinel://` list in "
+        "any of the three URLs above, the name of the master the sentinels monitor.")
+    sentinel_password: SecretStr | None = Field(
+        default=None,
+        description="The sentinels' own password where they have one (the master's is the one "
+        "in the `sentinel://` list).")
+    anthropic_base_url: str | None = Field(
+        default=None,
+        description="Where API calls go (the simulator, a proxy); the SDK's default (the real "
+        "API) when unset.")
     anthropic_api_key: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("ANTHROPIC_API_KEY", "DROVER_ANTHROPIC_API_KEY"),
-    )
-    key_alias: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$")
-    key_prefix: str = Field(default="drover", pattern=r"^[A-Za-z0-9_.:-]+$")
-    queue: str = Field(default="drover", pattern=r"^[A-Za-z0-9_.-]+$")
+        description="The API key, needed by workers only; never logged, never in a task "
+        "message.")
+    key_alias: str = Field(
+        default="default", pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Names the API key in the limiter's scopes (two keys: two aliases).")
+    key_prefix: str = Field(
+        default="drover", pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="The prefix of every Redis key drover writes (separate deployments on one "
+        "Redis).")
+    queue: str = Field(
+        default="drover", pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The Celery queue the sub-agents go to and the workers consume.")
 
     # --- the model and its limits -------------------------------------------------------
-    model: str = "claude-sonnet-4-6"
-    rpm: PositiveRate = 50
-    itpm: PositiveRate = 30_000
-    otpm: PositiveRate = 8_000
-    limits: dict[str, ModelLimits] = Field(default_factory=dict)
-    cache_reads_count: bool = False
-    target_utilization: float = Field(default=0.95, gt=0, le=1)
-    max_in_flight: int = Field(default=32, ge=1)
-    burst_seconds: float = Field(default=1.0, gt=0, le=60)
-    # A reservation further ahead than this is not made: the sub-agent frees its worker slot
-    # with a Celery retry instead of sleeping in it.
-    horizon_s: float = Field(default=15.0, gt=0)
-    # How long the limiter's per-second usage counters are kept (for `drover stats`).
-    stats_window_s: int = Field(default=3600, ge=60)
+    model: str = Field(
+        default="claude-sonnet-4-6", description="The model of jobs that name none.")
+    rpm: PositiveRate = Field(
+        default=50, description="The default model's requests per minute, as the console "
+        "shows it.")
+    itpm: PositiveRate = Field(
+        default=30_000, description="The default model's input tokens per minute.")
+    otpm: PositiveRate = Field(
+        default=8_000, description="The default model's output tokens per minute.")
+    limits: dict[str, ModelLimits] = Field(
+        default_factory=dict,
+        description="Other models' limits, JSON: `{\"claude-haiku-4-5\": {\"rpm\": 50, "
+        "\"itpm\": 50000, \"otpm\": 10000, \"cache_reads_count\": false}}`. A model with none "
+        "learns them from the `anthropic-ratelimit-*-limit` headers.")
+    cache_reads_count: bool = Field(
+        default=False,
+        description="Whether cache reads count towards ITPM for the default model (they do "
+        "not on most current models).")
+    target_utilization: float = Field(
+        default=0.95, gt=0, le=1,
+        description="The fraction of each limit drover plans to use (learned limits too).")
+    max_in_flight: int = Field(
+        default=32, ge=1,
+        description="Concurrent requests per (key, model) scope, as leases that expire by "
+        "themselves.")
+    burst_seconds: float = Field(
+        default=1.0, gt=0, le=60,
+        description="A bucket's capacity in seconds of refill: how much a quiet scope may send "
+        "at once.")
+    horizon_s: float = Field(
+        default=15.0, gt=0,
+        description="A reservation further ahead than this is not made: the sub-agent frees "
+        "its worker slot with a Celery retry instead of sleeping in it.")
+    stats_window_s: int = Field(
+        default=3600, ge=60,
+        description="How long the limiter's per-second usage counters are kept (for `drover "
+        "stats`).")
 
     # --- the call path, retries and the broker ------------------------------------------
-    call_timeout_s: float = Field(default=120.0, gt=0)
-    max_attempts: int = Field(default=8, ge=1)
-    backoff_base_s: float = Field(default=1.0, gt=0)
-    countdown_cap_s: float = Field(default=300.0, gt=0)
-    task_time_limit_s: int = Field(default=1800, ge=10)
-    # Redis broker only: how long a task taken but never acked stays with the worker that took
-    # it before the broker hands it out again. Not the recovery path (drover's heartbeats and
-    # claims re-send a dead worker's tasks in seconds): the last line of defence, and a late
-    # copy it delivers finds a newer claim or a record and stops. It must exceed the longest
-    # countdown plus task run, or a retry waiting in a worker's memory is delivered twice.
-    visibility_timeout_s: int = Field(default=3600, ge=5)
-    result_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
-    # A running job that gains no record for this long is checked for sub-agents whose task
-    # message the broker lost (see workers/jobs/recovery.py); those are sent again.
-    resend_after_s: float = Field(default=120.0, gt=0)
-    # Liveness (workers/jobs/liveness.py): each worker process refreshes a Redis key every
-    # HEARTBEAT_S that expires after HEARTBEAT_TTL_S; once it has expired, the recovery sweep
-    # (every HEARTBEAT_S, on one live worker at a time) re-sends what that worker held. A
-    # killed worker's sub-agents resume elsewhere within about TTL + 2 x HEARTBEAT_S.
-    heartbeat_s: float = Field(default=2.0, gt=0, le=60)
-    heartbeat_ttl_s: float = Field(default=10.0, gt=0, le=600)
-    # SIGTERM (docker stop, Kubernetes, scale-in): calls in flight get this long to finish,
-    # then every sub-agent of the worker is checkpointed and handed back to the broker. Keep it
-    # below the platform's own grace (docker stop: 10 s; Kubernetes: 30 s).
-    shutdown_grace_s: float = Field(default=8.0, ge=0, le=3600)
+    call_timeout_s: float = Field(
+        default=120.0, gt=0, description="The timeout of one LLM call.")
+    max_attempts: int = Field(
+        default=8, ge=1,
+        description="Failed attempts (429, 529, 5xx, timeouts) before a sub-agent is `failed`.")
+    backoff_base_s: float = Field(
+        default=1.0, gt=0,
+        description="The base of the exponential backoff with full jitter after a failed "
+        "call.")
+    countdown_cap_s: float = Field(
+        default=300.0, gt=0,
+        description="The longest countdown drover schedules (a backoff, a retry-after, the "
+        "limiter's horizon or cooldown, Redis away, an early join).")
+    task_time_limit_s: int = Field(
+        default=1800, ge=10, description="The longest run of one task.")
+    visibility_timeout_s: int = Field(
+        default=3600, ge=5,
+        description="Redis broker only: how long a task taken but never acked stays with the "
+        "worker that took it before the broker hands it out again. Not the recovery path "
+        "(drover's heartbeats and claims re-send a dead worker's tasks in seconds): the last "
+        "line of defence, and a late copy it delivers finds a newer claim or a record and "
+        "stops. It must exceed the longest countdown plus task run "
+        "(`DROVER_COUNTDOWN_CAP_S` + `DROVER_TASK_TIME_LIMIT_S`), or a retry waiting in a "
+        "worker's memory is delivered twice.")
+    result_ttl_s: int = Field(
+        default=7 * 24 * 3600, ge=60,
+        description="How long job records, results, transcripts and the worker registry are "
+        "kept.")
+    resend_after_s: float = Field(
+        default=120.0, gt=0,
+        description="A running job that gains no record for this long is checked for "
+        "sub-agents whose task message the broker lost (see workers/jobs/recovery.py); those "
+        "are sent again.")
+    heartbeat_s: float = Field(
+        default=2.0, gt=0, le=60,
+        description="Liveness (workers/jobs/liveness.py): each worker process refreshes a Redis "
+        "key this often, and the recovery sweep runs this often on one live worker at a time.")
+    heartbeat_ttl_s: float = Field(
+        default=10.0, gt=0, le=600,
+        description="A worker's heartbeat key expires after this long (at least twice "
+        "`DROVER_HEARTBEAT_S`); once it has, the sweep re-sends what that worker held. A killed "
+        "worker's sub-agents resume elsewhere within about TTL + 2 x `DROVER_HEARTBEAT_S`.")
+    shutdown_grace_s: float = Field(
+        default=8.0, ge=0, le=3600,
+        description="On SIGTERM (docker stop, Kubernetes, scale-in), calls in flight get this "
+        "long to finish; then every sub-agent of the worker is checkpointed and handed back to "
+        "the broker. Keep it below the platform's own grace (docker stop: 10 s; Kubernetes: "
+        "30 s).")
 
     # --- the agent runtime --------------------------------------------------------------
-    max_turns: int = Field(default=8, ge=1)
-    max_parallel_tools: int = Field(default=8, ge=1)
-    max_tool_calls_per_turn: int = Field(default=32, ge=1)
-    tool_timeout_s: float = Field(default=30.0, gt=0)
-    tool_rps: dict[str, PositiveRate] = Field(default_factory=dict)
-    # A JSON list or plain comma-separated module names.
+    max_turns: int = Field(
+        default=8, ge=1, description="LLM turns per sub-agent (a job may set its own).")
+    max_parallel_tools: int = Field(
+        default=8, ge=1, description="Tool calls running at once per sub-agent.")
+    max_tool_calls_per_turn: int = Field(
+        default=32, ge=1,
+        description="Tool calls per turn beyond which the model gets an error result.")
+    tool_timeout_s: float = Field(
+        default=30.0, gt=0, description="The default timeout of one tool call.")
+    tool_rps: dict[str, PositiveRate] = Field(
+        default_factory=dict,
+        description="Per-tool requests per second (JSON, e.g. `{\"lookup_fact\": 5}`), served "
+        "by the global limiter.")
     tool_modules: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["drover.workers.demo_tools"])
-    max_fanout: int = Field(default=10_000, ge=1)
-    # A job's spec as stored in Redis (the spec's JSON plus every subtask, UTF-8): a bigger
-    # one is refused at submit, before anything is stored or enqueued.
-    max_spec_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    # A tool result longer than this is cut (with a marker the model sees) before it goes
-    # into the checkpoint and the next request.
-    max_tool_result_chars: int = Field(default=20_000, ge=100)
-    # The SDK's and httpx's DEBUG lines hold whole request bodies (prompts); they stay off at
-    # every log level unless this asks for them (never in production).
-    log_http_bodies: bool = False
+        default_factory=lambda: ["drover.workers.demo_tools"],
+        description="Modules whose `@tool` functions workers register and `submit` checks "
+        "against: a JSON list or plain comma-separated module names.")
+    max_fanout: int = Field(
+        default=10_000, ge=1,
+        description="The most sub-agents one job may have (also caps planning).")
+    max_spec_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024,
+        description="A job's spec as stored in Redis (the spec's JSON plus every subtask, "
+        "UTF-8): a bigger one is refused at submit, before anything is stored or enqueued.")
+    max_tool_result_chars: int = Field(
+        default=20_000, ge=100,
+        description="A tool result longer than this is cut (with a marker the model sees) "
+        "before it goes into the checkpoint and the next request.")
+    log_http_bodies: bool = Field(
+        default=False,
+        description="The SDK's and httpx's DEBUG lines hold whole request bodies (prompts); "
+        "they stay off at every log level unless this asks for them (never in production).")
 
     # --- observability (see workers/telemetry) ------------------------------------------
-    # OpenTelemetry traces; also on when OTEL_TRACES_EXPORTER or an OTLP endpoint is set.
-    tracing: bool = False
-    # Prompt and completion text on LLM and tool spans: off unless asked for.
-    trace_content: bool = False
-    # How often each process adds its counters and histograms to Redis for `drover metrics`.
-    metrics_flush_s: float = Field(default=1.0, gt=0, le=60)
-    # Active jobs that get series of their own (newest first); the rest count in their tenant's.
-    metrics_max_jobs: int = Field(default=100, ge=0)
+    tracing: bool = Field(
+        default=False,
+        description="OpenTelemetry traces; also on when `OTEL_TRACES_EXPORTER` or an OTLP "
+        "endpoint is set.")
+    trace_content: bool = Field(
+        default=False,
+        description="Prompt and completion text on LLM and tool spans: off unless asked for.")
+    metrics_flush_s: float = Field(
+        default=1.0, gt=0, le=60,
+        description="How often each process adds its counters and histograms to Redis for "
+        "`drover metrics`.")
+    metrics_max_jobs: int = Field(
+        default=100, ge=0,
+        description="Active jobs that get series of their own (newest first); the rest count "
+        "in their tenant's.")
 
     # --- fair share between jobs and tenants (workers/jobs/fairshare.py) ----------------
-    # Sub-agent messages of one queue allowed in the broker or running at once, over all jobs
-    # (each finished sub-agent frees one for whichever job is furthest below its share).
-    # 0: the live workers' slots, as they report them (DISPATCH_WINDOW_FALLBACK before any has).
-    dispatch_window: int = Field(default=0, ge=0)
-    dispatch_window_fallback: int = Field(default=32, ge=1)
-    # Tenant -> weight; tenants not named weigh DEFAULT_TENANT_WEIGHT.
-    tenant_weights: dict[str, PositiveRate] = Field(default_factory=dict)
-    default_tenant_weight: PositiveRate = 1.0
-    # Each priority level below the highest one waiting in a tenant gets at least this share
-    # of the tenant's window (so batch work is never starved by interactive work).
-    priority_floor: float = Field(default=0.1, gt=0, le=0.33)
-    # Tenant -> token budget (input + output tokens), enforced by the limiter as a scope of
-    # the tenant's own: {"team-a": {"per_minute": 200000, "per_day": 20000000}}.
-    tenant_budgets: dict[str, TenantBudget] = Field(default_factory=dict)
+    dispatch_window: int = Field(
+        default=0, ge=0,
+        description="Sub-agent messages of one queue allowed in the broker or running at once, "
+        "over all jobs (each finished sub-agent frees one for whichever job is furthest below "
+        "its share). 0: the live workers' slots, as they report them "
+        "(`DROVER_DISPATCH_WINDOW_FALLBACK` before any has).")
+    dispatch_window_fallback: int = Field(
+        default=32, ge=1,
+        description="The dispatch window while `DROVER_DISPATCH_WINDOW` is 0 and no worker has "
+        "reported its slots yet.")
+    tenant_weights: dict[str, PositiveRate] = Field(
+        default_factory=dict,
+        description="Tenant -> weight (JSON) for fair share; tenants not named weigh "
+        "`DROVER_DEFAULT_TENANT_WEIGHT`.")
+    default_tenant_weight: PositiveRate = Field(
+        default=1.0, description="The weight of a tenant `DROVER_TENANT_WEIGHTS` does not name.")
+    priority_floor: float = Field(
+        default=0.1, gt=0, le=0.33,
+        description="Each priority level below the highest one waiting in a tenant gets at "
+        "least this share of the tenant's window (so batch work is never starved by "
+        "interactive work).")
+    tenant_budgets: dict[str, TenantBudget] = Field(
+        default_factory=dict,
+        description="Tenant -> token budget (input + output tokens), enforced by the limiter as "
+        "a scope of the tenant's own: `{\"team-a\": {\"per_minute\": 200000, \"per_day\": "
+        "20000000}}`.")
 
     # --- offline jobs through the Message Batches API (JobSpec.delivery) -----------------
-    # A scope's pending requests go out as a batch once this many wait, or once the oldest
-    # has waited batch_linger_s; one batch holds at most batch_max_requests (the API: 100k).
-    batch_size: int = Field(default=1000, ge=1)
-    batch_linger_s: float = Field(default=5.0, ge=0)
-    batch_max_requests: int = Field(default=100_000, ge=1, le=100_000)
-    # How often an open batch is retrieved, and how often the batcher looks at all.
-    batch_poll_s: float = Field(default=30.0, gt=0)
-    batch_tick_s: float = Field(default=1.0, gt=0)
-    # The batches endpoints' own limits (per API key, separate from RPM/ITPM/OTPM).
-    batch_rpm: PositiveRate = 50
-    batch_queue_cap: int = Field(default=100_000, ge=1)
-    # delivery="auto" uses batches when the job has no deadline or at least this long a one
-    # (the provider ends every batch within 24 h; most within an hour).
-    batch_auto_min_deadline_s: float = Field(default=86_400.0, gt=0)
+    batch_size: int = Field(
+        default=1000, ge=1,
+        description="A scope's pending requests go out as a batch once this many wait (or once "
+        "the oldest has waited `DROVER_BATCH_LINGER_S`).")
+    batch_linger_s: float = Field(
+        default=5.0, ge=0,
+        description="The longest a pending batch request waits for others before its batch "
+        "goes out.")
+    batch_max_requests: int = Field(
+        default=100_000, ge=1, le=100_000,
+        description="Requests per Message Batch at most (the API: 100k).")
+    batch_poll_s: float = Field(
+        default=30.0, gt=0, description="How often an open batch is retrieved.")
+    batch_tick_s: float = Field(
+        default=1.0, gt=0, description="How often the batcher looks at all.")
+    batch_rpm: PositiveRate = Field(
+        default=50,
+        description="The batches endpoints' own request limit per minute (per API key, "
+        "separate from RPM/ITPM/OTPM).")
+    batch_queue_cap: int = Field(
+        default=100_000, ge=1,
+        description="Batch requests allowed waiting at the provider (per API key).")
+    batch_auto_min_deadline_s: float = Field(
+        default=86_400.0, gt=0,
+        description="`delivery=\"auto\"` uses batches when the job has no deadline or at least "
+        "this long a one (the provider ends every batch within 24 h; most within an hour).")
 
     @field_validator("redis_url", "result_backend")
     @classmethod
