@@ -77,6 +77,11 @@ SESSION_PREFIX = f"drovertest-{SESSION}"
 @pytest.fixture(scope="session", autouse=True)
 def _session_keys(redis_url: str) -> Iterator[None]:
     yield
+    # An in-process worker's heartbeat would write the registry ({prefix}:workers, kept for
+    # days) again after the clean-up: stop it first.
+    from drover.workers.jobs import stop_local_worker
+
+    stop_local_worker()
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{SESSION_PREFIX}:*", count=1000):
         client.delete(key)

@@ -123,7 +123,9 @@ class ScopeModel:
                                                     MIN_RETRY_S)), "horizon")
         for d, c in charged:
             d.level = min(d.level, d.cap - d.rate * (send - now)) - min(c, d.cap)
-        self.leases[lease_id] = send + F(lease_ttl_s) * 1_000_000
+        # as the script computes it (a double: tonumber(ttl) * 1e6), not Fraction(0.2), which
+        # is a little more than 0.2 and would outlive the script's lease by a hair
+        self.leases[lease_id] = send + F(float(lease_ttl_s) * 1_000_000)
         self._write(now, dims, lims, burst)
         return ModelGrant(True, float((send - now) / 10**6), 0.0, "ok")
 
