@@ -250,3 +250,42 @@ def test_watch_off_a_terminal_prints_progress_lines(drover_env, spawn_worker, tm
     assert lines and all(re.fullmatch(r"progress: \d/4 finished( \(ok=\d\))?, \d pending, \d+ s",
                                       line) for line in lines), proc.stdout
     assert "ok=4" in proc.stdout
+
+
+def test_a_request_that_can_never_fit_the_input_limit_fails_at_once_with_the_sizes(
+        sim, drover_env, spawn_worker, monkeypatch):
+    from drover import JobSpec, submit
+    from tests.conftest import configure
+
+    configure(monkeypatch, drover_env, ITPM=30000)
+    handle = submit(JobSpec(subtasks=["word " * 40_000, "a short one"], max_tokens=32))
+    spawn_worker(concurrency=2)
+    result = handle.wait(timeout=BOUND_S)
+    big, small = result.results
+    assert small.status == "ok"
+    assert (big.status, big.error_type, big.attempts <= 1) == ("failed", "request_too_large",
+                                                               True), big
+    assert re.search(r"needs about [\d,]+ input tokens \(estimated\), more than a whole minute "
+                     r"of \S+'s input-token limit, 30,000 \(DROVER_ITPM\)", big.error), big.error
+    assert big.usage.calls == 0  # never sent
+    assert sim.stats()["accepted"] == 1  # only the short one's call
+
+
+def test_a_horizon_retry_reads_as_one_consistent_sentence(sim, drover_env, project):
+    env = user_env(drover_env, DROVER_RPM="60", DROVER_HORIZON_S="1", DROVER_BURST_SECONDS="1")
+    (project / "many.json").write_text(
+        '{"subtasks": ["a", "b", "c", "d", "e", "f"], "max_tokens": 16}')
+    worker = Worker(project, env, "horizon", "-n", f"horizon-{os.getpid()}@%h")
+    try:
+        worker.wait_ready()
+        done = subprocess.run([drover_script(), "submit", "many.json", "--wait"], cwd=project,
+                              env=env, capture_output=True, text=True, timeout=BOUND_S)
+    finally:
+        worker.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    reasons = re.findall(r"limiter horizon: the capacity for this call is ([\d.]+) s away "
+                         r"\(other calls are queued before it\), longer than a worker waits in "
+                         r"its slot \(DROVER_HORIZON_S=1 s\), so the slot is freed meanwhile",
+                         worker.text())
+    assert reasons, worker.text()[-3000:]
+    assert all(float(away) > 1 for away in reasons), reasons  # the sentence holds together
