@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from drover import JobHandle, JobSpec
 from drover.orchestrator.services import free_port
 from drover.simulator import SimConfig, SimulatorServer
+from drover.workers.redis_clients import sync_redis
 from tests.conftest import ROOT, amqp_answers, configure, wait_until
 
 THREADS = 16
@@ -69,7 +69,8 @@ class Fleet:
     """What Redis says about the workers of this test: heartbeats and claims."""
 
     def __init__(self, env: dict[str, str]):
-        self.r = redis.Redis.from_url(env["DROVER_REDIS_URL"], decode_responses=True)
+        self.r = sync_redis(env["DROVER_REDIS_URL"], master=env.get("DROVER_SENTINEL_MASTER"),
+                            decode_responses=True)
         self.prefix = env["DROVER_KEY_PREFIX"]
 
     def worker_of(self, proc: subprocess.Popen) -> str | None:
