@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from drover import JobHandle, JobSpec
 from drover.orchestrator.services import free_port
