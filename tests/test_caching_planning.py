@@ -1,5 +1,5 @@
 """Prompt caching, planning, synthesis and the structured records, through the real SDK and
-the simulator; and the README's example, run as written."""
+the simulator; and the example of docs/jobs.md, run as written."""
 
 from __future__ import annotations
 
@@ -192,10 +192,10 @@ def test_subagents_leave_a_structured_record_and_a_retrievable_transcript(sim, w
     assert "messages" not in record.model_dump() and len(record.model_dump_json()) < 1500
 
 
-# --- the README's example -------------------------------------------------------------------
+# --- the example of docs/jobs.md --------------------------------------------------------------
 
 def _readme_files() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "jobs.md").read_text()
     section = text.split("## Write your own tools and jobs", 1)[1].split("\n## ", 1)[0]
     files = {}
     for block in re.findall(r"```python\n(.*?)```", section, flags=re.S):
