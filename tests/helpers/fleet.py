@@ -4,13 +4,21 @@ worker's claims hold (for the tests that kill, pause or stop workers)."""
 from __future__ import annotations
 
 import collections
+import os
 import subprocess
+import sys
 
-from drover import JobHandle
+from drover import JobHandle, JobSpec
 from drover.workers.redis_clients import sync_redis
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
 
-__all__ = ["Fleet"]
+__all__ = ["SHORT_BROKER_TIMEOUTS", "VISIBILITY_TIMEOUT_S", "Fleet", "submit_elsewhere"]
+
+# Broker timeouts short enough that a lost message comes back within a test (the visibility
+# timeout is Redis's redelivery), for the tests that restart Redis or fail it over.
+VISIBILITY_TIMEOUT_S = 15
+SHORT_BROKER_TIMEOUTS = {"visibility_timeout_s": VISIBILITY_TIMEOUT_S, "countdown_cap_s": 3,
+                         "task_time_limit_s": 10, "call_timeout_s": 5, "resend_after_s": 5}
 
 
 class Fleet:
@@ -75,3 +83,13 @@ class Fleet:
 
     def close(self) -> None:
         self.r.close()
+
+
+def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
+    """``drover submit`` in a process of its own, which starts with this test's broker URL
+    (this test process's Celery app keeps the broker it was first built with)."""
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
+                          input=spec.model_dump_json(), capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **env}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return JobHandle.attach(proc.stdout.split()[-1])

@@ -19,7 +19,7 @@ from drover.orchestrator.flower import (
     AUTH_ENV,
 )
 from drover.orchestrator.services import free_port
-from tests.conftest import ROOT, wait_until
+from tests.helpers import ROOT, wait_until
 
 __all__ = ["Flower", "SECRET", "running_flower"]
 

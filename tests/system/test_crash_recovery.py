@@ -14,53 +14,28 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from drover import JobHandle, JobSpec, submit
+from drover import JobSpec, submit
 from drover.config import load_settings
 from drover.orchestrator.services import free_port, redis_answers
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
 from drover.workers.jobs.store import JobStore
 from drover.workers.redis_clients import sync_redis
-from tests.helpers import ROOT, configure
+from tests.helpers import configure, wait_until
+from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S, submit_elsewhere
 
-VISIBILITY_TIMEOUT_S = 15
 # Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.
 MARGIN_S = 75
-SHORT_BROKER_TIMEOUTS = {"visibility_timeout_s": VISIBILITY_TIMEOUT_S, "countdown_cap_s": 3,
-                         "task_time_limit_s": 10, "call_timeout_s": 5, "resend_after_s": 5}
 WORKER_THREADS = 8
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.1)
-
-
-def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
-    """Submit from a process of its own (``drover submit``), as a user on another host would.
-
-    This test process's Celery app keeps the broker it was first used with; a job for the
-    private Redis has to be sent by a process that starts with its URL.
-    """
-    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
-                          input=spec.model_dump_json(), capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **env}, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return JobHandle.attach(proc.stdout.split()[-1])
 
 
 def test_a_task_message_the_broker_lost_is_sent_again(sim, drover_env, spawn_worker,
@@ -109,7 +84,7 @@ class PrivateRedis:
              "--appendonly", "yes", "--appendfsync", "always", "--save", "",
              "--logfile", str(self.workdir / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: redis_answers(self.url), 20, f"redis-server on port {self.port}")
+        wait_until(f"redis-server on port {self.port}", lambda: redis_answers(self.url), 20)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -137,7 +112,7 @@ def test_redis_killed_and_restarted_mid_job_loses_no_result(sim, drover_env, spa
     handle = submit_elsewhere(drover_env, JobSpec(
         subtasks=[f"Inspect crane {i}" for i in range(100)], tools=["lookup_fact"],
         max_tokens=60))
-    wait_until(lambda: handle.progress()["ok"] >= 25, 120, "25 sub-agents done")
+    wait_until("25 sub-agents done", lambda: handle.progress()["ok"] >= 25, 120)
     done_before = {r.index for r in handle.store.records(handle.id).values()}
 
     private_redis.kill()

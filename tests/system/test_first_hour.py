@@ -255,7 +255,7 @@ def test_watch_off_a_terminal_prints_progress_lines(drover_env, spawn_worker, tm
 def test_a_request_that_can_never_fit_the_input_limit_fails_at_once_with_the_sizes(
         sim, drover_env, spawn_worker, monkeypatch):
     from drover import JobSpec, submit
-    from tests.conftest import configure
+    from tests.helpers import configure
 
     configure(monkeypatch, drover_env, ITPM=30000)
     handle = submit(JobSpec(subtasks=["word " * 40_000, "a short one"], max_tokens=32))

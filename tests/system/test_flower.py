@@ -29,7 +29,7 @@ from drover.orchestrator.flower import (
 )
 from drover.workers.agent.limits import llm_limits
 from drover.workers.limiter import Limiter, llm_scope
-from tests.conftest import ROOT, configure, wait_until
+from tests.helpers import ROOT, configure, wait_until
 from tests.helpers.flower import SECRET, Flower, running_flower
 
 

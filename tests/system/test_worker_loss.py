@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,11 +22,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover import JobHandle, JobSpec
+from drover import JobSpec
 from drover.orchestrator.services import free_port
 from drover.simulator import SimConfig, SimulatorServer
-from tests.helpers import ROOT, amqp_answers, configure, wait_until
-from tests.helpers.fleet import Fleet
+from tests.helpers import amqp_answers, configure, wait_until
+from tests.helpers.fleet import Fleet, submit_elsewhere
 
 THREADS = 16
 SIM = {"overload_rate": 0.3, "latency_mean_s": 0.5, "latency_p95_s": 1.0,
@@ -53,16 +52,6 @@ def default_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> No
     # slots): the killed worker takes places of the window with it (sub-agents deferred in a
     # countdown, grants not yet published), which recovery must give back.
     configure(monkeypatch, env, max_attempts=15, countdown_cap_s=5)
-
-
-def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
-    """``drover submit`` in a process of its own, which starts with this test's broker URL
-    (this test process's Celery app keeps the broker it was first built with)."""
-    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
-                          input=spec.model_dump_json(), capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **env}, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return JobHandle.attach(proc.stdout.split()[-1])
 
 
 @pytest.fixture

@@ -22,9 +22,13 @@ import time
 
 from drover import JobSpec
 from drover.workers.redis_clients import sync_redis
-from tests.conftest import configure
-from tests.test_crash_recovery import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S
-from tests.test_worker_loss import Fleet, submit_elsewhere
+from tests.helpers import configure
+from tests.helpers.fleet import (
+    SHORT_BROKER_TIMEOUTS,
+    VISIBILITY_TIMEOUT_S,
+    Fleet,
+    submit_elsewhere,
+)
 
 SUBAGENTS = 60
 WORKER_THREADS = 6
