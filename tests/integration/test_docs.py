@@ -1,7 +1,7 @@
 """The documentation stays true.
 
 - docs/settings.md is the page the Settings model generates, and every setting has a
-  description;
+  description; docs/cli.md is what the CLI's parsers print;
 - every page in docs/ is linked from the README, which stays a front door (300 lines at most);
 - every fenced shell and Python block of the README and docs/ says whether it runs
   (``<!-- runnable -->``, ``<!-- runnable: file NAME.py -->`` or
@@ -88,6 +88,15 @@ def test_the_settings_page_is_what_the_settings_model_generates() -> None:
     page = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     assert page == docs.render(), (
         f"docs/settings.md is out of date with config/settings.py: run `{docs.COMMAND}` "
+        "and commit the page")
+
+
+def test_the_cli_page_is_what_the_parsers_print() -> None:
+    from drover.orchestrator import cli_reference
+
+    page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert page == cli_reference.render(), (
+        f"docs/cli.md is out of date with the CLI's parsers: run `{cli_reference.COMMAND}` "
         "and commit the page")
 
 
