@@ -126,6 +126,14 @@ def test_every_link_between_pages_finds_its_page() -> None:
     assert not broken, f"links to pages that do not exist: {', '.join(broken)}"
 
 
+def test_every_test_file_the_pages_name_exists() -> None:
+    missing = sorted({f"{page.relative_to(ROOT)} names {path}" for page in PAGES
+                      for path in re.findall(r"tests/[\w/]+\.py", page.read_text("utf-8"))
+                      if not (ROOT / path).is_file()})
+    assert not missing, (f"the pages name test files that are not there (moved?): "
+                         f"{'; '.join(missing)}")
+
+
 def test_every_shell_and_python_block_says_whether_it_runs() -> None:
     unmarked = [block.where for block in ALL if block.marker is None]
     assert not unmarked, (
