@@ -47,7 +47,7 @@ def test_flaky_provider_100_subagents_all_ok_and_no_turn_repeated(sim, drover_en
                   tool_turns=1, tools_per_turn=1, rpm=1200)
     # Attempts count every failed call of a sub-agent (two calls each here); 15 leaves the
     # chance that a sub-agent draws 15 failures at p ~ 0.33 negligible (with the default 8,
-    # about one run in twenty would see one sub-agent end failed; README says so).
+    # about one run in twenty would see one sub-agent end failed; docs/failures.md says so).
     configure(monkeypatch, drover_env, max_attempts=15, countdown_cap_s=4, rpm=1200,
               max_in_flight=8)
     spawn_worker(concurrency=16)

@@ -1,8 +1,8 @@
 """Flower on drover's app tells an operator the truth: each sub-agent task shows its job and
 index (``sub=<i>/<n> job=<id>``), its outcome first in its result, and why each retry
-happened; the join's args are the job id and its result names the failed sub-agents; the
-README's search recipe finds them. Beyond loopback Flower needs a password, which never shows
-up in a command line or a log. Real Flower, real worker processes, the simulator's faults."""
+happened; the join's args are the job id and its result names the failed sub-agents; the search
+recipe of docs/monitoring.md finds them. Beyond loopback Flower needs a password, which never
+shows up in a command line or a log. Real Flower, real worker processes, the simulator's faults."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_flower_shows_each_subagents_job_index_outcome_and_why_it_retried(
     assert join["args"] == f"job={handle.id} join of 5"
     assert join["result"].startswith("{'status': 'done', 'failed_indexes': [1, 4], 'counts': ")
 
-    # The README's recipe finds the job's failed sub-agents, and only them.
+    # docs/monitoring.md's recipe finds the job's failed sub-agents, and only them.
     status, failed = flower.get("/api/tasks?search=" + quote(
         f"args:job={handle.id} result:\"'status': 'failed'\""))
     assert status == 200
@@ -151,7 +151,7 @@ def test_flower_runs_with_drovers_defaults_and_metrics_answer_without_a_password
     assert status == 200 and isinstance(page, str)
     columns = [c.split('"')[0] for c in page.split('<th data-column="')[1:]]
     assert columns == TASK_COLUMNS.split(",")
-    assert flower.get("/metrics", auth=False)[0] == 200  # no password: the README warns
+    assert flower.get("/metrics", auth=False)[0] == 200  # no password: docs/monitoring.md warns
     assert flower.get("/api/tasks", auth=False)[0] == 401
 
 
