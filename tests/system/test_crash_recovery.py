@@ -26,6 +26,7 @@ import redis
 from drover import JobSpec, submit
 from drover.config import load_settings
 from drover.orchestrator.services import free_port, redis_answers
+from drover.workers.jobs.claims import token_of
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
 from drover.workers.jobs.store import JobStore
@@ -146,6 +147,13 @@ def kombu_envelope(job_id: str, index: int) -> str:
                        "properties": {"body_encoding": "base64", "delivery_tag": f"d-{index}"}})
 
 
+def minted(store: JobStore, job_id: str, part: int | str) -> int:
+    """The token the part's claim carries now (the one the sweep minted)."""
+    token = token_of(store.claims.claim(job_id, part))
+    assert token > 0
+    return token
+
+
 def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_the_end(
         redis_url, key_prefix):
     settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2,
@@ -170,9 +178,12 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
         return first + sweep(store, settings, lambda *args: sent.append(args))
 
     assert sweep_after_a_stall() == [(job_id, 3)]
-    assert sent == [("q-sweep", job_id, 3, 1)]  # with a new claim token
+    # with a new claim token (the first one minted: EPOCH * 1000000 + 1, see claims.py)
+    assert sent == [("q-sweep", job_id, 3, minted(store, job_id, 3))]
+    assert minted(store, job_id, 3) % 1_000_000 == 1
     sweep_after_a_stall()  # lost again: sent a second time (DROVER_MAX_ATTEMPTS=2)
-    assert sent[-1] == ("q-sweep", job_id, 3, 2) and len(sent) == 2
+    assert sent[-1] == ("q-sweep", job_id, 3, minted(store, job_id, 3)) and len(sent) == 2
+    assert minted(store, job_id, 3) == sent[0][3] + 1
     sweep_after_a_stall()  # and a third time it is given up on
     assert len(sent) == 2
     record = store.record(job_id, 3)
@@ -200,7 +211,8 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
     time.sleep(0.3)
     unlock(store)
     sweep(store, settings, lambda *args: sent.append(args))
-    assert sorted(sent) == [("other-queue", "joinjob", "join", 1), ("q-sweep", "ourjob", "join", 1)]
+    assert sorted(sent) == [("other-queue", "joinjob", "join", minted(store, "joinjob", "join")),
+                            ("q-sweep", "ourjob", "join", minted(store, "ourjob", "join"))]
 
 
 def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again(
@@ -219,7 +231,7 @@ def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again
     store.r.zadd(f"{key_prefix}:workers", {"deadhost:1:abc": time.time() - 60})  # no heartbeat
     sent: list[tuple] = []
     assert sweep(store, settings, lambda *args: sent.append(args)) == [("orphanjob", 1)]
-    assert sent == [("q-orphan", "orphanjob", 1, 1)]
+    assert sent == [("q-orphan", "orphanjob", 1, minted(store, "orphanjob", 1))]
     unlock(store)
     sweep(store, settings, lambda *args: sent.append(args))
-    assert len(sent) == 1  # its claim now carries token 1: the old copy is no orphan any more
+    assert len(sent) == 1  # its claim now carries a token: the old copy is no orphan any more

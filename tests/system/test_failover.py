@@ -88,3 +88,69 @@ def test_a_failover_mid_job_loses_nothing_with_rabbitmq_as_the_broker(
         sim, drover_env, spawn_worker, monkeypatch, sentinel_set, rabbitmq_url):
     run_through_a_failover(sim, drover_env, spawn_worker, monkeypatch, sentinel_set,
                            broker_url=rabbitmq_url)
+
+
+# --- the claim race: a start the new master never saw ----------------------------------------
+
+def test_a_claim_lost_in_a_failover_is_never_handed_to_a_second_delivery(sentinel_set):
+    """Delivery A takes sub-agent 0's claim on the master, and that write never reaches the
+    replica (the replica is stopped and its link cut first); the master dies and the replica
+    is promoted, still saying the part's message is out with the old token. Delivery B (the
+    broker's copy of the same message) takes the claim there: it must get a token A does not
+    hold, so A's checkpoint, tool result and record are refused and only B's are stored."""
+    import os
+    import signal
+    import uuid
+
+    import pytest
+
+    from drover.config import load_settings
+    from drover.workers.jobs.claims import ClaimLost
+    from drover.workers.jobs.records import Checkpoint, SubagentResult
+    from drover.workers.services import Services
+
+    shared = Services.from_settings(load_settings(
+        redis_url=sentinel_set.url, sentinel_master=sentinel_set.master_name,
+        key_prefix="ha-race"))
+    store = shared.store
+    job_id = uuid.uuid4().hex
+    store.create(job_id, JobSpec(subtasks=["a"], max_tokens=16), ["a"], status="running",
+                 queue="q-race")
+    sent = store.claims.takeover(job_id, 0, -1, "")  # the message is out with this token
+    assert store.r.wait(1, 5000) == 1  # ... and the replica has it
+
+    master = sentinel_set.master_port()
+    replica = next(p for p in sentinel_set.redis_ports if p != master)
+    os.kill(sentinel_set.procs[replica].pid, signal.SIGSTOP)
+    try:
+        with sentinel_set.client(master) as direct:
+            direct.client_kill_filter(_type="replica")
+        a = store.start(job_id, 0, worker="wA", token=sent)  # on the old master only
+        assert a.token > sent and not a.stale
+        old = sentinel_set.kill_master()
+    finally:
+        os.kill(sentinel_set.procs[replica].pid, signal.SIGCONT)
+    assert sentinel_set.wait_for_failover(old) == replica
+
+    b = store.start(job_id, 0, worker="wB", token=sent)  # the same message, delivered again
+    assert not b.stale and b.token > 0
+    assert b.token != a.token
+    # the same count within the part, of another epoch: without the epoch they would collide
+    assert b.token % 1_000_000 == a.token % 1_000_000 and b.token > a.token
+    with pytest.raises(ClaimLost):
+        store.save_checkpoint(job_id, 0, Checkpoint(messages=[
+            {"role": "user", "content": "late, from A"}]), token=a.token)
+    with pytest.raises(ClaimLost):
+        store.save_tool_result(job_id, 0, "toolu_1", {"content": "from A"}, token=a.token)
+    with pytest.raises(ClaimLost):
+        store.finish(SubagentResult(job_id=job_id, index=0, status="ok", summary="from A"),
+                     token=a.token, worker="wA")
+    mine = Checkpoint(messages=[{"role": "user", "content": "from B"}])
+    store.save_checkpoint(job_id, 0, mine, token=b.token)
+    store.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=b.token)
+    stored = store.finish(SubagentResult(job_id=job_id, index=0, status="ok", summary="from B"),
+                          token=b.token, worker="wB")
+    assert stored.summary == "from B"
+    assert store.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
+    assert store.record(job_id, 0).summary == "from B"
+    shared.close()
