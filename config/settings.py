@@ -371,6 +371,11 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="How often an open batch is retrieved.")
     batch_tick_s: float = Field(
         default=1.0, gt=0, description="How often the batcher looks at all.")
+    batch_lock_s: float = Field(
+        default=120.0, ge=1,
+        description="How long a batcher's lock lasts (one batcher per API key fleet-wide, "
+        "each tick under it): a batcher that died is replaced this long after its last tick "
+        "began.")
     batch_rpm: PositiveRate = Field(
         default=50,
         description="The batches endpoints' own request limit per minute (per API key, "

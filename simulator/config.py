@@ -63,6 +63,10 @@ class SimConfig:
     batch_rpm: float | None = None
     batch_queue_cap: int | None = None
     batch_max_requests: int = 100_000
+    # The create call's answer: held back this many seconds after the batch was created, or
+    # dropped (the connection closed, no answer), so a test can stop the client in between.
+    batch_create_delay_s: float = 0.0
+    batch_create_drop: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rpm", "itpm", "otpm"):
@@ -122,10 +126,11 @@ _FLOAT_OR_NONE = {"rpm", "itpm", "otpm", "batch_rpm"}
 _INT_OR_NONE = {"batch_queue_cap"}
 _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_429_rate",
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
-           "batch_expires_s", "batch_errored_rate", "batch_expired_rate"}
+           "batch_expires_s", "batch_errored_rate", "batch_expired_rate",
+           "batch_create_delay_s"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
          "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
-_BOOLS = {"cache_reads_count", "round_token_headers"}
+_BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop"}
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -34,7 +34,14 @@ async def _messages(request: web.Request) -> web.Response:
         if isinstance(outcome, Pending):
             if outcome.delay > 0:
                 await asyncio.sleep(outcome.delay)
+            tokens = outcome.output_tokens
             outcome = outcome.finish()
+            if request.transport is None or request.transport.is_closing():
+                # The client went away (an aborted call): billed, never delivered. 499, as
+                # proxies log a request whose client closed it.
+                engine.stats.undelivered(tokens)
+                status = 499
+                return _response(outcome)
         status = outcome.status
         return _response(outcome)
     finally:
@@ -52,9 +59,18 @@ def _origin(request: web.Request) -> str:
 def _batch_route(op: str) -> Callable[[web.Request], Any]:
     async def handler(request: web.Request) -> web.Response:
         raw = await request.read() if op == "create" else b""
-        return _response(request.app[BATCHES_KEY].handle(
-            op, request.headers, _origin(request), request.match_info.get("batch_id"), raw,
-            request.query))
+        batches = request.app[BATCHES_KEY]
+        reply = batches.handle(op, request.headers, _origin(request),
+                               request.match_info.get("batch_id"), raw, request.query)
+        cfg = batches.engine.config
+        if op == "create" and reply.status == 200:
+            # The batch exists (and bills) from here on; its answer can be held back or lost,
+            # so a test can stop the client in between (it never learns the batch's id).
+            if cfg.batch_create_delay_s > 0:
+                await asyncio.sleep(cfg.batch_create_delay_s)
+            if cfg.batch_create_drop and request.transport is not None:
+                request.transport.close()
+        return _response(reply)
     return handler
 
 

@@ -7,6 +7,13 @@ that resumes it and ends without counting towards the chord (``Ignore``). The *b
 (one per worker process, under a Redis lock per API key alias: one at a time fleet-wide for
 each key, using that key) does the rest on each tick:
 
+0. recovers: an intent (a batch about to be created, recorded with its requests' custom_ids
+   before the create call) that no batch resolved means a batcher died between the create
+   call and recording its batch. The provider's recent batches are listed; one of our
+   key's, created around the intent's time with as many requests (and, once it has ended,
+   the same custom_ids), not known to drover, is adopted as that batch; when none is, no
+   batch was made and the requests, still pending, go out in the next submit. Until every
+   intent is resolved nothing is submitted, so no request is put in two batches;
 1. cancels: a cancelled job (or one past its deadline) has its unsent requests dropped and
    its open batches cancelled at the provider; their results (``canceled``, or what still
    ended) come back like any other, so every sub-agent resumes and writes its record;
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -48,7 +56,7 @@ from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater,
 from drover.workers.agent.llm import CallContext, counted_input
 from drover.workers.agent.retry import Decision, classify
 from drover.workers.agent.runtime import Runtime
-from drover.workers.jobs.batches import OpenBatch, custom_id
+from drover.workers.jobs.batches import Intent, OpenBatch, custom_id
 from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound
@@ -65,6 +73,9 @@ ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
                 "request_too_large": 413, "rate_limit_error": 429, "api_error": 500,
                 "timeout_error": 504, "overloaded_error": 529}
 QUEUE_LEASE_S = 25 * 3600  # a batch ends within 24 h; a lease outlives it by a margin
+# An intent's batch is looked for among the provider's batches created this long before and
+# after it was recorded (the provider's clock against Redis's, and a slow create call).
+ADOPT_BEFORE_S, ADOPT_AFTER_S = 120.0, 900.0
 
 
 class Parked(LimiterSaysLater):
@@ -172,6 +183,7 @@ class Batcher:
                                       burst_s=s.burst_seconds)
         self.queue_scope = f"batchq:{s.key_alias}"
         self.queue_limits = ScopeLimits(max_in_flight=s.batch_queue_cap)
+        self.sent = False  # whether the last _call's request went out
 
     async def run_forever(self) -> None:
         while True:
@@ -186,13 +198,16 @@ class Batcher:
     async def tick(self) -> None:
         """One pass, by at most one batcher fleet-wide at a time."""
         # Not thread-local: acquire and release run on different threads of the I/O pool.
-        lock = self.store.r.lock(self.store.lock(self.alias), timeout=120, blocking=False,
+        lock = self.store.r.lock(self.store.lock(self.alias),
+                                 timeout=self.rt.settings.batch_lock_s, blocking=False,
                                  thread_local=False)
         if not await _io(lock.acquire):
             return
         try:
+            recovered = await self._recover()
             await self._cancels()
-            await self._submit()
+            if recovered:
+                await self._submit()
             await self._poll()
             await self._resume()
         finally:
@@ -205,11 +220,13 @@ class Batcher:
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         """``call()`` within the batches endpoints' RPM; None when it has to wait or failed."""
         limiter = self.rt.limiter
+        self.sent = False
         grant = await limiter.acquire(self.api_scope, self.api_limits, lease_ttl_s=120)
         if not grant.granted:  # a cooldown, or past the horizon: next tick
             return None
         await asyncio.sleep(grant.wait_s)
         try:
+            self.sent = True  # the call went out (whatever comes back)
             return await call()
         except anthropic.APIStatusError as error:
             decision = classify(error, attempt=0, base_s=1.0, cap_s=60.0)
@@ -226,6 +243,70 @@ class Batcher:
         finally:
             await limiter.settle(self.api_scope, self.api_limits, grant, input_tokens=0,
                                  output_tokens=0)
+
+    # -- 0. recovers ---------------------------------------------------------------------
+    async def _recover(self) -> bool:
+        """Resolve the intents a dead batcher left; False while some could not be (the
+        provider's list was not read): then nothing is submitted this tick."""
+        intents = await _io(self.store.intents, self.alias)
+        if not intents:
+            return True
+        known = {b.id for b in await _io(self.store.open_batches)}
+        since = min(i.at for i in intents) - ADOPT_BEFORE_S
+        listed = await self._call("list", lambda: self._recent_batches(since))
+        if listed is None:
+            return False
+        for intent in intents:
+            match = await self._match(intent, listed, known)
+            if match is None:
+                await _io(self.store.drop_intent, intent)
+                await self._release(intent.leases)
+                log.warning("batch intent %s of job %s: no batch was created for its %d "
+                            "requests (the batcher stopped before the create call reached "
+                            "the provider); they go out in a new batch", intent.id,
+                            intent.job_id, len(intent.custom_ids))
+                continue
+            known.add(match.id)
+            await _io(self.store.opened, OpenBatch(
+                id=match.id, scope=intent.scope, job_id=intent.job_id,
+                custom_ids=intent.custom_ids, leases=intent.leases, created=intent.at,
+                polled=0.0), intent.id)
+            log.warning("batch %s adopted: created for job %s (%d requests) by a batcher that "
+                        "stopped before recording it", match.id, intent.job_id,
+                        len(intent.custom_ids))
+        return True
+
+    async def _recent_batches(self, since: float) -> list[Any]:
+        """Our key's batches created after ``since`` (the list is newest first)."""
+        found: list[Any] = []
+        async for batch in self.rt.client.messages.batches.list(limit=100):
+            if batch.created_at.timestamp() < since:
+                break
+            found.append(batch)
+        return found
+
+    async def _match(self, intent: Intent, listed: list[Any], known: set[str]) -> Any | None:
+        """The listed batch that is ``intent``'s, if any: as many requests, created around
+        its time, not already drover's; once ended, its results' custom_ids must be the
+        intent's too. The closest in time wins."""
+        def total(b: Any) -> int:
+            c = b.request_counts
+            return c.processing + c.succeeded + c.errored + c.canceled + c.expired
+
+        candidates = sorted(
+            (b for b in listed if b.id not in known and total(b) == len(intent.custom_ids)
+             and intent.at - ADOPT_BEFORE_S <= b.created_at.timestamp()
+             <= intent.at + ADOPT_AFTER_S),
+            key=lambda b: abs(b.created_at.timestamp() - intent.at))
+        for batch in candidates:
+            if batch.processing_status == "ended" and batch.results_url:
+                seen = OpenBatch(id=batch.id, scope=intent.scope, job_id=intent.job_id,
+                                 custom_ids=[], results_url=batch.results_url)
+                lines = await self._call("results", lambda b=seen: self._results(b))
+                if lines is None or set(lines) != set(intent.custom_ids):
+                    continue
+            return batch
+        return None
 
     # -- 1. cancels ---------------------------------------------------------------------
     async def _cancels(self) -> None:
@@ -278,11 +359,18 @@ class Batcher:
             return False
         items = items[:len(leases)]
         requests = [{"custom_id": cid, "params": params} for cid, params in items]
+        # Recorded before the call: a batcher that dies before recording the batch it made
+        # leaves this behind, and the next one adopts that batch instead of making another.
+        intent = Intent(id=uuid.uuid4().hex[:12], scope=scope, job_id=job_id,
+                        custom_ids=[c for c, _ in items], leases=leases,
+                        at=await _io(self.rt.store.server_time))
+        await _io(self.store.intend, intent)
         try:
             made = await self._call("create", lambda: self.rt.client.messages.batches.create(
                 requests=requests))
         except anthropic.APIStatusError as error:
             # The provider will not take these requests (e.g. 413): their owners fail with it.
+            await _io(self.store.drop_intent, intent)
             await self._release(leases)
             body = error.body if isinstance(error.body, dict) else {
                 "type": "error", "error": {"type": "api_error", "message": str(error)}}
@@ -290,12 +378,16 @@ class Batcher:
                       {"type": "errored", "error": body})
             return True
         if made is None:
-            await self._release(leases)
+            if not self.sent:  # the endpoints' limit said later: no call was made
+                await _io(self.store.drop_intent, intent)
+                await self._release(leases)
+            # Else no answer: the call may still have made a batch (a timeout, a cut
+            # connection), so the intent stays for the next tick's recovery to resolve.
             return False
         now = await _io(self.rt.store.server_time)
         await _io(self.store.opened, OpenBatch(
             id=made.id, scope=scope, job_id=job_id, custom_ids=[c for c, _ in items],
-            leases=leases, created=now, polled=now))
+            leases=leases, created=now, polled=now), intent.id)
         log.info("batch %s created: job=%s scope=%s requests=%d", made.id, job_id, scope,
                  len(items))
         return True

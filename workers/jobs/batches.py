@@ -4,7 +4,11 @@ A batch sub-agent's turn is a request waiting here instead of an HTTP call. Its 
 
 1. ``enqueue``: the request (a ``messages.create`` body) joins its scope's pending set; the
    sub-agent parks (``park`` keeps the Celery signature that resumes it) and its task ends.
-2. ``take`` + ``opened``: the batcher moves pending requests into a Message Batch it created.
+2. ``take`` + ``intend`` + ``opened``: the batcher records the batch it is about to create
+   (its requests' custom_ids, under the job) before the create call, then moves the pending
+   requests into the Message Batch it created; an intent left behind by a batcher that died
+   in between is resolved by the next one (``intents``: adopted from the provider's list of
+   batches, or dropped, so the requests still pending go out once).
 3. ``store_results``: the batch ended; each sub-agent's result is kept under its job and the
    sub-agent is marked ready.
 4. ``ready`` + ``unpark``: the batcher sends the parked signature; the sub-agent resumes from
@@ -30,7 +34,7 @@ import redis
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.store import JobStore
 
-__all__ = ["BatchStore", "OpenBatch", "custom_id", "parse_custom_id"]
+__all__ = ["BatchStore", "Intent", "OpenBatch", "custom_id", "parse_custom_id"]
 
 COUNTERS = ("submitted", "succeeded", "errored", "canceled", "expired", "batches")
 
@@ -43,6 +47,25 @@ def parse_custom_id(value: str) -> tuple[str, int]:
     """(job id, sub-agent index) of a custom_id made by ``custom_id``."""
     job_id, index, _turn, _n = value.rsplit("_", 3)
     return job_id, int(index)
+
+
+@dataclass
+class Intent:
+    """A batch the batcher was about to create (recorded before the create call)."""
+
+    id: str
+    scope: str
+    job_id: str
+    custom_ids: list[str]
+    leases: list[str] = field(default_factory=list)
+    at: float = 0.0  # on Redis's clock, just before the create call
+
+    def dump(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def load(cls, raw: bytes | str) -> Intent:
+        return cls(**json.loads(raw))
 
 
 @dataclass
@@ -176,9 +199,36 @@ class BatchStore:
         if not self.r.zcard(self._pending(scope)):
             self.r.srem(self._scopes, scope)
 
-    def opened(self, batch: OpenBatch) -> None:
-        """``batch`` was created at the provider with these pending requests."""
+    def intend(self, intent: Intent) -> None:
+        """Record the batch about to be created, under its job (before the create call)."""
+        key = self.jobs.key(intent.job_id, "bintent")
         pipe = self.r.pipeline()
+        pipe.hset(key, intent.id, intent.dump())
+        pipe.expire(key, self.jobs.ttl_s)
+        pipe.execute()
+
+    def intents(self, key_alias: str | None = None) -> list[Intent]:
+        """Intents not resolved yet, of the active batch jobs (of one key's alias, if given)."""
+        mine = f"llm:{key_alias}:" if key_alias is not None else ""
+        jobs = self.active_jobs()
+        if not jobs:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in jobs:
+            pipe.hvals(self.jobs.key(job_id, "bintent"))
+        found = [Intent.load(raw) for rows in pipe.execute() for raw in rows]
+        return sorted((i for i in found if i.scope.startswith(mine)), key=lambda i: i.at)
+
+    def drop_intent(self, intent: Intent) -> None:
+        """No batch was made for ``intent``: forget it (its requests are still pending)."""
+        self.r.hdel(self.jobs.key(intent.job_id, "bintent"), intent.id)
+
+    def opened(self, batch: OpenBatch, intent: str | None = None) -> None:
+        """``batch`` was created at the provider with these pending requests (for the
+        recorded ``intent``, which it resolves)."""
+        pipe = self.r.pipeline()
+        if intent is not None:
+            pipe.hdel(self.jobs.key(batch.job_id, "bintent"), intent)
         pipe.hset(self._open, batch.id, batch.dump())
         pipe.hset(self._inflight, mapping=dict.fromkeys(batch.custom_ids, batch.id))
         pipe.zrem(self._pending(batch.scope), *batch.custom_ids)
