@@ -1,7 +1,6 @@
 """The ``drover`` command line.
 
-Exit codes, the same for the same situation in every command (docs/troubleshooting.md has
-the table):
+Exit codes, the same for the same situation in every command (the README has the table):
 
 - 0: done, and every sub-agent ended ``ok`` (or the command did what it was asked);
 - 1: the job ended, but not every sub-agent is ``ok`` (failed, cancelled, over a budget),
@@ -319,19 +318,24 @@ def exit_code(result: Any) -> int:
 def _print_result(result: Any) -> int:
     table = Table(title=f"job {result.job_id}: {result.status}"
                   + (f" ({result.reason})" if result.reason else ""))
-    for column in ("#", "status", "calls", "in", "out", "attempts", "error / summary"):
+    from drover.orchestrator.watch import usage_lines
+
+    unanswered = result.usage.unanswered_calls > 0
+    columns = ("#", "status", "calls", *(("unanswered",) if unanswered else ()), "in", "out",
+               "attempts", "error / summary")
+    for column in columns:
         table.add_column(column, no_wrap=column != "error / summary")
     for r in result.results:
         note = f"{r.status_code or ''} {r.error_type}: {r.error}" if r.error else r.summary
-        table.add_row(str(r.index), r.status, str(r.usage.calls), str(r.usage.input_tokens),
-                      str(r.usage.output_tokens), str(r.attempts), (note or "")[:80])
+        lost = (str(r.usage.unanswered_calls),) if unanswered else ()
+        table.add_row(str(r.index), r.status, str(r.usage.calls), *lost,
+                      str(r.usage.input_tokens), str(r.usage.output_tokens), str(r.attempts),
+                      (note or "")[:80])
     console.print(table)
     console.print(" ".join(f"{k}={v}" for k, v in result.counts.items()),
                   f"wall={result.wall_s:.1f}s")
-    if result.usage.batch_calls:
-        console.print(f"by Message Batch: {result.usage.batch_calls} of {result.usage.calls} "
-                      f"calls, {result.usage.batch_tokens:,} tokens billed at the batch rate "
-                      "(50%)")
+    for line in usage_lines(result.usage):
+        console.print(line, markup=False)
     if result.synthesis:
         console.print("\n[bold]Synthesis[/]\n" + result.synthesis)
     return exit_code(result)

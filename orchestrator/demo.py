@@ -272,7 +272,8 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
            counted: dict[str, int] | None = None) -> Table:
     """The run in numbers; each row says what it counts (the caption says how they relate)."""
     table = Table(title=f"job {result.job_id}: {result.status}",
-                  caption="\"sub-agents'\" rows sum the job's records; \"all calls\" rows are "
+                  caption="\"the job's\" rows are its usage report (its records, planning and "
+                          "synthesis); \"all calls\" rows are "
                           "the limiter's counters over every call (planning, sub-agents, "
                           "synthesis), the figures drover stats shows: input as the limit "
                           "counts it, uncached input + cache writes (cache reads do not count "
@@ -282,23 +283,25 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
     for status, count in result.counts.items():
         table.add_row(f"sub-agents {status}", str(count))
     usage = result.usage
-    table.add_row("LLM calls (sub-agents)", str(usage.calls))
+    table.add_row("LLM calls answered (the job's)", str(usage.calls))
+    if usage.unanswered_calls:
+        table.add_row("LLM calls sent, never answered (the job's)", str(usage.unanswered_calls))
     if counted is not None:
         table.add_row("LLM calls (all calls)", f"{counted['requests']:,}")
     if stats is not None:
         table.add_row("LLM calls seen by the provider", str(stats["accepted"]))
-    table.add_row("input tokens, uncached (sub-agents')", f"{usage.input_tokens:,}")
+    table.add_row("input tokens, uncached (the job's)", f"{usage.input_tokens:,}")
     table.add_row("cache writes (tokens)", f"{usage.cache_creation_input_tokens:,}")
     table.add_row("cache reads (tokens)", f"{usage.cache_read_input_tokens:,}")
     if counted is not None:
         table.add_row("input tokens against the limit (all calls)",
                       f"{counted['input_tokens']:,}")
-    table.add_row("output tokens (sub-agents')", f"{usage.output_tokens:,}")
+    table.add_row("output tokens (the job's)", f"{usage.output_tokens:,}")
     if counted is not None:
         table.add_row("output tokens (all calls)", f"{counted['output_tokens']:,}")
     if usage.batch_calls:
-        table.add_row("LLM calls by Message Batch (sub-agents')", str(usage.batch_calls))
-        table.add_row("tokens billed at the batch rate, 50% (sub-agents')",
+        table.add_row("LLM calls by Message Batch (the job's)", str(usage.batch_calls))
+        table.add_row("tokens billed at the batch rate, 50% (the job's)",
                       f"{usage.batch_tokens:,}")
         if stats is not None and "batches" in stats:
             table.add_row("batch requests seen by the provider",

@@ -16,6 +16,7 @@ Two views:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,12 +231,25 @@ def print_stats(console: Console, plot: Path | None = None, *,
         console.print(events_table(usages))
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
+    _print_unanswered(console, settings)
     _print_shares(console, settings)
     _print_batches(console, settings, usages)
     if plot is not None:
         plot_usage(settings, plot, usages=usages)
         console.print(f"usage plot written to {plot.resolve()}")
     return 0
+
+
+def _print_unanswered(console: Console, settings: Settings) -> None:
+    """Calls sent whose answer never came back (a cancel or deadline aborted them, a worker
+    was lost, a timeout or a cut connection): the provider bills them; their estimate."""
+    lost = services(settings).store.unanswered()
+    for scope, n in sorted(lost.items()):
+        since = time.strftime("%H:%M:%S", time.localtime(n.get("since", time.time())))
+        console.print(f"{scope}: {int(n.get('calls', 0))} calls sent and never answered since "
+                      f"{since} (billed by the provider): about {int(n.get('input_tokens', 0)):,}"
+                      f" input and up to {int(n.get('output_tokens', 0)):,} output tokens, "
+                      "their reservations", markup=False)
 
 
 def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage]) -> None:

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from drover.orchestrator.jobs import JobHandle
 from drover.orchestrator.shares import active_jobs
 from drover.workers.jobs.fairshare import FairShare
-from drover.workers.jobs.records import JobResult
+from drover.workers.jobs.records import JobResult, Usage
 from drover.workers.services import services
 
 # Off a terminal (a pipe, a log file, CI) rich draws no bar: a line this often instead.
@@ -56,6 +56,23 @@ def _plain_progress(handle: JobHandle, console: Console) -> Iterator[None]:
         printer.join(timeout=5)
 
 
+def usage_lines(usage: Usage) -> list[str]:
+    """What a job used, as ``watch`` and ``result`` print it: the answered calls' tokens, the
+    calls sent and never answered (billed; their estimate), and the batch-rate part."""
+    lines = [f"usage: {usage.calls} answered calls, {usage.input_tokens:,} input, "
+             f"{usage.output_tokens:,} output, {usage.cache_creation_input_tokens:,} cache "
+             f"write, {usage.cache_read_input_tokens:,} cache read tokens"]
+    if usage.unanswered_calls:
+        lines.append(f"unanswered: {usage.unanswered_calls} calls sent whose answer never came "
+                     f"back (billed by the provider): about {usage.unanswered_input_tokens:,} "
+                     f"input and up to {usage.unanswered_output_tokens:,} output tokens "
+                     "(their reservations)")
+    if usage.batch_calls:
+        lines.append(f"by Message Batch: {usage.batch_calls} of {usage.calls} calls, "
+                     f"{usage.batch_tokens:,} tokens billed at the batch rate (50%)")
+    return lines
+
+
 def follow(handle: JobHandle, console: Console, *, show_records: bool = False) -> JobResult:
     """Show progress until the job's JobResult is stored, and return it."""
     with console.status("planning the goal into sub-agents..."):
@@ -85,6 +102,8 @@ def _follow(handle: JobHandle, console: Console, total: int, show_records: bool)
                 text = record.error if record.error else record.summary
                 batch = (f" batch={record.usage.batch_calls}" if record.usage.batch_calls
                          else "")
+                if record.usage.unanswered_calls:
+                    batch += f" unanswered={record.usage.unanswered_calls}"
                 progress.console.print(f"#{record.index} {record.status} "
                                        f"calls={record.usage.calls}{batch} {(text or '')[:70]}")
         progress.update(bar, description="joining")
@@ -113,8 +132,8 @@ def watch(handle: JobHandle, console: Console) -> int:
     result = follow(handle, console, show_records=True)
     console.print(" ".join(f"{k}={v}" for k, v in result.counts.items()),
                   f"wall={result.wall_s:.1f}s", f"status={result.status}")
+    for line in usage_lines(result.usage):
+        console.print(line, markup=False)
     if result.usage.batch_calls:
-        console.print(f"by Message Batch: {result.usage.batch_calls} of {result.usage.calls} "
-                      f"calls, {result.usage.batch_tokens:,} tokens billed at the batch rate "
-                      f"(50%); batch requests: {_batches(handle)}")
+        console.print(f"batch requests: {_batches(handle)}")
     return 0 if result.status == "done" else 1

@@ -48,6 +48,7 @@ class Pending:
     """An admitted request: sleep `delay` seconds, then call `finish()` for the reply."""
     delay: float
     finish: Callable[[], Reply]
+    output_tokens: int = 0  # the reply's, for a client that left before it was sent
 
 
 def canonical_digest(body: dict[str, Any]) -> bytes:
@@ -288,7 +289,7 @@ class Engine:
                                                      generated.stop_reason, usage),
                          self._headers(req_id, buckets, done))
 
-        return Pending(delay, finish)
+        return Pending(delay, finish, generated.output_tokens)
 
     def _trigger_reply(self, name: str, req_id: str, buckets: KeyBuckets, now: float,
                        model: str) -> Reply | None:

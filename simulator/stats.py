@@ -51,10 +51,15 @@ class SimStats:
         self.errors_4xx = 0
         self.input_tokens = 0
         self.output_tokens = 0
+        # What a provider that bills every request it admitted charges for output: the whole
+        # generated reply, counted at admission, whether or not the client stayed for it
+        # (output_tokens counts only replies that were delivered).
+        self.billed_output_tokens = 0
         self.cache_creation_input_tokens = 0
         self.cache_read_input_tokens = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.aborted = 0  # admitted requests whose client left before the reply
         self.duplicate_accepted = 0
         self.first_request_ts: float | None = None
         self.first_accept_ts: float | None = None
@@ -98,6 +103,7 @@ class SimStats:
         else:
             self._seen.add(digest)
         self.input_tokens += usage["input_tokens"]
+        self.billed_output_tokens += usage["output_tokens"]
         self.cache_creation_input_tokens += usage["cache_creation_input_tokens"]
         self.cache_read_input_tokens += usage["cache_read_input_tokens"]
         self._win_requests.add(now, 1)
@@ -110,6 +116,12 @@ class SimStats:
         self.output_tokens += output_tokens
         self._win_output.add(now, output_tokens)
         self._row(now)[_OUT] += output_tokens
+
+    def undelivered(self, output_tokens: int) -> None:
+        """An admitted reply whose client had gone: billed (billed_output_tokens), and no
+        longer counted in the delivered ``output_tokens``."""
+        self.aborted += 1
+        self.output_tokens -= output_tokens
 
     def rate_limited(self, now: float) -> None:
         self.rejected_429 += 1
@@ -129,6 +141,10 @@ class SimStats:
             "errors_4xx": self.errors_4xx,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
+            "billed": {"requests": self.accepted,
+                       "input_tokens": self.input_tokens + self.cache_creation_input_tokens
+                       + self.cache_read_input_tokens,
+                       "output_tokens": self.billed_output_tokens},
             "cache_creation_input_tokens": self.cache_creation_input_tokens,
             "cache_read_input_tokens": self.cache_read_input_tokens,
             "max_60s": {"requests": self._win_requests.max,
@@ -136,6 +152,7 @@ class SimStats:
                         "output_tokens": self._win_output.max},
             "limits": limits,
             "in_flight": self.in_flight,
+            "aborted": self.aborted,
             "max_in_flight": self.max_in_flight,
             "duplicate_accepted": self.duplicate_accepted,
             "first_accept_ts": self.first_accept_ts,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from drover.workers.agent.errors import CallFailed, Cancelled, RetryLater
-from drover.workers.agent.llm import CallContext, create_message
+from drover.workers.agent.llm import CallContext, create_message, job_answered, job_unanswered
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.records import (
     STATUSES,
@@ -78,8 +79,13 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     # included: stop means stop. Its records are all there for the caller to combine.
     if spec.synthesize and status == "done" and counts["ok"]:
         synthesis = await _synthesise(rt, job_id, spec, results)
+    # The job's own calls (planning, synthesis) count beside its sub-agents'.
+    usage = tally.usage
+    own = await asyncio.to_thread(store.job_usage, job_id)
+    for name in Usage.model_fields:
+        setattr(usage, name, getattr(usage, name) + getattr(own, name))
     result = JobResult(job_id=job_id, status=status, reason=reason, results=results,
-                       counts=counts, usage=tally.usage,
+                       counts=counts, usage=usage,
                        wall_s=round(time.time() - float(meta["created"]), 3),
                        synthesis=synthesis, record_chars=tally.chars)
     await asyncio.to_thread(store.save_result, result)
@@ -125,9 +131,11 @@ async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
     subtasks = await asyncio.to_thread(rt.store.subtasks, job_id)
     params = synthesis_request(spec, spec.model or rt.settings.model, results, subtasks)
     ctx = CallContext(job_id, -1, asyncio.Event())  # the synthesis outlives a cancel
+    ctx.unanswered = partial(job_unanswered, rt, job_id)
     for _ in range(rt.settings.max_attempts):
         try:
             message = await create_message(rt, params, ctx)
+            await job_answered(rt, job_id, message.usage)
         except RetryLater as later:
             ctx.failures += 1
             await asyncio.sleep(min(later.countdown, rt.settings.horizon_s))

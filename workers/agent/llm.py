@@ -6,6 +6,10 @@
   caller gets ``RetryLater`` and turns it into a Celery retry with that countdown.
 - The HTTP call races the job's cancel event and is aborted at the transport when it fires;
   the lease is released and the unused reservation refunded on every path out.
+- A call that went out and got no answer (aborted by a cancel or deadline, timed out, the
+  connection cut after the send) is still billed by the provider: it is reported to the
+  caller (``CallContext.unanswered``) at its reservation (input as estimated, output as
+  reserved), spends that from the tenant's budget, and counts as outcome ``unanswered``.
 - Errors are classified by ``drover.workers.agent.retry``; a 429 with retry-after also starts
   a cooldown of the whole scope, so every worker on every host backs off, not only this one.
 """
@@ -23,14 +27,7 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
-from drover.config import Settings
-from drover.workers.agent.errors import (
-    CallFailed,
-    Cancelled,
-    LimiterSaysLater,
-    NeverFits,
-    RetryableFailure,
-)
+from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from drover.workers.agent.limits import llm_limits
 from drover.workers.agent.retry import (
     Decision,
@@ -42,6 +39,7 @@ from drover.workers.agent.retry import (
 )
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.fairshare import tenant_budget_scopes
+from drover.workers.jobs.records import Usage
 from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
 from drover.workers.telemetry import acquire_wait, llm_call
 
@@ -60,8 +58,29 @@ class CallContext:
     tenant: str | None = None  # whose token budget (DROVER_TENANT_BUDGETS) the call spends
     rng: random.Random | None = None  # every jitter of this call draws from it (None: global)
     # Raises ClaimLost or Cancelled when the call must not go out (another delivery holds the
-    # sub-agent now, or its job was cancelled); run right before each send.
-    check: Callable[[], Awaitable[None]] | None = None
+    # sub-agent now, or its job was cancelled); run right before each send, with the call's
+    # input and output estimates (the sub-agent marks the send with them).
+    check: Callable[[int, int], Awaitable[None]] | None = None
+    # Told of a call that was sent and never answered, with its input and output estimates.
+    unanswered: Callable[[int, int], Awaitable[None]] | None = None
+
+
+# The SDK's HTTP client's errors raised before the request could reach the provider (by
+# name: the SDK's own httpx fork is not ours to import); any other transport error (a read
+# timeout, a dropped connection) came after the send, so the provider may have taken it.
+_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
+                       "ProxyError"})
+
+
+def sent_unanswered(error: BaseException) -> bool:
+    """True for an SDK error that means the request went out and its answer was lost."""
+    if isinstance(error, anthropic.APIStatusError):  # the provider answered (with an error)
+        return False
+    if isinstance(error, anthropic.APIConnectionError):  # APITimeoutError is one too
+        cause = error.__cause__ or error.__context__
+        return cause is not None and not any(
+            kind.__name__ in _NOT_SENT for kind in type(cause).__mro__)
+    return False
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -123,32 +142,10 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
 
 
 def _limiter_reason(reason: str, retry_after_s: float, horizon_s: float) -> str:
-    """Why the slot is freed, in a sentence. The limiter's ``retry_after_s`` is how long until
-    the wait would be within the horizon; the wait itself is that plus the horizon."""
-    away = retry_after_s + horizon_s
     if reason == "cooldown":
-        return (f"limiter cooldown: a 429's retry-after holds every worker for {away:.1f} s "
-                f"more, longer than a worker waits in its slot (DROVER_HORIZON_S={horizon_s:g} "
-                "s), so the slot is freed meanwhile")
-    return (f"limiter horizon: the capacity for this call is {away:.1f} s away (other calls "
-            f"are queued before it), longer than a worker waits in its slot "
-            f"(DROVER_HORIZON_S={horizon_s:g} s), so the slot is freed meanwhile")
-
-
-def never_fits(settings: Settings, model: str, input_tokens: int) -> Decision | None:
-    """A failure when ``input_tokens`` exceed a whole minute of the model's input-token limit:
-    the provider would refuse such a request for ever, and the limiter would hold it."""
-    configured = settings.limits_for(model)
-    itpm = configured.itpm if configured else None
-    if itpm is None or input_tokens <= itpm:
-        return None
-    setting = "DROVER_ITPM" if model == settings.model and model not in settings.limits else (
-        f"DROVER_LIMITS[{model!r}].itpm")
-    return Decision("fail", "request_too_large", (
-        f"this call needs about {input_tokens:,} input tokens (estimated), more than a whole "
-        f"minute of {model}'s input-token limit, {itpm:,.0f} ({setting}): it could never be "
-        "sent. Shorten the subtask, the system prompt or the tool results, or raise the "
-        "limit if your key has more"))
+        return f"limiter cooldown: a 429's retry-after holds every worker for {retry_after_s:.1f} s"
+    return (f"limiter horizon: next capacity in {retry_after_s:.1f} s, beyond "
+            f"DROVER_HORIZON_S={horizon_s:g} s")
 
 
 Held = list[tuple[str, ScopeLimits, Grant]]
@@ -173,9 +170,7 @@ async def acquire_tenant_budget(rt: Runtime, ctx: CallContext, tokens: int) -> H
     except LimiterSaysLater as later:
         await release_tenant_budget(rt, held)
         raise LimiterSaysLater(min(later.countdown, rt.settings.countdown_cap_s),
-                               f"the token budget of tenant {ctx.tenant} "
-                               "(DROVER_TENANT_BUDGETS) has no room for this call yet, so the "
-                               "slot is freed meanwhile") from None
+                               f"tenant {ctx.tenant} token budget") from None
     except BaseException:
         await release_tenant_budget(rt, held)
         raise
@@ -203,10 +198,6 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     cache_reads_count = bool(configured and configured.cache_reads_count)
     est_in = rt.calibration.input_tokens(scope, params, cache_reads_count)
     est_out = rt.calibration.output_tokens(scope, params["max_tokens"])
-    too_big = never_fits(settings, model, est_in)
-    if too_big is not None:
-        _log_failure(scope, too_big, ctx, 0.0, time.monotonic(), True)  # nothing was sent
-        raise NeverFits(too_big)
 
     budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
     try:
@@ -221,29 +212,40 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     try:
         await wait_or_cancel(max([grant.wait_s, *(g.wait_s for _, _, g in budget)]), ctx.cancel)
         if ctx.check is not None:  # after every wait, right before the send
-            await ctx.check()
+            await ctx.check(est_in, est_out)
         in_flight = True
         raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
         message = await raw.parse()
     except anthropic.APIError as error:
-        # The request reached the provider (or tried to): it stays counted, its tokens do not.
-        await rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
-        await release_tenant_budget(rt, budget, spent=0)
+        # The request reached the provider (or tried to): it stays counted; its tokens too
+        # when it went out and the answer was lost (the provider bills it).
+        lost = sent_unanswered(error)
+        await rt.limiter.settle(scope, limits, grant, input_tokens=est_in if lost else 0,
+                                output_tokens=0)
+        await release_tenant_budget(rt, budget, spent=est_in + est_out if lost else 0)
+        if lost:
+            await _unanswered(rt, scope, ctx, error, est_in, est_out)
         decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                             cap_s=settings.countdown_cap_s, rng=ctx.rng)
         # The caller records the sub-agent failed once this attempt is its last: say so.
         attempt = ctx.failures + 1
         last = decision.action == "fail" or attempt >= settings.max_attempts
         await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started, last)
+        failure: Exception
         if decision.action == "retry":
-            raise RetryableFailure(decision.countdown, decision, retry_reason(
-                decision, attempt, settings.max_attempts)) from None
-        raise CallFailed(decision) from None
+            failure = RetryableFailure(decision.countdown, decision, retry_reason(
+                decision, attempt, settings.max_attempts))
+        else:
+            failure = CallFailed(decision)
+        if lost:
+            failure.unanswered = (est_in, est_out)  # type: ignore[attr-defined]  # telemetry
+        raise failure from None
     except BaseException as error:
         # The SDK wraps every transport error in APIError, so anything else came from this
         # process: before the request went out (no credentials, a bad parameter) unless it
         # was a cancel that aborted it in flight, or came after the answer (raw is set).
-        sent = raw is not None or (in_flight and isinstance(error, Cancelled))
+        sent = raw is not None or (in_flight and isinstance(
+            error, Cancelled | asyncio.CancelledError))
         if sent:
             # Aborted in flight: the provider has counted the request and its input at
             # admission, so those stay counted; the output reservation is refunded.
@@ -252,7 +254,13 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
                                                    output_tokens=0))
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(rt.limiter.release(scope, grant))
-        await release_tenant_budget(rt, budget, spent=grant.input_tokens if sent else None)
+        # Sent and never answered (raw is set only once the answer is in): billed, so the
+        # tenant's budget pays the estimate and the caller counts it.
+        lost = sent and raw is None
+        await release_tenant_budget(rt, budget, spent=(est_in + est_out if lost else
+                                                       grant.input_tokens if sent else None))
+        if lost:
+            await asyncio.shield(_unanswered(rt, scope, ctx, error, est_in, est_out))
         if missing_credentials(error):
             decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                                 cap_s=settings.countdown_cap_s)
@@ -260,7 +268,8 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
             raise CallFailed(decision) from None
         log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
                  "call_s=%.3f in=%d out=0 sent=%s",
-                 "cancelled" if isinstance(error, Cancelled) else "aborted", scope, ctx.job_id,
+                 "unanswered" if lost else "cancelled" if isinstance(error, Cancelled)
+                 else "aborted", scope, ctx.job_id,
                  ctx.index, grant.wait_s, max(0.0, time.monotonic() - started - grant.wait_s),
                  grant.input_tokens if sent else 0, "yes" if sent else "no")
         raise
@@ -275,6 +284,38 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
              time.monotonic() - started - grant.wait_s, used_in, used_out,
              message.usage.cache_read_input_tokens or 0)
     return message
+
+
+async def job_answered(rt: Runtime, job_id: str, usage: Any, *, batch: bool = False) -> None:
+    """Count a job-level call's answer (planning, synthesis) in the job's own usage."""
+    counted = Usage()
+    counted.add(usage, batch=batch)
+    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted)
+
+
+async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int) -> None:
+    """Count a job-level call that was sent and never answered, at its estimate."""
+    counted = Usage()
+    counted.add_unanswered(est_in, est_out)
+    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted)
+
+
+async def _unanswered(rt: Runtime, scope: str, ctx: CallContext, error: BaseException,
+                      est_in: int, est_out: int) -> None:
+    """Tell the caller of a call sent and never answered, count it for ``drover stats``, and
+    mark ``error`` for the metrics."""
+    try:
+        error.unanswered = (est_in, est_out)  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type without a __dict__
+        pass
+    try:
+        await asyncio.to_thread(rt.store.count_unanswered, scope, est_in, est_out,
+                                rt.settings.stats_window_s)
+    except Exception as problem:  # the caller's own count (the record) is what bills
+        log.warning("unanswered call of %s not counted for drover stats (%s)", scope,
+                    type(problem).__name__)
+    if ctx.unanswered is not None:
+        await ctx.unanswered(est_in, est_out)
 
 
 async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: Decision,

@@ -102,16 +102,41 @@ class SubagentRun:
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
+        self.spec, self.state = spec, state
+        if start.sent and int(start.sent.get("seq", 0)) > state.sends:
+            await self._lost_send(start.sent)
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
-                              tenant=spec.tenant, check=self._check)
+                              tenant=spec.tenant, check=self._check,
+                              unanswered=self._unanswered)
             return await self._run(spec, state, ctx)
 
-    async def _check(self) -> None:
+    async def _check(self, est_in: int, est_out: int) -> None:
         """Before a send: ClaimLost when another delivery holds the sub-agent, Cancelled
-        when its job was cancelled (or its deadline passed)."""
-        if await self._io(self.store.cancelled, self.job_id, (self.index, self.token)):
+        when its job was cancelled (or its deadline passed); else the send is marked in
+        Redis (its number and estimate) in the same step, and counted in the state."""
+        seq = self.state.sends + 1
+        mark = {"seq": seq, "in": est_in, "out": est_out}
+        if await self._io(self.store.before_send, self.job_id, self.index, self.token, mark):
             raise Cancelled()
+        self.state.sends = seq  # its outcome (answer, error or loss) is this state's from now
+
+    async def _unanswered(self, est_in: int, est_out: int) -> None:
+        """A call of this delivery went out and its answer never came: billed, so counted."""
+        self.state.usage.add_unanswered(est_in, est_out)
+        if self.spec.token_budget:
+            await self._io(self.store.spend, self.job_id, est_in + est_out)
+
+    async def _lost_send(self, mark: dict[str, Any]) -> None:
+        """The last send's mark is past the checkpoint: a delivery sent that call and was
+        lost (its worker killed) before it saved what came of it. Counted once: the state
+        that counts it also takes its number, so a later resume finds nothing to add."""
+        est_in, est_out = int(mark.get("in", 0)), int(mark.get("out", 0))
+        log.warning("sub-agent %s/%d: call %d was sent by a delivery that was lost before "
+                    "its answer was saved; counted as unanswered (in=%d out=%d, estimated)",
+                    self.job_id, self.index, int(mark["seq"]), est_in, est_out)
+        self.state.sends = int(mark["seq"])
+        await self._unanswered(est_in, est_out)
 
     async def _run(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                    ) -> SubagentResult:

@@ -33,6 +33,28 @@ class Usage(BaseModel):
     batch_output_tokens: int = 0
     batch_cache_creation_input_tokens: int = 0
     batch_cache_read_input_tokens: int = 0
+    # Calls sent whose answer never came back (aborted by a cancel or a deadline, lost with
+    # a worker, timed out or cut off after the send): the provider took them and bills them,
+    # so they count here from the reservation's estimate (input as estimated, output the
+    # reserved amount), outside ``calls`` and the tokens above, which are the answers' own.
+    unanswered_calls: int = 0
+    unanswered_input_tokens: int = 0
+    unanswered_output_tokens: int = 0
+
+    def add_unanswered(self, input_tokens: int, output_tokens: int) -> None:
+        """Count one call that was sent and never answered, at its estimate."""
+        self.unanswered_calls += 1
+        self.unanswered_input_tokens += input_tokens
+        self.unanswered_output_tokens += output_tokens
+
+    @property
+    def unanswered_tokens(self) -> int:
+        return self.unanswered_input_tokens + self.unanswered_output_tokens
+
+    @property
+    def sent_calls(self) -> int:
+        """Every call the provider took: answered and unanswered."""
+        return self.calls + self.unanswered_calls
 
     def add(self, usage: object, *, batch: bool = False) -> None:
         """Add an SDK ``Usage`` (or anything with the same attributes) from one LLM call."""
@@ -64,9 +86,11 @@ class Usage(BaseModel):
 
 def budget_tokens(usage: object) -> int:
     """What a call costs against a token budget: input, output and cache writes (cache reads
-    are cheap and left out). ``usage`` is an SDK ``Usage`` or ours."""
-    return ((getattr(usage, "input_tokens", 0) or 0) + (getattr(usage, "output_tokens", 0) or 0)
-            + (getattr(usage, "cache_creation_input_tokens", 0) or 0))
+    are cheap and left out), and the estimate of calls sent but never answered. ``usage`` is
+    an SDK ``Usage`` or ours."""
+    return sum(getattr(usage, name, 0) or 0 for name in (
+        "input_tokens", "output_tokens", "cache_creation_input_tokens",
+        "unanswered_input_tokens", "unanswered_output_tokens"))
 
 
 class Checkpoint(BaseModel):
@@ -88,6 +112,10 @@ class Checkpoint(BaseModel):
     # none is out), and how many batch requests it has made (keeps a retry's id new).
     batch_cid: str | None = None
     batch_n: int = 0
+    # Realtime calls whose outcome this state accounts for (answered, unanswered or failed).
+    # Before each send its number is marked in Redis (JobStore.before_send); a resume that
+    # finds a mark past this count knows that call went out and its answer was lost.
+    sends: int = 0
 
     @classmethod
     def first(cls, task: str) -> Checkpoint:

@@ -51,6 +51,7 @@ class SubagentStart:
     deadline_in: float | None = None  # seconds until the job's deadline, on Redis's clock
     token: int = 0  # the claim this delivery took (see claims.py); 0 when it took none
     stale: bool = False  # another delivery holds the claim: stop before any call
+    sent: dict[str, Any] | None = None  # the last send's mark (before_send), if any
 
 
 def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
@@ -79,6 +80,7 @@ class JobStore:
         self.ttl_s = ttl_s
         self.claims = Claims(client, prefix, ttl_s)
         self._record = client.register_script((LUA / "record.lua").read_text())
+        self._send = client.register_script((LUA / "send.lua").read_text())
 
     # --- keys ---------------------------------------------------------------------------
     def key(self, job_id: str, *parts: object) -> str:
@@ -173,9 +175,9 @@ class JobStore:
         published at all): a delivered one finds its record and ends at once, so a cancelled
         job of thousands ends in the time it takes to write the records, not to drain the
         queue. A sub-agent with a checkpoint is running or waiting to retry and writes its
-        own record with its usage so far. One still inside its first call has no checkpoint
-        and is recorded here with no usage: the cancel aborts that call anyway, and if the
-        reply wins the race its record comes second and is dropped (first write wins).
+        own record with its usage so far; so does one inside its first call (its send mark,
+        ``before_send``, is there): the cancel aborts that call, and the record counts it as
+        unanswered (or answered, if the reply won the race).
         """
         n = int(self.r.hget(self.key(job_id, "meta"), "n") or 0)
         records, events = self.key(job_id, "records"), self.key(job_id, "events")
@@ -186,8 +188,9 @@ class JobStore:
             for index in indexes:
                 pipe.hexists(records, str(index))
                 pipe.exists(self.key(job_id, "ckpt", index))
+                pipe.hexists(self.key(job_id, "sent"), str(index))
             flags = pipe.execute()
-            todo = [i for k, i in enumerate(indexes) if not flags[2 * k] and not flags[2 * k + 1]]
+            todo = [i for k, i in enumerate(indexes) if not any(flags[3 * k:3 * k + 3])]
             if not todo:
                 continue
             now = time.time()
@@ -263,11 +266,12 @@ class JobStore:
             pipe.lindex(self.key(job_id, "tasks"), index)
             pipe.hget(self.key(job_id, "meta"), "deadline")
             pipe.time()
+            pipe.hget(self.key(job_id, "sent"), str(index))
             return pipe
 
         replies = _execute_loaded(queued)
         claimed = int(replies.pop(0)) if worker is not None else 0
-        record, spec, checkpoint, task, deadline, (seconds, micros) = replies
+        record, spec, checkpoint, task, deadline, (seconds, micros), sent = replies
         if record is not None:
             return SubagentStart(record=SubagentResult.model_validate_json(record))
         if claimed < 0:
@@ -281,7 +285,25 @@ class JobStore:
             checkpoint=Checkpoint.model_validate_json(checkpoint) if checkpoint else None,
             task=_s(task) if task is not None else None,
             deadline_in=float(deadline) - (seconds + micros / 1e6) if deadline else None,
-            token=claimed)
+            token=claimed, sent=json.loads(sent) if sent else None)
+
+    def before_send(self, job_id: str, index: int, token: int, mark: dict[str, Any]
+                    ) -> str | None:
+        """Right before a sub-agent's call goes out: ``ClaimLost`` when another delivery holds
+        it, the reason when its job was cancelled (or its deadline passed: that cancels the
+        job), else None once ``mark`` is stored as the sub-agent's last send (lua/send.lua)."""
+        reply = self._send(keys=[self.key(job_id, "claims"), self.key(job_id, "meta"),
+                                 self.key(job_id, "sent")],
+                           args=[str(index), token, json.dumps(mark), self.ttl_s])
+        code = int(reply[0])
+        if code < 0:
+            raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
+        if code == 1:
+            return None
+        if len(reply) > 2:  # the deadline passed: the first to see it cancels the job
+            self.cancel(job_id, "deadline")
+            return _s(self.r.hget(self.key(job_id, "meta"), "cancelled") or "deadline")
+        return _s(reply[1])
 
     def load_checkpoint(self, job_id: str, index: int) -> Checkpoint | None:
         raw = self.r.get(self.key(job_id, "ckpt", index))
@@ -337,6 +359,46 @@ class JobStore:
         pipe.incrby(key, tokens)
         pipe.expire(key, self.ttl_s)
         return int(pipe.execute()[0])
+
+    # --- calls sent and never answered, per limiter scope (for `drover stats`) -----------
+    def count_unanswered(self, scope: str, input_tokens: int, output_tokens: int,
+                         keep_s: int) -> None:
+        """Count one call of ``scope`` that was sent and never answered (its estimate); the
+        counters go once no such call was counted for ``keep_s`` seconds."""
+        key = f"{self.prefix}:unanswered:{scope}"
+        pipe = self.r.pipeline()
+        pipe.hincrby(key, "calls", 1)
+        pipe.hincrby(key, "input_tokens", input_tokens)
+        pipe.hincrby(key, "output_tokens", output_tokens)
+        pipe.hsetnx(key, "since", time.time())
+        pipe.expire(key, keep_s)
+        pipe.execute()
+
+    def unanswered(self) -> dict[str, dict[str, float]]:
+        """Scope -> its unanswered counters (calls, input_tokens, output_tokens, since)."""
+        found = {}
+        for key in self.r.scan_iter(match=f"{self.prefix}:unanswered:*", count=500):
+            scope = _s(key).removeprefix(f"{self.prefix}:unanswered:")
+            found[scope] = {_s(k): float(v) for k, v in self.r.hgetall(key).items()}
+        return found
+
+    def add_job_usage(self, job_id: str, usage: Usage) -> None:
+        """Add the usage of a job-level call (its planning, its synthesis) to the job's own
+        counters, which the join adds to the sub-agents' (``job_usage``)."""
+        fields = {name: n for name, n in usage.model_dump().items() if n}
+        if not fields:
+            return
+        key = self.key(job_id, "usage")
+        pipe = self.r.pipeline()
+        for name, n in fields.items():
+            pipe.hincrby(key, name, n)
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def job_usage(self, job_id: str) -> Usage:
+        raw = self.r.hgetall(self.key(job_id, "usage"))
+        known = set(Usage.model_fields)
+        return Usage(**{_s(k): int(v) for k, v in raw.items() if _s(k) in known})
 
     def spent(self, job_id: str) -> int:
         return int(self.r.get(self.key(job_id, "spent")) or 0)

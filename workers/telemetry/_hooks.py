@@ -94,7 +94,7 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 set_status_on_exception=False) as span:
             if span.is_recording():
                 _safe("span", lambda: _request_attributes(span, settings, scope, params, ctx))
-            outcome, error_type, message = "ok", "", None
+            outcome, error_type, message, lost = "ok", "", None, None
             try:
                 message = await fn(rt, params, ctx)
                 return message
@@ -105,8 +105,6 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 decision = getattr(error, "decision", None)
                 if kind == "cancelled":
                     outcome, error_type = "cancelled", "cancelled"
-                elif kind == "not_sent":  # refused before sending (it could never fit)
-                    outcome = ""
                 elif decision is not None:
                     outcome = _OUTCOMES.get(decision.counter, "4xx")
                     error_type = decision.error_type
@@ -117,9 +115,13 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                     outcome, error_type = "cancelled", "CancelledError"
                 else:  # a bug or a broken deployment: the sub-agent records it as failed
                     outcome, error_type = "error", type(error).__name__
+                lost = getattr(error, "unanswered", None)
                 raise
             finally:
                 _WAITED.reset(token)
+                if lost is not None:  # sent, never answered: billed at its estimate
+                    outcome = "unanswered"
+                    _safe("unanswered", lambda: _record_unanswered(model, lost))
                 if outcome:
                     duration = max(0.0, time.monotonic() - started - sum(waited))
                     _safe("llm call", lambda: _record_call(
@@ -186,6 +188,13 @@ def _record_call(scope: str, model: str, outcome: str, error_type: str, duration
                         ("cache_read", getattr(usage, "cache_read_input_tokens", 0)),
                         ("cache_write", getattr(usage, "cache_creation_input_tokens", 0))):
         rec.inc("drover_gen_ai_client_token_usage", (*genai, kind), float(value or 0))
+
+
+def _record_unanswered(model: str, lost: tuple[int, int]) -> None:
+    rec = get_recorder()
+    genai = ("chat", PROVIDER, model)
+    rec.inc("drover_gen_ai_client_token_usage", (*genai, "unanswered_input"), float(lost[0]))
+    rec.inc("drover_gen_ai_client_token_usage", (*genai, "unanswered_output"), float(lost[1]))
 
 
 # --- tools, sub-agents, jobs -------------------------------------------------------------

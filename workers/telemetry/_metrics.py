@@ -41,7 +41,8 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 60.0)
 
-CALL_OUTCOMES = ("ok", "429", "529", "5xx", "4xx", "connection", "cancelled", "error")
+CALL_OUTCOMES = ("ok", "429", "529", "5xx", "4xx", "connection", "cancelled", "unanswered",
+                 "error")
 TOKEN_TYPES = ("input", "output", "cache_read", "cache_write")
 DIMENSIONS = ("requests", "input_tokens", "output_tokens")
 SUBAGENT_STATUSES = ("waiting", "running", "ok", "failed", "cancelled", "budget_exceeded")
@@ -74,11 +75,14 @@ METRICS: tuple[Metric, ...] = (
            "error_type is empty for a success", "process", DURATION_BUCKETS),
     Metric("drover_gen_ai_client_token_usage", "counter", (*GENAI, "gen_ai_token_type"),
            "gen_ai.client.token.usage summed: tokens of finished LLM calls by type (input = "
-           "uncached input, output, cache_read, cache_write = cache creation)", "process"),
+           "uncached input, output, cache_read, cache_write = cache creation; "
+           "unanswered_input, unanswered_output = the estimate of calls sent whose answer "
+           "never came back, which the provider bills)", "process"),
     Metric("drover_llm_calls", "counter", ("scope", "outcome"),
            "LLM calls by outcome: ok, 429, 529, 5xx, 4xx, connection (incl. timeouts), "
-           "cancelled (the job was cancelled or ran out of time during the wait or the call), "
-           "error (anything else raised: a bug or a broken deployment)",
+           "cancelled (the job was cancelled or ran out of time before the send), unanswered "
+           "(sent, and the answer never came back: aborted by a cancel or deadline, timed out, "
+           "cut off; billed), error (anything else raised: a bug or a broken deployment)",
            "process"),
     Metric("drover_limiter_acquire_wait_seconds", "histogram", ("scope",),
            "time from asking the limiter to being allowed to send (in-flight polls and the "
