@@ -350,12 +350,18 @@ class Batches:
         self.advance()
         inner = self.inner.stats
         statuses = [b.status for b in self._batches.values()]
+        now = time.time()
         return {
             "calls": dict(self.stats.calls),
             "batches_created": self.stats.batches_created,
             "requests": self.stats.requests,
             "outcomes": dict(self.stats.outcomes),
             "in_progress": statuses.count("in_progress"),
+            # requests of batches still in progress whose processing time has passed (their
+            # outcome is decided when the batch ends): how far along the open batches are
+            "in_progress_done": sum(1 for b in self._batches.values()
+                                    if b.status == "in_progress"
+                                    for r in b.requests if r.done_at <= now),
             "canceling": statuses.count("canceling"),
             "ended": statuses.count("ended"),
             "queued": self.queued(),

@@ -114,7 +114,8 @@ def test_cancel_mid_batch_cancels_it_at_the_provider_and_every_subagent_gets_a_r
     handle = submit(JobSpec(subtasks=[f"Assess supplier {i}" for i in range(20)],
                             tools=["lookup_fact"], delivery="batch"))
     wait_until("a batch in progress", lambda: sim.stats()["batches"]["in_progress"], 60)
-    time.sleep(2.0)  # about half of its requests have run by now
+    wait_until("some of its requests processed",
+               lambda: sim.stats()["batches"]["in_progress_done"] >= 3, 60)
     assert handle.cancel()
     result = handle.wait(timeout=60)
     assert result.status == "cancelled"
@@ -147,7 +148,7 @@ def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason
     pipe = rt.store.r.pipeline()
     store._deliver(pipe, cid, {"type": "expired"})
     pipe.execute()
-    time.sleep(0.3)
+    time.sleep(0.3)  # past the job's 0.2 s deadline: the expired result meets it
     record = rt.run(SubagentRun(rt, handle.id, 0).run())
     assert record.status == "failed" and record.error_type == "expired"
     assert "deadline" in record.error

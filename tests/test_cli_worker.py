@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -54,7 +53,6 @@ def test_a_keyless_worker_starts_with_a_warning_and_every_subagent_fails_once_pe
         proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", str(spec),
                                "--wait"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=120)
-        time.sleep(0.5)  # the last log lines reach the file
     finally:
         stop_process_group(worker)
     text = log.read_text(errors="replace")
@@ -111,7 +109,6 @@ def test_no_prompt_text_or_key_in_the_worker_log_even_at_debug(sim, drover_env, 
                                 system=f"System {marker}", tools=["lookup_fact"],
                                 max_tokens=64))
         assert handle.wait(timeout=90).counts["ok"] == 3
-        time.sleep(0.5)
     finally:
         stop_process_group(worker)
     text = log.read_text(errors="replace")

@@ -141,7 +141,7 @@ def test_redis_killed_and_restarted_mid_job_loses_no_result(sim, drover_env, spa
     done_before = {r.index for r in handle.store.records(handle.id).values()}
 
     private_redis.kill()
-    time.sleep(5)
+    time.sleep(5)  # Redis stays away a while: what the workers must ride out
     private_redis.start()
     try:
         result = handle.wait(timeout=VISIBILITY_TIMEOUT_S + MARGIN_S + 30)
@@ -190,7 +190,7 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
     def sweep_after_a_stall() -> list:
         unlock(store)  # the locks of the previous sweep
         first = sweep(store, settings, lambda *args: sent.append(args))
-        time.sleep(0.3)
+        time.sleep(0.3)  # past DROVER_RESEND_AFTER_S (0.2 s): still missing, the message is lost
         unlock(store)
         return first + sweep(store, settings, lambda *args: sent.append(args))
 
@@ -222,7 +222,7 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
         store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
     sent: list[tuple[str, str, int | None]] = []
     sweep(store, settings, lambda *args: sent.append(args))
-    time.sleep(0.3)
+    time.sleep(0.3)  # past DROVER_RESEND_AFTER_S (0.2 s), when the sweep sends what is due
     unlock(store)
     sweep(store, settings, lambda *args: sent.append(args))
     assert sorted(sent) == [("other-queue", "joinjob", "join", 1), ("q-sweep", "ourjob", "join", 1)]

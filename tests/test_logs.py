@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -46,7 +45,6 @@ def test_worker_logs_one_line_per_call_outcome_without_secrets_or_prompts(
                                 tools=["lookup_fact"], max_tokens=120))
         result = handle.wait(timeout=90)
         assert result.counts["ok"] == 4
-        time.sleep(0.5)  # the last lines reach the file
     finally:
         stop_process_group(proc)
     text = log.read_text(errors="replace")

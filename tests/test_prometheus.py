@@ -137,6 +137,20 @@ def _wait_for(prometheus: Callable[[str, float | None], list], what: str, series
             f"{prometheus.last_error()}") from None  # type: ignore[attr-defined]
 
 
+def _scraped_since(prometheus: Callable[[str, float | None], list], what: str, series: str,
+                   t: float) -> None:
+    """Wait until Prometheus holds a sample of the series scraped at ``t`` or later."""
+    def check() -> bool:
+        newest = prometheus(f"timestamp({series})")
+        return bool(newest) and float(newest[0]["value"][1]) >= t
+
+    try:
+        wait_until(what, check, timeout=60)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; the last scrape: {prometheus.last_error()}"  # type: ignore[attr-defined]
+                             ) from None
+
+
 def _value(result: list) -> float:
     return sum(float(r["value"][1]) for r in result)
 
@@ -157,7 +171,9 @@ def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
     warm = sim.stats()["accepted"]
     _wait_for(prometheus, "prometheus to see the warm-up calls", ok, warm)
     start = time.time()
-    time.sleep(2)  # the window starts on flat samples: increase() then counts the whole job
+    # the window starts on flat samples (scraped after the warm-up's last call), so
+    # increase() counts the whole job
+    _scraped_since(prometheus, "flat samples before the job", ok, start + 2)
 
     subtasks = [f"Research topic {i}" for i in range(20)]
     subtasks[7] += " [[sim:429:1]]"
@@ -170,7 +186,9 @@ def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
     accepted = provider["accepted"] - warm
     assert provider["rejected_429"] == 1
     _wait_for(prometheus, "prometheus to see the job's last calls", ok, provider["accepted"])
-    time.sleep(3)  # and ends on flat ones: extrapolation stays a small share of the window
+    # and ends on flat ones: extrapolation stays a small share of the window
+    last_call = time.time()
+    _scraped_since(prometheus, "flat samples after the job", ok, last_call + 3)
     end = time.time()
     window = f"{int(end - start) + 1}s"
 
