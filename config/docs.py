@@ -2,8 +2,8 @@
 
 The page is generated, never edited by hand: each field's variable, type, default and
 ``description=`` come from config/settings.py, grouped under the ``# --- section ---`` comments
-of the class, so the page cannot drift from what the code reads. tests/test_docs.py fails when
-the committed page differs from what this prints.
+of the class, so the page cannot drift from what the code reads.
+tests/integration/test_docs.py fails when the committed page differs from what this prints.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The ``drover`` command line.
 
-Exit codes, the same for the same situation in every command (the README has the table):
+Exit codes, the same for the same situation in every command (docs/troubleshooting.md has
+the table):
 
 - 0: done, and every sub-agent ended ``ok`` (or the command did what it was asked);
 - 1: the job ended, but not every sub-agent is ``ok`` (failed, cancelled, over a budget),

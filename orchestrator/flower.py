@@ -67,7 +67,7 @@ drover's defaults (each yields to a FLOWER_* variable, flowerconfig.py or the co
   --tasks_columns={TASK_COLUMNS}
   --task_runtime_metric_buckets=0.5,...,DROVER_TASK_TIME_LIMIT_S
   --purge_offline_workers={PURGE_OFFLINE_WORKERS_S}
-  /metrics answers without the password: see the README's Flower section.
+  /metrics answers without the password: see docs/monitoring.md (Flower).
 
 Exit status: 2 refused (address without a password, a short or malformed password) or the
 port is taken; 3 the broker does not answer; otherwise Flower's. Flower's own options follow.

@@ -60,13 +60,20 @@ import contextlib  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from drover.simulator import SimConfig, SimulatorServer  # noqa: E402
+from tests.helpers import (  # noqa: E402,F401  (the names older tests import from here)
+    DEFAULT_AMQP_HOST,
+    DEFAULT_AMQP_PORT,
+    ROOT,
+    amqp_answers,
+    configure,
+    stop_process_group,
+    wait_for_workers,
+    wait_until,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 SESSION = uuid.uuid4().hex[:8]
 # Celery's keys (queues, results) use one prefix for the whole test session; every test gets
 # its own queue, key alias (so its own limiter scope) and job ids, so tests cannot see each
@@ -77,6 +84,11 @@ SESSION_PREFIX = f"drovertest-{SESSION}"
 @pytest.fixture(scope="session", autouse=True)
 def _session_keys(redis_url: str) -> Iterator[None]:
     yield
+    # An in-process worker's heartbeat would write the registry ({prefix}:workers, kept for
+    # days) again after the clean-up: stop it first.
+    from drover.workers.jobs import stop_local_worker
+
+    stop_local_worker()
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{SESSION_PREFIX}:*", count=1000):
         client.delete(key)
@@ -115,19 +127,6 @@ def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
     yield env
     reset_runtime()
     get_settings.cache_clear()
-
-
-def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **values: object) -> None:
-    """Change DROVER_* settings of the running test (before its workers start)."""
-    from drover.config import get_settings
-    from drover.workers.agent.runtime import reset_runtime
-
-    for key, value in values.items():
-        name = key if key.startswith(("DROVER_", "ANTHROPIC_")) else f"DROVER_{key.upper()}"
-        env[name] = str(value)
-        monkeypatch.setenv(name, str(value))
-    get_settings.cache_clear()
-    reset_runtime()
 
 
 @pytest.fixture
@@ -175,43 +174,8 @@ def spawn_worker(drover_env: dict[str, str]) -> Iterator[Callable[..., subproces
         proc.wait()
 
 
-def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
-    """Poll ``check`` until it returns something true; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
+# --- RabbitMQ as the broker (tests/system/test_worker_loss.py) -------------------------
 
-
-def stop_process_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    """SIGTERM a process started with start_new_session, SIGKILL it if it lingers."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-# --- RabbitMQ as the broker (tests/test_worker_loss.py) -------------------------------------
-
-DEFAULT_AMQP_HOST, DEFAULT_AMQP_PORT = "127.0.0.1", 5672
-
-
-def amqp_answers(host: str = DEFAULT_AMQP_HOST, port: int = DEFAULT_AMQP_PORT) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="session")
@@ -249,17 +213,6 @@ def sim_factory() -> Iterator[Callable[..., SimulatorServer]]:
     yield make
     for server in started:
         server.stop()
-
-
-def wait_for_workers(count: int, timeout: float = 90) -> None:
-    """Until ``count`` worker processes answer a ping (so a job's clock starts with them up)."""
-    from drover.workers.app import app
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(app.control.ping(timeout=0.5) or []) >= count:
-            return
-    raise AssertionError(f"{count} workers did not come up within {timeout} s")
 
 
 # --- Redis Sentinel: a master, a replica and three sentinels of the test's own ---------------

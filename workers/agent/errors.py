@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from drover.workers.agent.retry import Decision
 
-__all__ = ["AgentError", "CallFailed", "Cancelled", "LimiterSaysLater", "RetryLater",
-           "RetryableFailure"]
+__all__ = ["AgentError", "CallFailed", "Cancelled", "LimiterSaysLater", "NeverFits",
+           "RetryLater", "RetryableFailure"]
 
 
 class AgentError(Exception):
@@ -64,3 +64,10 @@ class CallFailed(AgentError):
     def __init__(self, decision: Decision):
         super().__init__(f"{decision.status_code or ''} {decision.error_type}: {decision.message}")
         self.decision = decision
+
+
+class NeverFits(CallFailed):
+    """A request the limits could never admit (more input tokens than a whole minute of the
+    limit): failed before sending, since waiting or retrying cannot help."""
+
+    call_outcome = "not_sent"

@@ -27,7 +27,14 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
-from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.config import Settings
+from drover.workers.agent.errors import (
+    CallFailed,
+    Cancelled,
+    LimiterSaysLater,
+    NeverFits,
+    RetryableFailure,
+)
 from drover.workers.agent.limits import llm_limits
 from drover.workers.agent.retry import (
     Decision,
@@ -142,10 +149,32 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
 
 
 def _limiter_reason(reason: str, retry_after_s: float, horizon_s: float) -> str:
+    """Why the slot is freed, in a sentence. The limiter's ``retry_after_s`` is how long until
+    the wait would be within the horizon; the wait itself is that plus the horizon."""
+    away = retry_after_s + horizon_s
     if reason == "cooldown":
-        return f"limiter cooldown: a 429's retry-after holds every worker for {retry_after_s:.1f} s"
-    return (f"limiter horizon: next capacity in {retry_after_s:.1f} s, beyond "
-            f"DROVER_HORIZON_S={horizon_s:g} s")
+        return (f"limiter cooldown: a 429's retry-after holds every worker for {away:.1f} s "
+                f"more, longer than a worker waits in its slot (DROVER_HORIZON_S={horizon_s:g} "
+                "s), so the slot is freed meanwhile")
+    return (f"limiter horizon: the capacity for this call is {away:.1f} s away (other calls "
+            f"are queued before it), longer than a worker waits in its slot "
+            f"(DROVER_HORIZON_S={horizon_s:g} s), so the slot is freed meanwhile")
+
+
+def never_fits(settings: Settings, model: str, input_tokens: int) -> Decision | None:
+    """A failure when ``input_tokens`` exceed a whole minute of the model's input-token limit:
+    the provider would refuse such a request for ever, and the limiter would hold it."""
+    configured = settings.limits_for(model)
+    itpm = configured.itpm if configured else None
+    if itpm is None or input_tokens <= itpm:
+        return None
+    setting = "DROVER_ITPM" if model == settings.model and model not in settings.limits else (
+        f"DROVER_LIMITS[{model!r}].itpm")
+    return Decision("fail", "request_too_large", (
+        f"this call needs about {input_tokens:,} input tokens (estimated), more than a whole "
+        f"minute of {model}'s input-token limit, {itpm:,.0f} ({setting}): it could never be "
+        "sent. Shorten the subtask, the system prompt or the tool results, or raise the "
+        "limit if your key has more"))
 
 
 Held = list[tuple[str, ScopeLimits, Grant]]
@@ -170,7 +199,9 @@ async def acquire_tenant_budget(rt: Runtime, ctx: CallContext, tokens: int) -> H
     except LimiterSaysLater as later:
         await release_tenant_budget(rt, held)
         raise LimiterSaysLater(min(later.countdown, rt.settings.countdown_cap_s),
-                               f"tenant {ctx.tenant} token budget") from None
+                               f"the token budget of tenant {ctx.tenant} "
+                               "(DROVER_TENANT_BUDGETS) has no room for this call yet, so the "
+                               "slot is freed meanwhile") from None
     except BaseException:
         await release_tenant_budget(rt, held)
         raise
@@ -198,6 +229,10 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     cache_reads_count = bool(configured and configured.cache_reads_count)
     est_in = rt.calibration.input_tokens(scope, params, cache_reads_count)
     est_out = rt.calibration.output_tokens(scope, params["max_tokens"])
+    too_big = never_fits(settings, model, est_in)
+    if too_big is not None:
+        _log_failure(scope, too_big, ctx, 0.0, time.monotonic(), True)  # nothing was sent
+        raise NeverFits(too_big)
 
     budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
     try:

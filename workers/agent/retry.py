@@ -1,4 +1,4 @@
-"""What to do about a failed LLM call (the README's "What happens when..." tells it for users).
+"""What to do about a failed LLM call (docs/failures.md tells it for users).
 
 | what came back                              | decision                                         |
 |---------------------------------------------|--------------------------------------------------|

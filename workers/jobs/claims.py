@@ -19,6 +19,29 @@ the recovery sweep finds a dead worker's parts without reading the broker or eve
 Every change is one Lua script (``lua/*.lua``), so a claim never moves half-way. The record's
 own write lets go of the claim too: the job store's ``lua/record.lua``, which stores the
 record with its counters in the same step.
+
+**Fencing across a Redis failover.** Replication is asynchronous: the last writes to a master
+may be missing on the replica Sentinel (or a managed Redis) promotes. If one of them was a
+start (token 5 taken by delivery A), the new master still says 4, and a second delivery B
+(the broker's copy of a message whose pop did not replicate either, or the sweep) would take
+5 again there while A still runs: both would pass every fence. So a token carries an
+*epoch* (``lua/_epoch.lua``): ``EPOCH * 1000000 + n``, the epoch moving on whenever the
+server minting a token is another master than the last one that did (its replication id,
+``INFO replication``'s ``master_replid``, differs from the one in the fence hash; a promoted
+replica always takes a new one). B's token is then of the new epoch, A's writes name a token
+of the old one and are refused, and A stops (``ClaimLost``) before its next call. A's start
+that did replicate keeps its token, so a failover alone stops nothing.
+
+Why not ``WAIT`` after each start: it costs a round trip to the replicas on every delivery,
+it cannot say what to do when it times out (the replica may be gone for good: a new master
+has none until the old one returns), and it proves only that *some* replica has the write,
+not the one that gets promoted. The epoch costs one ``INFO replication`` inside the script
+and is exact for every promotion. Its limit: an epoch move that itself did not replicate
+(a master promoted, minting, and lost again within one replication lag) could be made again
+by the next master; Sentinel does not fail the same master over twice within its
+``failover-timeout`` (3 minutes by default), which keeps that window shut in practice.
+What else a failover loses (a checkpoint, a record, a queued message) is redone, not
+fenced: see docs/high-availability.md.
 """
 
 from __future__ import annotations
@@ -61,10 +84,11 @@ class Claims:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self._receive = client.register_script((LUA / "receive.lua").read_text())
-        self._start = client.register_script((LUA / "start.lua").read_text())
+        epoch = (LUA / "_epoch.lua").read_text()
+        self._start = client.register_script(epoch + (LUA / "start.lua").read_text())
         self._fenced = client.register_script((LUA / "fenced.lua").read_text())
         self._release = client.register_script((LUA / "release.lua").read_text())
-        self._takeover = client.register_script((LUA / "takeover.lua").read_text())
+        self._takeover = client.register_script(epoch + (LUA / "takeover.lua").read_text())
 
     # --- keys ---------------------------------------------------------------------------
     def job_key(self, job_id: str, name: str) -> str:
@@ -72,6 +96,9 @@ class Claims:
 
     def worker_key(self, worker: str) -> str:
         return f"{self.prefix}:worker:{worker}:claims"
+
+    def fence_key(self) -> str:
+        return f"{self.prefix}:fence"
 
     def _keys(self, job_id: str, worker: str) -> list[str]:
         return [self.job_key(job_id, "claims"), self.worker_key(worker),
@@ -88,7 +115,7 @@ class Claims:
         """Take the claim to run the part (new token > 0; 0 finished; -1 stale).
 
         With ``client`` a pipeline, the call is queued there (its reply comes with the rest)."""
-        return self._start(keys=self._keys(job_id, worker),
+        return self._start(keys=[*self._keys(job_id, worker), self.fence_key()],
                            args=[part_name(part), token, worker, job_id, self.ttl_s],
                            client=client)
 
@@ -110,7 +137,7 @@ class Claims:
 
     def takeover(self, job_id: str, part: int | str, expected: int, worker: str) -> int:
         """Take the part from dead ``worker`` (or, ``expected`` -1, a lost message): new token."""
-        return int(self._takeover(keys=self._keys(job_id, worker),
+        return int(self._takeover(keys=[*self._keys(job_id, worker), self.fence_key()],
                                   args=[part_name(part), expected, worker, job_id, self.ttl_s]))
 
     def drop(self, job_id: str, part: int | str, worker: str) -> None:

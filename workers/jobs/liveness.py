@@ -93,6 +93,8 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop beating and say so: the sweep then takes over what this worker still holds."""
         self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)  # a beat under way would write the keys again
         try:
             self.r.delete(heartbeat_key(self.prefix, self.id))
         except redis.RedisError:

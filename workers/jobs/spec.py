@@ -57,7 +57,7 @@ class JobSpec(BaseModel):
     # batch when the deadline allows it (none, or >= DROVER_BATCH_AUTO_MIN_DEADLINE_S).
     delivery: Literal["realtime", "batch", "auto"] = "realtime"
     metadata: dict[str, str] = Field(default_factory=dict)
-    # Fair share (README "Fair share, tenants, priorities"): the tenant's weight and token
+    # Fair share (docs/fair-share.md): the tenant's weight and token
     # budget are settings; the priority orders the jobs of one tenant.
     tenant: TenantName = DEFAULT_TENANT
     priority: Priority = "normal"

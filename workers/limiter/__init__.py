@@ -39,7 +39,7 @@ Decisions worth knowing:
   cost of 0 does not wait. A refusal (horizon, cooldown, in-flight cap) debits nothing.
 - Refunds (``settle`` below the reservation, ``release``) are credited in full, capped: a
   level never rises above capacity, nor above empty at the end of a cooldown. Extra use is
-  debited at settle. Worst case (``tests/limiter_model.py``, checked by the hypothesis state
+  debited at settle. Worst case (``tests/helpers/limiter_model.py``, checked by the hypothesis state
   machine): the sends in a window [a, b] may exceed ``capacity + rate x (b - a)`` by the
   refunds of earlier sends credited while that window's sends were being planned, because a
   refund cannot know whether the provider's bucket, full in the meantime, lost it anyway.

@@ -105,6 +105,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 decision = getattr(error, "decision", None)
                 if kind == "cancelled":
                     outcome, error_type = "cancelled", "cancelled"
+                elif kind == "not_sent":  # refused before sending (it could never fit)
+                    outcome = ""
                 elif decision is not None:
                     outcome = _OUTCOMES.get(decision.counter, "4xx")
                     error_type = decision.error_type

@@ -2,6 +2,7 @@
 -- token when its message carries the current one; every later write of the part names that
 -- token, so a delivery that started earlier (or a copy of this message) can no longer write.
 -- KEYS[1] the job's claims hash    KEYS[2] the worker's claims hash    KEYS[3] the job's records
+-- KEYS[4] the fence hash (_epoch.lua: the token's epoch survives a failover)
 -- ARGV[1] part    ARGV[2] the message's token    ARGV[3] worker id    ARGV[4] job id
 -- ARGV[5] ttl of the hashes (s)
 -- Returns the new token (> 0), 0 when the part is finished, -1 when the message is stale.
@@ -10,7 +11,7 @@ if redis.call('HEXISTS', KEYS[3], part) == 1 then return 0 end
 local current = redis.call('HGET', KEYS[1], part)
 local held = current and tonumber(string.match(current, '^(%d+)')) or 0
 if held ~= token then return -1 end
-local new = token + 1
+local new = mint(token, tonumber(ARGV[5]))
 redis.call('HSET', KEYS[1], part, new .. '|running|' .. worker)
 redis.call('HSET', KEYS[2], ARGV[4] .. '|' .. part, new)
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))

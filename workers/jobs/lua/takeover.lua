@@ -3,7 +3,7 @@
 -- carries; any older copy, should it ever run, is stale. A part that finished or moved on is
 -- only dropped from the dead worker's list.
 -- KEYS[1] the job's claims hash    KEYS[2] the dead worker's claims hash (or a dummy key)
--- KEYS[3] the job's records
+-- KEYS[3] the job's records    KEYS[4] the fence hash (_epoch.lua)
 -- ARGV[1] part    ARGV[2] the token expected (-1: any claim)
 -- ARGV[3] the dead worker's id ("" with a token: the claim must still say "sent" with it;
 -- ignored with token -1)    ARGV[4] job id    ARGV[5] ttl (s)
@@ -19,7 +19,7 @@ if expected >= 0 and worker == '' then  -- a message nobody recorded receiving
 elseif expected >= 0 and (token ~= expected or holder ~= worker or state == 'sent') then
   return 0
 end
-local new = token + 1
+local new = mint(token, tonumber(ARGV[5]))
 redis.call('HSET', KEYS[1], part, new .. '|sent|')
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
 return new

@@ -1,0 +1,95 @@
+"""A fleet of worker processes as Redis sees it: whose heartbeats beat and which parts each
+worker's claims hold (for the tests that kill, pause or stop workers)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+
+from drover import JobHandle, JobSpec
+from drover.workers.redis_clients import sync_redis
+from tests.helpers import ROOT, wait_until
+
+__all__ = ["SHORT_BROKER_TIMEOUTS", "VISIBILITY_TIMEOUT_S", "Fleet", "submit_elsewhere"]
+
+# Broker timeouts short enough that a lost message comes back within a test (the visibility
+# timeout is Redis's redelivery), for the tests that restart Redis or fail it over.
+VISIBILITY_TIMEOUT_S = 15
+SHORT_BROKER_TIMEOUTS = {"visibility_timeout_s": VISIBILITY_TIMEOUT_S, "countdown_cap_s": 3,
+                         "task_time_limit_s": 10, "call_timeout_s": 5, "resend_after_s": 5}
+
+
+class Fleet:
+    """What Redis says about the workers of this test: heartbeats and claims."""
+
+    def __init__(self, env: dict[str, str]):
+        self.r = sync_redis(env["DROVER_REDIS_URL"], master=env.get("DROVER_SENTINEL_MASTER"),
+                            decode_responses=True)
+        self.prefix = env["DROVER_KEY_PREFIX"]
+
+    def worker_of(self, proc: subprocess.Popen) -> str | None:
+        for worker in self.r.zrange(f"{self.prefix}:workers", 0, -1):
+            if worker.split(":")[-2] == str(proc.pid) and self.r.exists(
+                    f"{self.prefix}:worker:{worker}"):
+                return worker
+        return None
+
+    def wait_for(self, *procs: subprocess.Popen) -> list[str]:
+        return wait_until("every worker's heartbeat", lambda: (
+            ids if all(ids := [self.worker_of(p) for p in procs]) else None), 60)
+
+    def held(self, worker: str) -> set[tuple[str, str]]:
+        fields = self.r.hkeys(f"{self.prefix}:worker:{worker}:claims")
+        return {tuple(f.rsplit("|", 1)) for f in fields}  # type: ignore[misc]
+
+    def running(self, worker: str) -> set[tuple[str, str]]:
+        """The parts ``worker`` runs right now (not only holds)."""
+        return {(job, part) for job, part in self.held(worker)
+                if (self.r.hget(f"{self.prefix}:job:{job}:claims", part) or "").endswith(
+                    f"|running|{worker}")}
+
+    def moved_on(self, job_id: str, part: str, gone: str) -> bool:
+        """The part finished, or another worker runs or holds it now."""
+        if self.r.hexists(f"{self.prefix}:job:{job_id}:records", part):
+            return True
+        claim = self.r.hget(f"{self.prefix}:job:{job_id}:claims", part) or ""
+        _token, state, holder = (claim.split("|") + ["", ""])[:3]
+        return state in ("running", "held") and holder not in ("", gone)
+
+    def records_written(self, job_id: str) -> collections.Counter:
+        entries = self.r.xrange(f"{self.prefix}:job:{job_id}:events")
+        import json
+        return collections.Counter(json.loads(fields["record"])["index"]
+                                   for _id, fields in entries)
+
+    def explain(self, job_id: str, n: int) -> str:
+        """The claims of the sub-agents that have no record (for a failure message)."""
+        records = set(self.r.hkeys(f"{self.prefix}:job:{job_id}:records"))
+        claims = self.r.hgetall(f"{self.prefix}:job:{job_id}:claims")
+        live = {w for w in self.r.zrange(f"{self.prefix}:workers", 0, -1)
+                if self.r.exists(f"{self.prefix}:worker:{w}")}
+        resent = self.r.hgetall(f"{self.prefix}:job:{job_id}:resent")
+        return "; ".join(f"{i}: claim={claims.get(str(i))!r} resent={resent.get(str(i))}"
+                         for i in range(n) if str(i) not in records) + f" (live: {live})"
+
+    def wait(self, handle: JobHandle, n: int, timeout: float):
+        try:
+            return handle.wait(timeout=timeout)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; without a record: {self.explain(handle.id, n)}"
+                                 ) from None
+
+    def close(self) -> None:
+        self.r.close()
+
+
+def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
+    """``drover submit`` in a process of its own, which starts with this test's broker URL
+    (this test process's Celery app keeps the broker it was first built with)."""
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
+                          input=spec.model_dump_json(), capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **env}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return JobHandle.attach(proc.stdout.split()[-1])

@@ -1,0 +1,53 @@
+"""`python -m bench.compare --quick` (drover and the overhead part) and
+`python -m bench.acquire_cost` still run end to end, so the benchmark harness cannot rot
+unnoticed. It asserts what the harness produces, not how fast anything was."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+
+def test_quick_compare_runs_drover_and_writes_the_table_and_the_plot(redis_url, tmp_path):
+    out, plot = tmp_path / "RESULTS.md", tmp_path / "compare.png"
+    out.write_text("# Results\n\nkept as it is\n")
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.compare", "--quick", "--only", "d", "--out", str(out),
+         "--plot", str(plot)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("# Results\n\nkept as it is\n")  # only its own section is replaced
+    [row] = [line for line in text.splitlines() if line.startswith("| **(d) drover")]
+    completed, lost = (int(x) for x in row.split("|")[2].split("/"))
+    assert completed + lost == 30
+    for row in ("| drover job |", "| bare chord, no-op tasks |",
+                "| bare chord, one SDK call per task |"):
+        assert row in text
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_acquire_cost_runs_both_paths_and_the_breakdown_and_leaves_no_key(redis_url,
+                                                                          redis_client):
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.acquire_cost", "--n", "50", "--breakdown"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    # the sync Limiter, then the worker's path
+    assert len(re.findall(r"^median acquire +[\d.]+ us +ratio to PING", out, re.M)) == 2
+    assert "the worker's path (AsyncLimiter" in out
+    for part in ("EVALSHA returning at once", "acquire.lua (arguments built beforehand)",
+                 "Limiter.acquire"):
+        assert part in out
+    # Its own keys only: another benchmark may be running on the same Redis.
+    [prefix] = re.findall(r"^keys under (drover-bench-\w+): \d+ deleted$", out, re.M)
+    assert not list(redis_client.scan_iter(match=f"{prefix}:*"))

@@ -1,0 +1,237 @@
+"""Crashes under a running job: Redis killed and started again, a task message the broker
+lost, and the recovery sweep on its own. Every sub-agent still ends ``ok`` and no finished
+result is lost. (A killed, paused or stopped worker: tests/system/test_worker_loss.py, with default
+settings.)
+
+The Redis restart test runs with a short visibility timeout (15 s) and the countdown cap and
+task time limit that Settings requires under it: a message a worker had taken when Redis died
+comes back through the broker. The resumed sub-agents resume from their checkpoints: only a
+call that was in flight at the moment of the crash can be sent twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from drover import JobSpec, submit
+from drover.config import load_settings
+from drover.orchestrator.services import free_port, redis_answers
+from drover.workers.jobs.claims import token_of
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
+from drover.workers.jobs.store import JobStore
+from drover.workers.redis_clients import sync_redis
+from tests.helpers import configure, wait_until
+from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S, submit_elsewhere
+
+# Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.
+MARGIN_S = 75
+WORKER_THREADS = 8
+
+
+def test_a_task_message_the_broker_lost_is_sent_again(sim, drover_env, spawn_worker,
+                                                      monkeypatch, redis_url):
+    configure(monkeypatch, drover_env, resend_after_s=3)
+    handle = submit(JobSpec(subtasks=[f"Weigh cargo {i}" for i in range(10)], max_tokens=60))
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    prefix, queue = drover_env["DROVER_KEY_PREFIX"], drover_env["DROVER_QUEUE"]
+    ours = {s for s in subagents_in_broker(client, prefix, queue) if s[0] == handle.id}
+    assert ours == {(handle.id, i) for i in range(10)}
+    # Take sub-agent 4's message off the queue, as a worker killed right after its BRPOP does
+    # (before kombu records the message as unacked): the broker has no copy left.
+    queue_key = f"{prefix}:celery:{queue}"
+    lost = [raw for raw in client.lrange(queue_key, 0, -1)
+            if subagent_of(json.loads(raw)) == (handle.id, 4)]
+    assert len(lost) == 1 and client.lrem(queue_key, 1, lost[0]) == 1
+
+    spawn_worker(concurrency=4)
+    result = handle.wait(timeout=90)
+
+    assert result.status == "done"
+    assert result.counts["ok"] == 10, [r.error for r in result.results if r.status != "ok"]
+    assert client.hgetall(f"{prefix}:job:{handle.id}:resent") == {"4": "1"}  # sent once more
+    assert client.hget(f"{prefix}:job:{handle.id}:claims", "4") is None  # its claim ended
+    assert sim.stats()["accepted"] == 10  # nothing else ran twice
+    client.close()
+
+
+class PrivateRedis:
+    """A redis-server of this test's own on a fixed port, with an append-only file fsynced on
+    every write, so it can be killed and started again with its data (like a production Redis
+    with AOF)."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not on PATH")
+        self.proc = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+             "--logfile", str(self.workdir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(f"redis-server on port {self.port}", lambda: redis_answers(self.url), 20)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # SIGKILL: a crash, not a shutdown that saves
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    with contextlib.suppress(Exception):
+        server.kill()
+
+
+def test_redis_killed_and_restarted_mid_job_loses_no_result(sim, drover_env, spawn_worker,
+                                                            monkeypatch, private_redis):
+    configure(monkeypatch, drover_env, redis_url=private_redis.url, **SHORT_BROKER_TIMEOUTS)
+    sim.configure(latency_mean_s=0.3, latency_p95_s=0.6, output_tokens_mean=20, tool_turns=1,
+                  tools_per_turn=1)
+    spawn_worker(concurrency=WORKER_THREADS)
+    spawn_worker(concurrency=WORKER_THREADS)
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Inspect crane {i}" for i in range(100)], tools=["lookup_fact"],
+        max_tokens=60))
+    wait_until("25 sub-agents done", lambda: handle.progress()["ok"] >= 25, 120)
+    done_before = {r.index for r in handle.store.records(handle.id).values()}
+
+    private_redis.kill()
+    time.sleep(5)  # Redis stays away a while: what the workers must ride out
+    private_redis.start()
+    try:
+        result = handle.wait(timeout=VISIBILITY_TIMEOUT_S + MARGIN_S + 30)
+    except TimeoutError as error:
+        from tests.helpers.fleet import Fleet
+        fleet = Fleet({**drover_env, "DROVER_REDIS_URL": private_redis.url})
+        raise AssertionError(f"{error}: {fleet.explain(handle.id, 100)}") from None
+
+    assert result.status == "done"
+    assert [r.index for r in result.results] == list(range(100))
+    assert result.counts["ok"] == 100, [r.error for r in result.results if r.status != "ok"]
+    assert done_before <= {r.index for r in result.results if r.status == "ok"}
+    stats = sim.stats()
+    assert stats["duplicate_accepted"] <= 2 * WORKER_THREADS  # only calls in flight at the crash
+    assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 200
+
+
+# --- the recovery sweep on its own (real Redis, no workers) ----------------------------------
+
+def kombu_envelope(job_id: str, index: int) -> str:
+    """A run_subagent message as kombu stores it in Redis (the test above reads real ones)."""
+    body = json.dumps([[job_id, index], {}, {"callbacks": None, "errbacks": None,
+                                              "chain": None, "chord": None}])
+    return json.dumps({"body": base64.b64encode(body.encode()).decode(),
+                       "content-type": "application/json",
+                       "headers": {"task": "drover.run_subagent", "id": f"t-{index}"},
+                       "properties": {"body_encoding": "base64", "delivery_tag": f"d-{index}"}})
+
+
+def minted(store: JobStore, job_id: str, part: int | str) -> int:
+    """The token the part's claim carries now (the one the sweep minted)."""
+    token = token_of(store.claims.claim(job_id, part))
+    assert token > 0
+    return token
+
+
+def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_the_end(
+        redis_url, key_prefix):
+    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2,
+                             max_attempts=2)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    job_id = "sweepjob"
+    store.create(job_id, JobSpec(subtasks=["a", "b", "c", "d"]), ["a", "b", "c", "d"],
+                 status="queued", queue="q-sweep")
+    store.claim_launch(job_id)
+    store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
+    # 1 is still queued, 2 is unacked (taken by a worker), 3 is nowhere: lost.
+    store.r.lpush(f"{key_prefix}:celery:q-sweep", kombu_envelope(job_id, 1))
+    store.r.hset(f"{key_prefix}:celery:unacked", "d-2",
+                 json.dumps([json.loads(kombu_envelope(job_id, 2)), "", "q-sweep"]))
+    sent: list[tuple[str, str, int | None]] = []
+
+    def sweep_after_a_stall() -> list:
+        unlock(store)  # the locks of the previous sweep
+        first = sweep(store, settings, lambda *args: sent.append(args))
+        time.sleep(0.3)  # past DROVER_RESEND_AFTER_S (0.2 s): still missing, the message is lost
+        unlock(store)
+        return first + sweep(store, settings, lambda *args: sent.append(args))
+
+    assert sweep_after_a_stall() == [(job_id, 3)]
+    # with a new claim token (the first one minted: EPOCH * 1000000 + 1, see claims.py)
+    assert sent == [("q-sweep", job_id, 3, minted(store, job_id, 3))]
+    assert minted(store, job_id, 3) % 1_000_000 == 1
+    sweep_after_a_stall()  # lost again: sent a second time (DROVER_MAX_ATTEMPTS=2)
+    assert sent[-1] == ("q-sweep", job_id, 3, minted(store, job_id, 3)) and len(sent) == 2
+    assert minted(store, job_id, 3) == sent[0][3] + 1
+    sweep_after_a_stall()  # and a third time it is given up on
+    assert len(sent) == 2
+    record = store.record(job_id, 3)
+    assert record is not None and record.status == "failed"
+    assert record.error_type == "task_lost"
+    assert store.record(job_id, 1) is None and store.record(job_id, 2) is None
+
+
+def unlock(store: JobStore) -> None:
+    store.r.delete(f"{store.prefix}:recovery:lock", f"{store.prefix}:recovery:scan")
+
+
+def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, key_prefix):
+    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    # joinjob runs on another queue of this deployment: its join goes to its own queue.
+    store.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="other-queue")
+    store.claim_launch("joinjob")
+    store.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="q-sweep")
+    store.claim_launch("ourjob")
+    for job_id in ("joinjob", "ourjob"):
+        store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
+    sent: list[tuple[str, str, int | None]] = []
+    sweep(store, settings, lambda *args: sent.append(args))
+    time.sleep(0.3)  # past DROVER_RESEND_AFTER_S (0.2 s), when the sweep sends what is due
+    unlock(store)
+    sweep(store, settings, lambda *args: sent.append(args))
+    assert sorted(sent) == [("other-queue", "joinjob", "join", minted(store, "joinjob", "join")),
+                            ("q-sweep", "ourjob", "join", minted(store, "ourjob", "join"))]
+
+
+def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again(
+        redis_url, key_prefix):
+    """kombu recorded the message as unacked, the worker died before drover's receipt: the
+    claim still says "sent", the broker would hand it out only after the visibility
+    timeout. The sweep that finds the dead worker re-sends it from the unacked hash."""
+    settings = load_settings(key_prefix=key_prefix, queue="q-orphan")
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    store.create("orphanjob", JobSpec(subtasks=["a", "b"]), ["a", "b"], status="queued",
+                 queue="q-orphan")
+    store.claim_launch("orphanjob")
+    store.r.hset(f"{key_prefix}:celery:unacked", "d-1",
+                 json.dumps([json.loads(kombu_envelope("orphanjob", 1)), "", "q-orphan"]))
+    store.r.zadd(f"{key_prefix}:celery:unacked_index", {"d-1": time.time() - 30})
+    store.r.zadd(f"{key_prefix}:workers", {"deadhost:1:abc": time.time() - 60})  # no heartbeat
+    sent: list[tuple] = []
+    assert sweep(store, settings, lambda *args: sent.append(args)) == [("orphanjob", 1)]
+    assert sent == [("q-orphan", "orphanjob", 1, minted(store, "orphanjob", 1))]
+    unlock(store)
+    sweep(store, settings, lambda *args: sent.append(args))
+    assert len(sent) == 1  # its claim now carries a token: the old copy is no orphan any more

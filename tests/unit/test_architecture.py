@@ -1,0 +1,94 @@
+"""The rooms' dependencies point one way: ``orchestrator -> workers -> config``, the simulator
+stands alone, and no import (at module level or inside a function) closes a cycle between
+rooms. Read from the source with ``ast``, so a lazy import inside a function counts too."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ROOMS = ("config", "workers", "orchestrator", "simulator")
+
+
+def _room(module: str) -> str | None:
+    """``drover.workers.jobs.store`` -> ``workers.jobs``; ``drover.workers.tasks`` ->
+    ``workers.tasks``; ``drover.config.settings`` -> ``config``."""
+    parts = module.split(".")
+    if parts[0] != "drover" or len(parts) == 1:
+        return None
+    if parts[1] == "workers" and len(parts) > 2:
+        return f"workers.{parts[2]}"
+    return parts[1]
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def room_graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(p for room in ROOMS for p in (ROOT / room).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        source = _room("drover." + ".".join(parts).removesuffix(".__init__"))
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                target = _room(name)
+                if target is not None and target != source:
+                    edges[source].add(target)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_closes_a_cycle_between_rooms():
+    assert _cycle(room_graph()) is None, " -> ".join(_cycle(room_graph()) or [])
+
+
+def test_dependencies_point_one_way():
+    edges = room_graph()
+    assert not edges.get("config"), f"config imports {sorted(edges['config'])}"
+    assert not edges.get("simulator"), f"the simulator imports {sorted(edges['simulator'])}"
+    upward = {(room, target) for room, targets in edges.items() if room.startswith("workers")
+              for target in targets if target == "orchestrator"}
+    assert not upward, f"workers import the orchestrator: {sorted(upward)}"
+    for low in ("workers.limiter", "workers.jobs", "workers.telemetry"):
+        knows = edges.get(low, set()) & {"workers.agent", "workers.tasks", "workers.services",
+                                         "workers.lifecycle", "workers.app"}
+        assert not knows, f"{low} imports {sorted(knows)}, which build on it"

@@ -1,0 +1,102 @@
+"""Every write of a sub-agent is fenced by its claim's token: once the sweep (or a second
+delivery) has taken the part over, the old delivery's late writes are refused, whatever they
+are (the record, a checkpoint, a tool result), and the new delivery's are stored.
+
+Real Redis, the job store's own scripts, no worker: a delivery is what ``JobStore.start``
+hands out, a takeover what the recovery sweep calls. The record script's fence is the one a
+paused worker's late record meets; the end-to-end paused-worker test cannot see it (its job
+ends before the worker wakes)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from drover import JobSpec
+from drover.workers.jobs.claims import ClaimLost
+from drover.workers.jobs.records import Checkpoint, SubagentResult
+from drover.workers.services import Services
+
+
+@pytest.fixture
+def store(redis_url, key_prefix, monkeypatch):
+    from drover.config import load_settings
+
+    shared = Services.from_settings(load_settings(redis_url=redis_url, key_prefix=key_prefix))
+    yield shared.store
+    shared.close()
+
+
+def _job(store) -> str:
+    job_id = uuid.uuid4().hex
+    store.create(job_id, JobSpec(subtasks=["a"], max_tokens=16), ["a"], status="running",
+                 queue="q-fences")
+    return job_id
+
+
+def _taken_over(store, job_id: str) -> tuple[int, int]:
+    """Delivery A starts on worker wA and goes quiet; the sweep takes the part from wA and
+    delivery B starts with the new message's token. Returns (A's token, B's token)."""
+    a = store.start(job_id, 0, worker="wA", token=0)
+    assert a.token > 0 and not a.stale
+    sent = store.claims.takeover(job_id, 0, a.token, "wA")
+    assert sent > a.token
+    b = store.start(job_id, 0, worker="wB", token=sent)
+    assert b.token > sent and not b.stale
+    assert store.start(job_id, 0, worker="wA", token=a.token).stale  # A's message is old
+    return a.token, b.token
+
+
+def _record(job_id: str, summary: str) -> SubagentResult:
+    return SubagentResult(job_id=job_id, index=0, status="ok", summary=summary)
+
+
+def test_a_stale_deliverys_record_is_refused_and_the_current_ones_is_stored(store):
+    job_id = _job(store)
+    old, new = _taken_over(store, job_id)
+    with pytest.raises(ClaimLost):
+        store.finish(_record(job_id, "late, from A"), token=old, worker="wA")
+    assert store.record(job_id, 0) is None
+    assert store.record_count(job_id) == 0
+    stored = store.finish(_record(job_id, "from B"), token=new, worker="wB")
+    assert stored.summary == "from B"
+    assert store.record(job_id, 0).summary == "from B"
+    # once recorded, a late writer is handed the record there is (stored once), not its own
+    late = store.finish(_record(job_id, "later still, from A"), token=old, worker="wA")
+    assert late.summary == "from B"
+    assert store.record(job_id, 0).summary == "from B"
+    assert store.status_counts(job_id, 1)["ok"] == 1
+
+
+def test_a_stale_deliverys_checkpoint_is_refused(store):
+    job_id = _job(store)
+    old, new = _taken_over(store, job_id)
+    mine = Checkpoint(messages=[{"role": "user", "content": "from B"}])
+    store.save_checkpoint(job_id, 0, mine, token=new)
+    late = Checkpoint(messages=[{"role": "user", "content": "late, from A"}])
+    with pytest.raises(ClaimLost):
+        store.save_checkpoint(job_id, 0, late, token=old)
+    assert store.load_checkpoint(job_id, 0).messages == mine.messages
+
+
+def test_a_stale_deliverys_tool_result_is_refused(store):
+    job_id = _job(store)
+    old, new = _taken_over(store, job_id)
+    store.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=new)
+    with pytest.raises(ClaimLost):
+        store.save_tool_result(job_id, 0, "toolu_1", {"content": "late, from A"}, token=old)
+    with pytest.raises(ClaimLost):
+        store.save_tool_result(job_id, 0, "toolu_2", {"content": "late, from A"}, token=old)
+    assert store.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
+
+
+def test_the_cancel_check_before_a_send_sees_a_takeover(store):
+    """The check a sub-agent makes right before each send (after its limiter wait) answers
+    ClaimLost once the part was taken over while it waited, so it sends nothing."""
+    job_id = _job(store)
+    a = store.start(job_id, 0, worker="wA", token=0)
+    assert store.cancelled(job_id, fence=(0, a.token)) is None  # still ours: go on
+    store.claims.takeover(job_id, 0, a.token, "wA")  # the sweep, while A waited
+    with pytest.raises(ClaimLost):
+        store.cancelled(job_id, fence=(0, a.token))

@@ -1,0 +1,452 @@
+"""The limiter's promises, one test each, against the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio
+from redis.crc import key_slot
+
+from drover.workers.agent.limits import llm_limits
+from drover.workers.limiter import (
+    STAT_FIELDS,
+    AsyncLimiter,
+    Limiter,
+    ScopeLimits,
+    llm_scope,
+    parse_ratelimit_headers,
+    tool_scope,
+)
+from tests.helpers.limiter_model import T0, Clock
+
+
+def clocked(cls, client, key_prefix, **kw):
+    """A limiter whose scripts see an injected clock (``at`` sets it) instead of Redis TIME."""
+    return cls(client, prefix=key_prefix, clock=Clock(), **kw)
+
+
+@pytest.fixture
+def lim(redis_client, key_prefix):
+    return clocked(Limiter, redis_client, key_prefix, horizon_s=5.0)
+
+
+def at(limiter, seconds: float):
+    """Put the limiter's injected clock at T0 + seconds."""
+    limiter._clock.us = T0 + int(round(seconds * 1e6))
+    return limiter
+
+
+def test_scope_names():
+    assert llm_scope("team-a", "claude-sonnet-4-5") == "llm:team-a:claude-sonnet-4-5"
+    assert tool_scope("search") == "tool:search"
+
+
+def test_settings_give_limits_scaled_by_target_utilisation():
+    from drover.config import load_settings
+    s = load_settings(rpm=100, itpm=10_000, otpm=2_000, target_utilization=0.5,
+                      burst_seconds=2, max_in_flight=7, model="m1")
+    limits = llm_limits(s, "m1")
+    assert (limits.rpm, limits.itpm, limits.otpm) == (50, 5_000, 1_000)
+    assert (limits.burst_s, limits.max_in_flight, limits.learned_utilization) == (2, 7, 0.5)
+    unknown = llm_limits(s, "other-model")
+    assert (unknown.rpm, unknown.itpm, unknown.otpm) == (None, None, None)
+
+
+def test_decisions_ignore_the_workers_clocks(redis_url, key_prefix, monkeypatch):
+    """Two "hosts" with clocks an hour apart in opposite directions share one bucket."""
+    scope, limits = "llm:k:skew", ScopeLimits(rpm=60, burst_s=1)  # 1 request/s, capacity 1
+    real_time, real_mono = time.time, time.monotonic
+    a_client = redis.Redis.from_url(redis_url)
+    b_client = redis.Redis.from_url(redis_url)
+    server_before = (lambda t: t[0] + t[1] / 1e6)(a_client.time())
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+    monkeypatch.setattr(time, "monotonic", lambda: real_mono() + 3600)
+    a = Limiter(a_client, prefix=key_prefix).acquire(scope, limits)
+    monkeypatch.setattr(time, "time", lambda: real_time() - 3600)
+    monkeypatch.setattr(time, "monotonic", lambda: real_mono() - 3600)
+    b = Limiter(b_client, prefix=key_prefix).acquire(scope, limits)
+    monkeypatch.undo()
+    server_after = (lambda t: t[0] + t[1] / 1e6)(a_client.time())
+    assert a.granted and a.wait_s == 0
+    # queued one refill behind a (not 0 nor 3600 s); its wait is that less the time between
+    # the two calls, which a loaded box may stretch, so the send times are what is compared
+    assert b.granted and 0 < b.wait_s <= 1.0
+    assert server_before - 0.01 <= a.send_at <= server_after + 0.01
+    assert b.send_at - a.send_at == pytest.approx(1.0, abs=1e-6)
+    a_client.close()
+    b_client.close()
+
+
+def test_a_crashed_worker_frees_its_in_flight_slot_when_the_lease_expires(lim):
+    scope, limits = "llm:k:lease", ScopeLimits(max_in_flight=2)
+    at(lim, 0)
+    crashed = lim.acquire(scope, limits, lease_ttl_s=2.0)
+    held = lim.acquire(scope, limits, lease_ttl_s=60.0)
+    assert crashed.granted and held.granted
+    blocked = lim.acquire(scope, limits)
+    assert (blocked.granted, blocked.reason) == (False, "in_flight")
+    assert 0 < blocked.retry_after_s <= 0.2
+    assert lim.state(scope)["leases"] == 2
+    at(lim, 2.5)  # the crashed worker never settles; its lease runs out
+    assert lim.state(scope)["leases"] == 1
+    assert lim.acquire(scope, limits).granted
+    lim.settle(scope, limits, held, input_tokens=0, output_tokens=0)
+    assert lim.state(scope)["leases"] == 1
+
+
+def test_the_in_flight_limit_counts_the_lease_set_itself(lim, redis_client):
+    scope, limits = "llm:k:count", ScopeLimits(rpm=600, max_in_flight=2)
+    at(lim, 0)
+    first = lim.acquire(scope, limits)
+    assert first.granted and lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).reason == "in_flight"
+    lim.settle(scope, limits, first, input_tokens=0, output_tokens=0)
+    assert lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).reason == "in_flight"
+    redis_client.delete(lim.keys(scope)[1])  # e.g. evicted: the slots are free again
+    at(lim, 0.2)
+    assert lim.acquire(scope, limits).granted and lim.acquire(scope, limits).granted
+    assert lim.acquire(scope, limits).reason == "in_flight"
+    assert lim.state(scope)["leases"] == 2
+
+
+def test_settle_refunds_overestimates_and_debits_underestimates(lim):
+    scope, limits = "llm:k:settle", ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
+    at(lim, 0)
+    g = lim.acquire(scope, limits, input_tokens=400, output_tokens=80)
+    s = lim.state(scope, limits)
+    assert s["input_tokens"]["level"] == 1000 - 400 and s["output_tokens"]["level"] == 100 - 80
+    lim.settle(scope, limits, g, input_tokens=100, output_tokens=250)  # -300 in, +170 out
+    s = lim.state(scope, limits)
+    assert s["input_tokens"]["level"] == 1000 - 100
+    assert s["output_tokens"]["level"] == 100 - 250  # negative: later callers wait
+    assert s["requests"]["level"] == 10 - 1  # the request stays counted
+    nxt = lim.acquire(scope, limits, input_tokens=10, output_tokens=10)
+    assert nxt.wait_s == pytest.approx((10 + 150) / 100)
+    # queued 1.6 s behind the output debt, it holds every bucket to what that bucket will
+    # have at its send (1,000 - 1.6 s x 1,000/s), less its own 10; the settle gives them back
+    assert lim.state(scope, limits)["input_tokens"]["level"] == 1000 - 1600 - 10
+    lim.settle(scope, limits, nxt, input_tokens=0, output_tokens=0)
+    assert lim.state(scope, limits)["input_tokens"]["level"] == 1000 - 1600
+
+
+def test_a_refund_never_lifts_a_level_above_capacity(lim):
+    # state() never reports more than capacity, so the proof is in what the next caller gets:
+    # a refund on a full bucket must not let it take more than capacity at once
+    scope, limits = "llm:k:refundcap", ScopeLimits(rpm=600, itpm=60_000)  # 1,000/s, cap 1,000
+    at(lim, 0)
+    g = lim.acquire(scope, limits, input_tokens=300)
+    at(lim, 10)  # full again long since
+    lim.settle(scope, limits, g, input_tokens=0, output_tokens=0)  # 300 back on a full bucket
+    assert lim.acquire(scope, limits, input_tokens=1000).wait_s == 0
+    assert lim.acquire(scope, limits, input_tokens=100).wait_s == pytest.approx(0.1)
+
+
+def test_release_refunds_everything(lim):
+    scope, limits = "llm:k:release", ScopeLimits(rpm=600, itpm=60_000)
+    at(lim, 0)
+    lim.acquire(scope, limits, input_tokens=100)
+    before = lim.state(scope, limits)
+    g = lim.acquire(scope, limits, input_tokens=300)
+    lim.release(scope, g)
+    after = lim.state(scope, limits)
+    assert after["input_tokens"]["level"] == before["input_tokens"]["level"]
+    assert after["requests"]["level"] == before["requests"]["level"]
+    assert after["leases"] == 1
+
+
+def test_cooldown_holds_back_every_host_then_resumes_at_the_refill_rate(
+        redis_url, key_prefix):
+    scope, limits = "llm:k:cool", ScopeLimits(rpm=120, burst_s=1)  # 2/s, capacity 2
+    host_a = clocked(Limiter, redis.Redis.from_url(redis_url), key_prefix, horizon_s=30)
+    host_b = clocked(Limiter, redis.Redis.from_url(redis_url), key_prefix, horizon_s=30)
+    at(host_a, 0), at(host_b, 0)
+    assert host_a.acquire(scope, limits).wait_s == 0
+    assert host_a.cooldown(scope, limits, 10) == 10
+    at(host_a, 3), at(host_b, 3)
+    assert host_a.cooldown(scope, limits, 2) == 7  # max(current, now + R)
+    waits = [host_b.acquire(scope, limits).wait_s for _ in range(3)]
+    # the cooldown ends at 10 s; the bucket refills from empty: one request per 0.5 s
+    assert waits == pytest.approx([7.5, 8.0, 8.5])
+    assert host_b.state(scope)["cooldown_s"] == 7
+    rows = host_b.usage(scope, 10)  # each 429 counted at its own second
+    assert [r["n429"] for r in rows[-4:]] == [1, 0, 0, 1]
+
+
+def test_cooldown_longer_than_the_horizon_is_not_granted(lim):
+    scope, limits = "llm:k:coolh", ScopeLimits(rpm=60)
+    at(lim, 0)
+    lim.cooldown(scope, limits, 30)
+    g = lim.acquire(scope, limits)
+    assert (g.granted, g.reason) == (False, "cooldown")
+    assert g.retry_after_s == pytest.approx(30 - 5)
+
+
+def test_a_refund_after_a_cooldown_does_not_bring_back_a_burst(lim):
+    scope, limits = "llm:k:cool429", ScopeLimits(rpm=600, itpm=60_000)
+    at(lim, 0)
+    g = lim.acquire(scope, limits, input_tokens=500)
+    lim.cooldown(scope, limits, 2)  # the call got a 429 ...
+    lim.settle(scope, limits, g, input_tokens=0, output_tokens=0)  # ... and counted nothing
+    # the cooldown emptied the bucket as of its end (2 s x 1,000 tokens/s below zero now);
+    # the 500 given back stay given up (a refund would leave -1,500)
+    assert lim.state(scope, limits)["input_tokens"]["level"] == -2000
+    at(lim, 2.0)  # the cooldown is over: the bucket refills from empty, 1,000 tokens/s
+    assert lim.acquire(scope, limits, input_tokens=500).wait_s == pytest.approx(0.5)
+
+
+def test_horizon_refuses_and_debits_nothing(lim):
+    # 10 input tokens/s, capacity 50; horizon 5 s
+    scope, limits = "llm:k:horizon", ScopeLimits(rpm=60, itpm=600, burst_s=5)
+    at(lim, 0)
+    assert lim.acquire(scope, limits, input_tokens=50).wait_s == 0
+    assert lim.acquire(scope, limits, input_tokens=50).wait_s == pytest.approx(5.0)
+    before = lim.state(scope, limits)
+    g = lim.acquire(scope, limits, input_tokens=20)  # would wait 7 s > 5 s
+    assert (g.granted, g.reason, g.lease_id) == (False, "horizon", None)
+    assert g.retry_after_s == pytest.approx(2.0)
+    after = lim.state(scope, limits)
+    assert after["input_tokens"] == before["input_tokens"]
+    assert after["requests"] == before["requests"]
+    assert after["leases"] == before["leases"] == 2
+    at(lim, 2.0)
+    g = lim.acquire(scope, limits, input_tokens=20)
+    assert g.granted and g.wait_s == pytest.approx(5.0)
+
+
+def test_sync_headers_lowers_but_never_raises(lim):
+    scope, limits = "llm:k:sync", ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
+    at(lim, 0)
+    lim.acquire(scope, limits, input_tokens=100)
+    lim.sync_headers(scope, limits, {
+        "anthropic-ratelimit-requests-remaining": "1000",     # above: ignored
+        "anthropic-ratelimit-input-tokens-remaining": "0",    # below: lowers
+        "anthropic-ratelimit-output-tokens-remaining": "42",  # below capacity 100: lowers
+        "anthropic-ratelimit-requests-limit": "5",            # configured: not learned
+    })
+    s = lim.state(scope, limits)
+    assert s["requests"]["level"] == 9
+    assert s["input_tokens"]["level"] == 0
+    assert s["output_tokens"]["level"] == 42
+    assert s["learned"] == {"rpm": None, "itpm": None, "otpm": None}
+
+
+def test_sync_headers_fills_limits_that_were_not_configured(lim):
+    scope = "llm:k:learn"
+    limits = ScopeLimits(rpm=600, learned_utilization=0.5)  # token limits unknown
+    at(lim, 0)
+    assert lim.acquire(scope, limits, input_tokens=10**6).wait_s == 0  # nothing to limit yet
+    lim.sync_headers(scope, limits, {"Anthropic-RateLimit-Input-Tokens-Limit": "120000",
+                                     "anthropic-ratelimit-input-tokens-remaining": "garbage"})
+    s = lim.state(scope, limits)
+    assert s["learned"]["itpm"] == 120_000
+    assert s["input_tokens"]["limit_per_min"] == 60_000  # raw x learned_utilization
+    g = lim.acquire(scope, limits, input_tokens=2000)  # 1000 tok/s, capacity 1000
+    assert g.granted and g.wait_s == pytest.approx(1.0)
+    assert parse_ratelimit_headers({"anthropic-ratelimit-requests-remaining": "-1"})[0][0] is None
+
+
+def test_settle_with_headers_is_settle_then_sync_in_one_call(redis_url, key_prefix):
+    limits = ScopeLimits(rpm=600, itpm=60_000)  # output tokens not configured: learned
+    headers = {"anthropic-ratelimit-input-tokens-remaining": "300",
+               "anthropic-ratelimit-output-tokens-limit": "12000"}
+    client = redis.Redis.from_url(redis_url)
+    two_calls, one_call = (at(clocked(Limiter, client, key_prefix), 0) for _ in range(2))
+    states = []
+    for lim, scope in ((two_calls, "llm:k:two"), (one_call, "llm:k:one")):
+        g = lim.acquire(scope, limits, input_tokens=400, output_tokens=100)
+        at(lim, 0.5)
+        if lim is two_calls:
+            lim.settle(scope, limits, g, input_tokens=250, output_tokens=80)
+            lim.sync_headers(scope, limits, headers)
+        else:
+            lim.settle(scope, limits, g, input_tokens=250, output_tokens=80, headers=headers)
+        states.append(lim.state(scope, limits))
+    client.close()
+    assert states[0] == states[1]
+    assert states[1]["input_tokens"]["level"] == 300  # lowered by -remaining
+    assert states[1]["learned"]["otpm"] == 12_000 and states[1]["leases"] == 0
+
+
+def test_tool_scope_limits_requests_per_second(lim):
+    scope, limits = tool_scope("search"), ScopeLimits.for_tool(rps=4, burst_s=0.5)
+    assert limits.rpm == 240 and limits.itpm is None
+    at(lim, 0)
+    waits = [lim.acquire(scope, limits).wait_s for _ in range(6)]
+    # capacity 2 at 4/s: two at once, then one every 0.25 s
+    assert waits == pytest.approx([0, 0, 0.25, 0.5, 0.75, 1.0])
+
+
+def test_keys_share_one_hash_tag_and_expire(lim, redis_client, key_prefix):
+    scope, limits = llm_scope("alias", "model"), ScopeLimits(rpm=60, itpm=600, otpm=60)
+    lim.acquire(scope, limits, input_tokens=5, output_tokens=5)
+    lim.sync_headers(scope, ScopeLimits(), {"anthropic-ratelimit-requests-limit": "50"})
+    lim.record(scope, n529=1)
+    keys = sorted(redis_client.scan_iter(match=f"{key_prefix}:*"))
+    scoped = [k for k in keys if k != f"{key_prefix}:scopes"]
+    assert len(scoped) == 5 and all(k.startswith(f"{key_prefix}:{{{scope}}}:") for k in scoped)
+    slots = {key_slot(k.encode()) for k in scoped}
+    assert len(slots) == 1
+    for k in keys:
+        assert redis_client.pttl(k) > 0, k
+    assert lim.scopes() == [scope]
+    with pytest.raises(ValueError):
+        lim.keys("llm:{bad}")
+
+
+def test_no_key_is_left_without_a_ttl_when_the_last_lease_goes(lim, redis_client, key_prefix):
+    scope, limits = "llm:k:ttl", ScopeLimits(rpm=600, max_in_flight=4)
+    def ttls() -> dict[str, int]:
+        return {k: redis_client.pttl(k) for k in redis_client.scan_iter(match=f"{key_prefix}:*")}
+
+    for _ in range(3):  # the lease set empties after each settle, then fills again
+        g = lim.acquire(scope, limits)
+        assert lim.state(scope)["leases"] == 1
+        assert all(ttl > 0 for ttl in ttls().values()), ttls()
+        lim.settle(scope, limits, g, input_tokens=0, output_tokens=0)
+        assert lim.state(scope)["leases"] == 0
+        assert all(ttl > 0 for ttl in ttls().values()), ttls()
+
+
+def test_usage_counts_per_second(lim):
+    scope, limits = "llm:k:usage", ScopeLimits(rpm=60, itpm=6000, otpm=600)
+    at(lim, 0)
+    g1 = lim.acquire(scope, limits, input_tokens=10, output_tokens=5)
+    g2 = lim.acquire(scope, limits, input_tokens=10, output_tokens=5)  # waits 1 s
+    at(lim, 1.2)
+    lim.settle(scope, limits, g1, input_tokens=12, output_tokens=7)
+    lim.settle(scope, limits, g2, input_tokens=3, output_tokens=1)
+    lim.record(scope, n529=2, n5xx=1)
+    rows = lim.usage(scope, 3)
+    assert [r["t"] for r in rows] == [T0 // 10**6 - 1, T0 // 10**6, T0 // 10**6 + 1]
+    assert rows[1] == {"t": T0 // 10**6, "requests": 1, "input_tokens": 0, "output_tokens": 0,
+                       "waits": 1, "wait_ms": 1000, "n429": 0, "n529": 0, "n5xx": 0, "nconn": 0}
+    assert rows[2] == {"t": T0 // 10**6 + 1, "requests": 1, "input_tokens": 15,
+                       "output_tokens": 8, "waits": 0, "wait_ms": 0, "n429": 0, "n529": 2,
+                       "n5xx": 1, "nconn": 0}
+    with pytest.raises(ValueError):
+        lim.record(scope, bogus=1)
+
+
+def test_async_limiter_agrees_with_limiter(redis_url, key_prefix):
+    limits = ScopeLimits(rpm=120, itpm=6000, otpm=600, max_in_flight=3)
+    steps = [("acquire", 100, 10), ("acquire", 700, 50), ("settle", 50, 80),
+             ("acquire", 50, 5), ("cooldown", 1.5), ("acquire", 10, 1), ("release",),
+             ("acquire", 0, 0), ("acquire", 0, 0)]
+
+    def run_sync(scope):
+        lim = at(clocked(Limiter, redis.Redis.from_url(redis_url), key_prefix), 0)
+        out, grants = [], []
+        for i, step in enumerate(steps):
+            at(lim, i * 0.3)
+            if step[0] == "acquire":
+                g = lim.acquire(scope, limits, input_tokens=step[1], output_tokens=step[2])
+                grants.append(g)
+                out.append((g.granted, g.reason, g.wait_s, g.retry_after_s))
+            elif step[0] == "settle":
+                lim.settle(scope, limits, grants[0], input_tokens=step[1], output_tokens=step[2])
+            elif step[0] == "release":
+                lim.release(scope, grants[-1])
+            else:
+                out.append(lim.cooldown(scope, limits, step[1]))
+            out.append(lim.state(scope, limits))
+        return out + [lim.usage(scope, 5)]
+
+    async def run_async(scope):
+        client = redis.asyncio.Redis.from_url(redis_url)
+        lim = at(clocked(AsyncLimiter, client, key_prefix), 0)
+        out, grants = [], []
+        for i, step in enumerate(steps):
+            at(lim, i * 0.3)
+            if step[0] == "acquire":
+                g = await lim.acquire(scope, limits, input_tokens=step[1], output_tokens=step[2])
+                grants.append(g)
+                out.append((g.granted, g.reason, g.wait_s, g.retry_after_s))
+            elif step[0] == "settle":
+                await lim.settle(scope, limits, grants[0], input_tokens=step[1],
+                                 output_tokens=step[2])
+            elif step[0] == "release":
+                await lim.release(scope, grants[-1])
+            else:
+                out.append(await lim.cooldown(scope, limits, step[1]))
+            out.append(await lim.state(scope, limits))
+        res = out + [await lim.usage(scope, 5)]
+        assert await lim.scopes() == ["llm:k:async", "llm:k:sync"]
+        await client.aclose()
+        return res
+
+    sync_out = run_sync("llm:k:sync")
+    async_out = asyncio.run(run_async("llm:k:async"))
+    assert sync_out == async_out
+    reasons = {o[1] for o in sync_out if isinstance(o, tuple)}
+    assert {"ok", "in_flight"} <= reasons  # the sequence exercised more than one path
+
+
+def test_fakeredis_runs_the_scripts_exactly_like_redis(redis_url, key_prefix):
+    """The demo falls back to fakeredis: the same scripts must give the very same decisions
+    and state as Redis."""
+    import fakeredis
+
+    limits = ScopeLimits(rpm=120, otpm=600, max_in_flight=2)  # input tokens: learned
+    headers = {"anthropic-ratelimit-input-tokens-limit": "6000",
+               "anthropic-ratelimit-output-tokens-remaining": "4"}
+
+    def run(client) -> list:
+        lim = at(clocked(Limiter, client, key_prefix, horizon_s=5), 0)
+        scope, out, grants = "llm:k:fake", [], []
+        for i, (op, *a) in enumerate([
+                ("acquire", 100, 10), ("acquire", 700, 50), ("settle", 50, 80, headers),
+                ("acquire", 50, 5), ("cooldown", 1.5), ("acquire", 10, 1), ("release",),
+                ("sync", {"anthropic-ratelimit-requests-remaining": "0"}), ("acquire", 9, 9),
+                ("record",), ("acquire", 0, 0), ("acquire", 10**5, 0)]):
+            at(lim, i * 0.7)
+            if op == "acquire":
+                g = lim.acquire(scope, limits, input_tokens=a[0], output_tokens=a[1])
+                grants.append(g)
+                out.append((g.granted, g.reason, g.wait_s, g.retry_after_s, g.send_us))
+            elif op == "settle":
+                lim.settle(scope, limits, grants[0], input_tokens=a[0], output_tokens=a[1],
+                           headers=a[2])
+            elif op == "release":
+                lim.release(scope, grants[-1])
+            elif op == "cooldown":
+                out.append(lim.cooldown(scope, limits, a[0]))
+            elif op == "sync":
+                lim.sync_headers(scope, limits, a[0])
+            else:
+                lim.record(scope, n529=2)
+            out.append(lim.state(scope, limits))
+        return out + [lim.usage(scope, 10), lim.scopes()]
+
+    real = run(redis.Redis.from_url(redis_url))
+    fake = run(fakeredis.FakeRedis())
+    assert fake == real
+    assert {o[1] for o in real if isinstance(o, tuple)} >= {"ok", "in_flight", "horizon"}
+
+
+def test_fakeredis_runs_the_production_scripts_on_its_own_clock():
+    """Without an injected clock the scripts read Redis TIME, which fakeredis has too."""
+    import fakeredis
+
+    lim = Limiter(fakeredis.FakeRedis(), prefix="demo")
+    limits = ScopeLimits(rpm=60, itpm=6000, max_in_flight=4)
+    first = lim.acquire("llm:k:demo", limits, input_tokens=50)
+    second = lim.acquire("llm:k:demo", limits, input_tokens=50)
+    assert first.granted and first.wait_s == 0 and 0 < second.wait_s <= 1.0
+    assert second.send_at - first.send_at == pytest.approx(1.0, abs=1e-6)
+    lim.settle("llm:k:demo", limits, first, input_tokens=40, output_tokens=3,
+               headers={"anthropic-ratelimit-output-tokens-limit": "600"})
+    state = lim.state("llm:k:demo")
+    assert state["leases"] == 1 and state["learned"]["otpm"] == 600
+    assert sum(r["requests"] for r in lim.usage("llm:k:demo", 5)) == 1
+
+
+def test_the_lua_library_counts_the_same_fields_as_python():
+    from importlib import resources
+
+    lib = (resources.files("drover.workers.limiter") / "lua" / "_lib.lua").read_text()
+    listed = lib.split("STAT_FIELDS = {", 1)[1].split("}", 1)[0]
+    assert tuple(f.strip().strip("'") for f in listed.split(",")) == STAT_FIELDS

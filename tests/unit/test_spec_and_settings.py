@@ -1,0 +1,70 @@
+"""Bad input is refused with a message that says what to fix: job specs (before anything is
+enqueued) and settings (at start-up, naming the variable, never showing the API key)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from drover import JobSpec
+from drover.config import SettingsError, load_settings
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"subtasks": []}, "needs subtasks"),
+    ({"subtasks": ["a"], "goal": "b"}, "not both"),
+    ({"subtasks": ["a"], "max_tokens": 0}, "greater than or equal to 1"),
+    ({"subtasks": ["   "]}, "at least 1 character"),
+    ({"subtasks": ["a"], "mode": "sometimes"}, "partial"),
+    ({"subtasks": ["a"], "colour": "red"}, "not a JobSpec field"),
+])
+def test_invalid_specs_are_refused_with_a_clear_message(spec, message):
+    with pytest.raises(ValidationError, match=message):
+        JobSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize("env, names", [
+    ({"DROVER_RPM": "-5"}, ["DROVER_RPM"]),
+    ({"DROVER_TARGET_UTILIZATION": "1.5"}, ["DROVER_TARGET_UTILIZATION"]),
+    ({"DROVER_TARGET_UTILIZATION": "0"}, ["DROVER_TARGET_UTILIZATION"]),
+    ({"DROVER_REDIS_URL": "localhost:6379"}, ["DROVER_REDIS_URL", "redis://"]),
+    ({"DROVER_ANTHROPIC_BASE_URL": "ftp://x"}, ["DROVER_ANTHROPIC_BASE_URL", "http"]),
+    ({"DROVER_VISIBILITY_TIMEOUT_S": "100"}, ["DROVER_VISIBILITY_TIMEOUT_S", "twice"]),
+])
+def test_invalid_settings_stop_start_up_naming_the_variable(monkeypatch, env, names):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    for name in names:
+        assert name in str(caught.value)
+
+
+def test_the_api_key_never_shows_in_settings_errors_or_reprs(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-very-secret")
+    monkeypatch.setenv("DROVER_RPM", "-1")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "very-secret" not in str(caught.value)
+    monkeypatch.setenv("DROVER_RPM", "10")
+    assert "very-secret" not in repr(load_settings())
+
+
+@pytest.mark.parametrize("value, name", [
+    ("{not json", "DROVER_LIMITS: not valid JSON"),
+    ('{"claude-haiku-4-5": {"rpm": -1}}', "DROVER_LIMITS (claude-haiku-4-5.rpm)"),
+    ('{"claude-haiku-4-5": {"rpn": 5}}', "DROVER_LIMITS (claude-haiku-4-5.rpn)"),
+])
+def test_bad_json_settings_name_the_variable_and_the_entry(monkeypatch, value, name):
+    monkeypatch.setenv("DROVER_LIMITS", value)
+    with pytest.raises(SettingsError, match=re.escape(name)):
+        load_settings()
+
+
+def test_tool_modules_take_a_json_list_or_comma_separated_names(monkeypatch):
+    monkeypatch.setenv("DROVER_TOOL_MODULES", "drover.workers.demo_tools, my_tools")
+    assert load_settings().tool_modules == ["drover.workers.demo_tools", "my_tools"]
+    monkeypatch.setenv("DROVER_TOOL_MODULES", '["drover.workers.demo_tools"]')
+    assert load_settings().tool_modules == ["drover.workers.demo_tools"]
