@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drover.config.settings import Settings, load_settings
@@ -21,26 +20,10 @@ from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, ScopeLimits, llm_scope
 from drover.workers.redis_clients import sync_redis
 from drover.workers.telemetry import CALL_OUTCOMES, METRICS, Recorder, keys, register_job
+from tests.helpers.metrics import scrape, value
 
 SCOPE = llm_scope("obs", "claude-test")
 LIMITS = ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
-
-
-def scrape(collector: DroverCollector) -> dict[str, object]:
-    """The exposition text a scrape returns, parsed back by prometheus_client's parser."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    text = generate_latest(registry).decode()
-    return {family.name: family for family in text_string_to_metric_families(text)}
-
-
-def value(families: dict[str, object], family: str, sample: str | None = None,
-          **labels: str) -> float:
-    found = [s.value for s in families[family].samples  # type: ignore[attr-defined]
-             if s.name == (sample or family)
-             and all(s.labels.get(k) == v for k, v in labels.items())]
-    assert found, f"no {sample or family} sample with {labels}"
-    return sum(found)
 
 
 @pytest.fixture

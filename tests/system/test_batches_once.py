@@ -14,7 +14,7 @@ import os
 import signal
 
 from drover import JobSpec, submit
-from tests.conftest import configure, wait_for_workers, wait_until
+from tests.helpers import configure, wait_for_workers, wait_until
 
 FAST = {"DROVER_BATCH_LINGER_S": "0.3", "DROVER_BATCH_POLL_S": "0.2",
         "DROVER_BATCH_TICK_S": "0.1", "DROVER_BATCH_RPM": "6000",

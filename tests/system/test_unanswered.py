@@ -13,7 +13,7 @@ import os
 import signal
 
 from drover import JobSpec, submit
-from tests.conftest import configure, stop_process_group, wait_for_workers, wait_until
+from tests.helpers import configure, stop_process_group, wait_for_workers, wait_until
 
 
 def _billed_total(stats: dict) -> int:
@@ -110,7 +110,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     from drover.workers.agent.runtime import get_runtime
     from drover.workers.limiter import Limiter, llm_scope
     from drover.workers.telemetry._recorder import get_recorder
-    from tests.integration.test_metrics import scrape, value
+    from tests.helpers.metrics import scrape, value
 
     configure(monkeypatch, drover_env, tenant_budgets=json.dumps(
         {"acme": {"per_minute": 1_000_000}}))
