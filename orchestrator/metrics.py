@@ -57,7 +57,7 @@ from drover.workers.telemetry import (
 
 __all__ = ["DroverCollector", "serve"]
 
-log = logging.getLogger("drover.metrics")
+log = logging.getLogger(__name__)
 STREAM_PAGE = 2000
 SCOPES_REFRESH_S = 15.0
 

@@ -18,7 +18,7 @@ from drover.workers.services import services
 
 __all__ = ["dispatch", "job_size", "launch", "refill", "window_op"]
 
-log = logging.getLogger("drover.recovery")
+log = logging.getLogger(__name__)
 
 
 def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",

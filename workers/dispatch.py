@@ -41,7 +41,7 @@ from drover.workers.app import app
 __all__ = ["DISPATCH_BATCH", "dispatch", "join_argsrepr", "join_signature", "open_fanout",
            "send_join", "subagent_argsrepr"]
 
-log = logging.getLogger("drover.dispatch")
+log = logging.getLogger(__name__)
 
 SUBAGENT_TASK = "drover.run_subagent"
 JOIN_TASK = "drover.join_results"

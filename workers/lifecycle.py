@@ -35,7 +35,7 @@ from drover.workers.telemetry import worker_started
 
 __all__ = ["import_tool_modules", "start_batcher", "stop_batcher"]
 
-log = logging.getLogger("drover.recovery")
+log = logging.getLogger(__name__)
 
 
 def import_tool_modules() -> None:

@@ -1,6 +1,6 @@
 """What a worker logs: one key=value line per LLM call outcome, no secrets, no prompt text.
 
-The per-call lines come from ``drover.workers.agent.llm`` (logger ``drover.llm``)::
+The per-call lines come from ``drover.workers.agent.llm`` (its logger has the module's name)::
 
     llm call outcome=ok scope=llm:default:claude-sonnet-4-6 status=200 job=... sub=3
         wait_s=0.412 call_s=1.020 in=1840 out=212 cache_read=1500
@@ -75,7 +75,7 @@ def configure_logging(settings: Any = None) -> None:
     bodies = bool(getattr(settings, "log_http_bodies", False))
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.NOTSET if bodies else logging.WARNING)
-    llm = logging.getLogger("drover.llm")
+    llm = logging.getLogger("drover.workers.agent.llm")
     if _once_per_job not in llm.filters:
         llm.addFilter(_once_per_job)
     # Celery reads this module global when it logs a success.

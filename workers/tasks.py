@@ -35,7 +35,7 @@ from drover.workers.services import services
 __all__ = ["join_results", "launch", "plan_job", "resume_parked", "run_subagent", "send_again",
            "subagent_task_result"]
 
-log = logging.getLogger("drover.recovery")
+log = logging.getLogger(__name__)
 
 
 ERROR_CHARS = 160  # of a failed sub-agent's error in its task result (Flower's Result column)

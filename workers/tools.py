@@ -41,7 +41,7 @@ from drover.workers.telemetry import tool_call
 
 ToolKind = Literal["read", "write"]
 RESULT_CHARS = 20_000  # DROVER_MAX_TOOL_RESULT_CHARS's default
-log = logging.getLogger("drover.tools")
+log = logging.getLogger(__name__)
 _CUT_LOGGED: set[str] = set()  # tools whose cut result this process has logged already
 
 # Sync tools run in a pool of their own: a hung tool that was abandoned at its timeout keeps

@@ -258,7 +258,7 @@ def test_backoff_grows_with_each_failed_delivery_and_the_last_logs_next_failed(
     # drover's default retry settings: 8 attempts, a 1 s base, a 300 s cap.
     rt, _, _ = _runtime(monkeypatch, drover_env, backoff_base_s=1, max_attempts=8,
                         countdown_cap_s=300)
-    caplog.set_level(logging.INFO, logger="drover.llm")
+    caplog.set_level(logging.INFO, logger="drover.workers.agent.llm")
     job_id = _job(rt, ["Check the tides [[sim:529]]"])
     countdowns, reasons = [], []
     token = 0  # the claim token the next delivery's message carries
@@ -287,7 +287,7 @@ def test_backoff_grows_with_each_failed_delivery_and_the_last_logs_next_failed(
 
 def test_a_call_that_fails_for_good_logs_next_failed(monkeypatch, drover_env, sim, caplog):
     rt, _, _ = _runtime(monkeypatch, drover_env)
-    caplog.set_level(logging.INFO, logger="drover.llm")
+    caplog.set_level(logging.INFO, logger="drover.workers.agent.llm")
     with pytest.raises(CallFailed):
         rt.run(create_message(rt, _params(rt, "Check [[sim:400]]"),
                               CallContext("j", 0, asyncio.Event())))
@@ -300,7 +300,7 @@ def test_planning_backs_off_and_gives_up_after_its_attempts(monkeypatch, drover_
     # The planning call goes through the same retries as a sub-agent's: its backoff grows
     # with each retry of plan_job, and the last attempt fails the job with the last error.
     configure(monkeypatch, drover_env, max_attempts=3)
-    caplog.set_level(logging.INFO, logger="drover.llm")
+    caplog.set_level(logging.INFO, logger="drover.workers.agent.llm")
     worker(concurrency=2)
     result = submit(JobSpec(goal="Plan the tides [[sim:529]]", max_tokens=100)
                     ).wait(timeout=90)

@@ -55,7 +55,7 @@ def test_a_long_tool_result_is_cut_with_a_marker_and_logged_once(caplog):
         return None
 
     calls = [{"id": f"c{i}", "name": "probe_huge", "input": {"item": "a"}} for i in range(3)]
-    with caplog.at_level(logging.WARNING, logger="drover.tools"):
+    with caplog.at_level(logging.WARNING, logger="drover.workers.tools"):
         results = asyncio.run(run_turn(calls, {t.name: t for t in get_tools(["probe_huge"])},
                                        done={}, max_parallel=4, max_calls=32,
                                        default_timeout=5, save=save, max_result_chars=1_000))

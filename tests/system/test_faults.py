@@ -203,7 +203,7 @@ def test_attempts_exhausted_fail_with_the_attempts_and_the_last_error(sim, drove
 
 def test_429_529_and_5xx_are_logged_and_counted_apart(sim, drover_env, worker, caplog,
                                                        redis_url):
-    caplog.set_level(logging.WARNING, logger="drover.llm")
+    caplog.set_level(logging.WARNING, logger="drover.workers.agent.llm")
     worker(concurrency=4)
     subtasks = ["Route A [[sim:429:1]]", "Route B [[sim:529:1]]", "Route C [[sim:500:1]]",
                 "Route D"]
@@ -222,7 +222,7 @@ def test_429_529_and_5xx_are_logged_and_counted_apart(sim, drover_env, worker, c
     assert sum(row["n429"] for row in rows) == 1
     assert sum(row["n529"] for row in rows) == 1
 
-    lines = [r.getMessage() for r in caplog.records if r.name == "drover.llm"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "drover.workers.agent.llm"]
     for counter, status in (("n429", 429), ("n529", 529), ("n5xx", 500)):
         matching = [line for line in lines if line.startswith(f"llm call outcome={counter} ")
                     and f"status={status} " in line]

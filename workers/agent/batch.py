@@ -65,7 +65,7 @@ from drover.workers.services import services
 
 __all__ = ["Batcher", "Parked", "batch_message", "uses_batch"]
 
-log = logging.getLogger("drover.batch")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 # Error types in a result body -> the status a realtime call would have had (for classify).
 ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401,

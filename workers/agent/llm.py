@@ -50,7 +50,7 @@ from drover.workers.jobs.records import Usage
 from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
 from drover.workers.telemetry import acquire_wait, llm_call
 
-log = logging.getLogger("drover.llm")
+log = logging.getLogger(__name__)
 POLL_S = 0.05
 
 

@@ -34,7 +34,7 @@ from drover.workers.redis_clients import async_redis, sentinel_settings
 from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
 
-log = logging.getLogger("drover.runtime")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 class Runtime:

@@ -50,7 +50,7 @@ from drover.workers.tools import Tool, get_tools, run_turn
 
 CACHE = {"type": "ephemeral"}
 REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later
-log = logging.getLogger("drover.agent")
+log = logging.getLogger(__name__)
 
 
 def request_params(spec: JobSpec, model: str, tools: list[Tool],

@@ -64,7 +64,7 @@ from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
 __all__ = ["Dispatch", "FairShare", "JobShare", "PUMP_S", "start_pump", "tenant_budget_scopes"]
 
-log = logging.getLogger("drover.fairshare")
+log = logging.getLogger(__name__)
 PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the window up
 # A grant made outside a worker (``submit``) has no heartbeat to watch: it counts as lost when
 # still unpublished after this long (a publish rides out a broker restart for about a minute).

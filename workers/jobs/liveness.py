@@ -30,7 +30,7 @@ from drover.workers.redis_clients import sentinel_settings, sync_redis
 __all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
            "workers_key"]
 
-log = logging.getLogger("drover.liveness")
+log = logging.getLogger(__name__)
 
 
 def workers_key(prefix: str) -> str:

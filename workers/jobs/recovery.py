@@ -56,7 +56,7 @@ from drover.workers.jobs.store import ACTIVE, JobStore
 
 __all__ = ["Part", "Send", "start_sweeper", "subagent_of", "subagents_in_broker", "sweep"]
 
-log = logging.getLogger("drover.recovery")
+log = logging.getLogger(__name__)
 
 SUBAGENT_TASK = "drover.run_subagent"
 KOMBU_SEP = "\x06\x16"  # kombu's separator between a queue name and its priority step

@@ -27,7 +27,7 @@ from drover.workers.telemetry._recorder import get_recorder
 __all__ = ["acquire_wait", "job_submitted", "llm_call", "subagent_finished", "subagent_run",
            "tool_call", "with_trace_context", "worker_started"]
 
-log = logging.getLogger("drover.telemetry")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 PROVIDER = "anthropic"
 # How long the current LLM call waited for the limiter (set by acquire_wait, read by llm_call:

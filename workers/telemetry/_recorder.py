@@ -41,7 +41,7 @@ from drover.workers.telemetry._metrics import Metric, metric
 __all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field", "parse_job",
            "register_job"]
 
-log = logging.getLogger("drover.telemetry")
+log = logging.getLogger(__name__)
 COUNTERS_TTL_S = 7 * 24 * 3600
 
 

@@ -30,7 +30,7 @@ from opentelemetry import trace
 
 __all__ = ["content_capture", "enabled", "ensure_tracing", "tracer"]
 
-log = logging.getLogger("drover.telemetry")
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _done_pid: int | None = None
 CONTENT_CHARS = 32_000
