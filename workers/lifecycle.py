@@ -5,8 +5,10 @@ SIGTERM a warm shutdown; at the end, its heartbeat gone at once (``workers/jobs/
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+import threading
 from typing import Any
 
 from celery.signals import (
@@ -94,9 +96,17 @@ def _job_part(args: Any, kwargs: Any, part: int | str) -> tuple[str, int | str]:
 def _on_warm_shutdown(**_: Any) -> None:
     """SIGTERM: no new LLM call starts; calls in flight get DROVER_SHUTDOWN_GRACE_S, then they
     are aborted; every sub-agent is checkpointed and handed back to the broker (a retry with
-    no countdown), so another worker resumes it at once."""
-    rt = get_runtime()
-    local_worker(rt.settings).drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
+    no countdown), so another worker resumes it at once.
+
+    Celery sends this from its SIGTERM handler, on the main thread, which may be inside
+    ``get_runtime()`` or ``local_worker()`` with their lock held (a SIGTERM during start-up):
+    taking the lock there would wait for ever, so a thread does it once the main thread lets
+    go. Draining itself does not block (it sets a flag and a timer)."""
+    def drain() -> None:
+        rt = get_runtime()
+        local_worker(rt.settings).drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
+
+    threading.Thread(target=drain, name="drover-drain", daemon=True).start()
 
 
 @worker_shutdown.connect
@@ -119,7 +129,11 @@ def start_batcher() -> None:
     if _batcher is not None:
         return
     rt = Runtime(get_settings())
-    _batcher = (rt, rt.submit(Batcher(rt, resume_parked).run_forever()))
+
+    async def start() -> asyncio.Task[None]:
+        return asyncio.create_task(Batcher(rt, resume_parked).run_forever(), name="batcher")
+
+    _batcher = (rt, rt.submit(start()).result(timeout=30))
 
 
 @worker_shutdown.connect
@@ -129,8 +143,15 @@ def stop_batcher(**_: Any) -> None:
         return
     rt, running = _batcher
     _batcher = None
-    rt.loop.call_soon_threadsafe(running.cancel)
+
+    async def stop() -> None:
+        # Cancelled and awaited on its loop before the loop stops: a task left pending there
+        # is logged as an ERROR ("Task was destroyed but it is pending!") at exit.
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
     try:
+        rt.submit(stop()).result(timeout=10)
         rt.close()
     except Exception:  # Redis gone at shutdown: nothing left to tidy
         pass

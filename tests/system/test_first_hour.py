@@ -289,3 +289,23 @@ def test_a_horizon_retry_reads_as_one_consistent_sentence(sim, drover_env, proje
                          worker.text())
     assert reasons, worker.text()[-3000:]
     assert all(float(away) > 1 for away in reasons), reasons  # the sentence holds together
+
+
+def test_a_clean_sigterm_logs_no_error(sim, drover_env, project):
+    env = user_env(drover_env, DROVER_TOOL_MODULES='["my_tools"]')
+    worker = Worker(project, env, "sigterm", "-n", f"sigterm-{os.getpid()}@%h")
+    try:
+        worker.wait_ready()
+        done = subprocess.run([drover_script(), "submit", "job.json", "--wait"], cwd=project,
+                              env=env, capture_output=True, text=True, timeout=BOUND_S)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        worker.proc.send_signal(signal.SIGTERM)  # the main process only, as systemd does
+        try:
+            worker.proc.wait(timeout=60)
+        finally:
+            worker.stop()
+    text = worker.text()
+    assert worker.proc.returncode == 0, text[-3000:]
+    assert "Task was destroyed but it is pending" not in text, text[-3000:]
+    assert not [line for line in text.splitlines() if "ERROR" in line], text[-3000:]

@@ -158,6 +158,8 @@ class Runtime:
     def close(self) -> None:
         async def shutdown() -> None:
             self._listener.cancel()
+            # Awaited, so the loop does not stop with it pending (an ERROR at exit).
+            await asyncio.gather(self._listener, return_exceptions=True)
             await self.client.close()
             await self.aredis.aclose()
 
