@@ -18,6 +18,7 @@ Expected failures print one message that says what to do, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import textwrap
@@ -258,7 +259,7 @@ def _submit(args: argparse.Namespace) -> int:
                  f"with `drover watch {handle.id}`, its result: `drover result {handle.id}`, "
                  f"stop it: `drover cancel {handle.id}`")
             return INTERRUPTED
-        return _print_result(result)
+        return _print_result(result, handle)
     return OK
 
 
@@ -316,7 +317,27 @@ def exit_code(result: Any) -> int:
     return OK if result.status == "done" and all_ok else NOT_ALL_OK
 
 
-def _print_result(result: Any) -> int:
+def _cache_line(handle: Any, result: Any) -> str | None:
+    """The result's cache line (what was read, or why nothing was); None if the spec is gone."""
+    from drover.workers.agent.caching import cache_line
+    from drover.workers.preflight import import_tool_modules
+    from drover.workers.tools import REGISTRY
+
+    try:
+        spec = handle.store.spec(result.job_id)
+    except Exception:  # expired, or another prefix: the line is a nicety
+        return None
+    if spec.tools:
+        try:
+            import_tool_modules(handle.settings)  # for the definitions' size
+        except Exception:
+            pass
+    tool_chars = sum(len(json.dumps(REGISTRY[name].definition())) for name in spec.tools or ()
+                     if name in REGISTRY)
+    return cache_line(result.usage, spec, spec.model or handle.settings.model, tool_chars)
+
+
+def _print_result(result: Any, handle: Any = None) -> int:
     table = Table(title=f"job {result.job_id}: {result.status}"
                   + (f" ({result.reason})" if result.reason else ""))
     from drover.orchestrator.watch import usage_lines
@@ -337,6 +358,9 @@ def _print_result(result: Any) -> int:
                   f"wall={result.wall_s:.1f}s")
     for line in usage_lines(result.usage):
         console.print(line, markup=False)
+    line = _cache_line(handle, result) if handle is not None else None
+    if line:
+        console.print(line, highlight=False)
     if result.synthesis:
         console.print("\n[bold]Synthesis[/]\n" + result.synthesis)
     return exit_code(result)
@@ -351,7 +375,7 @@ def _result(args: argparse.Namespace) -> int:
     if args.json:
         console.print_json(result.model_dump_json())
         return exit_code(result)
-    return _print_result(result)
+    return _print_result(result, handle)
 
 
 def _cancel(args: argparse.Namespace) -> int:

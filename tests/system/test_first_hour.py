@@ -309,3 +309,26 @@ def test_a_clean_sigterm_logs_no_error(sim, drover_env, project):
     assert worker.proc.returncode == 0, text[-3000:]
     assert "Task was destroyed but it is pending" not in text, text[-3000:]
     assert not [line for line in text.splitlines() if "ERROR" in line], text[-3000:]
+
+
+def test_the_result_says_why_nothing_was_cached(sim, drover_env, spawn_worker, tmp_path):
+    short = tmp_path / "short.json"
+    short.write_text('{"subtasks": ["a", "b", "c"], "system": "You are brief.", '
+                     '"max_tokens": 16}')
+    long = tmp_path / "long.json"
+    long.write_text('{"subtasks": ["a", "b", "c"], "system": "%s", "max_tokens": 16}'
+                    % ("You are a careful analyst who reads every line. " * 150))
+    spawn_worker(concurrency=1)  # one at a time: the first writes the cache, the others read
+    env = user_env(drover_env)
+    for spec, says in ((short, r"cache: nothing cached: the shared prefix \(system prompt and "
+                               r"tool definitions, about \d+ tokens\) is below "
+                               r"claude-sonnet-4-6's minimum cacheable length of 1,024 tokens"),
+                       (long, r"cache: [1-9][\d,]* tokens read, [\d,]+ written")):
+        done = subprocess.run([drover_script(), "submit", str(spec), "--wait"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=BOUND_S)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert re.search(says, done.stdout), done.stdout
+        job_id = done.stdout.split()[0]
+        again = subprocess.run([drover_script(), "result", job_id], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=BOUND_S)
+        assert re.search(says, again.stdout), again.stdout
