@@ -318,11 +318,14 @@ def exit_code(result: Any) -> int:
 
 
 def _cache_line(handle: Any, result: Any) -> str | None:
-    """The result's cache line (what was read, or why nothing was); None if the spec is gone."""
+    """Why nothing was cached, if nothing was (None otherwise, or if the spec is gone)."""
     from drover.workers.agent.caching import cache_line
     from drover.workers.preflight import import_tool_modules
     from drover.workers.tools import REGISTRY
 
+    usage = result.usage
+    if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
+        return None
     try:
         spec = handle.store.spec(result.job_id)
     except Exception:  # expired, or another prefix: the line is a nicety

@@ -323,7 +323,7 @@ def test_the_result_says_why_nothing_was_cached(sim, drover_env, spawn_worker, t
     for spec, says in ((short, r"cache: nothing cached: the shared prefix \(system prompt and "
                                r"tool definitions, about \d+ tokens\) is below "
                                r"claude-sonnet-4-6's minimum cacheable length of 1,024 tokens"),
-                       (long, r"cache: [1-9][\d,]* tokens read, [\d,]+ written")):
+                       (long, r"[1-9][\d,]* cache write, [1-9][\d,]* cache read tokens")):
         done = subprocess.run([drover_script(), "submit", str(spec), "--wait"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=BOUND_S)
         assert done.returncode == 0, done.stdout + done.stderr

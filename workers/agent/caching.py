@@ -31,12 +31,11 @@ def prefix_tokens(spec: JobSpec, tool_chars: int = 0) -> int:
     return int((len(spec.system or "") + tool_chars) / CHARS_PER_TOKEN)
 
 
-def cache_line(usage: Usage, spec: JobSpec, model: str, tool_chars: int = 0) -> str:
-    """``cache: ...``: what was read and written, or why nothing was."""
-    read, written = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
-    if read or written:
-        return (f"cache: {read:,} tokens read, {written:,} written (the system prompt and tool "
-                "definitions every sub-agent shares)")
+def cache_line(usage: Usage, spec: JobSpec, model: str, tool_chars: int = 0) -> str | None:
+    """``cache: ...``: why nothing was read from or written to the cache (None if something
+    was: the usage line has those counts)."""
+    if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
+        return None
     if not spec.system and not spec.tools:
         return "cache: nothing cached: the job has no system prompt or tools to share"
     size, least = prefix_tokens(spec, tool_chars), min_cacheable_tokens(model)
