@@ -1,8 +1,9 @@
-"""The README's "Write your own tools and jobs" and "Run it on several machines" sections,
-followed word for word in a new folder, as a new user would (issue 29's "Done when").
+"""The docs' "Write your own tools and jobs" (docs/jobs.md) and "By hand" on several hosts
+(docs/deployment.md), followed word for word in new folders, as a new user would (issue 29's
+"Done when"; the README had both sections then).
 
-The files and commands are read out of README.md itself, so the test breaks when the README
-stops working. The only changes are the ones a single test machine needs: a Redis of the
+The files and commands are read out of the pages themselves, so the test breaks when they
+stop working. The only changes are the ones a single test machine needs: a Redis of the
 test's own on a free port (the README's own ``redis-server`` command, on loopback), free
 ports for the simulator, loopback for the hosts' address ``10.0.0.5``, and the job id that
 ``drover submit`` printed where the README writes ``JOB_ID``. The commands run in ``bash``
@@ -27,14 +28,21 @@ import pytest
 import redis
 
 from drover.orchestrator.services import free_port
-from tests.conftest import ROOT
-from tests.test_first_hour import drover_script
+from tests.helpers import ROOT
 
 BOUND_S = 400  # the whole walk-through, generously (the jobs run at 50 requests a minute)
 
 
-def section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def drover_script() -> str:
+    """The installed ``drover`` command of this interpreter."""
+    beside = Path(sys.executable).parent / "drover"
+    found = str(beside) if beside.exists() else shutil.which("drover")
+    assert found, "no `drover` console script: install drover (pip install -e .)"
+    return found
+
+
+def section(page: str, title: str) -> str:
+    text = (ROOT / "docs" / page).read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end > 0 else None]
@@ -88,8 +96,8 @@ def run_script(script: str, cwd: Path, env: dict[str, str], log: Path) -> int:
 
 @pytest.fixture
 def readme_redis(tmp_path: Path) -> Iterator[tuple[int, str]]:
-    """Step 1 of "Run it on several machines", on loopback and a free port: (port, password)."""
-    command = section("Run it on several machines").split("**1. Redis**")[1]
+    """Step 1 of deployment's "By hand", on loopback and a free port: (port, password)."""
+    command = section("deployment.md", "By hand").split("**1. Redis**")[1]
     (_, line), = [b for b in blocks(command)[:1]]
     line = line.strip()
     assert line == ("redis-server --bind 0.0.0.0 --requirepass 'redis-password' --save \"\" "
@@ -119,7 +127,7 @@ def readme_redis(tmp_path: Path) -> Iterator[tuple[int, str]]:
 
 def test_the_tools_section_works_word_for_word_in_a_new_folder(tmp_path, readme_redis):
     port, password = readme_redis
-    text = section("Write your own tools and jobs")
+    text = section("jobs.md", "Write your own tools and jobs")
     code = blocks(text)
     tools = next(body for lang, body in code if body.startswith("# my_tools.py"))
     job = next(body for lang, body in code if body.startswith("# run_job.py"))
@@ -146,7 +154,7 @@ def test_the_tools_section_works_word_for_word_in_a_new_folder(tmp_path, readme_
 
 def test_the_several_hosts_section_works_word_for_word(tmp_path, readme_redis):
     port, password = readme_redis
-    text = section("Run it on several machines")
+    text = section("deployment.md", "By hand")
     settings = blocks(text.split("**2. The same settings on every host.**")[1])[0][1]
     sim = re.search(r"run `(drover sim [^`]+)`", settings.replace("\\\n#  ", ""))
     sim_env = re.search(r"export\s+(DROVER_ANTHROPIC_BASE_URL=\S+ ANTHROPIC_API_KEY=\S+)",
@@ -154,8 +162,16 @@ def test_the_several_hosts_section_works_word_for_word(tmp_path, readme_redis):
     assert sim and sim_env, settings
     workers = blocks(text.split("**3. Workers**")[1])[0][1].splitlines()[0]
     assert workers == "drover worker --concurrency 32", workers
-    submit = blocks(text.split("**5. Submit**")[1])[0][1]
-    assert "drover submit job.json --wait" in submit and "drover watch JOB_ID" in submit
+    step5 = " ".join(text.split("**5. Submit**")[1].split())
+    for command in ("drover submit job.json --wait", "drover watch JOB_ID",
+                    "drover stats --plot usage.png"):
+        assert f"`{command}`" in step5, (command, step5)
+    # The job spec of the page step 5 links to (jobs.md, "From the shell").
+    shell = blocks(section("jobs.md", "From the shell"))[0][1]
+    spec = shell[:shell.index("JSON\n", shell.index("<<'JSON'") + 8) + 5]
+    assert spec.startswith("cat > job.json <<'JSON'\n"), shell
+    submit = "\n".join([spec, "drover submit job.json --wait | tee submit.out",
+                        "drover watch $(head -n1 submit.out)", "drover stats --plot usage.png"])
 
     sim_port = free_port()
 
@@ -175,9 +191,7 @@ def test_the_several_hosts_section_works_word_for_word(tmp_path, readme_redis):
         "export " + on_this_machine(sim_env.group(1)),
         f"(cd {host_a} && {workers} &)",                  # step 3, on two "hosts"
         f"(cd {host_b} && {workers} &)",
-        on_this_machine(submit)                           # step 5
-        .replace("drover submit job.json --wait", "drover submit job.json --wait | tee submit.out")
-        .replace("JOB_ID", "$(head -n1 submit.out)"),
+        submit,                                           # step 5
     ])
     folder = tmp_path / "submitter"
     folder.mkdir()
