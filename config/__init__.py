@@ -1,5 +1,13 @@
 """Settings and the Celery configuration built from them."""
 
-from drover.config.settings import ModelLimits, Settings, SettingsError, get_settings, load_settings
+from drover.config.settings import (
+    ModelLimits,
+    PoolKey,
+    Settings,
+    SettingsError,
+    get_settings,
+    load_settings,
+)
 
-__all__ = ["ModelLimits", "Settings", "SettingsError", "get_settings", "load_settings"]
+__all__ = ["ModelLimits", "PoolKey", "Settings", "SettingsError", "get_settings",
+           "load_settings"]

@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -30,6 +31,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from drover.config.sentinel import parse_sentinel
 
 PositiveRate = Annotated[float, Field(gt=0)]
+ORG_ALIAS = "org"  # the organisation's level of a pool, in scope names
 RABBITMQ_CONSUMER_TIMEOUT_S = 1800.0  # RabbitMQ's default consumer_timeout (30 min)
 
 
@@ -45,6 +47,52 @@ class ModelLimits(BaseModel):
         default=False,
         description="Whether cache reads count towards ITPM (not on most current models; a few "
         "older ones do).")
+    models: list[str] = Field(
+        default_factory=list,
+        description="A model class: these models share this entry's one set of limits (the "
+        "provider's combined limit of a model family); the entry's name is the class's name.")
+
+
+_NAME = r"^[A-Za-z0-9_.@-]+$"  # an alias or a model class: goes into limiter scope names
+
+
+class PoolKey(BaseModel):
+    """One key of a pool (``DROVER_KEYS``): its workspace's own limits, inside the
+    organisation's (``DROVER_RPM``/``ITPM``/``OTPM`` and ``DROVER_LIMITS``).
+
+    ``rpm``/``itpm``/``otpm`` are the key's limits for the default model (``DROVER_MODEL``)'s
+    class, ``limits`` those of other models or classes, in the form ``DROVER_LIMITS`` uses;
+    a dimension left out is limited by the organisation's limit only. ``base_url``: this key's
+    endpoint (a proxy in front of part of the traffic), else ``DROVER_ANTHROPIC_BASE_URL``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    alias: str = Field(pattern=_NAME, description="The key's name in logs, stats and metrics.")
+    api_key: SecretStr = Field(description="The API key (never logged or shown).")
+    base_url: str | None = Field(
+        default=None, description="This key's endpoint; else DROVER_ANTHROPIC_BASE_URL.")
+    rpm: PositiveRate | None = Field(
+        default=None, description="The key's requests per minute (the default model's class).")
+    itpm: PositiveRate | None = Field(
+        default=None, description="The key's input tokens per minute.")
+    otpm: PositiveRate | None = Field(
+        default=None, description="The key's output tokens per minute.")
+    limits: dict[str, ModelLimits] = Field(
+        default_factory=dict, description="The key's limits of other models or classes.")
+
+    @field_validator("alias")
+    @classmethod
+    def _not_org(cls, value: str) -> str:
+        if value == ORG_ALIAS:
+            raise ValueError(f"the alias {ORG_ALIAS!r} names the organisation's own limits in "
+                             "drover stats; give this key another alias")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, ("http", "https"))
 
 
 class TenantBudget(BaseModel):
@@ -206,6 +254,26 @@ class Settings(BaseSettings):
         default=False,
         description="Whether cache reads count towards ITPM for the default model (they do "
         "not on most current models).")
+    limit_groups: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Model classes, JSON: `{\"claude-sonnet-4\": [\"claude-sonnet-4-5\", "
+        "\"claude-sonnet-4-6\"]}`: the models of a class share one set of limits (the class's "
+        "entry in DROVER_LIMITS, or DROVER_RPM/ITPM/OTPM when DROVER_MODEL is one of them).")
+    keys: list[PoolKey] = Field(
+        default_factory=list,
+        description="A pool of keys, JSON: `[{\"alias\": \"eu\", \"api_key\": \"sk-...\", "
+        "\"rpm\": 1000, \"itpm\": 200000, \"otpm\": 40000}, ...]`, each with its own "
+        "(workspace's) limits; the limits above are then the organisation's. Unset: the one key "
+        "ANTHROPIC_API_KEY, named DROVER_KEY_ALIAS.")
+    key_reenable_s: float = Field(
+        default=0.0, ge=0,
+        description="A pool's key that answered 401/403 is disabled fleet-wide for this long "
+        "(0: until `drover keys enable ALIAS`).")
+    key_sticky_s: float = Field(
+        default=0.5, ge=0,
+        description="A sub-agent's later turns stay on the key of its earlier ones (its prompt "
+        "cache is there) while that key's grant comes at most this much later (capped at half "
+        "DROVER_BURST_SECONDS).")
     target_utilization: float = Field(
         default=0.95, gt=0, le=1,
         description="The fraction of each limit drover plans to use (learned limits too).")
@@ -225,6 +293,8 @@ class Settings(BaseSettings):
         default=3600, ge=60,
         description="How long the limiter's per-second usage counters are kept (for `drover "
         "stats`).")
+
+    _classes: dict[str, str] = PrivateAttr(default_factory=dict)  # model -> its class
 
     # --- the call path, retries and the broker ------------------------------------------
     call_timeout_s: float = Field(
@@ -435,6 +505,30 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _pool_and_classes(self) -> Settings:
+        aliases = [k.alias for k in self.keys]
+        twice = sorted({a for a in aliases if aliases.count(a) > 1})
+        if twice:
+            raise ValueError(f"DROVER_KEYS: the alias(es) {', '.join(twice)} appear more than "
+                             "once; give every key its own alias")
+        seen: dict[str, str] = {}
+        groups = {name: list(models) for name, models in self.limit_groups.items()}
+        for name, ml in self.limits.items():
+            if ml.models:
+                groups.setdefault(name, []).extend(ml.models)
+        for name, models in groups.items():
+            if not re.match(_NAME, name):
+                raise ValueError(f"the model class {name!r} may hold only letters, digits and "
+                                 "_ . @ -")
+            for model in models:
+                if model in seen and seen[model] != name:
+                    raise ValueError(f"the model {model!r} is in two classes ({seen[model]!r} "
+                                     f"and {name!r}); a model shares one class's limit")
+                seen[model] = name
+        self._classes = seen
+        return self
+
+    @model_validator(mode="after")
     def _countdowns_fit_the_broker(self) -> Settings:
         # Celery keeps ETA/countdown tasks in worker memory; the broker redelivers any task not
         # acked within visibility_timeout. A countdown or a task run longer than that would be
@@ -479,15 +573,38 @@ class Settings(BaseSettings):
     def backend(self) -> str:
         return self.result_backend or self.redis_url
 
+    def limit_class(self, model: str) -> str:
+        """The model class whose one limit ``model`` shares (DROVER_LIMIT_GROUPS, or a
+        ``models`` list in DROVER_LIMITS); a model of no class is its own."""
+        return self._classes.get(model, model)
+
     def limits_for(self, model: str) -> ModelLimits | None:
-        """The configured limits of ``model``; None when only the provider's headers can tell."""
-        if model in self.limits:
-            return self.limits[model]
-        if model == self.model:
+        """The configured limits of ``model`` (of its class; the organisation's when a pool
+        is configured); None when only the provider's headers can tell."""
+        cls = self.limit_class(model)
+        for name in (cls, model):
+            if name in self.limits:
+                return self.limits[name]
+        if cls == self.limit_class(self.model):
             return ModelLimits(
                 rpm=self.rpm, itpm=self.itpm, otpm=self.otpm,
                 cache_reads_count=self.cache_reads_count,
             )
+        return None
+
+    @property
+    def pooled(self) -> bool:
+        """A pool of keys (DROVER_KEYS) rather than the one key."""
+        return bool(self.keys)
+
+    def key_limits_for(self, key: PoolKey, model: str) -> ModelLimits | None:
+        """One pool key's own limits for ``model``'s class (None: only the organisation's)."""
+        cls = self.limit_class(model)
+        for name in (cls, model):
+            if name in key.limits:
+                return key.limits[name]
+        if cls == self.limit_class(self.model) and (key.rpm or key.itpm or key.otpm):
+            return ModelLimits(rpm=key.rpm, itpm=key.itpm, otpm=key.otpm)
         return None
 
     def tenant_weight(self, tenant: str) -> float:
@@ -501,8 +618,9 @@ def _explain(error: ValidationError) -> str:
         name = f"DROVER_{loc[0].upper()}" if loc else "(settings)"
         if len(loc) > 1:  # inside a JSON value, e.g. DROVER_LIMITS
             name += f" ({'.'.join(loc[1:])})"
-        secret = loc == ["anthropic_api_key"]
-        if secret:
+        # A key's value, or a DROVER_KEYS entry written as a bare string, is never echoed.
+        secret = loc == ["anthropic_api_key"] or (bool(loc) and loc[0] == "keys")
+        if loc == ["anthropic_api_key"]:
             name = "ANTHROPIC_API_KEY"
         message = item["msg"].removeprefix("Value error, ")
         shown = loc and not secret and "input" in item and not isinstance(item["input"], dict)

@@ -47,6 +47,7 @@ class Rejection:
     limit_name: str  # "requests" | "input tokens" | "output tokens"
     limit: float
     retry_after_s: int
+    level: str = "key"  # a pool: "key" (the workspace's limit) or "org" (the organisation's)
 
 
 class KeyBuckets:
@@ -54,13 +55,17 @@ class KeyBuckets:
 
     __slots__ = ("requests", "input", "output", "reserve_max_tokens", "other_share")
 
-    def __init__(self, config: SimConfig, now: float) -> None:
+    def __init__(self, config: SimConfig, now: float,
+                 limits: tuple[float | None, float | None, float | None] | None = None
+                 ) -> None:
         def make(limit: float | None) -> TokenBucket | None:
             return TokenBucket(limit, config.burst_s, now) if limit else None
 
-        self.requests = make(config.rpm)
-        self.input = make(config.itpm)
-        self.output = make(config.otpm)
+        rpm, itpm, otpm = limits if limits is not None else (config.rpm, config.itpm,
+                                                               config.otpm)
+        self.requests = make(rpm)
+        self.input = make(itpm)
+        self.output = make(otpm)
         self.reserve_max_tokens = config.otpm_mode == "max_tokens"
         self.other_share = config.other_share  # updated in place when the config changes
 
@@ -71,6 +76,13 @@ class KeyBuckets:
 
     def try_admit(self, input_tokens: int, max_tokens: int, now: float) -> Rejection | None:
         """Debit requests, input (and reserved output) if all have room, else say why not."""
+        rejection = self.check(input_tokens, max_tokens, now)
+        if rejection is None:
+            self.debit(input_tokens, max_tokens)
+        return rejection
+
+    def check(self, input_tokens: int, max_tokens: int, now: float) -> Rejection | None:
+        """Whether requests, input (and reserved output) all have room; debits nothing."""
         self.refill(now)
         worst: tuple[float, str, float] | None = None
         checks = (
@@ -88,13 +100,15 @@ class KeyBuckets:
         if worst is not None:
             wait, name, limit = worst
             return Rejection(name, limit, max(1, math.ceil(wait)))
+        return None
+
+    def debit(self, input_tokens: int, max_tokens: int) -> None:
         if self.requests is not None:
             self.requests.level -= 1
         if self.input is not None:
             self.input.level -= input_tokens
         if self.output is not None and self.reserve_max_tokens:
             self.output.level -= max_tokens
-        return None
 
     def settle_output(self, output_tokens: int, max_tokens: int, now: float) -> None:
         """Generated mode debits what was generated; max_tokens mode refunds the unused part."""
@@ -106,3 +120,40 @@ class KeyBuckets:
                                     self.output.level + max(0, max_tokens - output_tokens))
         else:
             self.output.level -= output_tokens
+
+
+class NestedBuckets:
+    """A pool's key: its workspace's buckets inside the organisation's (per model class). A
+    request must fit every level; each level is debited; the headers show, per dimension,
+    the level with the least left (the most restrictive limit in effect)."""
+
+    __slots__ = ("levels",)
+
+    def __init__(self, levels: list[tuple[str, KeyBuckets]]) -> None:
+        self.levels = levels
+
+    def refill(self, now: float) -> None:
+        for _, buckets in self.levels:
+            buckets.refill(now)
+
+    def try_admit(self, input_tokens: int, max_tokens: int, now: float) -> Rejection | None:
+        worst: Rejection | None = None
+        for name, buckets in self.levels:
+            rejection = buckets.check(input_tokens, max_tokens, now)
+            if rejection is not None and (worst is None
+                                          or rejection.retry_after_s > worst.retry_after_s):
+                rejection.level = name
+                worst = rejection
+        if worst is None:
+            for _, buckets in self.levels:
+                buckets.debit(input_tokens, max_tokens)
+        return worst
+
+    def settle_output(self, output_tokens: int, max_tokens: int, now: float) -> None:
+        for _, buckets in self.levels:
+            buckets.settle_output(output_tokens, max_tokens, now)
+
+    def tightest(self, dim: str) -> TokenBucket | None:
+        """The bucket of ``dim`` ('requests', 'input', 'output') with the least left."""
+        found = [b for b in (getattr(k, dim) for _, k in self.levels) if b is not None]
+        return min(found, key=lambda b: b.level) if found else None

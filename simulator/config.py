@@ -8,13 +8,16 @@ instead of a half-applied change.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 OtpmMode = Literal["generated", "max_tokens"]
 
 # Changing one of these rebuilds the rate-limit buckets (they start full again).
-LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "burst_s", "otpm_mode"})
+LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "burst_s", "otpm_mode", "pool",
+                          "model_classes"})
+_POOL_ENTRY = {"alias", "api_key", "rpm", "itpm", "otpm", "revoke_after_s"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,17 @@ class SimConfig:
     # keeps the buckets (the other user starts or stops).
     other_share: float = 0.0
     cache_reads_count: bool = False
+    # A pool of keys inside one organisation: a list of {"alias", "api_key", "rpm", "itpm",
+    # "otpm", "revoke_after_s"}, each key's own (its workspace's) limits; rpm/itpm/otpm above
+    # are then the organisation's, shared by every key (a key not listed has only those). A
+    # key answers 401 once revoke_after_s have passed since the pool was configured.
+    pool: tuple[dict[str, Any], ...] = ()
+    # Aliases of pool keys revoked now (401 authentication_error); changing it keeps buckets.
+    revoked: tuple[str, ...] = ()
+    # Model -> class: models of one class share one set of buckets; with any class set, every
+    # model has buckets of its own class (a model not listed is its own). Empty: one set of
+    # buckets per key for every model.
+    model_classes: dict[str, str] = dataclasses.field(default_factory=dict)
     overload_rate: float = 0.0
     error_5xx_rate: float = 0.0
     inject_429_rate: float = 0.0
@@ -109,6 +123,24 @@ class SimConfig:
             raise ValueError("batch_queue_cap must be >= 1 or None (unlimited)")
         if self.batch_max_requests < 1:
             raise ValueError("batch_max_requests must be >= 1")
+        aliases = []
+        for entry in self.pool:
+            if not isinstance(entry, dict) or not entry.get("alias") or not entry.get("api_key"):
+                raise ValueError("each pool entry must be an object with an alias and an api_key")
+            unknown = sorted(set(entry) - _POOL_ENTRY)
+            if unknown:
+                raise ValueError(f"unknown pool entry field(s) {unknown}; expected some of "
+                                 f"{sorted(_POOL_ENTRY)}")
+            for name in ("rpm", "itpm", "otpm"):
+                value = entry.get(name)
+                if value is not None and not (isinstance(value, int | float) and value > 0):
+                    raise ValueError(f"pool entry {entry['alias']}: {name} must be > 0")
+            aliases.append(entry["alias"])
+        if len(set(aliases)) != len(aliases):
+            raise ValueError("pool aliases must be unique")
+        if not all(isinstance(k, str) and isinstance(v, str)
+                   for k, v in self.model_classes.items()):
+            raise ValueError("model_classes maps model names to class names (strings)")
 
     def replaced(self, **changes: Any) -> SimConfig:
         """A copy with `changes` applied; unknown names and bad values raise ValueError."""
@@ -135,6 +167,15 @@ _BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop"}
 
 def _coerce(name: str, value: Any) -> Any:
     """JSON bodies and CLI strings arrive loosely typed; accept the obvious spellings."""
+    if name in ("pool", "revoked", "model_classes"):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else None
+            except ValueError:
+                raise ValueError(f"{name} must be JSON, got {value!r}") from None
+        if name == "model_classes":
+            return dict(value or {})
+        return tuple(value or ())
     if name in _FLOAT_OR_NONE:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
             return None

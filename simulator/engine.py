@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import generate, responses, triggers
-from .buckets import KeyBuckets, Rejection
+from .buckets import KeyBuckets, NestedBuckets, Rejection
 from .cache import PromptCache
 from .config import LIMIT_FIELDS, SimConfig
 from .stats import SimStats
@@ -88,6 +88,7 @@ class Engine:
         self.stats = SimStats()
         self.cache = PromptCache()
         self._buckets: dict[str, KeyBuckets] = {}
+        self._pool_since = time.monotonic()  # revoke_after_s counts from here
         self._attempts: dict[bytes, int] = {}
         # When each Messages request arrived (this process's wall clock), so a test can put
         # requests in order with events on the same host without polling the counters.
@@ -97,6 +98,8 @@ class Engine:
         new = self.config.replaced(**changes)
         if any(getattr(new, f) != getattr(self.config, f) for f in LIMIT_FIELDS):
             self._buckets.clear()  # new limits: buckets start full again
+        if new.pool != self.config.pool:
+            self._pool_since = time.monotonic()
         for buckets in self._buckets.values():
             buckets.other_share = new.other_share
         self.config = new
@@ -116,13 +119,48 @@ class Engine:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _buckets_for(self, api_key: str, now: float) -> KeyBuckets:
-        buckets = self._buckets.get(api_key)
+    def _bucket_set(self, name: str, now: float,
+                    limits: tuple[float | None, float | None, float | None] | None = None
+                    ) -> KeyBuckets:
+        buckets = self._buckets.get(name)
         if buckets is None:
-            buckets = self._buckets[api_key] = KeyBuckets(self.config, now)
+            buckets = self._buckets[name] = KeyBuckets(self.config, now, limits)
         return buckets
 
-    def _headers(self, req_id: str, buckets: KeyBuckets | None, now: float) -> dict[str, str]:
+    def _pool_entry(self, api_key: str) -> dict[str, Any] | None:
+        return next((e for e in self.config.pool if e["api_key"] == api_key), None)
+
+    def _buckets_for(self, api_key: str, now: float, model: str | None = None
+                     ) -> KeyBuckets | NestedBuckets:
+        """The key's buckets of ``model``'s class; in a pool, inside the organisation's."""
+        cfg = self.config
+        cls = cfg.model_classes.get(model, model) if cfg.model_classes and model else ""
+        if not cfg.pool:
+            return self._bucket_set(f"{api_key}\0{cls}" if cls else api_key, now)
+        org = ("org", self._bucket_set(f"\0org\0{cls}", now))
+        entry = self._pool_entry(api_key)
+        if entry is None:
+            return NestedBuckets([org])
+        limits = (entry.get("rpm"), entry.get("itpm"), entry.get("otpm"))
+        return NestedBuckets([("key", self._bucket_set(f"{api_key}\0{cls}", now, limits)), org])
+
+    def _revoked(self, api_key: str, now: float) -> str | None:
+        """The alias of a pool key that is revoked now."""
+        entry = self._pool_entry(api_key)
+        if entry is None:
+            return None
+        after = entry.get("revoke_after_s")
+        if entry["alias"] in self.config.revoked or (
+                after is not None and now - self._pool_since >= float(after)):
+            return str(entry["alias"])
+        return None
+
+    def _alias(self, api_key: str) -> str | None:
+        entry = self._pool_entry(api_key) if self.config.pool else None
+        return None if entry is None else str(entry["alias"])
+
+    def _headers(self, req_id: str, buckets: KeyBuckets | NestedBuckets | None, now: float
+                 ) -> dict[str, str]:
         headers = {"Content-Type": _JSON, "request-id": req_id}
         if buckets is not None:
             headers.update(responses.ratelimit_headers(buckets, now, time.time(),
@@ -130,7 +168,8 @@ class Engine:
         return headers
 
     def _error(self, status: int, error_type: str, message: str, req_id: str,
-               buckets: KeyBuckets | None, now: float, details: dict[str, Any] | None = None,
+               buckets: KeyBuckets | NestedBuckets | None, now: float,
+               details: dict[str, Any] | None = None,
                retry_after: int | None = None) -> Reply:
         headers = self._headers(req_id, buckets, now)
         if retry_after is not None:
@@ -160,13 +199,19 @@ class Engine:
             return self._error(401, "authentication_error", "x-api-key header is required "
                                "(drover's simulator takes any key: set ANTHROPIC_API_KEY, e.g. "
                                "ANTHROPIC_API_KEY=sk-sim)", req_id, None, now)
-        buckets = self._buckets_for(api_key, now)
+        revoked = self._revoked(api_key, now) if self.config.pool else None
+        if revoked is not None:
+            self.stats.key_event(revoked, "n401")
+            return self._error(401, "authentication_error", "invalid x-api-key", req_id, None,
+                               now)
         try:
             body = json.loads(raw)
         except ValueError as exc:
             return self._error(400, "invalid_request_error",
                                f"There was an error parsing the body of your request: {exc}",
-                               req_id, buckets, now)
+                               req_id, None, now)
+        model = body.get("model") if isinstance(body, dict) else None
+        buckets = self._buckets_for(api_key, now, model if isinstance(model, str) else None)
         try:
             validate(body, need_max_tokens=need_max_tokens)
         except InvalidRequest as exc:
@@ -184,7 +229,8 @@ class Engine:
         api_key, body = parsed
         total = REQUEST_OVERHEAD + sum(s.tokens for s in segments(body))
         return Reply(200, responses.json_body({"input_tokens": total}),
-                     self._headers(req_id, self._buckets.get(api_key), now))
+                     self._headers(req_id, self._buckets_for(api_key, now, body.get("model")),
+                                   now))
 
     def begin_message(self, headers: Mapping[str, str], raw: bytes) -> Reply | Pending:
         self.arrivals.append(time.time())
@@ -195,8 +241,9 @@ class Engine:
             return parsed
         api_key, body = parsed
         cfg = self.config
-        buckets = self._buckets[api_key]
         model: str = body["model"]
+        buckets = self._buckets_for(api_key, now, model)
+        alias = self._alias(api_key)
         max_tokens: int = body["max_tokens"]
         messages: list[dict[str, Any]] = body["messages"]
         digest = canonical_digest(body)
@@ -262,7 +309,11 @@ class Engine:
 
         rejection = buckets.try_admit(counted_input, max_tokens, now)
         if rejection is not None:
+            if alias is not None:
+                self.stats.key_event(alias, "n429", level=rejection.level)
             return self._rate_limited(rejection, model, req_id, buckets, now)
+        if alias is not None:
+            self.stats.key_event(alias, "accepted", now=now, input_tokens=counted_input)
 
         if cache_key is not None:
             # Written at admission, so requests admitted after this one read it.
@@ -291,7 +342,8 @@ class Engine:
 
         return Pending(delay, finish, generated.output_tokens)
 
-    def _trigger_reply(self, name: str, req_id: str, buckets: KeyBuckets, now: float,
+    def _trigger_reply(self, name: str, req_id: str, buckets: KeyBuckets | NestedBuckets,
+                       now: float,
                        model: str) -> Reply | None:
         if name == "400":
             return self._error(400, "invalid_request_error",
@@ -315,11 +367,13 @@ class Engine:
         return None  # unknown trigger names are ignored, like any other text
 
     def _rate_limited(self, rejection: Rejection, model: str, req_id: str,
-                      buckets: KeyBuckets, now: float) -> Reply:
+                      buckets: KeyBuckets | NestedBuckets, now: float) -> Reply:
         advice = ("Please reduce the prompt length or the maximum tokens requested, or try "
                   "again later." if rejection.limit_name != "requests"
                   else "Please try again later.")
-        message = (f"This request would exceed your organization's rate limit of "
+        whose = "your workspace's" if self.config.pool and rejection.level == "key" else (
+            "your organization's")
+        message = (f"This request would exceed {whose} rate limit of "
                    f"{int(rejection.limit):,} {rejection.limit_name} per minute "
                    f"(model: {model}). {_RATE_LIMIT_DOCS} {advice}")
         return self._error(429, "rate_limit_error", message, req_id, buckets, now,

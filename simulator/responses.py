@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from .buckets import KeyBuckets, TokenBucket
+from .buckets import KeyBuckets, NestedBuckets, TokenBucket
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -67,15 +67,21 @@ def _token_remaining(bucket: TokenBucket, rounded: bool) -> int:
     return int(round(level / 1000.0)) * 1000 if rounded else int(level)
 
 
-def ratelimit_headers(buckets: KeyBuckets, now: float, wall: float,
+def ratelimit_headers(buckets: KeyBuckets | NestedBuckets, now: float, wall: float,
                       round_tokens: bool) -> dict[str, str]:
-    """anthropic-ratelimit-* for every configured limit, from the buckets as they are now."""
+    """anthropic-ratelimit-* for every configured limit, from the buckets as they are now
+    (a pool's key: per dimension, the level with the least left)."""
     buckets.refill(now)
+    if isinstance(buckets, NestedBuckets):
+        requests, inputs, outputs = (buckets.tightest(d) for d in ("requests", "input",
+                                                                    "output"))
+    else:
+        requests, inputs, outputs = buckets.requests, buckets.input, buckets.output
     headers: dict[str, str] = {}
-    if buckets.requests is not None:
-        _set(headers, "requests", buckets.requests, int(max(0.0, buckets.requests.level)), wall)
+    if requests is not None:
+        _set(headers, "requests", requests, int(max(0.0, requests.level)), wall)
     token_buckets: list[tuple[int, str, TokenBucket]] = []
-    for name, bucket in (("input-tokens", buckets.input), ("output-tokens", buckets.output)):
+    for name, bucket in (("input-tokens", inputs), ("output-tokens", outputs)):
         if bucket is not None:
             remaining = _token_remaining(bucket, round_tokens)
             _set(headers, name, bucket, remaining, wall)

@@ -61,6 +61,8 @@ class SimStats:
         self.max_in_flight = 0
         self.aborted = 0  # admitted requests whose client left before the reply
         self.duplicate_accepted = 0
+        self.per_key: dict[str, dict[str, int]] = {}  # a pool's keys, by alias
+        self._key_windows: dict[str, tuple[SlidingMax, SlidingMax]] = {}
         self.first_request_ts: float | None = None
         self.first_accept_ts: float | None = None
         self.last_done_ts: float | None = None
@@ -123,6 +125,22 @@ class SimStats:
         self.aborted += 1
         self.output_tokens -= output_tokens
 
+    def key_event(self, alias: str, kind: str, *, level: str | None = None,
+                  now: float | None = None, input_tokens: int = 0) -> None:
+        """A pool key's own counts: accepted (with its 60 s windows), n429 (by level), n401."""
+        row = self.per_key.get(alias)
+        if row is None:
+            row = self.per_key[alias] = {"accepted": 0, "n429": 0, "n401": 0, "n429_key": 0,
+                                         "n429_org": 0}
+            self._key_windows[alias] = (SlidingMax(), SlidingMax())
+        row[kind] += 1
+        if level is not None:
+            row[f"n429_{level}"] += 1
+        if kind == "accepted" and now is not None:
+            requests, inputs = self._key_windows[alias]
+            requests.add(now, 1)
+            inputs.add(now, input_tokens)
+
     def rate_limited(self, now: float) -> None:
         self.rejected_429 += 1
         self._row(now)[_429] += 1
@@ -158,6 +176,9 @@ class SimStats:
             "first_accept_ts": self.first_accept_ts,
             "last_done_ts": self.last_done_ts,
             "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "per_key": {alias: {**row, "max_60s": {"requests": self._key_windows[alias][0].max,
+                                                   "input_tokens": self._key_windows[alias][1].max}}
+                        for alias, row in sorted(self.per_key.items())},
             "timeline": [
                 {"t": t, "requests": r[_REQ], "input_tokens": r[_IN], "output_tokens": r[_OUT],
                  "n429": r[_429], "n529": r[_529]}

@@ -1,6 +1,6 @@
 """A worker whose API key is missing or refused: one clear line per job, a ``failed`` record
 per sub-agent with ``error_type`` ``authentication_error``, no traceback, and exit status 1
-from ``drover submit --wait`` (the job is done, but not every sub-agent is ok)."""
+from ``drover submit --wait`` (the job fails at once: no call of it can succeed)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,11 @@ def test_a_keyless_worker_starts_with_a_warning_and_every_subagent_fails_once_pe
     finally:
         stop_process_group(worker)
     text = log.read_text(errors="replace")
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # done, but nothing is ok
-    assert proc.stdout.count("authentication_error") == 4, proc.stdout
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # failed: nothing is ok
+    # The fleet's only key was refused: the job fails at once, its reason once and each
+    # sub-agent's record with the same words.
+    assert proc.stdout.count("authentication_error") == 5, proc.stdout
+    assert "failed (no API key" in proc.stdout and "ANTHROPIC_API_KEY=sk-sim" in proc.stdout
     assert "failed=4" in proc.stdout
     assert "warning: no ANTHROPIC_API_KEY" in text
     auth_lines = [line for line in text.splitlines() if "type=authentication_error" in line]

@@ -82,31 +82,35 @@ class Calibration:
         self._output: dict[str, float] = {}
         self._warm: dict[str, float] = {}  # cached prefix -> when it was last read or written
 
-    def _cached(self, params: dict[str, Any]) -> bool:
+    def _cached(self, params: dict[str, Any], home: str) -> bool:
         key = _prefix_key(params)
-        seen = self._warm.get(key) if key else None
+        seen = self._warm.get(f"{home}|{key}") if key else None
         return seen is not None and time.monotonic() - seen < CACHE_WARM_S
 
-    def _raw(self, params: dict[str, Any], cache_reads_count: bool) -> int:
-        return raw_estimate(params, skip_prefix=not cache_reads_count and self._cached(params))
+    def _raw(self, params: dict[str, Any], cache_reads_count: bool, home: str) -> int:
+        return raw_estimate(params, skip_prefix=not cache_reads_count and self._cached(
+            params, home))
 
-    def input_tokens(self, scope: str, params: dict[str, Any], cache_reads_count: bool) -> int:
-        """Estimated input tokens as ITPM will count them."""
-        raw = self._raw(params, cache_reads_count)
-        return max(1, round(raw * self._input_ratio.get(scope, 1.0)))
+    def input_tokens(self, scope: str, params: dict[str, Any], cache_reads_count: bool,
+                     cache_home: str = "", uncalibrated: float = 1.0) -> int:
+        """Estimated input tokens as ITPM will count them. ``cache_home``: where the prompt
+        cache would be (a pool's key: caches are not shared across workspaces);
+        ``uncalibrated``: the factor before the scope's first response."""
+        raw = self._raw(params, cache_reads_count, cache_home)
+        return max(1, round(raw * self._input_ratio.get(scope, uncalibrated)))
 
     def output_tokens(self, scope: str, max_tokens: int) -> int:
         guess = self._output.get(scope, min(max_tokens, 512))
         return max(1, min(max_tokens, round(guess)))
 
     def observe(self, scope: str, params: dict[str, Any], usage: Any, total_input: int,
-                cache_reads_count: bool) -> None:
+                cache_reads_count: bool, cache_home: str = "") -> None:
         """Learn from a response: how far off the estimate of ``total_input`` was, what is
-        cached, how long answers are."""
-        raw = self._raw(params, cache_reads_count)
+        cached (at ``cache_home``), how long answers are."""
+        raw = self._raw(params, cache_reads_count, cache_home)
         key = _prefix_key(params)
         if key and (usage.cache_read_input_tokens or usage.cache_creation_input_tokens):
-            self._warm[key] = time.monotonic()
+            self._warm[f"{cache_home}|{key}"] = time.monotonic()
         output = usage.output_tokens or 0
         if raw > 0 and total_input > 0:
             old = self._input_ratio.get(scope, total_input / raw)

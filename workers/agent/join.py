@@ -9,6 +9,7 @@ small records, not 10,000 full ones.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -68,7 +69,9 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     results, counts = tally.results, tally.counts
     cancel_reason = meta.get("cancelled")
     status, reason = "done", None
-    if spec.mode == "all_or_nothing" and tally.first_failure is not None:
+    if meta.get("failed_all"):  # fail_unfinished: the job's key was refused
+        status, reason = "failed", json.loads(meta["failed_all"])["reason"]
+    elif spec.mode == "all_or_nothing" and tally.first_failure is not None:
         first = tally.first_failure
         status = "failed"
         reason = f"sub-agent {first.index} failed: {first.error_type}: {first.error}"

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anthropic
@@ -35,23 +35,30 @@ from drover.workers.agent.errors import (
     NeverFits,
     RetryableFailure,
 )
-from drover.workers.agent.limits import llm_limits
 from drover.workers.agent.retry import (
+    AUTHENTICATION_ERROR,
     Decision,
     classify,
+    key_refused,
     limiter_countdown,
     missing_credentials,
     poll_wait,
     retry_reason,
 )
+from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.fairshare import tenant_budget_scopes
 from drover.workers.jobs.records import Usage
-from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits, llm_scope
+from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits
 from drover.workers.telemetry import acquire_wait, llm_call
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
+# Before a process has seen its first response, characters / 4 under-counts by 10-40%. One
+# key's bucket absorbs that (and its -remaining headers correct it at once); a pool's keys
+# hold a fraction of it each and the organisation sees the headers only where it is the
+# tightest, so a pool's first estimates are taken a quarter higher (refunded at settle).
+POOL_UNCALIBRATED = 1.25
 
 
 @dataclass
@@ -70,6 +77,7 @@ class CallContext:
     check: Callable[[int, int], Awaitable[None]] | None = None
     # Told of a call that was sent and never answered, with its input and output estimates.
     unanswered: Callable[[int, int], Awaitable[None]] | None = None
+    key: str | None = None  # a pool: the key of this sub-agent's last call (sticky routing)
 
 
 # The SDK's HTTP client's errors raised before the request could reach the provider (by
@@ -130,22 +138,38 @@ def counted_input(usage: Any, cache_reads_count: bool) -> int:
 
 @acquire_wait
 async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext, *,
-                  input_tokens: int, output_tokens: int) -> Grant:
-    """A grant from the limiter, polling briefly for in-flight slots.
+                  input_tokens: int, output_tokens: int, route: Route | None = None) -> Grant:
+    """A grant from the limiter (through ``route``: the one key or a pool), polling briefly
+    for in-flight slots.
 
-    Raises LimiterSaysLater when the wait is past the horizon (or a cooldown is that long)."""
+    Raises LimiterSaysLater when the wait is past the horizon (or a cooldown is that long),
+    CallFailed (job-wide) when every key of the pool is disabled."""
     lease_ttl = rt.settings.call_timeout_s + rt.settings.horizon_s + 30
     while True:
-        grant = await rt.limiter.acquire(scope, limits, input_tokens=input_tokens,
-                                         output_tokens=output_tokens, lease_ttl_s=lease_ttl)
+        if route is None:
+            grant = await rt.limiter.acquire(scope, limits, input_tokens=input_tokens,
+                                             output_tokens=output_tokens, lease_ttl_s=lease_ttl)
+        else:
+            grant = await route.acquire(rt.limiter, input_tokens=input_tokens,
+                                        output_tokens=output_tokens, lease_ttl_s=lease_ttl,
+                                        prefer=ctx.key)
         if grant.granted:
             return grant
+        if grant.reason == "disabled":
+            raise CallFailed(await _no_key_left(rt, route))
         if grant.reason in ("horizon", "cooldown") and grant.retry_after_s > POLL_S * 4:
             # Waiting this out would hold the worker slot: free it (a Celery retry) instead.
             raise LimiterSaysLater(
                 limiter_countdown(grant.retry_after_s, rt.settings.countdown_cap_s, ctx.rng),
                 _limiter_reason(grant.reason, grant.retry_after_s, rt.settings.horizon_s))
         await wait_or_cancel(poll_wait(grant.retry_after_s, ctx.rng), ctx.cancel)
+
+
+async def _no_key_left(rt: Runtime, route: Route | None) -> Decision:
+    disabled = await rt.limiter.disabled_keys()
+    aliases = [k.alias for k in rt.settings.keys]
+    return Decision("fail", AUTHENTICATION_ERROR,
+                    all_disabled_message(aliases, disabled, pooled=True), 401, job_wide=True)
 
 
 def _limiter_reason(reason: str, retry_after_s: float, horizon_s: float) -> str:
@@ -220,52 +244,83 @@ async def release_tenant_budget(rt: Runtime, held: Held, spent: int | None = Non
 
 @llm_call
 async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Message:
-    """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled."""
+    """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled.
+
+    With a pool of keys, a key refused (401/403) is disabled fleet-wide and the call moves to
+    another key; with the one key, the refusal fails the call job-wide."""
     settings = rt.settings
     model = params["model"]
-    scope = llm_scope(settings.key_alias, model)
-    limits = llm_limits(settings, model)
+    route = rt.route(model)
     configured = settings.limits_for(model)
     cache_reads_count = bool(configured and configured.cache_reads_count)
-    est_in = rt.calibration.input_tokens(scope, params, cache_reads_count)
-    est_out = rt.calibration.output_tokens(scope, params["max_tokens"])
+    # With a pool, the cache reads expected are those of the key the sub-agent sticks to.
+    home = (ctx.key or "") if route.pooled else ""
+    est_in = rt.calibration.input_tokens(route.scope, params, cache_reads_count, home,
+                                         POOL_UNCALIBRATED if route.pooled else 1.0)
+    est_out = rt.calibration.output_tokens(route.scope, params["max_tokens"])
     too_big = never_fits(settings, model, est_in)
     if too_big is not None:
-        _log_failure(scope, too_big, ctx, 0.0, time.monotonic(), True)  # nothing was sent
+        _log_failure(route.scope, too_big, ctx, 0.0, time.monotonic(), True)  # nothing sent
         raise NeverFits(too_big)
 
     budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
+    budget_wait = max((g.wait_s for _, _, g in budget), default=0.0)
+    spent: list[int | None] = [None]  # the tenant's budget settles with it (None: not sent)
     try:
-        grant = await acquire(rt, scope, limits, ctx, input_tokens=est_in,
-                              output_tokens=est_out)
-    except BaseException:
-        await release_tenant_budget(rt, budget)
-        raise
+        while True:
+            message = await _send(rt, route, params, ctx, est_in, est_out, cache_reads_count,
+                                  budget_wait, spent)
+            if message is not None:
+                return message
+            budget_wait = 0.0  # the key was refused: the call moves to another key
+    finally:
+        await release_tenant_budget(rt, budget, spent=spent[0])
+
+
+async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallContext,
+                est_in: int, est_out: int, cache_reads_count: bool, budget_wait: float,
+                spent: list[int | None]) -> Message | None:
+    """One try on one key; None when a pool's key was refused and disabled (try another).
+    ``spent[0]``: what the tenant's budget pays for this try (None: nothing went out)."""
+    settings = rt.settings
+    grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=est_in,
+                          output_tokens=est_out, route=route)
+    key = route.key(grant)
+    scope = key.scope
+    if route.pooled:
+        ctx.key = key.alias
     started = time.monotonic()
     in_flight = False  # the request may be on the wire: only a cancel can tell us it went out
     raw = None
     try:
-        await wait_or_cancel(max([grant.wait_s, *(g.wait_s for _, _, g in budget)]), ctx.cancel)
+        await wait_or_cancel(max(grant.wait_s, budget_wait), ctx.cancel)
         if ctx.check is not None:  # after every wait, right before the send
             await ctx.check(est_in, est_out)
         in_flight = True
-        raw = await race(rt.client.messages.with_raw_response.create(**params), ctx.cancel)
+        client = key.client if route.pooled else rt.client  # the one key: the runtime's own
+        raw = await race(client.messages.with_raw_response.create(**params), ctx.cancel)
         message = await raw.parse()
     except anthropic.APIError as error:
         # The request reached the provider (or tried to): it stays counted; its tokens too
         # when it went out and the answer was lost (the provider bills it).
         lost = sent_unanswered(error)
-        await rt.limiter.settle(scope, limits, grant, input_tokens=est_in if lost else 0,
-                                output_tokens=0)
-        await release_tenant_budget(rt, budget, spent=est_in + est_out if lost else 0)
+        await route.settle(rt.limiter, grant, input_tokens=est_in if lost else 0,
+                           output_tokens=0)
+        spent[0] = est_in + est_out if lost else 0
         if lost:
             await _unanswered(rt, scope, ctx, error, est_in, est_out)
         decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                             cap_s=settings.countdown_cap_s, rng=ctx.rng)
+        if key_refused(decision):
+            if route.pooled:
+                await _disable_key(rt, route, key.alias, decision, ctx, grant.wait_s, started)
+                return None
+            decision = _only_key_refused(settings, decision)
         # The caller records the sub-agent failed once this attempt is its last: say so.
         attempt = ctx.failures + 1
         last = decision.action == "fail" or attempt >= settings.max_attempts
-        await _after_error(rt, scope, limits, decision, ctx, grant.wait_s, started, last)
+        headers = getattr(getattr(error, "response", None), "headers", None) or {}
+        await _after_error(rt, route, grant, decision, ctx, started, last, headers)
         failure: Exception
         if decision.action == "retry":
             failure = RetryableFailure(decision.countdown, decision, retry_reason(
@@ -284,21 +339,20 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         if sent:
             # Aborted in flight: the provider has counted the request and its input at
             # admission, so those stay counted; the output reservation is refunded.
-            await asyncio.shield(rt.limiter.settle(scope, limits, grant,
-                                                   input_tokens=grant.input_tokens,
-                                                   output_tokens=0))
+            await asyncio.shield(route.settle(rt.limiter, grant,
+                                              input_tokens=grant.input_tokens, output_tokens=0))
         else:  # nothing went out: the whole reservation goes back
-            await asyncio.shield(rt.limiter.release(scope, grant))
+            await asyncio.shield(route.release(rt.limiter, grant))
         # Sent and never answered (raw is set only once the answer is in): billed, so the
         # tenant's budget pays the estimate and the caller counts it.
         lost = sent and raw is None
-        await release_tenant_budget(rt, budget, spent=(est_in + est_out if lost else
-                                                       grant.input_tokens if sent else None))
+        spent[0] = (est_in + est_out if lost else grant.input_tokens if sent else None)
         if lost:
             await asyncio.shield(_unanswered(rt, scope, ctx, error, est_in, est_out))
         if missing_credentials(error):
             decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                                 cap_s=settings.countdown_cap_s)
+            decision = _only_key_refused(settings, decision)
             _log_failure(scope, decision, ctx, grant.wait_s, started, True)  # nothing to count
             raise CallFailed(decision) from None
         log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
@@ -310,15 +364,51 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
         raise
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
-    await rt.limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
-                            headers=raw.headers)  # true-up and header sync in one round trip
-    await release_tenant_budget(rt, budget, spent=used_in + used_out)
-    rt.calibration.observe(scope, params, message.usage, used_in, cache_reads_count)
+    await route.settle(rt.limiter, grant, input_tokens=used_in, output_tokens=used_out,
+                       headers=raw.headers)  # true-up and header sync in one round trip
+    spent[0] = used_in + used_out
+    rt.calibration.observe(route.scope, params, message.usage, used_in, cache_reads_count,
+                           key.alias if route.pooled else "")
     log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f "
              "in=%d out=%d cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
              time.monotonic() - started - grant.wait_s, used_in, used_out,
              message.usage.cache_read_input_tokens or 0)
     return message
+
+
+def _only_key_refused(settings: Any, decision: Decision) -> Decision:
+    """The fleet's only key was refused (or there is none): no call of the job can succeed."""
+    what = " ".join(str(p) for p in (decision.status_code, decision.error_type) if p)
+    message = (f"the API key DROVER_KEY_ALIAS={settings.key_alias} was refused ({what}: "
+               f"{decision.message}). Check the key in the Anthropic console, set "
+               "ANTHROPIC_API_KEY to a valid key on every worker's host and restart the "
+               "workers (a simulator takes any non-empty key: ANTHROPIC_API_KEY=sk-sim)")
+    if decision.status_code is None or settings.anthropic_api_key is None:  # no key at all
+        said = f" ({what}: {decision.message})" if decision.status_code else ""
+        message = (f"no API key (DROVER_KEY_ALIAS={settings.key_alias}){said}: set "
+                   "ANTHROPIC_API_KEY on every worker's host and restart the workers (a "
+                   "simulator takes any non-empty key: ANTHROPIC_API_KEY=sk-sim)")
+    return replace(decision, message=message, job_wide=True)
+
+
+async def _disable_key(rt: Runtime, route: Route, alias: str, decision: Decision,
+                       ctx: CallContext, wait_s: float, started: float) -> None:
+    """A pool's key was refused: take it out of every worker's acquire, fleet-wide."""
+    what = " ".join(str(p) for p in (decision.status_code, decision.error_type) if p)
+    first = await rt.limiter.disable_key(alias, for_s=rt.settings.key_reenable_s,
+                                         why=f"{what}: {decision.message[:200]}")
+    scope = route.key_scope(alias)
+    if first:  # logged once, by the worker whose call found it out
+        again = (f"for {rt.settings.key_reenable_s:g} s" if rt.settings.key_reenable_s
+                 else "until `drover keys enable " + alias + "`")
+        log.error("pool key %s disabled fleet-wide %s: %s; its calls move to the other keys",
+                  alias, again, what)
+    await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
+    log.warning("llm call outcome=%s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f "
+                "call_s=%.3f in=0 out=0 next=another_key", decision.counter, scope,
+                decision.status_code or "none", decision.error_type, ctx.job_id, ctx.index,
+                wait_s, time.monotonic() - started - wait_s)
+    ctx.key = None
 
 
 async def job_answered(rt: Runtime, job_id: str, usage: Any, *, batch: bool = False) -> None:
@@ -353,15 +443,17 @@ async def _unanswered(rt: Runtime, scope: str, ctx: CallContext, error: BaseExce
         await ctx.unanswered(est_in, est_out)
 
 
-async def _after_error(rt: Runtime, scope: str, limits: ScopeLimits, decision: Decision,
-                       ctx: CallContext, wait_s: float, started: float, last: bool) -> None:
-    if decision.cooldown_s is not None:
-        await rt.limiter.cooldown(scope, limits, decision.cooldown_s)  # also counts the 429
+async def _after_error(rt: Runtime, route: Route, grant: Grant, decision: Decision,
+                       ctx: CallContext, started: float, last: bool,
+                       headers: Any) -> None:
+    scope = route.key(grant).scope
+    if decision.cooldown_s is not None:  # also counts the 429
+        await route.cooldown(rt.limiter, grant, decision.cooldown_s, headers)
     elif decision.counter in STAT_FIELDS:  # a spend-cap 429, a 529
-        await rt.limiter.record(scope, **{decision.counter: 1})
+        await route.record(rt.limiter, grant, decision.counter)
     # Every failed call, by kind, for the job too: the limiter keeps only the kinds it limits by.
     await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
-    _log_failure(scope, decision, ctx, wait_s, started, last)
+    _log_failure(scope, decision, ctx, grant.wait_s, started, last)
 
 
 def _log_failure(scope: str, decision: Decision, ctx: CallContext, wait_s: float,

@@ -45,6 +45,9 @@ class Decision:
     status_code: int | None = None
     countdown: float = 0.0
     cooldown_s: float | None = None  # set for a 429 with retry-after: every worker backs off
+    # No call of the job can succeed (the fleet's only key, or every key of its pool, was
+    # refused): every unfinished sub-agent of the job fails at once with this message.
+    job_wide: bool = False
 
     @property
     def counter(self) -> str:
@@ -144,6 +147,15 @@ def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
     if code:
         message = f"{message} ({code})"
     return str(kind), str(message)[:500]
+
+
+KEY_REFUSED = {401, 403}  # authentication_error, permission_error: the key itself is refused
+
+
+def key_refused(decision: Decision) -> bool:
+    """A 401/403 (or no key to send at all): this key will not work, whatever the retry."""
+    return decision.action == "fail" and (decision.status_code in KEY_REFUSED or (
+        decision.status_code is None and decision.error_type == AUTHENTICATION_ERROR))
 
 
 def missing_credentials(error: BaseException) -> bool:

@@ -29,6 +29,7 @@ import anthropic
 
 from drover.config import Settings, get_settings
 from drover.workers.agent.estimate import Calibration
+from drover.workers.agent.routes import Pool, Route
 from drover.workers.limiter import AsyncLimiter
 from drover.workers.redis_clients import async_redis, sentinel_settings
 from drover.workers.services import services
@@ -79,8 +80,22 @@ class Runtime:
             max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
             timeout=self.settings.call_timeout_s,
         )
+        # A pool (DROVER_KEYS): one client per key, each with the key's own endpoint.
+        self.pool = Pool(self.settings.keys, {k.alias: anthropic.AsyncAnthropic(
+            api_key=k.api_key.get_secret_value(),
+            base_url=k.base_url or self.settings.anthropic_base_url, max_retries=0,
+            timeout=self.settings.call_timeout_s) for k in self.settings.keys}
+        ) if self.settings.pooled else None
+        self._routes: dict[str, Route] = {}
         self._listener = asyncio.create_task(self._listen_for_cancels())
         self._ready.set_result(None)
+
+    def route(self, model: str) -> Route:
+        """Where calls to ``model`` reserve: the one key's scope, or the pool's levels."""
+        route = self._routes.get(model)
+        if route is None:
+            route = self._routes[model] = Route(self.settings, model, self.client, self.pool)
+        return route
 
     # --- running coroutines from Celery's threads ----------------------------------------
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -161,6 +176,8 @@ class Runtime:
             # Awaited, so the loop does not stop with it pending (an ERROR at exit).
             await asyncio.gather(self._listener, return_exceptions=True)
             await self.client.close()
+            if self.pool is not None:
+                await self.pool.close()
             await self.aredis.aclose()
 
         try:

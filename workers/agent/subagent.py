@@ -151,6 +151,11 @@ class SubagentRun:
                 await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
                                self.token)
                 raise LimiterSaysLater(0.0, "worker shutting down") from None
+            failed = await self._io(self.store.failed_all, self.job_id)
+            if failed is not None:  # the job failed as a whole (its key was refused)
+                return await self._finish(state, "failed", error=failed["reason"],
+                                          error_type=failed["type"],
+                                          status_code=failed["status"])
             reason = reason or "cancelled"
             return await self._finish(state, "cancelled", error=reason, error_type="cancelled")
         except RetryableFailure as failure:
@@ -284,7 +289,11 @@ class SubagentRun:
         result = await self._finish(state, "failed", error=message,
                                     error_type=decision.error_type,
                                     status_code=decision.status_code)
-        if spec.mode == "all_or_nothing" and result.status == "failed":
+        if decision.job_wide:  # no call of this job can succeed: end the others now
+            await self._io(partial(self.store.fail_unfinished, self.job_id, decision.message,
+                                   error_type=decision.error_type,
+                                   status_code=decision.status_code))
+        elif spec.mode == "all_or_nothing" and result.status == "failed":
             await self._io(self.store.cancel, self.job_id,
                            f"sub-agent {self.index} failed: {decision.error_type}")
         return result

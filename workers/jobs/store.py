@@ -179,6 +179,35 @@ class JobStore:
         ``before_send``, is there): the cancel aborts that call, and the record counts it as
         unanswered (or answered, if the reply won the race).
         """
+        return self._record_unfinished(job_id, "cancelled", reason, "cancelled", None, False)
+
+    def fail_unfinished(self, job_id: str, reason: str, *, error_type: str,
+                        status_code: int | None = None) -> bool:
+        """End the job now: every sub-agent without a record is recorded ``failed`` with this
+        one reason (the fleet's only key was refused: no call of the job can succeed), calls
+        in flight are aborted (the cancel channel) and the join says ``failed``. Sub-agents
+        waiting for a retry are recorded with their checkpoint's usage. False when the job
+        had already ended or this was done before."""
+        meta = self.meta(job_id)
+        if meta.get("status") not in ACTIVE:
+            return False
+        why = json.dumps({"reason": reason, "type": error_type, "status": status_code})
+        pipe = self.r.pipeline()
+        pipe.hsetnx(self.key(job_id, "meta"), "failed_all", why)
+        pipe.hsetnx(self.key(job_id, "meta"), "cancelled", reason)
+        pipe.publish(self.cancel_channel, job_id)
+        first, _, _ = pipe.execute()
+        if first:
+            self._record_unfinished(job_id, "failed", reason, error_type, status_code, True)
+        return bool(first)
+
+    def failed_all(self, job_id: str) -> dict[str, Any] | None:
+        """What ``fail_unfinished`` recorded for the job (reason, type, status), if it ran."""
+        raw = self.r.hget(self.key(job_id, "meta"), "failed_all")
+        return json.loads(raw) if raw else None
+
+    def _record_unfinished(self, job_id: str, status: str, reason: str, error_type: str,
+                           status_code: int | None, checkpointed: bool) -> int:
         n = int(self.r.hget(self.key(job_id, "meta"), "n") or 0)
         records, events = self.key(job_id, "records"), self.key(job_id, "events")
         written = 0
@@ -187,16 +216,26 @@ class JobStore:
             pipe = self.r.pipeline(transaction=False)
             for index in indexes:
                 pipe.hexists(records, str(index))
-                pipe.exists(self.key(job_id, "ckpt", index))
+                pipe.get(self.key(job_id, "ckpt", index))
                 pipe.hexists(self.key(job_id, "sent"), str(index))
             flags = pipe.execute()
-            todo = [i for k, i in enumerate(indexes) if not any(flags[3 * k:3 * k + 3])]
+            # A sub-agent with a send marked records itself (its unanswered call counts).
+            todo = {i: flags[3 * k + 1] for k, i in enumerate(indexes)
+                    if not flags[3 * k] and not flags[3 * k + 2]
+                    and (checkpointed or not flags[3 * k + 1])}
             if not todo:
                 continue
             now = time.time()
-            raws = {i: SubagentResult(job_id=job_id, index=i, status="cancelled", attempts=0,
-                                      error=reason, error_type="cancelled", finished_at=now
-                                      ).model_dump_json() for i in todo}
+            raws = {}
+            for i, ckpt in todo.items():
+                state = Checkpoint.model_validate_json(ckpt) if ckpt else None
+                raws[i] = SubagentResult(
+                    job_id=job_id, index=i, status=status,  # type: ignore[arg-type]
+                    attempts=0 if state is None else state.failures,
+                    usage=state.usage if state is not None else Usage(),
+                    turns=state.turns if state is not None else 0, error=reason,
+                    error_type=error_type, status_code=status_code, finished_at=now
+                ).model_dump_json()
             pipe = self.r.pipeline(transaction=False)
             for index, raw in raws.items():
                 pipe.hsetnx(records, str(index), raw)
@@ -206,7 +245,7 @@ class JobStore:
             pipe = self.r.pipeline(transaction=False)
             for index in firsts:
                 pipe.xadd(events, {"record": raws[index]})
-            pipe.hincrby(self.key(job_id, "counts"), "cancelled", len(firsts))
+            pipe.hincrby(self.key(job_id, "counts"), status, len(firsts))
             for key in (records, events, self.key(job_id, "counts")):
                 pipe.expire(key, self.ttl_s)
             pipe.execute()

@@ -67,7 +67,19 @@ Decisions worth knowing:
 
 from drover.workers.limiter._headers import parse_ratelimit_headers
 from drover.workers.limiter._limiter import AsyncLimiter, Limiter
-from drover.workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits, llm_scope, tool_scope
+from drover.workers.limiter._scopes import (
+    ORG,
+    POOL_TAG,
+    STAT_FIELDS,
+    Grant,
+    ScopeLimits,
+    llm_scope,
+    org_scope,
+    pool_scope,
+    split_llm_scope,
+    tool_scope,
+)
 
-__all__ = ["STAT_FIELDS", "AsyncLimiter", "Grant", "Limiter", "ScopeLimits", "llm_scope",
-           "parse_ratelimit_headers", "tool_scope"]
+__all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "AsyncLimiter", "Grant", "Limiter", "ScopeLimits",
+           "llm_scope", "org_scope", "parse_ratelimit_headers", "pool_scope", "split_llm_scope",
+           "tool_scope"]

@@ -3,7 +3,7 @@ operations (``_scripts.LimiterCore``), one script call each."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drover.workers.limiter._scopes import Grant, ScopeLimits
@@ -59,6 +59,41 @@ class Limiter(LimiterCore):
         """Levels at now (``limits`` None: those of the last write)."""
         return self._run(self._state(scope, limits))
 
+    # --- a pool of keys (see pool_acquire.lua) --------------------------------------------
+    def acquire_pool(self, model_class: str, org_limits: ScopeLimits,
+                     keys: Sequence[tuple[str, ScopeLimits]], *, input_tokens: int = 0,
+                     output_tokens: int = 0, prefer: str | None = None, sticky_s: float = 0.0,
+                     lease_ttl_s: float = 180.0) -> Grant:
+        """Reserve in the organisation's buckets (``org_scope(model_class)``) and in those of
+        the key, of ``keys`` (alias, its limits), whose grant comes first; ``Grant.key``
+        names it. Settle, release and cool down each level as a scope of its own
+        (``org_scope``, ``pool_scope``). Reason ``disabled``: every key is disabled."""
+        return self._run(self._pool_acquire(model_class, org_limits, list(keys),
+                                            int(input_tokens), int(output_tokens), prefer,
+                                            sticky_s, lease_ttl_s))
+
+    def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> bool:
+        """Take a pool's key out of every acquire, fleet-wide (``for_s`` 0: until enabled);
+        True when this call disabled it (False: it already was)."""
+        return self._run(self._disable(alias, for_s, why))
+
+    def enable_key(self, alias: str) -> bool:
+        """Let a disabled key rejoin; True when it was disabled."""
+        off, why = self._off_keys()
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hdel(off, alias)
+        pipe.hdel(why, alias)
+        return bool(pipe.execute()[0])
+
+    def disabled_keys(self) -> dict[str, dict[str, Any]]:
+        """alias -> {since, reason, until (None: until enabled)} of the disabled keys."""
+        off, why = self._off_keys()
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(off)
+        pipe.hgetall(why)
+        pipe.time()
+        until, reasons, (sec, usec) = pipe.execute()
+        return self._disabled_from(until, reasons, sec + usec / 1e6)
 
 class AsyncLimiter(LimiterCore):
     """The same limiter over ``redis.asyncio.Redis``; every method is a coroutine."""
@@ -101,3 +136,23 @@ class AsyncLimiter(LimiterCore):
 
     async def state(self, scope: str, limits: ScopeLimits | None = None) -> dict[str, Any]:
         return await self._run(self._state(scope, limits))
+
+    async def acquire_pool(self, model_class: str, org_limits: ScopeLimits,
+                           keys: Sequence[tuple[str, ScopeLimits]], *, input_tokens: int = 0,
+                           output_tokens: int = 0, prefer: str | None = None,
+                           sticky_s: float = 0.0, lease_ttl_s: float = 180.0) -> Grant:
+        return await self._run(self._pool_acquire(model_class, org_limits, list(keys),
+                                                  int(input_tokens), int(output_tokens),
+                                                  prefer, sticky_s, lease_ttl_s))
+
+    async def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> bool:
+        return await self._run(self._disable(alias, for_s, why))
+
+    async def disabled_keys(self) -> dict[str, dict[str, Any]]:
+        off, why = self._off_keys()
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hgetall(off)
+        pipe.hgetall(why)
+        pipe.time()
+        until, reasons, (sec, usec) = await pipe.execute()
+        return self._disabled_from(until, reasons, sec + usec / 1e6)

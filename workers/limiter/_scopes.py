@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope", "tool_scope"]
+__all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope", "org_scope",
+           "pool_scope", "split_llm_scope", "tool_scope"]
+
+# A pool's scopes (its organisation's and its keys', every model class) share one hash tag,
+# so one script reserves in the key's buckets and the organisation's at once.
+POOL_TAG = "pool"
+ORG = "org"  # the organisation's level, where a key's alias would be
 
 # The per-second counters of a scope, in the order the Lua library lists them (_lib.lua).
 STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "n429", "n529",
@@ -15,6 +21,26 @@ STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", 
 def llm_scope(key_alias: str, model: str) -> str:
     """The scope of one model class under one API key: what the provider limits together."""
     return f"llm:{key_alias}:{model}"
+
+
+def pool_scope(key_alias: str, model_class: str) -> str:
+    """One pool key's (its workspace's) limits of a model class."""
+    return f"{POOL_TAG}/llm:{key_alias}:{model_class}"
+
+
+def org_scope(model_class: str) -> str:
+    """The organisation's limits of a model class, over every key of its pool."""
+    return pool_scope(ORG, model_class)
+
+
+def split_llm_scope(scope: str) -> tuple[str, str, bool] | None:
+    """(key alias or ``org``, model or class, pooled) of an LLM scope; None for others."""
+    pooled = scope.startswith(f"{POOL_TAG}/")
+    kind, _, rest = scope.removeprefix(f"{POOL_TAG}/").partition(":")
+    if kind != "llm":
+        return None
+    alias, _, model = rest.partition(":")
+    return alias, model, pooled
 
 
 def tool_scope(tool_name: str) -> str:
@@ -73,6 +99,7 @@ class Grant(NamedTuple):
     input_tokens: int      # what was reserved, for settle
     output_tokens: int
     now_us: float = 0.0    # Redis time (us) of the acquire
+    key: str | None = None  # a pool's acquire: the alias of the key chosen
 
     @property
     def send_us(self) -> float:

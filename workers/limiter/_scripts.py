@@ -11,14 +11,22 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from drover.workers.limiter._headers import header_args
-from drover.workers.limiter._scopes import STAT_FIELDS, Grant, ScopeLimits
+from drover.workers.limiter._scopes import (
+    POOL_TAG,
+    STAT_FIELDS,
+    Grant,
+    ScopeLimits,
+    org_scope,
+    pool_scope,
+)
 
 __all__ = ["Clock", "LimiterCore"]
 
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
 _LUA = resources.files("drover.workers.limiter") / "lua"
-_SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage")
+_SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage",
+            "pool_acquire", "pool_disable")
 # With an injected clock (tests) the scripts get the time as their last argument instead of
 # from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
@@ -69,17 +77,72 @@ class LimiterCore:
                          for name in _SCRIPTS}
 
     def keys(self, scope: str) -> list[str]:
-        """A scope's Redis keys: bucket, leases, learned limits, stats, stats index."""
+        """A scope's Redis keys: bucket, leases, learned limits, stats, stats index. A scope
+        ``T/NAME`` (a pool's) takes the hash tag ``T``, which the others of ``T`` share."""
         if not scope or "{" in scope or "}" in scope:
             raise ValueError(f"a scope must be non-empty and contain no braces: {scope!r}")
-        tag = f"{self.prefix}:{{{scope}}}"
-        return [f"{tag}:b", f"{tag}:l", f"{tag}:hl", f"{tag}:s", f"{tag}:si"]
+        tag, slash, name = scope.partition("/")
+        base = f"{self.prefix}:{{{tag}}}/{name}" if slash else f"{self.prefix}:{{{scope}}}"
+        return [f"{base}:b", f"{base}:l", f"{base}:hl", f"{base}:s", f"{base}:si"]
+
+    def _off_keys(self) -> list[str]:
+        """A pool's disabled keys (alias -> until, us) and why (alias -> 'second|reason')."""
+        base = f"{self.prefix}:{{{POOL_TAG}}}/off"
+        return [base, f"{base}:why"]
 
     def _call(self, script: str, keys: list[str], args: list[str],
               finish: Callable[[Any], Any] = lambda reply: None) -> _Call:
         if self._clock is not None:
             args = [*args, str(int(self._clock()))]
         return _Call(script, keys, args, finish)
+
+    # --- a pool of keys -----------------------------------------------------------------------
+    def _pool_acquire(self, model_class: str, org_limits: ScopeLimits,
+                      keys: list[tuple[str, ScopeLimits]], input_tokens: int,
+                      output_tokens: int, prefer: str | None, sticky_s: float,
+                      lease_ttl_s: float) -> _Call:
+        if input_tokens < 0 or output_tokens < 0:
+            raise ValueError("token estimates must be >= 0")
+        if not keys:
+            raise ValueError("a pool needs at least one key")
+        lease = uuid.uuid4().hex
+        mif = org_limits.max_in_flight
+        aliases = [alias for alias, _ in keys]
+        preferred = aliases.index(prefer) + 1 if prefer in aliases else 0
+        redis_keys = [*self.keys(org_scope(model_class)), self._off_keys()[0]]
+        args = [*_limit_args(org_limits), str(input_tokens), str(output_tokens),
+                repr(self.horizon_s), "" if mif is None else str(mif), repr(float(lease_ttl_s)),
+                lease, str(len(keys)), str(preferred), repr(float(sticky_s))]
+        for alias, limits in keys:
+            redis_keys += self.keys(pool_scope(alias, model_class))
+            args += [alias, *_limit_args(limits)]
+
+        def finish(reply: Any) -> Grant:
+            reason, seconds, now_us, chosen = (_s(x) for x in reply)
+            ok = reason == "ok"
+            key = aliases[int(chosen) - 1] if int(chosen) else None
+            return Grant(ok, float(seconds) if ok else 0.0, 0.0 if ok else float(seconds),
+                         lease if ok else None, reason, input_tokens, output_tokens,
+                         float(now_us), key)
+
+        return self._call("pool_acquire", redis_keys, args, finish)
+
+    def _disable(self, alias: str, for_s: float, why: str) -> _Call:
+        return self._call("pool_disable", self._off_keys(), [alias, repr(float(for_s)), why],
+                          lambda reply: bool(int(reply)))
+
+    @staticmethod
+    def _disabled_from(until: dict[Any, Any], why: dict[Any, Any], now: float
+                       ) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for alias, value in until.items():
+            until_s = float(_s(value)) / 1e6
+            if until_s <= now:
+                continue
+            at, _, reason = _s(why.get(alias, b"0|")).partition("|")
+            out[_s(alias)] = {"since": float(at or 0), "reason": reason,
+                              "until": None if until_s > 1e200 else until_s}
+        return out
 
     # --- the operations ---------------------------------------------------------------------
     def _acquire(self, scope: str, limits: ScopeLimits, input_tokens: int, output_tokens: int,
@@ -153,11 +216,19 @@ class LimiterCore:
         """Matches the bucket and counters of every scope: a scope is listed while either
         lives (the counters expire a minute after the stats window)."""
         prefix = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self.prefix)
-        return f"{prefix}:{{*}}:[bs]"
+        return f"{prefix}:{{*:[bs]"
 
-    @staticmethod
-    def _scope_names(keys: list[Any]) -> list[str]:
-        return sorted({_s(k).split("{", 1)[1].rsplit("}", 1)[0] for k in keys})
+    def _scope_names(self, keys: list[Any]) -> list[str]:
+        start = len(self.prefix) + 2  # past "{prefix}:{"
+        names = set()
+        for key in keys:
+            text = _s(key)[start:-2]  # without the ":b" or ":s"
+            tag, _, rest = text.partition("}")
+            if rest == "":
+                names.add(tag)
+            elif rest.startswith("/"):
+                names.add(f"{tag}{rest}")
+        return sorted(names)
 
     def _state(self, scope: str, limits: ScopeLimits | None) -> _Call:
         def finish(reply: Any) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from drover.workers.limiter import llm_scope
 from drover.workers.telemetry import _tracing
 from drover.workers.telemetry._recorder import get_recorder
 
@@ -85,7 +84,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     async def wrapper(rt: Any, params: dict[str, Any], ctx: Any) -> T:
         settings = rt.settings
         model = str(params.get("model"))
-        scope = llm_scope(settings.key_alias, model)
+        route = rt.route(model)
+        scope = route.scope
         waited: list[float] = []
         token = _WAITED.set(waited)
         started = time.monotonic()
@@ -125,6 +125,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                     outcome = "unanswered"
                     _safe("unanswered", lambda: _record_unanswered(model, lost))
                 if outcome:
+                    if getattr(ctx, "key", None):  # a pool: the series of the key it went to
+                        scope = route.key_scope(ctx.key)
                     duration = max(0.0, time.monotonic() - started - sum(waited))
                     _safe("llm call", lambda: _record_call(
                         scope, model, outcome, error_type, duration, message))

@@ -27,6 +27,17 @@
 -- per = us of refill per unit, burst = us of refill the bucket holds; level(t) = capacity -
 -- (tat - t) / per. Numbers leave the scripts as strings: Redis would truncate them.
 
+-- The functions below work on one scope: KEYS[1..5] and ARGV[1..6] (and the header arguments
+-- that follow) as a one-scope script gets them. A pool's script (pool_acquire.lua) works on
+-- several scopes in one call and points these two at one scope at a time (use_scope).
+local KEYS, ARGV = KEYS, ARGV
+local CALL_KEYS = KEYS
+local function use_scope(first_key, argv)
+  KEYS = {CALL_KEYS[first_key], CALL_KEYS[first_key + 1], CALL_KEYS[first_key + 2],
+          CALL_KEYS[first_key + 3], CALL_KEYS[first_key + 4]}
+  ARGV = argv
+end
+
 local DIMS = {'r', 'i', 'o'}
 local STAT_FIELDS = {'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms', 'n429',
                      'n529', 'n5xx', 'nconn'}

@@ -1,0 +1,218 @@
+"""Where one LLM call's reservation lives: the one key, or a key of a pool.
+
+With one key (no ``DROVER_KEYS``) a call reserves in the scope ``llm:{DROVER_KEY_ALIAS}:{model
+class}``, exactly as before pools existed. With a pool, one script reserves in the
+organisation's buckets of the model class and in those of the key whose grant comes first
+(``pool_acquire.lua``); a sub-agent's later turns prefer the key of its earlier ones (its
+prompt cache lives in that key's workspace) while that key's grant comes at most
+``DROVER_KEY_STICKY_S`` later. Each level is then a scope of its own: settled, released and
+cooled down on its own.
+
+The provider's headers show, per dimension, the most restrictive limit in effect: a header
+whose ``-limit`` is the key's (workspace's) limit describes the key's bucket, one whose
+``-limit`` is the organisation's describes the organisation's, so each level folds in only the
+headers that are about it, and a 429 cools down the level whose limit it hit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from drover.config import ModelLimits, PoolKey, Settings
+from drover.workers.agent.limits import llm_limits, scaled_limits
+from drover.workers.limiter import (
+    Grant,
+    ScopeLimits,
+    llm_scope,
+    org_scope,
+    parse_ratelimit_headers,
+    pool_scope,
+)
+
+__all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_headers"]
+
+log = logging.getLogger("drover.pool")
+_DIMS = (("requests", "rpm"), ("input-tokens", "itpm"), ("output-tokens", "otpm"))
+
+
+@dataclass
+class KeyRoute:
+    """The key a granted call goes out on: its alias, its client and its scope."""
+
+    alias: str
+    scope: str
+    limits: ScopeLimits
+    raw: ModelLimits | None  # the key's own configured limits, before the utilisation
+    client: Any
+
+
+class Route:
+    """One call's limits: the one key's scope, or a pool's organisation and keys."""
+
+    def __init__(self, settings: Settings, model: str, client: Any,
+                 pool: Pool | None = None) -> None:
+        self.settings = settings
+        self.model_class = settings.limit_class(model)
+        self.limits = llm_limits(settings, model)
+        self.org_raw = settings.limits_for(model)
+        self.pool = pool
+        if pool is None:
+            self.scope = llm_scope(settings.key_alias, self.model_class)
+            self.one = KeyRoute(settings.key_alias, self.scope, self.limits, self.org_raw,
+                                client)
+        else:
+            self.scope = org_scope(self.model_class)
+            self.keys = [KeyRoute(k.alias, pool_scope(k.alias, self.model_class),
+                                  scaled_limits(settings, settings.key_limits_for(k, model),
+                                                max_in_flight=None),
+                                  settings.key_limits_for(k, model), pool.clients[k.alias])
+                         for k in pool.keys]
+
+    @property
+    def pooled(self) -> bool:
+        return self.pool is not None
+
+    def key_scope(self, alias: str) -> str:
+        """The scope of a key's own level (the one key's scope without a pool)."""
+        return self.scope if self.pool is None else pool_scope(alias, self.model_class)
+
+    def key(self, grant: Grant) -> KeyRoute:
+        if self.pool is None:
+            return self.one
+        return next(k for k in self.keys if k.alias == grant.key)
+
+    async def acquire(self, limiter: Any, *, input_tokens: int, output_tokens: int,
+                      lease_ttl_s: float, prefer: str | None) -> Grant:
+        if self.pool is None:
+            return await limiter.acquire(self.scope, self.limits, input_tokens=input_tokens,
+                                         output_tokens=output_tokens, lease_ttl_s=lease_ttl_s)
+        return await limiter.acquire_pool(
+            self.model_class, self.limits, [(k.alias, k.limits) for k in self.keys],
+            input_tokens=input_tokens, output_tokens=output_tokens, prefer=prefer,
+            sticky_s=self.settings.key_sticky_s, lease_ttl_s=lease_ttl_s)
+
+    async def settle(self, limiter: Any, grant: Grant, *, input_tokens: int,
+                     output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
+        key = self.key(grant)
+        if self.pool is None:
+            await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
+                                 output_tokens=output_tokens, headers=headers)
+            return
+        org_h, key_h = (None, None) if headers is None else split_headers(
+            headers, self.org_raw, key.raw)
+        await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
+                             output_tokens=output_tokens, headers=org_h)
+        await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
+                             output_tokens=output_tokens, headers=key_h)
+
+    async def release(self, limiter: Any, grant: Grant) -> None:
+        await limiter.release(self.scope, grant)
+        if self.pool is not None:
+            await limiter.release(self.key(grant).scope, grant)
+
+    async def cooldown(self, limiter: Any, grant: Grant, retry_after_s: float,
+                       headers: Mapping[str, str]) -> None:
+        """A 429: cool down the level whose limit it hit (both when the headers cannot
+        tell); the 429 is counted in each scope cooled down."""
+        if self.pool is None:
+            await limiter.cooldown(self.scope, self.limits, retry_after_s)
+            return
+        key = self.key(grant)
+        for level in levels_of_429(headers, self.org_raw, key.raw):
+            scope, limits = (self.scope, self.limits) if level == "org" else (key.scope,
+                                                                              key.limits)
+            await limiter.cooldown(scope, limits, retry_after_s)
+
+    async def record(self, limiter: Any, grant: Grant, counter: str) -> None:
+        await limiter.record(self.key(grant).scope, **{counter: 1})
+
+
+class Pool:
+    """A pool's keys and one SDK client per key (connections pooled per key), built once
+    per worker process."""
+
+    def __init__(self, keys: list[PoolKey], clients: dict[str, Any]) -> None:
+        self.keys = keys
+        self.clients = clients
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+
+def _matches(value: float | None, limit: float | None) -> bool:
+    return value is not None and limit is not None and abs(value - limit) <= 0.01 * limit
+
+
+def levels_of_headers(headers: Mapping[str, str], org: ModelLimits | None,
+                      key: ModelLimits | None) -> dict[str, str]:
+    """Per dimension ('requests', ...) the level its headers describe: 'key' when the
+    ``-limit`` is the key's own limit, 'org' when it is the organisation's, else the level
+    that configures no limit of that dimension ('key' if neither does: a learned limit)."""
+    _, limit = parse_ratelimit_headers(headers)
+    out: dict[str, str] = {}
+    for (dim, attr), seen in zip(_DIMS, limit, strict=True):
+        k = getattr(key, attr) if key is not None else None
+        o = getattr(org, attr) if org is not None else None
+        if _matches(seen, k) and not _matches(seen, o):
+            out[dim] = "key"
+        elif _matches(seen, o):
+            out[dim] = "org" if not _matches(seen, k) else "both"
+        elif k is None and o is not None:
+            out[dim] = "key"  # the key's limit is not configured: the headers teach it
+        elif o is None and k is not None:
+            out[dim] = "org"
+        else:
+            out[dim] = "key"
+    return out
+
+
+def split_headers(headers: Mapping[str, str], org: ModelLimits | None,
+                  key: ModelLimits | None) -> tuple[dict[str, str], dict[str, str]]:
+    """The ``anthropic-ratelimit-*`` headers each level folds in (see levels_of_headers)."""
+    levels = levels_of_headers(headers, org, key)
+    org_h: dict[str, str] = {}
+    key_h: dict[str, str] = {}
+    lower = {str(k).lower(): v for k, v in headers.items()}
+    for dim, level in levels.items():
+        for part in ("remaining", "limit"):
+            name = f"anthropic-ratelimit-{dim}-{part}"
+            if name in lower:
+                if level in ("org", "both"):
+                    org_h[name] = lower[name]
+                if level in ("key", "both"):
+                    key_h[name] = lower[name]
+    return org_h, key_h
+
+
+def levels_of_429(headers: Mapping[str, str], org: ModelLimits | None,
+                  key: ModelLimits | None) -> list[str]:
+    """The level(s) a 429 hit: those described by the dimensions whose ``-remaining`` is
+    lowest relative to their limit (an exhausted bucket); both when the headers say nothing."""
+    remaining, limit = parse_ratelimit_headers(headers)
+    levels = levels_of_headers(headers, org, key)
+    fractions = [(r / lim, dim) for (dim, _), r, lim in zip(_DIMS, remaining, limit, strict=True)
+                 if r is not None and lim]
+    if not fractions:
+        return ["key", "org"]
+    low = min(f for f, _ in fractions)
+    hit = {levels[dim] for f, dim in fractions if f <= low + 1e-9}
+    out = sorted({"org", "key"} if "both" in hit else hit)
+    return out or ["key", "org"]
+
+
+def all_disabled_message(aliases: list[str], disabled: Mapping[str, Mapping[str, Any]],
+                         pooled: bool) -> str:
+    """The one message every unfinished sub-agent of a job ends with when no key is left."""
+    why = "; ".join(f"{a}: {disabled.get(a, {}).get('reason') or 'refused'}" for a in aliases)
+    if pooled:
+        return (f"every key of the pool is disabled ({why}). Check these keys in the "
+                "Anthropic console (revoked, disabled, or without access to this model), fix "
+                "or replace them in DROVER_KEYS, then run `drover keys enable ALIAS` (or set "
+                "DROVER_KEY_REENABLE_S to let keys rejoin by themselves)")
+    return (f"the API key '{why}' was refused. Check it in the Anthropic console, then set "
+            "ANTHROPIC_API_KEY on every worker's host to a valid key and restart the workers "
+            "(with a simulator, any non-empty key works: ANTHROPIC_API_KEY=sk-sim)")
