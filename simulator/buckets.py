@@ -9,6 +9,7 @@ requests wait for it to refill).
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 from .config import SimConfig
@@ -53,7 +54,9 @@ class Rejection:
 class KeyBuckets:
     """The requests / input-token / output-token buckets of one API key."""
 
-    __slots__ = ("requests", "input", "output", "reserve_max_tokens", "other_share")
+    __slots__ = ("requests", "input", "output", "reserve_max_tokens", "other_share",
+                 "other_model", "other_next", "other_rng", "other_admitted", "other_refused",
+                 "other_backlog")
 
     def __init__(self, config: SimConfig, now: float,
                  limits: tuple[float | None, float | None, float | None] | None = None
@@ -67,12 +70,64 @@ class KeyBuckets:
         self.input = make(itpm)
         self.output = make(otpm)
         self.reserve_max_tokens = config.otpm_mode == "max_tokens"
-        self.other_share = config.other_share  # updated in place when the config changes
+        # Updated in place when the config changes (the other user starts or stops).
+        self.other_share = config.other_share
+        self.other_model = config.other_model
+        self.other_rng = random.Random(config.seed * 7919 + 17)
+        self.other_next: float | None = None  # the other consumer's next request
+        self.other_admitted = 0
+        self.other_refused = 0  # its requests refused (each retried until it is admitted)
+        self.other_backlog = 0  # its requests waiting for room (it retries them)
+
+    def _keep(self) -> float:
+        """The share of the refill that comes to us (all of it when the other draws)."""
+        return 1.0 if self.other_model == "draws" else 1.0 - self.other_share
+
+    def _other_rate(self) -> float:
+        """The other consumer's requests per second."""
+        if self.requests is not None:
+            return self.other_share * self.requests.rate
+        return self.other_share  # no request limit: one request a second at full share
+
+    def _other_draws(self) -> None:
+        """The other consumer's waiting requests, oldest first, each at the limits' mean size
+        per request, while every bucket has room (as for ours); a refused one waits and is
+        tried again at its next chance, so the other keeps its share of the refill."""
+        per = self.requests.limit if self.requests is not None else 60.0
+        needs = ((self.requests, 1.0),
+                 (self.input, self.input.limit / per if self.input is not None else 0.0),
+                 (self.output, self.output.limit / per if self.output is not None else 0.0))
+        while self.other_backlog:
+            if any(b is not None and b.level < need for b, need in needs):
+                self.other_refused += 1
+                return
+            for bucket, need in needs:
+                if bucket is not None:
+                    bucket.level -= need
+            self.other_admitted += 1
+            self.other_backlog -= 1
 
     def refill(self, now: float) -> None:
-        for bucket in (self.requests, self.input, self.output):
-            if bucket is not None:
-                bucket.refill(now, 1.0 - self.other_share)
+        buckets = [b for b in (self.requests, self.input, self.output) if b is not None]
+        if self.other_model == "draws" and self.other_share > 0:
+            rate = self._other_rate()
+            if self.other_next is None:
+                self.other_next = now + self.other_rng.expovariate(rate)
+            while self.other_next <= now:
+                at = self.other_next
+                for bucket in buckets:
+                    bucket.refill(at)
+                # A request of its own; what waits beyond ten seconds' worth is given up.
+                self.other_backlog = min(self.other_backlog + 1, max(1, round(rate * 10)))
+                self._other_draws()
+                self.other_next = at + self.other_rng.expovariate(rate)
+        elif self.other_next is not None:
+            self.other_next, self.other_backlog = None, 0  # the other stopped
+        keep = self._keep()
+        for bucket in buckets:
+            bucket.refill(now, keep)
+        if self.other_backlog:  # its retries come before a request of ours that arrives now
+            self._other_draws()
 
     def try_admit(self, input_tokens: int, max_tokens: int, now: float) -> Rejection | None:
         """Debit requests, input (and reserved output) if all have room, else say why not."""
@@ -114,7 +169,7 @@ class KeyBuckets:
         """Generated mode debits what was generated; max_tokens mode refunds the unused part."""
         if self.output is None:
             return
-        self.output.refill(now, 1.0 - self.other_share)
+        self.refill(now)
         if self.reserve_max_tokens:
             self.output.level = min(self.output.capacity,
                                     self.output.level + max(0, max_tokens - output_tokens))

@@ -18,6 +18,8 @@ _HELP = {
     "otpm": "output tokens per minute per API key",
     "burst_s": "bucket capacity in seconds of refill",
     "other_share": "fraction of every limit another user of the key takes (0 = none)",
+    "other_model": "refill: our buckets refill at (1 - share); draws: the other user sends "
+                   "requests of its own from the same full buckets",
     "otpm_mode": "generated: debit output as generated; max_tokens: reserve max_tokens",
     "overload_rate": "fraction of requests answered 529 overloaded_error",
     "error_5xx_rate": "fraction of requests answered 500 api_error",
@@ -46,6 +48,9 @@ def build_parser(prog: str = "python -m drover.simulator") -> argparse.ArgumentP
                                 default=default, help=help_text)
         elif f.name == "otpm_mode":
             parser.add_argument(flag, dest=f.name, choices=["generated", "max_tokens"],
+                                default=default, help=help_text)
+        elif f.name == "other_model":
+            parser.add_argument(flag, dest=f.name, choices=["refill", "draws"],
                                 default=default, help=help_text)
         else:
             # Kept as strings; SimConfig.replaced() coerces and validates ("none" = unlimited).

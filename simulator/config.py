@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 OtpmMode = Literal["generated", "max_tokens"]
+OtherModel = Literal["refill", "draws"]
 
 # Changing one of these rebuilds the rate-limit buckets (they start full again).
 LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "burst_s", "otpm_mode", "pool",
@@ -35,6 +36,12 @@ class SimConfig:
     # each bucket refills at (1 - other_share) x its rate for us. Changing it at runtime
     # keeps the buckets (the other user starts or stops).
     other_share: float = 0.0
+    # How that other consumer takes its share. refill: our buckets refill at (1 - share) x
+    # their rate (an easy model: a full bucket stays full). draws: it sends requests of its
+    # own (Poisson arrivals at share x the request limit, each the limits' mean size) that
+    # draw from the same buckets, at full capacity and full refill, so the remaining the
+    # headers show drops between our calls as it does at the provider.
+    other_model: OtherModel = "refill"
     cache_reads_count: bool = False
     # A pool of keys inside one organisation: a list of {"alias", "api_key", "rpm", "itpm",
     # "otpm", "revoke_after_s"}, each key's own (its workspace's) limits; rpm/itpm/otpm above
@@ -92,6 +99,8 @@ class SimConfig:
         if self.otpm_mode not in ("generated", "max_tokens"):
             raise ValueError("otpm_mode must be 'generated' or 'max_tokens', "
                              f"got {self.otpm_mode!r}")
+        if self.other_model not in ("refill", "draws"):
+            raise ValueError(f"other_model must be 'refill' or 'draws', got {self.other_model!r}")
         if not 0.0 <= self.other_share < 1.0:
             raise ValueError(f"other_share must be within [0, 1), got {self.other_share!r}")
         for name in ("overload_rate", "error_5xx_rate", "inject_429_rate"):

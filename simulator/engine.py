@@ -102,6 +102,7 @@ class Engine:
             self._pool_since = time.monotonic()
         for buckets in self._buckets.values():
             buckets.other_share = new.other_share
+            buckets.other_model = new.other_model
         self.config = new
         return new
 
@@ -109,6 +110,9 @@ class Engine:
         c = self.config
         snap = self.stats.snapshot({"rpm": c.rpm, "itpm": c.itpm, "otpm": c.otpm})
         snap["config"] = c.to_dict()
+        # The other consumer of a shared key (other_model="draws"): its requests taken/refused.
+        snap["other"] = {"admitted": sum(b.other_admitted for b in self._buckets.values()),
+                         "refused": sum(b.other_refused for b in self._buckets.values())}
         return snap
 
     def enter(self) -> None:
