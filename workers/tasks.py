@@ -27,6 +27,7 @@ from drover.workers.agent import (
     join,
     plan_job_goal,
 )
+from drover.workers.agent.batch import PLAN_PART, SYNTHESIS_PART
 from drover.workers.app import app
 from drover.workers.dispatch import join_argsrepr, subagent_argsrepr
 from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
@@ -101,6 +102,8 @@ def join_results(self: Task, *args: Any) -> dict[str, Any]:
         return {"status": "superseded", "job_id": job_id}
     try:
         result = rt.run(join(rt, job_id))
+    except Parked:  # a batch job's synthesis waits in a Message Batch: resumed when it is in
+        _park(self, rt, job_id, SYNTHESIS_PART, "join", token)
     except Incomplete as early:
         raise retry(self, LimiterSaysLater(1.0, f"join: {early}"), (job_id, "join", token)
                      ) from None
@@ -126,6 +129,8 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
         return {"status": "superseded", "job_id": job_id}
     try:
         subtasks = rt.run(plan_job_goal(rt, job_id, spec, failures=failures))
+    except Parked:  # a batch job's planning waits in a Message Batch: resumed when it is in
+        _park(self, rt, job_id, PLAN_PART, "plan", token)
     except RetryableFailure as failure:
         if failures + 1 >= rt.settings.max_attempts:
             rt.store.fail_job(job_id, f"planning failed: gave up after {failures + 1} attempts; "
@@ -149,6 +154,16 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
                priority=spec.priority or "normal")
     drop_claim(job_id, "plan")
     return {"status": "launched", "job_id": job_id, "subtasks": len(subtasks)}
+
+
+def _park(task: Task, rt: Any, job_id: str, part: int, claim: str, token: int) -> None:
+    """Keep what resumes this very task (its id, its claim token) for the batcher, let go of
+    the claim, and end the task without a result (``Ignore``)."""
+    services(rt.settings).batches.park(job_id, part, json.dumps(task.signature_from_request(
+        argsrepr=getattr(task.request, "argsrepr", None) or None,
+        headers=with_token(task, token))))
+    release(job_id, claim, token)
+    raise Ignore() from None
 
 
 def send_again(queue: str, job_id: str, part: int | str, token: int) -> None:

@@ -71,3 +71,24 @@ def test_a_create_call_whose_answer_is_lost_is_adopted_not_made_again(
     assert result.counts["ok"] == 6, [r.error for r in result.results if r.error]
     assert b["batches_created"] == 1 and b["requests"] == 6, b
     assert result.usage.batch_calls == 6
+
+
+def test_a_batch_job_plans_and_synthesises_by_batch_too(sim, spawn_worker, drover_env,
+                                                        monkeypatch):
+    configure(monkeypatch, drover_env, **FAST)
+    sim.configure(batch_processing_s=0.3, tool_turns=0, plan_items=3)
+    spawn_worker(concurrency=4)
+    wait_for_workers(1)
+    result = submit(JobSpec(goal="Assess three depots", max_subtasks=3, synthesize=True,
+                            delivery="batch")).wait(timeout=120)
+
+    stats = sim.stats()
+    b = stats["batches"]
+    assert result.status == "done" and result.counts["ok"] == 3, result
+    assert result.synthesis and not result.synthesis.startswith("(synthesis failed")
+    assert stats["accepted"] == 0, "no realtime messages.create, planning and synthesis too"
+    assert b["requests"] == 1 + 3 + 1 == b["outcomes"]["succeeded"]
+    usage = result.usage
+    assert usage.calls == usage.batch_calls == 5
+    assert (usage.batch_input_tokens, usage.batch_output_tokens) == (
+        b["input_tokens"], b["output_tokens"])

@@ -41,6 +41,7 @@ means the job was cancelled (else it is sent again).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -63,7 +64,8 @@ from drover.workers.jobs.store import ACTIVE, JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
 from drover.workers.services import services
 
-__all__ = ["Batcher", "Parked", "batch_message", "uses_batch"]
+__all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
+           "job_batch_message", "uses_batch"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,6 +124,43 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
     state.batch_cid = cid = custom_id(ctx.job_id, ctx.index, state.turns, state.batch_n)
     # Checkpoint first: a sub-agent that dies here resumes knowing the id it queued.
     await _io(rt.store.save_checkpoint, ctx.job_id, ctx.index, state)
+    await _io(store.enqueue, scope, ctx.job_id, cid, params)
+    raise Parked()
+
+
+# A job's own calls (its planning, its synthesis) in a batch job go by batch too, as parts of
+# their own: these stand for the sub-agent index in their custom_ids, results and parking.
+PLAN_PART, SYNTHESIS_PART = -1, -2
+
+
+async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
+                            part: int) -> Message:
+    """A job-level call (``part``: PLAN_PART or SYNTHESIS_PART) of a batch job: its reply
+    from its batch result, else the request is queued and ``Parked`` raised (the task that
+    makes it parks like a sub-agent, and is sent again when the result is in). The request's
+    custom_id is kept under the job (``bjob``), as a sub-agent keeps its in its checkpoint."""
+    store = services(rt.settings).batches
+    key = rt.store.key(ctx.job_id, "bjob")
+    raw = await _io(store.r.hget, key, str(part))
+    state = json.loads(raw) if raw else {"cid": None, "n": 0}
+    cid = state["cid"]
+    if cid:
+        got = await _io(store.result, ctx.job_id, part)
+        if got and got.get("custom_id") == cid:
+            await _io(store.r.hset, key, str(part), json.dumps({"cid": None, "n": state["n"]}))
+            await _io(store.clear_result, ctx.job_id, part)
+            return await _consume(rt, got["result"], ctx)
+    if await _io(rt.store.cancelled, ctx.job_id):
+        raise Cancelled()
+    scope = llm_scope(rt.settings.key_alias, params["model"])
+    if cid and await _io(store.waiting, scope, cid):
+        raise Parked()
+    n = state["n"] + 1
+    cid = custom_id(ctx.job_id, part, 0, n)
+    pipe = store.r.pipeline()
+    pipe.hset(key, str(part), json.dumps({"cid": cid, "n": n}))
+    pipe.expire(key, rt.store.ttl_s)
+    await _io(pipe.execute)
     await _io(store.enqueue, scope, ctx.job_id, cid, params)
     raise Parked()
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+from drover.workers.agent.batch import SYNTHESIS_PART, Parked, job_batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, RetryLater
 from drover.workers.agent.llm import CallContext, create_message, job_answered, job_unanswered
 from drover.workers.agent.runtime import Runtime
@@ -135,10 +136,16 @@ async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
     params = synthesis_request(spec, spec.model or rt.settings.model, results, subtasks)
     ctx = CallContext(job_id, -1, asyncio.Event())  # the synthesis outlives a cancel
     ctx.unanswered = partial(job_unanswered, rt, job_id)
+    by_batch = uses_batch(spec, rt.settings)  # a batch job's synthesis goes by batch too
     for _ in range(rt.settings.max_attempts):
         try:
-            message = await create_message(rt, params, ctx)
-            await job_answered(rt, job_id, message.usage)
+            if by_batch:
+                message = await job_batch_message(rt, params, ctx, SYNTHESIS_PART)
+            else:
+                message = await create_message(rt, params, ctx)
+            await job_answered(rt, job_id, message.usage, batch=by_batch)
+        except Parked:  # the join parks until the batch result is in
+            raise
         except RetryLater as later:
             ctx.failures += 1
             await asyncio.sleep(min(later.countdown, rt.settings.horizon_s))

@@ -12,6 +12,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
+from drover.workers.agent.batch import PLAN_PART, job_batch_message, uses_batch
 from drover.workers.agent.errors import Cancelled
 from drover.workers.agent.llm import CallContext, create_message, job_answered, job_unanswered
 from drover.workers.agent.runtime import Runtime
@@ -62,16 +63,19 @@ def fit_plan(subtasks: list[Any], max_subtasks: int) -> list[str]:
 async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | None = None,
                     system: str | None = None, job_id: str = "plan",
                     cancel: asyncio.Event | None = None, failures: int = 0,
-                    store_usage: bool = False) -> list[str]:
+                    store_usage: bool = False, by_batch: bool = False) -> list[str]:
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
     params = plan_request(goal, max_subtasks, model or rt.settings.model, system)
     cancel = cancel if cancel is not None else asyncio.Event()
     ctx = CallContext(job_id, -1, cancel, failures)
     if store_usage:  # the planning call is the job's: counted in its usage like any other
         ctx.unanswered = partial(job_unanswered, rt, job_id)
-    message = await create_message(rt, params, ctx)
+    if by_batch:  # a batch job's planning goes by Message Batch too (Parked until it is in)
+        message = await job_batch_message(rt, params, ctx, PLAN_PART)
+    else:
+        message = await create_message(rt, params, ctx)
     if store_usage:
-        await job_answered(rt, job_id, message.usage)
+        await job_answered(rt, job_id, message.usage, batch=by_batch)
     proposed: list[Any] = []
     for block in message.content:
         if block.type == "tool_use" and block.name == PLAN_TOOL["name"]:
@@ -97,4 +101,5 @@ async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec, *, failures: in
             raise Cancelled()
         return await plan_goal(rt, spec.goal, spec.max_subtasks, model=spec.model,
                                system=spec.system, job_id=job_id, cancel=cancel,
-                               failures=failures, store_usage=True)
+                               failures=failures, store_usage=True,
+                               by_batch=uses_batch(spec, rt.settings))
