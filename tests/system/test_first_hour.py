@@ -332,3 +332,35 @@ def test_the_result_says_why_nothing_was_cached(sim, drover_env, spawn_worker, t
         again = subprocess.run([drover_script(), "result", job_id], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=BOUND_S)
         assert re.search(says, again.stdout), again.stdout
+
+
+def test_every_text_about_the_simulator_says_to_set_a_key_and_the_simulator_says_so_too(
+        sim, tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tests.helpers import ROOT
+
+    help_text = subprocess.run([drover_script(), "worker", "--help"], cwd=tmp_path,
+                               env=user_env(), capture_output=True, text=True, timeout=BOUND_S)
+    assert help_text.returncode == 0, help_text.stderr
+    flat = " ".join(help_text.stdout.split())
+    assert "simulator (drover sim) needs a key, as the API does, and takes any: " \
+           "ANTHROPIC_API_KEY=sk-sim" in flat, flat[:2000]
+    for page in ("docs/deployment.md", "docs/jobs.md"):
+        text = (ROOT / page).read_text()
+        for line in text.splitlines():
+            if "DROVER_ANTHROPIC_BASE_URL=http" in line:
+                assert "ANTHROPIC_API_KEY=sk-sim" in line, (page, line)
+    # A keyless request: the simulator's 401 says what to set.
+    request = urllib.request.Request(
+        f"{sim.url}/v1/messages", method="POST", data=json.dumps({
+            "model": "claude-sonnet-4-6", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"anthropic-version": "2023-06-01", "content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    body = refused.value.read().decode()
+    assert refused.value.code == 401
+    assert "set ANTHROPIC_API_KEY, e.g. ANTHROPIC_API_KEY=sk-sim" in body, body
