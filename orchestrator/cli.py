@@ -393,7 +393,13 @@ def _cancel(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from drover.orchestrator.watch import watch
 
-    return watch(_handle(args.job), console)
+    handle = _handle(args.job)
+    try:
+        return watch(handle, console)
+    except KeyboardInterrupt:
+        _say(f"stopped watching; job {handle.id} keeps running on the workers "
+             f"(`drover cancel {handle.id}` stops it)")
+        return INTERRUPTED
 
 
 def _stats(args: argparse.Namespace) -> int:
