@@ -250,17 +250,15 @@ def _submit(args: argparse.Namespace) -> int:
                       ) from None
     except ValueError as error:
         raise Refused(f"refused, nothing was enqueued: {error}") from None
-    console.print(handle.id)
-    if args.wait:
-        try:
-            result = _wait(handle, settings)
-        except KeyboardInterrupt:
-            _say(f"stopped waiting; job {handle.id} keeps running on the workers. Follow it "
-                 f"with `drover watch {handle.id}`, its result: `drover result {handle.id}`, "
-                 f"stop it: `drover cancel {handle.id}`")
-            return INTERRUPTED
-        return _print_result(result, handle)
-    return OK
+    try:  # the job is enqueued: from here on a Ctrl-C leaves it running, and says so
+        console.print(handle.id)
+        result = _wait(handle, settings) if args.wait else None
+    except KeyboardInterrupt:
+        _say(f"stopped{' waiting' if args.wait else ''}; job {handle.id} keeps running on the "
+             f"workers. Follow it with `drover watch {handle.id}`, its result: `drover result "
+             f"{handle.id}`, stop it: `drover cancel {handle.id}`")
+        return INTERRUPTED
+    return OK if result is None else _print_result(result, handle)
 
 
 # How long `submit --wait` waits for a first record before it looks for a worker.
