@@ -408,6 +408,12 @@ class Settings(BaseSettings):
         default=32, ge=1,
         description="The dispatch window while `DROVER_DISPATCH_WINDOW` is 0 and no worker has "
         "reported its slots yet.")
+    wait_in_line: bool = Field(
+        default=True,
+        description="When the key is the bottleneck, sub-agents the limiter cannot serve "
+        "within `DROVER_HORIZON_S` wait unpublished in the fair-share window's line (in "
+        "Redis), not in Celery countdowns: the window also holds at most what the limiter "
+        "serves within the horizon. false: the window is the workers' slots only.")
     tenant_weights: dict[str, PositiveRate] = Field(
         default_factory=dict,
         description="Tenant -> weight (JSON) for fair share; tenants not named weigh "

@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from drover.config import Settings, get_settings
 from drover.workers.agent import uses_batch
+from drover.workers.agent.capacity import first_call_hint, line_cap, save_first_call_hint
 from drover.workers.dispatch import dispatch as publish_subagents
 from drover.workers.dispatch import open_fanout, send_join
 from drover.workers.jobs.fairshare import Dispatch, FairShare
@@ -42,9 +43,31 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
         dispatch([Dispatch(job_id, 0, n)], queue)
         return
     fs = services(settings).fairshare(queue)
+    if settings.wait_in_line:
+        _size_the_line(fs, settings, queue, store, job_id)
     granted = fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
                      priority=priority)
     publish_granted(fs, granted)
+
+
+def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStore,
+                   job_id: str) -> None:
+    """Before the job's first grant: the line cap, so that the first window is no more than
+    the limiter serves within its horizon. The estimate of a first call stands in for the
+    scope's mean until it has a minute of calls (``workers/agent/capacity.py``)."""
+    try:
+        shared = services(settings)
+        subtask = store.r.lindex(store.key(job_id, "tasks"), 0) or b""
+        text = subtask.decode() if isinstance(subtask, bytes) else str(subtask)
+        save_first_call_hint(shared.redis, settings, queue,
+                             first_call_hint(store.spec(job_id), text))
+        # Again now, not only when none is fresh: a pump's cap from before any call and any
+        # hint knows only the requests limit.
+        if (cap := line_cap(settings, shared.limiter, shared.redis, queue)) is not None:
+            fs.report_cap(cap)
+    except Exception as error:  # the workers' pumps size it within seconds anyway
+        log.warning("job %s: could not size the limiter's line (%s: %s)", job_id,
+                    type(error).__name__, error)
 
 
 def dispatch(runs: list[Dispatch], queue: str) -> None:

@@ -41,6 +41,36 @@ killed between the grant and the publish would otherwise leave sub-agents counte
 no broker has, and on RabbitMQ nothing else would ever find them. The pump publishes again
 the grants of a holder whose heartbeat is gone (or, from outside a worker, older than
 ``ORPHAN_GRANT_S``); a sub-agent published twice runs once (claims) and is recorded once.
+
+**Waiting in line when the key is the bottleneck.** Slots are not the only bound: a running
+sub-agent that the limiter cannot serve within ``DROVER_HORIZON_S`` would leave its slot for a
+Celery retry with a countdown, which on the Redis broker is a new message that a worker takes
+at once and holds in memory until its ETA (one broker round trip, one Flower retry and one part
+a dying worker takes with it per refusal, and a sub-agent that comes back from a jittered
+countdown misses the capacity it waited for). So the window has a second bound, the *line
+cap*: sub-agents out over all jobs (running *and* deferred) at most what the limiter can serve
+within its horizon, ``0.8 x (horizon - cooldown + burst) x calls/s``, where calls/s is the
+scope's rate (its learned share included) over the cost of a mean call in each limited
+dimension (requests: 1; tokens: the mean per request of the scope's last minute, or the
+submitter's estimate of a first call before there is one). Each out sub-agent has at most
+one call waiting for the limiter, and the limiter serves waiting calls in the order they
+asked (GCRA reservations), so with at most that many out no wait exceeds the horizon: the
+rest wait here, unpublished, in the order the fair-share rule gives, and are published when
+a place frees (a record) or the cap grows (the pump, every ``PUMP_S``). Each worker's pump
+computes the cap (``workers/agent/capacity.py``) and writes it beside the slots.
+
+Why this rather than a reservation queue the limiter hands out in order: the window already
+is an ordered line (by tenant share, priority and arrival) whose places the records free,
+and it already survives kills (grants listed with their holder, the sweep's reconciliation);
+a second queue in the limiter would need its own order, its own recovery and a hand-off
+between the two. Sizing the window by what the limiter can grant keeps one line, one
+order and one place where a sub-agent waits (Redis, in no broker and no worker's memory:
+nothing to lose on a kill -9), and a sub-agent that merely waited is published once and
+runs without a retry. What the cap cannot foresee (another consumer of the key taking more,
+a 429's cooldown longer than the horizon, a tenant's spent budget) still ends in a Celery
+countdown: that is what countdowns are for (a 429's retry-after, a 529's backoff, a tool's
+retry), and the cap shrinks at the next pump so the line holds the rest. Batch jobs are not
+in the window (Message Batches have limits of their own).
 """
 
 from __future__ import annotations
@@ -97,6 +127,7 @@ class JobShare:
     done: int        # records in
     arrival: int     # order of arrival on the queue
     deferred: int = 0  # out, but waiting out a retry countdown (holding no worker slot)
+    started: float = 0.0  # Redis time of its arrival in the window (0: unknown)
 
     @property
     def out(self) -> int:
@@ -105,8 +136,17 @@ class JobShare:
 
     @property
     def waiting(self) -> int:
-        """Sub-agents not yet published: its backlog."""
+        """Sub-agents not yet published: its backlog, waiting in line."""
         return self.n - self.dispatched
+
+    def last_dispatch_in_s(self, now: float) -> float | None:
+        """Expected seconds until its last sub-agent is published, at the rate its records
+        have come in since it arrived (None before its first record; 0 with none waiting)."""
+        if not self.waiting:
+            return 0.0
+        if not self.done or not self.started or now <= self.started:
+            return None
+        return self.waiting / (self.done / (now - self.started))
 
 
 class FairShare:
@@ -127,6 +167,7 @@ class FairShare:
         self.average_s = average_s  # the odd place of the window follows 5-s averages
         self._script = client.register_script(_SCRIPT)
         self._window, self._window_at = fallback_window, -1e9
+        self._cap, self._cap_at = 0, -1e9
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings, queue: str | None = None,
@@ -147,6 +188,13 @@ class FairShare:
     @property
     def granted_key(self) -> str:
         return f"{self.base}:granted"
+
+    @property
+    def cap_key(self) -> str:
+        return f"{self.base}:cap"
+
+    def deferred_key(self, job_id: str) -> str:
+        return f"{self.base}:deferred:{job_id}"
 
     # --- the window ---------------------------------------------------------------------
     def report_slots(self, node: str, slots: int, ttl_s: float = PUMP_S * 3) -> None:
@@ -179,6 +227,25 @@ class FairShare:
             self._window_at = now
         return self._window
 
+    def report_cap(self, cap: int, ttl_s: float = PUMP_S * 5) -> None:
+        """The line cap (sub-agents the limiter serves within its horizon), valid ``ttl_s``:
+        without a fresh one (no worker has computed it lately) the window has slots only."""
+        self.r.set(self.cap_key, max(1, int(cap)), px=int(ttl_s * 1000))
+        self._cap, self._cap_at = max(1, int(cap)), time.monotonic()
+
+    def cap(self) -> int | None:
+        """The line cap as last reported (None: none is fresh)."""
+        raw = self.r.get(self.cap_key)
+        return None if raw is None else int(raw)
+
+    def current_cap(self) -> int:
+        """The cap now, 0 for none (read at most once a second, like the window)."""
+        now = time.monotonic()
+        if now - self._cap_at > 1.0:
+            self._cap = self.cap() or 0
+            self._cap_at = now
+        return self._cap
+
     # --- the scheduler ------------------------------------------------------------------
     def add(self, job_id: str, *, n: int, tenant: str, weight: float, priority: str
             ) -> list[Dispatch]:
@@ -198,6 +265,14 @@ class FairShare:
         of one that was never deferred, changes nothing)."""
         return self._call("resume", job_id, index)
 
+    def undefer(self, job_id: str, indexes: list[int]) -> list[Dispatch]:
+        """These sub-agents are not waiting out a countdown (the sweep found them recorded,
+        running, or with a dead worker); the count is set to the set's size again."""
+        return self._call("undefer", job_id, *indexes)
+
+    def deferred_indexes(self, job_id: str) -> set[int]:
+        return {int(i) for i in self.r.smembers(self.deferred_key(job_id))}
+
     def remove(self, job_id: str) -> list[Dispatch]:
         """Forget a job (ended, expired) and hand its places to the others."""
         return self._call("remove", job_id)
@@ -209,9 +284,10 @@ class FairShare:
     def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
         reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
                                    f"{self.base}:tenants", self.granted_key,
-                                   f"{self.base}:deferred:{job_id}"],
+                                   self.deferred_key(job_id)],
                              args=[op, self.current_window(), self.floor, self.ttl_s,
-                                   self.average_s, self.holder, job_id, *args])
+                                   self.average_s, self.holder, self.current_cap(), job_id,
+                                   *args])
         return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
                 for i in range(0, len(reply), 3)]
 
@@ -259,7 +335,8 @@ class FairShare:
             shares.append(JobShare(job_id=_s(job_id), tenant=j["tenant"],
                                    priority=PRIORITIES[int(j["rank"])], weight=float(j["w"]),
                                    n=int(j["n"]), dispatched=int(j["next"]), done=int(j["done"]),
-                                   arrival=int(j["seq"]), deferred=int(j.get("deferred", 0))))
+                                   arrival=int(j["seq"]), deferred=int(j.get("deferred", 0)),
+                                   started=float(j.get("t0", 0.0))))
         return sorted(shares, key=lambda s: s.arrival)
 
     def server_time(self) -> float:
@@ -330,24 +407,29 @@ _thread: threading.Thread | None = None
 
 
 def start_pump(fs: FairShare, store: JobStore, publish: Publish, *, node: str | None = None,
-               slots: int = 0) -> None:
+               slots: int = 0, cap: Callable[[], int | None] | None = None) -> None:
     """This process's pump thread (once): reports ``slots`` under ``node`` and, on one worker
-    of the queue at a time, reconciles the window (a lost update, workers that came or went)."""
+    of the queue at a time, reconciles the window (a lost update, workers that came or went).
+    ``cap`` computes the line cap (what the limiter serves within its horizon; None: no
+    limit applies), reported each round."""
     global _thread
     with _started:
         if _thread is not None and _thread.is_alive():
             return
-        _thread = threading.Thread(target=_pump_forever, args=(fs, store, publish, node, slots),
+        _thread = threading.Thread(target=_pump_forever,
+                                   args=(fs, store, publish, node, slots, cap),
                                    name="drover-fairshare", daemon=True)
         _thread.start()
 
 
 def _pump_forever(fs: FairShare, store: JobStore, publish: Publish, node: str | None,
-                  slots: int) -> None:
+                  slots: int, cap: Callable[[], int | None] | None) -> None:
     while True:
         try:
             if node and slots:
                 fs.report_slots(node, slots)
+            if cap is not None and (value := cap()) is not None:
+                fs.report_cap(value)
             pump_once(fs, store, publish)
         except Exception as error:  # Redis or the broker away: again next time
             log.warning("fair-share pump failed (%s: %s)", type(error).__name__, error)

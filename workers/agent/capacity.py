@@ -1,0 +1,94 @@
+"""How many sub-agents the API key can serve within the limiter's horizon: the fair-share
+window's *line cap* (``workers/jobs/fairshare.py``, "waiting in line").
+
+A sub-agent out (published, running or between calls) has at most one call waiting for the
+limiter, and the limiter books waiting calls in the order they ask. With ``k`` of them out,
+the last one's call waits about ``k / calls_per_s``; it stays within the horizon while
+``k <= calls_per_s x (horizon - cooldown + burst)``. ``calls_per_s`` is the scope's rate in
+each limited dimension (with the share of the key the limiter has learned is ours) over the
+cost of a mean call in that dimension, the smallest of them: requests cost 1; input and output
+tokens the mean per request of the scope's last minute, or, before there are enough calls to
+say, the submitter's estimate of a first call (``first_call_hint``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import redis
+
+from drover.config import Settings
+from drover.workers.agent.limits import llm_limits
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.limiter import Limiter, llm_scope
+
+__all__ = ["MARGIN", "calls_per_s", "first_call_hint", "line_cap", "save_first_call_hint"]
+
+# Of the horizon. A smaller line costs no throughput while the limiter still has calls
+# waiting (the cap is many calls' worth at 15 s), a larger one costs countdowns: estimates of
+# a call's tokens are off by 10-20 % until the scope has a minute of calls to average.
+MARGIN = 0.8
+MIN_CALLS = 5  # requests in the last minute before their mean cost is trusted
+CHARS_PER_TOKEN = 3.0  # the limiter's own first estimate says 4: this errs on the short side
+TOOL_TOKENS = 150  # a tool definition, roughly, when the submitter cannot read it
+
+
+def _hint_key(prefix: str, queue: str) -> str:
+    return f"{prefix}:line:{{{queue}}}:first_call"
+
+
+def first_call_hint(spec: JobSpec, first_subtask: str) -> tuple[int, int]:
+    """(input, output) tokens a first call of the job is likely to reserve: what the limiter
+    will book before it has seen an answer (characters / 4; the output reservation's start,
+    ``min(max_tokens, 512)``)."""
+    chars = len(spec.system or "") + len(first_subtask)
+    return (max(1, math.ceil(chars / CHARS_PER_TOKEN) + TOOL_TOKENS * len(spec.tools or [])),
+            max(1, min(spec.max_tokens, 512)))
+
+
+def save_first_call_hint(r: redis.Redis, settings: Settings, queue: str,
+                         hint: tuple[int, int]) -> None:
+    r.set(_hint_key(settings.key_prefix, queue), f"{hint[0]}|{hint[1]}",
+          ex=settings.result_ttl_s)
+
+
+def _saved_hint(r: redis.Redis, settings: Settings, queue: str) -> tuple[float, float] | None:
+    raw = r.get(_hint_key(settings.key_prefix, queue))
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    first, second = text.split("|")
+    return float(first), float(second)
+
+
+def calls_per_s(state: dict[str, Any], usage: list[dict[str, int]],
+                hint: tuple[float, float] | None) -> float | None:
+    """Calls a second the scope can take at a mean call's cost (None: nothing limited)."""
+    calls = sum(row.get("requests", 0) for row in usage)
+    if calls >= MIN_CALLS:
+        mean = (sum(row.get("input_tokens", 0) for row in usage) / calls,
+                sum(row.get("output_tokens", 0) for row in usage) / calls)
+    else:
+        mean = hint or (0.0, 0.0)
+    rates = []
+    if state.get("requests"):
+        rates.append(state["requests"]["rate_per_s"])
+    for name, cost in zip(("input_tokens", "output_tokens"), mean, strict=True):
+        if state.get(name) and cost > 0:
+            rates.append(state[name]["rate_per_s"] / cost)
+    return min(rates) if rates else None
+
+
+def line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, queue: str | None = None,
+             model: str | None = None) -> int | None:
+    """Sub-agents the key serves within the horizon now (None: the scope has no limit)."""
+    model = model or settings.model
+    scope = llm_scope(settings.key_alias, model)
+    state = limiter.state(scope, llm_limits(settings, model))
+    rate = calls_per_s(state, limiter.usage(scope, 60),
+                       _saved_hint(r, settings, queue or settings.queue))
+    if rate is None:
+        return None
+    seconds = max(0.0, settings.horizon_s - state["cooldown_s"]) + state["burst_s"]
+    return max(1, int(MARGIN * rate * seconds))
