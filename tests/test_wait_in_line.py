@@ -15,12 +15,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
+from tests.test_flower import running_flower
 
 from drover import JobSpec, submit
 from drover.config import get_settings
 from drover.workers.jobs.fairshare import FairShare
 from tests.conftest import configure, wait_until
-from tests.test_flower import running_flower
 
 SLOTS = 16  # per worker, two workers: 32 slots, more than the limiter serves in 15 s
 N = 40
@@ -33,7 +33,8 @@ def _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path: Path, *, rpm: flo
               target_utilization=1.0)
     sim.configure(rpm=rpm, itpm=itpm, tool_turns=0, output_tokens_mean=20,
                   latency_mean_s=0.3, latency_p95_s=0.6)
-    with running_flower(drover_env, tmp_path / "flower.log", password=secrets.token_urlsafe(16)) as flower:
+    with running_flower(drover_env, tmp_path / "flower.log",
+                        password=secrets.token_urlsafe(16)) as flower:
         for _ in range(2):
             spawn_worker(concurrency=SLOTS)
         settings = get_settings()

@@ -283,3 +283,42 @@ def test_a_subagent_waiting_out_a_countdown_ends_cancelled_without_another_call(
     assert result.status == "cancelled" and result.counts["cancelled"] == 2
     assert all(r.usage.calls == 0 and r.error == "cancelled" for r in result.results)
     assert len(sim.arrivals()) == received  # no call once the countdown was over
+
+
+def test_cancel_ends_a_job_whose_parts_dead_workers_held(sim, spawn_worker, drover_env,
+                                                        monkeypatch):
+    """Both workers kill -9ed mid-job under a tight limit (sub-agents running, waiting for
+    the limiter, in countdowns, in the window's line): the cancel alone records every
+    sub-agent without a record as cancelled at once (none runs on a live worker), and the
+    first worker that comes back runs the join: the job ends cancelled, nothing pending."""
+    import signal
+
+    configure(monkeypatch, drover_env, rpm=60, countdown_cap_s=30)
+    sim.configure(rpm=60, tool_turns=1, tools_per_turn=1, latency_mean_s=0.3,
+                  latency_p95_s=0.6, output_tokens_mean=20)
+    workers = [spawn_worker(concurrency=4) for _ in range(2)]
+    handle = submit(JobSpec(subtasks=[f"Seal container {i}" for i in range(24)],
+                            tools=["lookup_fact"], max_tokens=40))
+    wait_until("a few sub-agents done", lambda: handle.progress()["ok"] >= 3, 180)
+    r = redis.Redis.from_url(drover_env["DROVER_REDIS_URL"], decode_responses=True)
+    prefix = drover_env["DROVER_KEY_PREFIX"]
+    pids = {str(proc.pid) for proc in workers}
+    ours = [w for w in r.zrange(f"{prefix}:workers", 0, -1) if w.split(":")[-2] in pids]
+    assert ours
+    for proc in workers:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # Dead as far as anyone can know: their heartbeats have expired (DROVER_HEARTBEAT_TTL_S).
+    wait_until("the killed workers' heartbeats gone", lambda: not any(
+        r.exists(f"{prefix}:worker:{w}") for w in ours), 60)
+    assert handle.cancel("stopped by the test")
+    # At once, every sub-agent has its record but those whose call was sent and never
+    # answered (their send mark): the copies the sweep re-sends record those, counting it.
+    records = set(r.hkeys(f"{prefix}:job:{handle.id}:records"))
+    marked = set(r.hkeys(f"{prefix}:job:{handle.id}:sent"))
+    assert {str(i) for i in range(24)} - records <= marked, (records, marked)
+    spawn_worker(concurrency=2)
+    result = handle.wait(timeout=120)
+    assert result.status == "cancelled"
+    assert {r.status for r in result.results} <= {"ok", "cancelled"}
+    assert handle.progress()["pending"] == 0

@@ -28,3 +28,189 @@ def test_a_retry_received_before_its_release_stays_in_the_workers_list(redis_url
     assert claims.receive("job", 4, token, "w2") == 1
     assert {h.part for h in claims.held_by("w1")} == {"3"}
     assert {h.part for h in claims.held_by("w2")} == {"4"}
+
+
+# --- the window's accounting under takeovers, records, retries and kills --------------------
+
+N_PARTS = 10
+WORKERS = ("w1", "w2", "w3")
+
+
+def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_prefix):
+    """A hypothesis state machine over the real scripts: the fair-share window (grants,
+    defer, resume, records), the claims (receive, start, release, in either order), worker
+    deaths and the recovery sweep (its dead-worker step and the window's repair). After every
+    step the places the window counts out equal the parts it published that have no record;
+    after every sweep the parts it counts as waiting out a countdown are exactly those that
+    do; and once no worker dies any more, every part gets its record."""
+    import uuid
+
+    import hypothesis.strategies as st
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import (
+        RuleBasedStateMachine,
+        invariant,
+        precondition,
+        rule,
+        run_state_machine_as_test,
+    )
+
+    from drover.config import Settings
+    from drover.workers.jobs.fairshare import FairShare
+    from drover.workers.jobs.liveness import heartbeat_key, workers_key
+    from drover.workers.jobs.records import SubagentResult
+    from drover.workers.jobs.recovery import repair_windows, take_over_dead_workers
+    from drover.workers.jobs.spec import JobSpec
+    from drover.workers.jobs.store import JobStore
+
+    r = redis.Redis.from_url(redis_url)
+
+    class Window(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prefix = f"{key_prefix}:{uuid.uuid4().hex[:6]}"
+            self.settings = Settings(redis_url=redis_url, key_prefix=self.prefix, queue="q",
+                                     dispatch_window=4, max_attempts=1000)
+            self.store = JobStore(r, prefix=self.prefix, ttl_s=600)
+            self.fs = FairShare.from_settings(r, self.settings, "q")
+            self.store.create("J", JobSpec(subtasks=["x"] * N_PARTS), ["x"] * N_PARTS,
+                              status="running", queue="q")
+            # part -> ("queued", token, is_retry) | ("held", worker, token) |
+            #         ("running", worker, token) | ("done",)
+            self.parts: dict[int, tuple] = {}
+            self.alive = set(WORKERS)
+            for w in WORKERS:
+                r.set(heartbeat_key(self.prefix, w), "{}")
+                r.zadd(workers_key(self.prefix), {w: 0})
+            self._publish(self.fs.add("J", n=N_PARTS, tenant="t", weight=1, priority="normal"))
+
+        def _publish(self, runs: list) -> None:
+            for run in runs:
+                for i in run.indices():
+                    assert i not in self.parts, f"part {i} granted twice"
+                    self.parts[i] = ("queued", 0, False)
+            self.fs.published(runs)
+
+        def _send(self, queue: str, job_id: str, part: object, token: int) -> None:
+            if isinstance(part, int):
+                self.parts[part] = ("queued", token, True)  # a re-send counts as a retry
+
+        def _in(self, *states: str) -> list[int]:
+            return sorted(i for i, p in self.parts.items() if p[0] in states)
+
+        def _live(self, state: str) -> list[int]:
+            """Parts in ``state`` on a live worker (a killed one does nothing more)."""
+            return [i for i in self._in(state) if self.parts[i][1] in self.alive]
+
+        # --- what the tasks do ----------------------------------------------------------
+        @precondition(lambda self: self._in("queued") and self.alive)
+        @rule(data=st.data())
+        def deliver(self, data: st.DataObject) -> None:
+            i = data.draw(st.sampled_from(self._in("queued")))
+            worker = data.draw(st.sampled_from(sorted(self.alive)))
+            _, token, retry = self.parts[i]
+            if self.store.claims.receive("J", i, token, worker) != 1:
+                return  # stale copy
+            if retry:
+                self._publish(self.fs.resume("J", i))
+            new = int(self.store.claims.start("J", i, token, worker))
+            assert new > 0
+            self.parts[i] = ("running", worker, new)
+
+        @precondition(lambda self: self._live("running"))
+        @rule(data=st.data(), received_first=st.booleans())
+        def countdown(self, data: st.DataObject, received_first: bool) -> None:
+            i = data.draw(st.sampled_from(self._live("running")))
+            _, worker, token = self.parts[i]
+            self._publish(self.fs.defer("J", i))
+            if received_first:  # the consumer takes the ETA message before the release
+                self.store.claims.receive("J", i, token, worker)
+                self.store.claims.release("J", i, token, worker)
+            else:
+                self.store.claims.release("J", i, token, worker)
+                self.store.claims.receive("J", i, token, worker)
+            self.parts[i] = ("held", worker, token)
+
+        @precondition(lambda self: self._live("held"))
+        @rule(data=st.data())
+        def countdown_over(self, data: st.DataObject) -> None:
+            i = data.draw(st.sampled_from(self._live("held")))
+            _, worker, token = self.parts[i]
+            self._publish(self.fs.resume("J", i))
+            new = int(self.store.claims.start("J", i, token, worker))
+            assert new > 0
+            self.parts[i] = ("running", worker, new)
+
+        @precondition(lambda self: self._live("running"))
+        @rule(data=st.data())
+        def record(self, data: st.DataObject) -> None:
+            i = data.draw(st.sampled_from(self._live("running")))
+            _, worker, token = self.parts[i]
+            self.store.finish(SubagentResult(job_id="J", index=i, status="ok", attempts=1,
+                                             finished_at=0.0), token=token, worker=worker)
+            self.parts[i] = ("done",)
+            self._publish(self.fs.finished("J", self.store.record_count("J")))
+
+        # --- deaths and the sweep -------------------------------------------------------
+        @precondition(lambda self: len(self.alive) > 1)
+        @rule(data=st.data())
+        def kill(self, data: st.DataObject) -> None:
+            worker = data.draw(st.sampled_from(sorted(self.alive)))
+            self.alive.discard(worker)
+            r.delete(heartbeat_key(self.prefix, worker))
+
+        @rule()
+        def sweep(self) -> None:
+            take_over_dead_workers(self.store, self.settings, self._send)
+            repair_windows(self.store, self.settings, self._send)
+            self._publish(self.fs.finished("J", self.store.record_count("J")))
+            self._publish(self.fs.fill())
+            share = {j.job_id: j for j in self.fs.jobs()}.get("J")
+            if share is not None:
+                # Deferred places: exactly the parts that wait out a countdown on a live worker.
+                assert share.deferred == len(self._in("held")), (share, self.parts)
+
+        @invariant()
+        def places_equal_parts_out(self) -> None:
+            share = {j.job_id: j for j in self.fs.jobs()}.get("J")
+            out = self._in("queued", "held", "running")
+            if share is None:
+                assert not out and len(self._in("done")) == N_PARTS
+                return
+            assert share.dispatched == len(self.parts), (share, self.parts)
+            assert share.out == len(out), (share, self.parts)
+            assert 0 <= share.deferred <= share.out
+
+        def teardown(self) -> None:
+            # No more deaths: sweeps and deliveries end every part with one record each.
+            for _ in range(20 * N_PARTS):
+                if len(self._in("done")) == N_PARTS:
+                    break
+                self.sweep()
+                for i in self._in("queued", "held", "running"):
+                    state = self.parts[i]
+                    if state[0] == "queued":
+                        _, token, retry = state
+                        worker = sorted(self.alive)[0]
+                        if self.store.claims.receive("J", i, token, worker) == 1:
+                            if retry:
+                                self._publish(self.fs.resume("J", i))
+                            token = int(self.store.claims.start("J", i, token, worker))
+                            self.parts[i] = ("running", worker, token)
+                    elif state[0] == "held" and state[1] in self.alive:
+                        self._publish(self.fs.resume("J", i))
+                        token = int(self.store.claims.start("J", i, state[2], state[1]))
+                        self.parts[i] = ("running", state[1], token)
+                    if self.parts[i][0] == "running" and self.parts[i][1] in self.alive:
+                        _, worker, token = self.parts[i]
+                        self.store.finish(SubagentResult(
+                            job_id="J", index=i, status="ok", attempts=1, finished_at=0.0),
+                            token=token, worker=worker)
+                        self.parts[i] = ("done",)
+                        self._publish(self.fs.finished("J", self.store.record_count("J")))
+            assert len(self._in("done")) == N_PARTS, self.parts
+            assert self.store.record_count("J") == N_PARTS
+
+    run_state_machine_as_test(Window, settings=settings(
+        max_examples=40, stateful_step_count=40, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow]))

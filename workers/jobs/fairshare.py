@@ -265,10 +265,11 @@ class FairShare:
         of one that was never deferred, changes nothing)."""
         return self._call("resume", job_id, index)
 
-    def undefer(self, job_id: str, indexes: list[int]) -> list[Dispatch]:
+    def undefer(self, job_id: str, indexes: list[int]) -> None:
         """These sub-agents are not waiting out a countdown (the sweep found them recorded,
-        running, or with a dead worker); the count is set to the set's size again."""
-        return self._call("undefer", job_id, *indexes)
+        running, or with a dead worker); the count is set to the set's size again. Grants
+        nothing: the pump's next fill hands out what this freed."""
+        self._call("undefer", job_id, *indexes)
 
     def deferred_indexes(self, job_id: str) -> set[int]:
         return {int(i) for i in self.r.smembers(self.deferred_key(job_id))}

@@ -30,6 +30,17 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    ``DROVER_HEARTBEAT_TTL_S`` without a record. RabbitMQ keeps unacked messages on the
    server: no such gap.
 
+4. **The window against the truth** (every job in the queue's fair-share window, each pass).
+   A part whose claim names a dead worker (held or running) is taken over and sent again even
+   when it is missing from that worker's list (a lost update: whatever the cause, it heals
+   within one pass), and a sub-agent counted as waiting out a countdown that has a record,
+   runs, or belonged to a dead worker hands its place back (``FairShare.undefer``). Each
+   repair is logged and counted (``{prefix}:recovery:repairs``, the metric
+   ``drover_window_repairs_total``). A job with sub-agents out, no record for
+   ``stall_after_s`` and no live worker holding any of its parts is *stalled*: logged once,
+   listed in ``{prefix}:stalled`` (``drover jobs``, ``drover watch`` and the metric
+   ``drover_jobs_stalled`` show it) until its next record, and repaired by the same step.
+
 A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a ``failed`` record instead, so a
 task that kills every worker it lands on cannot keep a job open.
 """
@@ -54,7 +65,8 @@ from drover.workers.jobs.liveness import alive, workers_key
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import ACTIVE, JobStore
 
-__all__ = ["Part", "Send", "start_sweeper", "subagent_of", "subagents_in_broker", "sweep"]
+__all__ = ["Part", "Send", "repair_windows", "stall_after_s", "stalled_jobs", "start_sweeper",
+           "subagent_of", "subagents_in_broker", "sweep", "window_repairs"]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +143,10 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
         if r.set(f"{store.prefix}:recovery:scan", "1", nx=True, px=int(every * 900)):
             sent += resend_lost_messages(store, settings, send, min(
                 settings.resend_after_s, settings.heartbeat_ttl_s) if after_a_death else None)
+    try:
+        sent += repair_windows(store, settings, send)
+    except redis.RedisError as error:  # the other steps are done: the next pass repairs
+        log.warning("window repair failed (%s: %s)", type(error).__name__, error)
     return sent
 
 
@@ -288,6 +304,118 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
     return sent
 
 
+def stall_after_s(settings: Settings) -> float:
+    """A job with sub-agents out and no record for this long, none held by a live worker,
+    is stalled (three heartbeat TTLs: a dead worker's parts are back well before)."""
+    return 3 * settings.heartbeat_ttl_s
+
+
+def stalled_jobs(r: redis.Redis, prefix: str) -> dict[str, dict[str, Any]]:
+    """The jobs the sweep found stalled and has not seen move since: id -> what it saw."""
+    return {_s(job_id): json.loads(raw) for job_id, raw in r.hgetall(f"{prefix}:stalled").items()}
+
+
+def window_repairs(r: redis.Redis, prefix: str) -> dict[str, int]:
+    """How often the sweep had to repair the window or a claim, by kind (since the keys live)."""
+    return {_s(k): int(v) for k, v in r.hgetall(f"{prefix}:recovery:repairs").items()}
+
+
+def _count_repair(store: JobStore, kind: str, n: int = 1) -> None:
+    key = f"{store.prefix}:recovery:repairs"
+    store.r.hincrby(key, kind, n)
+    store.r.expire(key, store.ttl_s)
+
+
+def repair_windows(store: JobStore, settings: Settings, send: Send,
+                   queue: str | None = None) -> list[tuple[str, Part]]:
+    """Step 4: every job of the queue's window checked against its claims and the heartbeats."""
+    r = store.r
+    fs = FairShare.from_settings(r, settings, queue or settings.queue)
+    now = store.server_time()
+    sent: list[tuple[str, Part]] = []
+    stalled_key = f"{store.prefix}:stalled"
+    for share in fs.jobs():
+        job_id = share.job_id
+        claims = {_s(k): _s(v) for k, v in r.hgetall(store.key(job_id, "claims")).items()}
+        parsed = {part: (raw.split("|", 2) + ["", ""])[:3] for part, raw in claims.items()}
+        holders = sorted({h for _, state, h in parsed.values()
+                          if state in ("held", "running") and h})
+        living = alive(r, store.prefix, holders) if holders else {}
+        resent = 0
+        for part, (token, state, holder) in parsed.items():
+            if state not in ("held", "running") or not holder or living.get(holder, True):
+                continue
+            key: Part = int(part) if part.isdigit() else part
+            new = store.claims.takeover(job_id, key, int(token), holder)
+            if not new:
+                continue
+            if isinstance(key, int) and _given_up(store, job_id, key, settings.max_attempts):
+                continue
+            if _send(store, settings, send, job_id, key, new):
+                sent.append((job_id, key))
+                resent += 1
+                log.warning("%s/%s: its claim named worker %s, which is gone, but the worker's "
+                            "list did not: sent again by the window's repair", job_id, part,
+                            holder)
+        handed_back = 0
+        deferred = fs.deferred_indexes(job_id)
+        if deferred:
+            pipe = r.pipeline(transaction=False)
+            ordered = sorted(deferred)
+            for index in ordered:
+                pipe.hexists(store.key(job_id, "records"), str(index))
+            recorded = pipe.execute()
+            stale = []
+            for index, has_record in zip(ordered, recorded, strict=True):
+                _token, state, holder = parsed.get(str(index), ("0", "sent", ""))
+                if has_record or state == "running" or (
+                        state == "held" and not living.get(holder, True)):
+                    stale.append(index)
+            if stale or share.deferred != len(deferred):
+                fs.undefer(job_id, stale)
+                handed_back = len(stale) + abs(share.deferred - len(deferred))
+                log.warning("job %s: the window counted %d sub-agents as waiting out a "
+                            "countdown that were not (recorded, running, or their worker "
+                            "died); their places are handed back", job_id, handed_back)
+        if resent:
+            _count_repair(store, "resent", resent)
+        if handed_back:
+            _count_repair(store, "window_places", handed_back)
+        _note_stall(store, stalled_key, share, now, any(living.values()), settings, resent,
+                    handed_back)
+    for job_id in list(stalled_jobs(r, store.prefix)):
+        if fs.dispatched(job_id) is None:  # out of the window: ended, removed or expired
+            r.hdel(stalled_key, job_id)
+    return sent
+
+
+def _note_stall(store: JobStore, stalled_key: str, share: Any, now: float, held_alive: bool,
+                settings: Settings, resent: int, handed_back: int) -> None:
+    """Track when the job last gained a record; flag (and log once) a stall, clear it on
+    the next record."""
+    r, job_id = store.r, share.job_id
+    key = store.key(job_id, "progress")
+    seen = r.hmget(key, "done", "since")
+    if seen[0] is None or int(seen[0]) != share.done:
+        r.hset(key, mapping={"done": share.done, "since": now})
+        r.expire(key, store.ttl_s)
+        if r.hdel(stalled_key, job_id):
+            log.warning("job %s is moving again (%d/%d records)", job_id, share.done, share.n)
+        return
+    quiet_s = now - float(seen[1] or now)
+    if share.out <= 0 or held_alive or quiet_s < stall_after_s(settings):
+        return
+    info = {"since": float(seen[1]), "out": share.out, "done": share.done, "n": share.n,
+            "resent": resent, "handed_back": handed_back}
+    if r.hsetnx(stalled_key, job_id, json.dumps(info)):
+        r.expire(stalled_key, store.ttl_s)
+        _count_repair(store, "stalled_jobs")
+        log.warning("job %s stalled: %d sub-agents out, no record for %.0f s and no live "
+                    "worker holds any of them; repaired: %d sent again, %d window places "
+                    "handed back (the sweep keeps checking it)", job_id, share.out, quiet_s,
+                    resent, handed_back)
+
+
 def _running_on_a_live_worker(store: JobStore, job_id: str, index: int) -> bool:
     """A delivery of the sub-agent runs on a worker whose heartbeat is alive.
 
@@ -304,7 +432,16 @@ def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Pa
     queue = _meta(store, job_id).get("queue") or settings.queue
     if isinstance(part, int):
         store.r.sadd(f"{store.prefix}:recovering", job_id)
-    return _send_to(send, queue, job_id, part, token)
+    if not _send_to(send, queue, job_id, part, token):
+        return False
+    if isinstance(part, int):
+        # Its lost copy may have been waiting out a countdown, counted as such in the window:
+        # the copy sent now is a part about to run, so that place goes back at once (the
+        # new copy's "resume" then changes nothing).
+        fs = FairShare.from_settings(store.r, settings, queue)
+        if store.r.sismember(fs.deferred_key(job_id), part):
+            fs.undefer(job_id, [part])
+    return True
 
 
 def _send_to(send: Send, queue: str | None, job_id: str, part: Part, token: int) -> bool:

@@ -21,6 +21,7 @@ import redis
 
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.claims import LUA, ClaimLost, Claims
+from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.records import (
     STATUSES,
     Checkpoint,
@@ -169,15 +170,22 @@ class JobStore:
         return True
 
     def cancel_unstarted(self, job_id: str, reason: str) -> int:
-        """Record every sub-agent that has not started as ``cancelled``, in bulk; returns how many.
+        """Record every sub-agent that is not running on a live worker as ``cancelled``, in
+        bulk; returns how many.
 
-        Not started: no record and no checkpoint. Their tasks may still be queued (or not yet
-        published at all): a delivered one finds its record and ends at once, so a cancelled
-        job of thousands ends in the time it takes to write the records, not to drain the
-        queue. A sub-agent with a checkpoint is running or waiting to retry and writes its
-        own record with its usage so far; so does one inside its first call (its send mark,
-        ``before_send``, is there): the cancel aborts that call, and the record counts it as
-        unanswered (or answered, if the reply won the race).
+        Their tasks may still be queued, waiting out a countdown, held by a worker that died,
+        or not yet published at all (waiting in the window's line): a delivered one finds its
+        record and ends at once, so a cancelled job of thousands ends in the time it takes to
+        write the records, not to drain the queue. Left to write their own record with their
+        usage: a sub-agent running on a live worker (the cancel aborts its call; one inside
+        its first call has its send mark, ``before_send``, and its record counts that call as
+        unanswered, or answered if the reply won the race), and one that a live worker holds
+        in a countdown after calls it made (a checkpoint or a send mark: it ends at its
+        countdown's end, without a call), and one whose call was sent and not answered (its
+        send mark: if its worker died, the copy the sweep re-sends records it). A part whose
+        worker is dead is recorded here with its checkpoint's usage; one held by a worker that
+        dies later is recorded by the next pass (the fair-share pump repeats this for a
+        cancelled job).
         """
         return self._record_unfinished(job_id, "cancelled", reason, "cancelled", None, False)
 
@@ -210,6 +218,15 @@ class JobStore:
                            status_code: int | None, checkpointed: bool) -> int:
         n = int(self.r.hget(self.key(job_id, "meta"), "n") or 0)
         records, events = self.key(job_id, "records"), self.key(job_id, "events")
+        claims = {_s(k): _s(v) for k, v in self.r.hgetall(self.key(job_id, "claims")).items()}
+        holders = {part: raw.split("|", 2)[1:] for part, raw in claims.items()
+                   if raw.count("|") == 2 and raw.split("|", 2)[1] in ("running", "held")}
+        workers = sorted({w for _, w in holders.values() if w})
+        living = alive(self.r, self.prefix, workers) if workers else {}
+        running = {int(p) for p, (state, w) in holders.items()
+                   if p.isdigit() and state == "running" and living.get(w)}
+        held = {int(p) for p, (state, w) in holders.items()
+                if p.isdigit() and state == "held" and living.get(w)}
         written = 0
         for start in range(0, n, PAGE):
             indexes = range(start, min(n, start + PAGE))
@@ -219,10 +236,13 @@ class JobStore:
                 pipe.get(self.key(job_id, "ckpt", index))
                 pipe.hexists(self.key(job_id, "sent"), str(index))
             flags = pipe.execute()
-            # A sub-agent with a send marked records itself (its unanswered call counts).
+            # A sub-agent with a send marked records itself (its unanswered call counts; if
+            # its worker died, its re-sent copy does). A cancel leaves to themselves the ones
+            # a live worker runs, or holds in a countdown after calls it made; the rest, those
+            # of dead workers too, are recorded here (with their checkpoint's usage).
             todo = {i: flags[3 * k + 1] for k, i in enumerate(indexes)
                     if not flags[3 * k] and not flags[3 * k + 2]
-                    and (checkpointed or not flags[3 * k + 1])}
+                    and (checkpointed or not (i in running or (i in held and flags[3 * k + 1])))}
             if not todo:
                 continue
             now = time.time()

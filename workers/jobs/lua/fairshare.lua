@@ -24,7 +24,7 @@
 -- done: ARGV[9] records of the job now in (the job store's count; only raises `done`)
 -- defer, resume: ARGV[9] the sub-agent's index
 -- undefer: ARGV[9..] indexes that are not waiting out a countdown any more (the sweep's
---          reconciliation: they have a record, run, or their worker died)
+--          reconciliation: they have a record, run, or their worker died); grants nothing
 --
 -- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
 -- Each grant is also written to KEYS[4] until the caller says it published it: a caller
@@ -147,6 +147,10 @@ elseif op == 'undefer' and job then
 elseif op == 'remove' and job then
   forget(job)
 end
+
+-- The sweep's reconciliation publishes nothing itself (it knows no broker): the places it
+-- handed back go out at the pump's next fill, within seconds.
+if op == 'undefer' then return {} end
 
 -- One place at a time, each to the most deserving waiting job.
 local total, all_out = 0, 0
