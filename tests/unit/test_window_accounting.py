@@ -212,5 +212,5 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
             assert self.store.record_count("J") == N_PARTS
 
     run_state_machine_as_test(Window, settings=settings(
-        max_examples=40, stateful_step_count=40, deadline=None,
+        max_examples=30, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))

@@ -15,12 +15,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
-from tests.test_flower import running_flower
 
 from drover import JobSpec, submit
 from drover.config import get_settings
 from drover.workers.jobs.fairshare import FairShare
-from tests.conftest import configure, wait_until
+from tests.helpers import configure, wait_until
+from tests.helpers.flower import running_flower
 
 SLOTS = 16  # per worker, two workers: 32 slots, more than the limiter serves in 15 s
 N = 40
