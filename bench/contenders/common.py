@@ -182,6 +182,9 @@ class SimProcess:
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
                 args.append(flag if value else "--no-" + name.replace("_", "-"))
+            elif isinstance(value, list | tuple | dict):  # JSON on the command line
+                if value:  # empty: the simulator's default
+                    args += [flag, json.dumps(value)]
             elif value is not None:
                 args += [flag, str(value)]
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
