@@ -438,7 +438,7 @@ def _jobs(args: argparse.Namespace) -> int:
     if not active:
         console.print(f"no active jobs on queue {settings.queue!r} (DROVER_QUEUE)")
         return OK
-    console.print(jobs_table(active, fs.current_window()))
+    console.print(jobs_table(active, fs.current_window(), fs.cap()))
     console.print(tenants_table(active, settings, shared.limiter))
     return OK
 

@@ -43,6 +43,7 @@ from drover.orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
 from drover.orchestrator.stats import scope_usage
 from drover.workers.jobs import liveness
 from drover.workers.jobs.records import STATUSES
+from drover.workers.jobs.recovery import stalled_jobs, window_repairs
 from drover.workers.jobs.store import ACTIVE
 from drover.workers.services import Services, services
 from drover.workers.telemetry import (
@@ -79,6 +80,7 @@ class DroverCollector(Collector):
         shared = (services(self.settings) if client is None
                   else Services.from_settings(self.settings, client=client))
         self.r, self.limiter, self.store = shared.redis, shared.limiter, shared.store
+        self.shared = shared
         self.keys = keys(self.settings.key_prefix)
         self.broker_queues = broker_queues
         self._broker: Any = None
@@ -243,6 +245,10 @@ class DroverCollector(Collector):
 
         per_job: list[tuple[tuple[str, ...], float]] = []
         oldest_job: list[tuple[tuple[str, ...], float]] = []
+        in_line: list[tuple[tuple[str, ...], float]] = []
+        last_dispatch: list[tuple[tuple[str, ...], float]] = []
+        shares: dict[str, dict[str, Any]] = {}
+        server_now = self.store.server_time()
         by_tenant: dict[str, dict[str, int]] = defaultdict(
             lambda: dict.fromkeys(SUBAGENT_STATUSES, 0))
         tenant_jobs: dict[str, int] = defaultdict(int)
@@ -268,6 +274,15 @@ class DroverCollector(Collector):
             if rank < cap:
                 per_job += [((job_id, tenant, s), v) for s, v in counts.items()]
                 oldest_job.append(((job_id, tenant), oldest))
+                line_queue = queue or self.settings.queue
+                if line_queue not in shares:
+                    shares[line_queue] = {
+                        j.job_id: j for j in self.shared.fairshare(line_queue).jobs()}
+                share = shares[line_queue].get(job_id)
+                in_line.append(((job_id, tenant), share.waiting if share else 0))
+                eta = share.last_dispatch_in_s(server_now) if share else 0.0
+                if eta is not None:
+                    last_dispatch.append(((job_id, tenant), eta))
         tenant_rows = [((t, s), v) for t, counts in sorted(by_tenant.items())
                        for s, v in counts.items()]
         return [
@@ -278,6 +293,13 @@ class DroverCollector(Collector):
             self._gauge("drover_tenant_oldest_waiting_seconds",
                         [((t,), v) for t, v in tenant_oldest.items()]),
             self._gauge("drover_queue_messages", self._queue_lengths(sorted(queues))),
+            self._gauge("drover_job_in_line", in_line),
+            self._gauge("drover_job_last_dispatch_seconds", last_dispatch),
+            self._gauge("drover_line_cap", [((q,), self.shared.fairshare(q).cap() or 0)
+                                            for q in sorted(queues)]),
+            self._gauge("drover_jobs_stalled", [((), len(stalled_jobs(
+                self.r, self.settings.key_prefix)))]),
+            self._repairs(),
             self._gauge("drover_exporter_jobs_without_series",
                         [((), max(0, len(active) - cap))]),
         ]
@@ -338,6 +360,14 @@ class DroverCollector(Collector):
                 self._broker.release()
             self._broker = None
             return []
+
+    def _repairs(self) -> Metric:
+        m = metric("drover_window_repairs")
+        family = CounterMetricFamily(m.name, m.help, labels=m.labels)
+        counted = window_repairs(self.r, self.settings.key_prefix)
+        for kind in ("resent", "window_places", "stalled_jobs"):
+            family.add_metric([kind], float(counted.get(kind, 0)))
+        return family
 
     @staticmethod
     def _gauge(name: str, rows: Iterable[tuple[tuple[str, ...], float]]) -> Metric:

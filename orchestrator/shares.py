@@ -16,6 +16,7 @@ from rich.table import Table
 from drover.config import Settings, get_settings
 from drover.config.settings import TenantBudget
 from drover.workers.jobs.fairshare import FairShare, JobShare, tenant_budget_scopes
+from drover.workers.jobs.recovery import stalled_jobs
 from drover.workers.jobs.spec import PRIORITIES
 from drover.workers.limiter import Limiter
 from drover.workers.services import services
@@ -30,6 +31,8 @@ class ActiveJob:
     held: float  # part of what is out now
     due: float   # part of the window the rule gives it under contention
     position: int  # 1 = next to get a free place
+    last_out_s: float | None = None  # expected seconds to its last dispatch (None: unknown)
+    stalled: bool = False  # the sweep found it stalled (workers/jobs/recovery.py, step 4)
 
 
 def due_shares(jobs: list[JobShare], floor: float) -> dict[str, float]:
@@ -64,23 +67,40 @@ def active_jobs(settings: Settings | None = None, fs: FairShare | None = None
     order = sorted((j for j in jobs if j.waiting),
                    key=lambda j: (j.out / out - due.get(j.job_id, 0.0), j.arrival))
     position = {j.job_id: i + 1 for i, j in enumerate(order)}
-    return [ActiveJob(j, j.out / out, due.get(j.job_id, 0.0), position.get(j.job_id, 0))
+    stalled = stalled_jobs(fs.r, settings.key_prefix)
+    now = fs.server_time()
+    return [ActiveJob(j, j.out / out, due.get(j.job_id, 0.0), position.get(j.job_id, 0),
+                      j.last_dispatch_in_s(now), j.job_id in stalled)
             for j in jobs]
 
 
-def jobs_table(active: list[ActiveJob], window: int) -> Table:
-    table = Table(title=f"active jobs (window {window} sub-agents)")
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def jobs_table(active: list[ActiveJob], window: int, cap: int | None = None) -> Table:
+    """``waiting``: sub-agents in line (not yet published); ``last out``: expected time to
+    the job's last dispatch at the rate its records come in; ``state``: stalled when the
+    sweep found sub-agents out, no record for a while and no live worker holding them."""
+    line = f", the limiter's line {cap}" if cap else ""
+    table = Table(title=f"active jobs (window {window} sub-agents{line})")
     table.add_column("job", no_wrap=True, min_width=12)
-    for column in ("tenant", "priority", "progress", "out", "retrying", "waiting", "share",
-                   "due", "next"):
-        table.add_column(column, justify="left" if column in ("tenant", "priority")
+    for column in ("tenant", "priority", "progress", "out", "retrying", "waiting", "last out",
+                   "share", "due", "next", "state"):
+        table.add_column(column, justify="left" if column in ("tenant", "priority", "state")
                          else "right")
     for a in active:
         s = a.share
         table.add_row(s.job_id[:12], s.tenant, s.priority, f"{s.done}/{s.n}", str(s.out),
-                      str(s.deferred), str(s.waiting), f"{a.held:.0%}",
+                      str(s.deferred), str(s.waiting),
+                      _duration(a.last_out_s) if s.waiting else "-", f"{a.held:.0%}",
                       f"{a.due:.0%}" if s.waiting else "-",
-                      str(a.position) if a.position else "-")
+                      str(a.position) if a.position else "-",
+                      "[red]stalled[/red]" if a.stalled else "ok")
     return table
 
 

@@ -117,8 +117,11 @@ def _share(handle: JobHandle, fs: FairShare) -> str:
     for a in active_jobs(handle.settings, fs):
         if a.share.job_id == handle.id:
             turn = f" due={a.due:.0%} next#{a.position}" if a.share.waiting else ""
-            return (f"  share={a.held:.0%} out={a.share.out} waiting={a.share.waiting}{turn} "
-                    f"tenant={a.share.tenant} {a.share.priority}")
+            if a.share.waiting and a.last_out_s is not None:
+                turn += f" last-out-in={a.last_out_s:.0f}s"
+            stalled = " STALLED" if a.stalled else ""
+            return (f"  share={a.held:.0%} out={a.share.out} in-line={a.share.waiting}{turn} "
+                    f"tenant={a.share.tenant} {a.share.priority}{stalled}")
     return ""
 
 

@@ -120,6 +120,24 @@ METRICS: tuple[Metric, ...] = (
     Metric("drover_job_oldest_waiting_seconds", "gauge", ("job", "tenant"),
            "how long the job's waiting sub-agents have been outstanding (since its fan-out; "
            "0 when none waits)", "state"),
+    Metric("drover_job_in_line", "gauge", ("job", "tenant"),
+           "an active job's sub-agents waiting in the fair-share window's line (not yet "
+           "published: behind other jobs' share, or beyond what the limiter serves within "
+           "its horizon); same job cap as drover_job_subagents", "state"),
+    Metric("drover_job_last_dispatch_seconds", "gauge", ("job", "tenant"),
+           "expected seconds until the job's last sub-agent is published, at the rate its "
+           "records have come in (0 when none waits in line; absent before its first record)",
+           "state"),
+    Metric("drover_line_cap", "gauge", ("queue",),
+           "sub-agents the limiter can serve within its horizon, the most the queue's window "
+           "lets out while the key is the bottleneck (0: no cap reported)", "state"),
+    Metric("drover_jobs_stalled", "gauge", (),
+           "jobs the recovery sweep found stalled (sub-agents out, no record for three "
+           "heartbeat TTLs, no live worker holding any) and not seen moving since", "state"),
+    Metric("drover_window_repairs", "counter", ("kind",),
+           "repairs the recovery sweep had to make (kind: resent = parts whose claim named a "
+           "dead worker that its list did not, window_places = places counted as deferred "
+           "that were not, stalled_jobs = jobs found stalled)", "state"),
     Metric("drover_tenant_subagents", "gauge", ("tenant", "status"),
            "sub-agents of a tenant's active jobs by status", "state"),
     Metric("drover_tenant_jobs_active", "gauge", ("tenant",),
