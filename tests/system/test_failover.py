@@ -154,3 +154,81 @@ def test_a_claim_lost_in_a_failover_is_never_handed_to_a_second_delivery(sentine
     assert store.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
     assert store.record(job_id, 0).summary == "from B"
     shared.close()
+
+
+# --- the limiter after a failover -------------------------------------------------------------
+
+STALE_S = 1.0  # how much of the limiter's state a failover may lose: docs/high-availability.md
+
+
+def test_after_a_failover_the_limiter_lets_through_at_most_a_second_of_refill(
+        sim, drover_env, spawn_worker, monkeypatch, sentinel_set):
+    """The simulator enforces drover's own RPM with a one-second bucket (burst_s 1: any
+    excess is a 429). Buckets, leases and cooldowns on the promoted replica may be up to
+    about a second stale, so a failover may let through up to a second of refill above the
+    limit: the provider answers it with 429s, each retried after a cooldown. No 60 s window
+    goes over the limit by more than that, and every sub-agent ends ok."""
+    rpm = 600
+    configure(monkeypatch, drover_env, **sentinel_set.env(), **SHORT_BROKER_TIMEOUTS,
+              rpm=rpm, burst_seconds=1)
+    sim.configure(rpm=rpm, burst_s=1, latency_mean_s=0.2, latency_p95_s=0.4,
+                  output_tokens_mean=20, tool_turns=1, tools_per_turn=1)
+    spawn_worker(concurrency=WORKER_THREADS)
+    spawn_worker(concurrency=WORKER_THREADS)
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Inspect crane {i}" for i in range(SUBAGENTS)], tools=["lookup_fact"],
+        max_tokens=60))
+    deadline = time.monotonic() + 180
+    while handle.progress()["ok"] < 10:
+        assert time.monotonic() < deadline, f"10 sub-agents not done: {handle.progress()}"
+        time.sleep(0.2)
+    old = sentinel_set.kill_master(with_sentinel=True)
+    sentinel_set.wait_for_failover(old)
+    result = Fleet(drover_env).wait(handle, SUBAGENTS, VISIBILITY_TIMEOUT_S + MARGIN_S)
+
+    assert result.counts["ok"] == SUBAGENTS, [r.error for r in result.results
+                                              if r.status != "ok"]
+    stats = sim.stats()
+    one_second = rpm / 60 * STALE_S
+    assert stats["rejected_429"] <= one_second, stats["by_status"]
+    assert stats["max_60s"]["requests"] <= rpm + one_second, stats["max_60s"]
+    # every 429 was asked again: each sub-agent's two calls were accepted (a repeat of one
+    # whose checkpoint did not replicate is counted as a duplicate)
+    assert stats["accepted"] - stats["duplicate_accepted"] == 2 * SUBAGENTS, stats
+
+
+# --- every client moves to the new master ---------------------------------------------------
+
+def test_sync_and_asyncio_clients_move_to_the_new_master_without_an_error(sentinel_set):
+    """The command in flight when the master dies is retried until the sentinels name the
+    promoted replica: no error reaches the caller, scripts are loaded again there (EVALSHA's
+    NOSCRIPT fallback), and the first sentinel listed being dead changes nothing. (Before
+    drover's own connection class, redis.asyncio retried the dead address until its retries
+    ran out.)"""
+    import asyncio
+
+    from drover.workers.redis_clients import async_redis
+
+    sync = sync_redis(sentinel_set.url, master=sentinel_set.master_name)
+    aio = async_redis(sentinel_set.url, master=sentinel_set.master_name)
+    script = "return redis.call('INCR', KEYS[1])"
+    sync_script, aio_script = sync.register_script(script), aio.register_script(script)
+    assert sync_script(keys=["ha:n"]) == 1
+
+    async def across_the_kill() -> tuple[int, int, int]:
+        before = await aio_script(keys=["ha:n"])
+        old = sentinel_set.kill_master(with_sentinel=True)
+        after = await aio_script(keys=["ha:n"])  # blocks until the new master answers
+        await aio.aclose()
+        return old, before, after
+
+    old, before, value = asyncio.run(across_the_kill())
+    assert before == 2 and value >= 1
+    assert sync_script(keys=["ha:n"]) == value + 1
+    pipe = sync.pipeline()
+    pipe.incr("ha:n")
+    sync_script(keys=["ha:n"], client=pipe)
+    assert pipe.execute() == [value + 2, value + 3]
+    new = sentinel_set.wait_for_failover(old)
+    assert sync.connection_pool.get_master_address()[1] == new
+    sync.close()
