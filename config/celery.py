@@ -49,6 +49,9 @@ def rabbitmq_config() -> dict[str, Any]:
     }
 
 
+SENTINEL_TRANSPORT = "drover.workers.sentinel_transport:Transport"
+
+
 def sentinel_options(settings: Settings) -> dict[str, Any]:
     """Transport options for a ``sentinel://`` broker or result backend (kombu and Celery take
     the same ones: ``master_name``, and ``sentinel_kwargs`` for the sentinels' own connections,
@@ -71,7 +74,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "health_check_interval": 10,
     }
     backend_transport: dict[str, Any] = {"global_keyprefix": f"{settings.key_prefix}:celery:"}
-    if is_sentinel(settings.broker):
+    sentinel_broker = is_sentinel(settings.broker)
+    if sentinel_broker:
         transport.update(sentinel_options(settings))
     if is_sentinel(settings.backend):
         backend_transport.update(sentinel_options(settings))
@@ -107,6 +111,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
     }
+    if sentinel_broker:
+        # kombu's own Sentinel transport with a connection that finds the new master after a
+        # failover (drover/workers/sentinel_transport.py says why).
+        config["broker_transport"] = SENTINEL_TRANSPORT
     if settings.broker_is_rabbitmq:
         config.update(rabbitmq_config())
     return config
