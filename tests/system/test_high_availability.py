@@ -56,6 +56,8 @@ def test_celerys_broker_and_result_backend_follow_the_sentinel_list():
                              sentinel_password="sentinel-secret")
     config = celery_config(settings)
     assert config["broker_url"] == config["result_backend"] == url
+    # kombu's Sentinel transport with drover's connection (workers/sentinel_transport.py)
+    assert config["broker_transport"] == "drover.workers.sentinel_transport:Transport"
     for options in (config["broker_transport_options"],
                     config["result_backend_transport_options"]):
         assert options["master_name"] == "mymaster"
@@ -63,6 +65,7 @@ def test_celerys_broker_and_result_backend_follow_the_sentinel_list():
     apart = celery_config(load_settings(redis_url=url, sentinel_master="mymaster",
                                         broker_url="amqp://guest:guest@127.0.0.1:5672//"))
     assert "master_name" not in apart["broker_transport_options"]
+    assert "broker_transport" not in apart
     assert apart["result_backend_transport_options"]["master_name"] == "mymaster"
 
 
