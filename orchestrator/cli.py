@@ -440,7 +440,44 @@ def _jobs(args: argparse.Namespace) -> int:
         return OK
     console.print(jobs_table(active, fs.current_window(), fs.cap()))
     console.print(tenants_table(active, settings, shared.limiter))
+    if settings.pooled:  # what the jobs' calls can go out on
+        from drover.orchestrator.stats import print_keys
+        print_keys(console, settings)
     return OK
+
+
+def _keys(args: argparse.Namespace) -> int:
+    settings = _settings()
+    _need_services(settings)
+    from drover.orchestrator.stats import print_keys
+    from drover.workers.services import services
+
+    limiter = services(settings).limiter
+    known = {k.alias for k in settings.keys}
+    if args.action == "list":
+        if not known and not limiter.disabled_keys():
+            console.print("no pool of keys (DROVER_KEYS is not set): the one key is "
+                          f"DROVER_KEY_ALIAS={settings.key_alias}", markup=False)
+            return OK
+        print_keys(console, settings)
+        return OK
+    if not args.alias:
+        raise Refused(f"drover keys {args.action} needs the key's ALIAS", code=2)
+    if known and args.alias not in known and args.action == "disable":
+        raise Refused(f"no key {args.alias!r} in DROVER_KEYS (aliases: "
+                      f"{', '.join(sorted(known))})", code=2)
+    if args.action == "enable":
+        if limiter.enable_key(args.alias):
+            console.print(f"key {args.alias} enabled: every worker's next call may use it",
+                          markup=False)
+            return OK
+        console.print(f"key {args.alias} was not disabled", markup=False)
+        return NOT_ALL_OK
+    if limiter.disable_key(args.alias, for_s=args.for_s, why="disabled by `drover keys`"):
+        console.print(f"key {args.alias} disabled fleet-wide", markup=False)
+        return OK
+    console.print(f"key {args.alias} was disabled already", markup=False)
+    return NOT_ALL_OK
 
 
 # --- the parser ----------------------------------------------------------------------------
@@ -582,6 +619,19 @@ def parser() -> argparse.ArgumentParser:
                "share of the fleet, then the tenants' shares.",
                "Exit status: 0; 2 bad setting; 3 Redis does not answer.")
     jobs.set_defaults(fn=_jobs)
+
+    keys = add("keys", "a pool's keys: list them, enable or disable one fleet-wide",
+               "List the keys of the pool (DROVER_KEYS) and which are disabled (a 401/403 "
+               "disables a key fleet-wide: its calls move to the others), enable a key again "
+               "once it is fixed, or disable one by hand.",
+               "Exit status: 0 done; 1 nothing to change (already enabled or disabled); 2 "
+               "bad option or unknown alias; 3 Redis does not answer.")
+    keys.add_argument("action", nargs="?", default="list", choices=["list", "enable", "disable"],
+                      help="what to do")
+    keys.add_argument("alias", nargs="?", metavar="ALIAS", help="the key's alias")
+    keys.add_argument("--for", dest="for_s", type=float, default=0.0, metavar="SECONDS",
+                      help="disable: for this long (0: until enabled)")
+    keys.set_defaults(fn=_keys)
     return top
 
 

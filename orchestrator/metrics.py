@@ -45,6 +45,7 @@ from drover.workers.jobs import liveness
 from drover.workers.jobs.records import STATUSES
 from drover.workers.jobs.recovery import stalled_jobs, window_repairs
 from drover.workers.jobs.store import ACTIVE
+from drover.workers.limiter import split_llm_scope
 from drover.workers.services import Services, services
 from drover.workers.telemetry import (
     CALL_OUTCOMES,
@@ -141,7 +142,7 @@ class DroverCollector(Collector):
         # before it.
         calls = counters["drover_llm_calls"]
         for scope in scopes:
-            if scope.startswith("llm:"):
+            if split_llm_scope(scope) is not None:
                 for outcome in CALL_OUTCOMES:
                     calls.setdefault((scope, outcome), 0.0)
         out: list[Metric] = []
@@ -197,7 +198,15 @@ class DroverCollector(Collector):
         names = ("drover_scope_limit_per_second", "drover_scope_target_per_second",
                  "drover_scope_planned_per_second", "drover_scope_headroom_per_second",
                  "drover_scope_leases_in_flight", "drover_scope_cooldown_seconds")
-        return [self._gauge(name, rows.get(name, [])) for name in names]
+        out = [self._gauge(name, rows.get(name, [])) for name in names]
+        # A pool's keys (with one key, that key: never disabled, its refusal fails the job)
+        disabled = self.limiter.disabled_keys()
+        aliases = sorted({k.alias for k in self.settings.keys} | set(disabled)) or [
+            self.settings.key_alias]
+        out.append(self._gauge("drover_pool_key_disabled",
+                               [((alias,), 1.0 if alias in disabled else 0.0)
+                                for alias in aliases]))
+        return out
 
     # --- processes, jobs, tenants, queues -------------------------------------------------
     def _procs(self) -> list[dict[str, str]]:

@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from drover.config import Settings, get_settings
-from drover.workers.agent.limits import llm_limits
-from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits
+from drover.workers.agent.limits import llm_limits, scaled_limits
+from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits, split_llm_scope
 from drover.workers.services import services
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
@@ -88,9 +88,14 @@ def stats_window_s(settings: Settings) -> int:
 def _configured(settings: Settings, scope: str) -> ScopeLimits | None:
     """The limits drover's settings give a scope; None when only the limiter knows them."""
     kind, _, rest = scope.partition(":")
-    if kind == "llm":
-        _alias, _, model = rest.partition(":")
-        if settings.limits_for(model) is not None:
+    llm = split_llm_scope(scope)
+    if llm is not None:
+        alias, model, pooled = llm
+        key = next((k for k in settings.keys if k.alias == alias), None) if pooled else None
+        if key is not None:  # a pool's key: its own (workspace's) limits
+            own = settings.key_limits_for(key, model)
+            return None if own is None else scaled_limits(settings, own, max_in_flight=None)
+        if settings.limits_for(model) is not None:  # the one key, or a pool's organisation
             return llm_limits(settings, model)
     elif kind == "tool" and rest in settings.tool_rps:
         return ScopeLimits.for_tool(settings.tool_rps[rest])
@@ -115,7 +120,7 @@ def _limits_of(settings: Settings, scope: str, state: dict[str, Any],
         if target is None and configured is not None:
             target = getattr(configured, attr)
         raw: float | None = target
-        if target is not None and scope.startswith("llm:"):
+        if target is not None and split_llm_scope(scope) is not None:
             conf = getattr(configured, attr) if configured is not None else None
             raw = learned[attr] if conf is None and learned.get(attr) else (
                 target / settings.target_utilization)
@@ -232,12 +237,36 @@ def print_stats(console: Console, plot: Path | None = None, *,
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
     _print_unanswered(console, settings)
+    print_keys(console, settings)
     _print_shares(console, settings)
     _print_batches(console, settings, usages)
     if plot is not None:
         plot_usage(settings, plot, usages=usages)
         console.print(f"usage plot written to {plot.resolve()}")
     return 0
+
+
+def print_keys(console: Console, settings: Settings) -> None:
+    """A pool's keys (DROVER_KEYS): which are disabled, since when, why, until when. Their use
+    of their own limits is in the table above (scopes pool/llm:ALIAS:CLASS; the
+    organisation's are pool/llm:org:CLASS)."""
+    disabled = services(settings).limiter.disabled_keys()
+    aliases = [k.alias for k in settings.keys] + sorted(set(disabled) - {
+        k.alias for k in settings.keys})
+    if not aliases:
+        return
+    for alias in aliases:
+        off = disabled.get(alias)
+        if off is None:
+            console.print(f"key {alias}: enabled", markup=False)
+            continue
+        since = time.strftime("%H:%M:%S", time.localtime(off["since"]))
+        until = ("until `drover keys enable " + alias + "`" if off["until"] is None else
+                 "until " + time.strftime("%H:%M:%S", time.localtime(off["until"])))
+        console.print(f"key {alias}: DISABLED since {since} ({off['reason']}), {until}",
+                      markup=False)
+    left = [a for a in aliases if a not in disabled]
+    console.print(f"pool: {len(left)} of {len(aliases)} keys enabled", markup=False)
 
 
 def _print_unanswered(console: Console, settings: Settings) -> None:
@@ -319,7 +348,7 @@ def usage_figure(settings: Settings, usages: list[ScopeUsage]) -> Any:
     import matplotlib.pyplot as plt
 
     active = [u for u in usages if u.active]
-    active.sort(key=lambda u: (not u.scope.startswith("llm:"),
+    active.sort(key=lambda u: (split_llm_scope(u.scope) is None,
                                -u.last(len(u.series))["requests"]))
     active = active[:MAX_PLOTTED_SCOPES]
     span = _span(active)

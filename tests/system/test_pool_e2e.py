@@ -5,13 +5,20 @@ headers of the most restrictive limit in effect, and that revokes a key on reque
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 import redis
 
 from bench.workload import MAX_TOKENS, MODEL, QUICK, SYSTEM, TOOL_NAMES
 from drover import JobSpec, submit
+from drover.config import get_settings
+from drover.orchestrator.metrics import DroverCollector
 from drover.workers.limiter import Limiter
 from tests.helpers import configure, wait_until
+from tests.helpers.metrics import scrape, value
 
 SHARES = {"a": 0.5, "b": 0.4, "c": 0.3}  # of each organisation limit: 1.2 x in sum
 
@@ -47,6 +54,14 @@ def _use_pool(monkeypatch, env: dict[str, str], pool: list[dict], org: dict[str,
 def _limiter(env: dict[str, str]) -> Limiter:
     return Limiter(redis.Redis.from_url(env["DROVER_REDIS_URL"]),
                    prefix=env["DROVER_KEY_PREFIX"])
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
 
 
 def _short(per_key: dict[str, dict], env: dict[str, str]) -> dict[str, dict]:
@@ -93,7 +108,7 @@ def test_a_key_revoked_mid_job_costs_only_that_key(sim, drover_env, monkeypatch,
     org = workload.limits
     pool = _pool(drover_env, SHARES, org)
     sim.configure(**workload.sim_config(overload_rate=0.0, pool=pool).to_dict())
-    _use_pool(monkeypatch, drover_env, pool, org)
+    cls = _use_pool(monkeypatch, drover_env, pool, org)
     for _ in range(2):
         spawn_worker(concurrency=8)
 
@@ -116,6 +131,21 @@ def test_a_key_revoked_mid_job_costs_only_that_key(sim, drover_env, monkeypatch,
     assert b in disabled and "401" in disabled[b]["reason"], disabled
     assert not {e["alias"] for e in pool if e["alias"] != b} & set(disabled)
     assert "sk-sim" not in json.dumps(disabled)
+
+    # Visible: drover stats and drover keys name it, the metrics flag it, per key and org
+    # scopes carry the limits and use; enabling it again lets it rejoin.
+    stats = _cli("stats")
+    assert f"key {b}: DISABLED" in stats and "401 authentication_error" in stats, stats
+    assert f"pool/llm:org:{cls}" in stats and f"pool/llm:{b}:{cls}" in stats
+    families = scrape(DroverCollector(get_settings(), broker_queues=False))
+    assert value(families, "drover_pool_key_disabled", key=b) == 1
+    assert value(families, "drover_pool_key_disabled", key=pool[0]["alias"]) == 0
+    assert value(families, "drover_scope_limit_per_second", scope=f"pool/llm:{b}:{cls}",
+                 dimension="input_tokens") == pytest.approx(pool[1]["itpm"] / 60)
+    assert "enabled" in _cli("keys", "enable", b)
+    assert f"key {b}: enabled" in _cli("keys")
+    for text in (stats, _cli("keys")):
+        assert "sk-sim" not in text
 
 
 def test_two_models_of_one_class_share_one_limit(sim, drover_env, monkeypatch, spawn_worker):

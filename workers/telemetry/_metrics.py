@@ -113,6 +113,9 @@ METRICS: tuple[Metric, ...] = (
            "requests holding an in-flight lease of the scope", "state"),
     Metric("drover_scope_cooldown_seconds", "gauge", ("scope",),
            "seconds left of the scope's cooldown after a 429 (0: none)", "state"),
+    Metric("drover_pool_key_disabled", "gauge", ("key",),
+           "1 while a pool's key (DROVER_KEYS, by alias) is disabled after a 401/403, else 0",
+           "state"),
     Metric("drover_job_subagents", "gauge", ("job", "tenant", "status"),
            "an active job's sub-agents by status (waiting: queued or waiting for a retry; "
            "running: in a worker's loop now); active jobs only, at most "
