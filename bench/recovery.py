@@ -1,12 +1,19 @@
 """What a lost worker costs: time to recover after ``kill -9``, and what liveness costs Redis.
 
     python -m bench.recovery [--kills 5] [--broker redis|amqp://...] [--n 60]
+    python -m bench.recovery --tight [--kills 10] [--broker ...] [--n 30] [--seed 1]
 
 Each round starts a redis-server of its own (so its command counts are ours alone) and two
 worker processes (16 threads each, default settings), queues a job of N sub-agents of three
 calls each against the simulator (0.5 s mean latency), and once the victim holds at least 8
 sub-agents kills it with SIGKILL. Time to recover = from the kill until every sub-agent the
 victim held runs (or ran) on the other worker; the median over the rounds is reported.
+
+``--tight``: the key is the bottleneck (60 RPM at the simulator and in drover, one call per
+sub-agent, so most sub-agents wait for the limiter or in the window's line at any moment) and
+the default dispatch window; each round kills the victim at a random moment of the job (after
+a random number of records, drawn with ``--seed``) and reports the time from the kill to the
+job's last record, whether every sub-agent ended ``ok`` once, and what the window still held.
 
 Round trips: Redis's MONITOR sees every command. The ones liveness and claims add to a job
 are counted apart: the claim on receipt (``receive.lua``, one round trip per delivery), the
@@ -195,6 +202,78 @@ def one_round(broker: str | None, n: int, overload: float, kill: bool) -> dict[s
             redis_proc.wait()
 
 
+TIGHT_RPM = 60
+
+
+def tight_round(broker: str | None, n: int, kill_after: int) -> dict[str, Any]:
+    """One round under a binding 60 RPM: kill -9 the victim once ``kill_after`` records are
+    in; the time from the kill to the job's last record."""
+    with tempfile.TemporaryDirectory() as tmp, SimulatorServer(SimConfig(
+            seed=1, tool_turns=0, output_tokens_mean=20, latency_mean_s=0.3,
+            latency_p95_s=0.6, rpm=TIGHT_RPM)) as sim:
+        redis_proc, url = start_redis(Path(tmp))
+        r = redis.Redis.from_url(url, decode_responses=True)
+        prefix, queue = "bench", f"q-{uuid.uuid4().hex[:6]}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "DROVER_REDIS_URL": url,
+               "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": queue,
+               "DROVER_ANTHROPIC_BASE_URL": sim.url, "ANTHROPIC_API_KEY": "sk-bench",
+               "DROVER_RPM": str(TIGHT_RPM), "DROVER_ITPM": "10000000",
+               "DROVER_OTPM": "10000000"}
+        if broker:
+            env["DROVER_BROKER_URL"] = broker
+        workers: list[subprocess.Popen] = []
+        try:
+            from drover import JobSpec
+
+            spec = JobSpec(subtasks=[f"Weigh container {i}" for i in range(n)], max_tokens=40)
+            job = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit",
+                                  "-"], input=spec.model_dump_json(), capture_output=True,
+                                 text=True, cwd=ROOT, env=env, timeout=120,
+                                 check=True).stdout.split()[-1]
+            workers = [spawn_worker(env, f"t{i}-{uuid.uuid4().hex[:4]}") for i in range(2)]
+            records = f"{prefix}:job:{job}:records"
+            wait("the moment of the kill", lambda: r.hlen(records) >= kill_after, 300)
+            victim_ids = [w for w in r.zrangebyscore(f"{prefix}:workers", "-inf", "+inf")
+                          if w.split(":")[-2] == str(workers[0].pid)]
+            held = sum(r.hlen(f"{prefix}:worker:{w}:claims") for w in victim_ids)
+            os.killpg(workers[0].pid, signal.SIGKILL)
+            killed = time.monotonic()
+            wait("every record", lambda: r.hlen(records) >= n, 600)
+            last_s = time.monotonic() - killed
+            wait("the job's result", lambda: r.exists(f"{prefix}:job:{job}:result"), 120)
+            statuses = collections.Counter(
+                v.split('"status":"', 1)[1].split('"', 1)[0] for v in r.hvals(records))
+            left = r.hgetall(f"{prefix}:fs:{{{queue}}}:jobs")
+            return {"kill_after": kill_after, "held": held, "last_s": last_s,
+                    "ok": statuses.get("ok", 0), "n": n, "window_left": len(left),
+                    "n429": sim.stats()["rejected_429"]}
+        finally:
+            for proc in workers:
+                with_suppress(lambda p=proc: os.killpg(p.pid, signal.SIGKILL))
+                proc.wait()
+            redis_proc.kill()
+            redis_proc.wait()
+
+
+def tight_main(broker: str | None, label: str, n: int, kills: int, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(kills):
+        out = tight_round(broker, n, rng.randint(1, n - 3))
+        rows.append(out)
+        print(f"kill {i + 1} ({label}, {TIGHT_RPM} RPM, {n} sub-agents): after "
+              f"{out['kill_after']} records, the victim holding {out['held']} parts; last "
+              f"record {out['last_s']:.1f} s after the kill; {out['ok']}/{n} ok, "
+              f"window entries left {out['window_left']}, 429s {out['n429']}", flush=True)
+    times = [row["last_s"] for row in rows]
+    print(f"tight limits ({label}): kill to last record median {statistics.median(times):.1f} s,"
+          f" max {max(times):.1f} s over {len(rows)} kills; every sub-agent ok in "
+          f"{sum(row['ok'] == n for row in rows)} of {len(rows)} runs; load "
+          f"{os.getloadavg()[0]:.2f}")
+
+
 def with_suppress(fn: Any) -> None:
     try:
         fn()
@@ -222,8 +301,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=60)
     parser.add_argument("--broker", default="redis",
                         help="'redis' (the round's own Redis) or an amqp:// URL")
+    parser.add_argument("--tight", action="store_true",
+                        help="a binding 60 RPM, the default window, kills at random moments")
+    parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     broker = None if args.broker == "redis" else args.broker
+    if args.tight:
+        tight_main(broker, "redis" if broker is None else "rabbitmq", args.n, args.kills,
+                   args.seed)
+        return
 
     for overload in (0.0, 0.3):
         counts = one_round(broker, args.n, overload, kill=False)
