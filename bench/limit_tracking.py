@@ -5,6 +5,10 @@ alone on the 200-sub-agent workload and takes its makespan apart:
 
     python -m bench.limit_tracking [--repeat N] [--concurrency C] [--env DROVER_X=V ...]
                                    [--sim other_share=0.4 --sim burst_s=60 ...]
+    python -m bench.limit_tracking --binding rpm|itpm [--subagents 2000] [--pairs 1]
+
+(``--binding``: see ``bench/_binding.py``: the key the bottleneck, with and without the
+limiter's line, task messages per sub-agent counted from Celery's events.)
 
 - start: from `submit()` to the provider's first accepted request;
 - saturated: while the binding dimension runs at >= 80% of the limit (its mean there is the
@@ -183,7 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim", action="append", default=[], metavar="NAME=VALUE",
                         help="simulator config changes, e.g. other_share=0.4 (repeatable)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--binding", choices=("rpm", "itpm"),
+                        help="the key the bottleneck: 600 RPM or 600,000 ITPM, one-call "
+                        "sub-agents, with and without the limiter's line, interleaved")
+    parser.add_argument("--subagents", type=int, default=2000, help="with --binding")
+    parser.add_argument("--pairs", type=int, default=1, help="with --binding")
     args = parser.parse_args(argv)
+    if args.binding:
+        from bench._binding import main as binding_main
+
+        binding_main(args.binding, args.subagents, args.pairs, args.redis_url)
+        return 0
     env = dict(item.split("=", 1) for item in args.env)
     sim_changes = dict(item.split("=", 1) for item in args.sim)
     workload = QUICK if args.quick else FULL
