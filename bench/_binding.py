@@ -27,7 +27,7 @@ from bench.contenders.common import delete_prefix
 from drover.simulator import SimConfig, SimulatorServer
 
 ROOT = Path(__file__).resolve().parents[1]
-THREADS = 16
+THREADS = 16  # per worker (--threads): the case needs more slots than the horizon holds
 SYSTEM = "You are a careful port inspector. " * 100  # about 1,000 input tokens a call
 
 
@@ -58,7 +58,8 @@ def _events(broker: str, prefix: str, names: set[str], stop: threading.Event,
                 continue
 
 
-def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str) -> dict[str, Any]:
+def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str,
+            threads: int = THREADS) -> dict[str, Any]:
     rpm, itpm = (600.0, 100_000_000.0) if kind == "rpm" else (100_000.0, 600_000.0)
     with SimulatorServer(SimConfig(seed=1, tool_turns=0, output_tokens_mean=20,
                                    latency_mean_s=0.3, latency_p95_s=0.6, rpm=rpm,
@@ -82,7 +83,7 @@ def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str) -> dict[str, 
             time.sleep(1.0)  # bound to the events exchange before the workers start
             workers = [subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker",
-                 "--pool", "threads", "--concurrency", str(THREADS), "--queues", queue,
+                 "--pool", "threads", "--concurrency", str(threads), "--queues", queue,
                  "--loglevel", "ERROR", "--without-gossip", "--without-mingle", "-E",
                  "-n", f"{name}@%h"], cwd=ROOT, env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -126,12 +127,12 @@ def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str) -> dict[str, 
             delete_prefix(redis_url, prefix)
 
 
-def main(kind: str, n: int, pairs: int, redis_url: str) -> None:
-    print(f"binding {kind.upper()}: {n} one-call sub-agents, 2 workers x {THREADS}, target 1.0; "
+def main(kind: str, n: int, pairs: int, redis_url: str, threads: int = THREADS) -> None:
+    print(f"binding {kind.upper()}: {n} one-call sub-agents, 2 workers x {threads}, target 1.0; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     for pair in range(pairs):
         for line in (True, False):
-            out = one_run(kind, n, line, redis_url)
+            out = one_run(kind, n, line, redis_url, threads)
             print(f"pair {pair + 1} wait_in_line={str(line).lower()}: busy {out['busy_s']:.1f} s"
                   f" / bound {out['bound_s']:.1f} s = {out['ratio']:.3f} x; "
                   f"{out['messages']:.2f} task messages per sub-agent; retries "

@@ -6,6 +6,7 @@ alone on the 200-sub-agent workload and takes its makespan apart:
     python -m bench.limit_tracking [--repeat N] [--concurrency C] [--env DROVER_X=V ...]
                                    [--sim other_share=0.4 --sim burst_s=60 ...]
     python -m bench.limit_tracking --binding rpm|itpm [--subagents 2000] [--pairs 1]
+                                   [--threads 16]
 
 (``--binding``: see ``bench/_binding.py``: the key the bottleneck, with and without the
 limiter's line, task messages per sub-agent counted from Celery's events.)
@@ -192,11 +193,13 @@ def main(argv: list[str] | None = None) -> int:
                         "sub-agents, with and without the limiter's line, interleaved")
     parser.add_argument("--subagents", type=int, default=2000, help="with --binding")
     parser.add_argument("--pairs", type=int, default=1, help="with --binding")
+    parser.add_argument("--threads", type=int, default=16,
+                        help="with --binding: threads per worker (2 workers)")
     args = parser.parse_args(argv)
     if args.binding:
         from bench._binding import main as binding_main
 
-        binding_main(args.binding, args.subagents, args.pairs, args.redis_url)
+        binding_main(args.binding, args.subagents, args.pairs, args.redis_url, args.threads)
         return 0
     env = dict(item.split("=", 1) for item in args.env)
     sim_changes = dict(item.split("=", 1) for item in args.sim)
