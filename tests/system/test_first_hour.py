@@ -272,7 +272,10 @@ def test_a_request_that_can_never_fit_the_input_limit_fails_at_once_with_the_siz
 
 
 def test_a_horizon_retry_reads_as_one_consistent_sentence(sim, drover_env, project):
-    env = user_env(drover_env, DROVER_RPM="60", DROVER_HORIZON_S="1", DROVER_BURST_SECONDS="1")
+    # Four sub-agents at once at one request a second: the fourth's capacity is 3 s away, past
+    # a 1 s horizon. (Waiting in line, the window would hold them back instead: off here.)
+    env = user_env(drover_env, DROVER_RPM="60", DROVER_HORIZON_S="1", DROVER_BURST_SECONDS="1",
+                   DROVER_WAIT_IN_LINE="false")
     (project / "many.json").write_text(
         '{"subtasks": ["a", "b", "c", "d", "e", "f"], "max_tokens": 16}')
     worker = Worker(project, env, "horizon", "-n", f"horizon-{os.getpid()}@%h")
