@@ -59,8 +59,10 @@ def _events(broker: str, prefix: str, names: set[str], stop: threading.Event,
 
 
 def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str,
-            threads: int = THREADS) -> dict[str, Any]:
-    rpm, itpm = (600.0, 100_000_000.0) if kind == "rpm" else (100_000.0, 600_000.0)
+            threads: int = THREADS, calls_per_min: float = 60.0) -> dict[str, Any]:
+    # ITPM: about 1,000 input tokens a call, so the same calls a minute.
+    rpm, itpm = ((calls_per_min, 100_000_000.0) if kind == "rpm"
+                 else (100_000.0, calls_per_min * 1000.0))
     with SimulatorServer(SimConfig(seed=1, tool_turns=0, output_tokens_mean=20,
                                    latency_mean_s=0.3, latency_p95_s=0.6, rpm=rpm,
                                    itpm=itpm)) as sim:
@@ -127,12 +129,14 @@ def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str,
             delete_prefix(redis_url, prefix)
 
 
-def main(kind: str, n: int, pairs: int, redis_url: str, threads: int = THREADS) -> None:
-    print(f"binding {kind.upper()}: {n} one-call sub-agents, 2 workers x {threads}, target 1.0; "
-          f"load {os.getloadavg()[0]:.2f}", flush=True)
+def main(kind: str, n: int, pairs: int, redis_url: str, threads: int = THREADS,
+         calls_per_min: float = 60.0) -> None:
+    print(f"binding {kind.upper()} at {calls_per_min:g} calls a minute: {n} one-call "
+          f"sub-agents, 2 workers x {threads}, target 1.0; load {os.getloadavg()[0]:.2f}",
+          flush=True)
     for pair in range(pairs):
         for line in (True, False):
-            out = one_run(kind, n, line, redis_url, threads)
+            out = one_run(kind, n, line, redis_url, threads, calls_per_min)
             print(f"pair {pair + 1} wait_in_line={str(line).lower()}: busy {out['busy_s']:.1f} s"
                   f" / bound {out['bound_s']:.1f} s = {out['ratio']:.3f} x; "
                   f"{out['messages']:.2f} task messages per sub-agent; retries "

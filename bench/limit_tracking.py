@@ -6,7 +6,7 @@ alone on the 200-sub-agent workload and takes its makespan apart:
     python -m bench.limit_tracking [--repeat N] [--concurrency C] [--env DROVER_X=V ...]
                                    [--sim other_share=0.4 --sim burst_s=60 ...]
     python -m bench.limit_tracking --binding rpm|itpm [--subagents 2000] [--pairs 1]
-                                   [--threads 16]
+                                   [--threads 16] [--rate 60]
 
 (``--binding``: see ``bench/_binding.py``: the key the bottleneck, with and without the
 limiter's line, task messages per sub-agent counted from Celery's events.)
@@ -189,17 +189,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulator config changes, e.g. other_share=0.4 (repeatable)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--binding", choices=("rpm", "itpm"),
-                        help="the key the bottleneck: 600 RPM or 600,000 ITPM, one-call "
-                        "sub-agents, with and without the limiter's line, interleaved")
+                        help="the key the bottleneck (RPM, or ITPM at about 1,000 tokens a "
+                        "call), one-call sub-agents, with and without the limiter's line, "
+                        "interleaved")
     parser.add_argument("--subagents", type=int, default=2000, help="with --binding")
     parser.add_argument("--pairs", type=int, default=1, help="with --binding")
     parser.add_argument("--threads", type=int, default=16,
                         help="with --binding: threads per worker (2 workers)")
+    parser.add_argument("--rate", type=float, default=60.0,
+                        help="with --binding: calls a minute the binding limit allows (RPM, "
+                        "or ITPM / 1,000 tokens a call)")
     args = parser.parse_args(argv)
     if args.binding:
         from bench._binding import main as binding_main
 
-        binding_main(args.binding, args.subagents, args.pairs, args.redis_url, args.threads)
+        binding_main(args.binding, args.subagents, args.pairs, args.redis_url, args.threads,
+                     args.rate)
         return 0
     env = dict(item.split("=", 1) for item in args.env)
     sim_changes = dict(item.split("=", 1) for item in args.sim)
