@@ -48,14 +48,13 @@ Celery retry with a countdown, which on the Redis broker is a new message that a
 at once and holds in memory until its ETA (one broker round trip, one Flower retry and one part
 a dying worker takes with it per refusal, and a sub-agent that comes back from a jittered
 countdown misses the capacity it waited for). So the window has a second bound, the *line
-cap*: sub-agents running over all jobs (out, less those waiting out a countdown, like the
-slots) at most what the limiter can serve within its horizon,
-``0.8 x (horizon - cooldown + burst) x calls/s``, where calls/s is the scope's rate (its
-learned share included) over the cost of a mean call in each limited dimension (requests: 1;
-tokens: the mean per request of the scope's last minute, or the submitter's estimate of a
-first call before there is one). Each running sub-agent has at most one call waiting for the
-limiter, and the limiter serves waiting calls in the order they asked (GCRA reservations),
-so with at most that many running no wait exceeds the horizon: the
+cap*: sub-agents out over all jobs (running *and* deferred) at most what the limiter can serve
+within its horizon, ``0.8 x (horizon - cooldown + burst) x calls/s``, where calls/s is the
+scope's rate (its learned share included) over the cost of a mean call in each limited
+dimension (requests: 1; tokens: the mean per request of the scope's last minute, or the
+submitter's estimate of a first call before there is one). Each out sub-agent has at most
+one call waiting for the limiter, and the limiter serves waiting calls in the order they
+asked (GCRA reservations), so with at most that many out no wait exceeds the horizon: the
 rest wait here, unpublished, in the order the fair-share rule gives, and are published when
 a place frees (a record) or the cap grows (the pump, every ``PUMP_S``). Each worker's pump
 computes the cap (``workers/agent/capacity.py``) and writes it beside the slots.

@@ -16,8 +16,8 @@
 -- ARGV[4]  ttl of KEYS[1], KEYS[3] and KEYS[4] in seconds
 -- ARGV[5]  seconds over which a tenant's average out is taken
 -- ARGV[6]  holder: the caller's worker id ("" outside a worker), who publishes the grants
--- ARGV[7]  cap: sub-agents allowed running (out, less those deferred) over all jobs, because
---          the limiter can serve about that many within its horizon (0: no such cap; see
+-- ARGV[7]  cap: sub-agents allowed out over all jobs *including* deferred ones, because the
+--          limiter can serve about that many within its horizon (0: no such cap; see
 --          fairshare.py, "waiting in line")
 -- ARGV[8]  job id (not for fill)
 -- add:  ARGV[9] n, ARGV[10] tenant, ARGV[11] weight, ARGV[12] rank
@@ -153,12 +153,15 @@ end
 if op == 'undefer' then return {} end
 
 -- One place at a time, each to the most deserving waiting job.
-local total = 0
-for _, j in ipairs(jobs) do total = total + running(j) end
+local total, all_out = 0, 0
+for _, j in ipairs(jobs) do
+  total = total + running(j)
+  all_out = all_out + out(j)
+end
 local free = window - total
 -- The limiter's line: beyond what it can serve within its horizon a sub-agent would only
 -- wait out a countdown, so it waits here, unpublished, in the order this rule gives.
-if cap > 0 then free = math.min(free, cap - total) end
+if cap > 0 then free = math.min(free, cap - all_out) end
 local pending = {}  -- job id -> {first, count} granted in this call
 while free > 0 do
   local tenants = {}
@@ -184,7 +187,7 @@ while free > 0 do
   end
   local weights, spare = 0, window
   for _, j in ipairs(jobs) do spare = spare + j.deferred end
-  if cap > 0 then spare = math.min(spare, cap + (spare - window)) end
+  if cap > 0 then spare = math.min(spare, cap) end
   for _, t in pairs(tenants) do
     if t.waiting then weights = weights + t.w else spare = spare - t.out end
   end
