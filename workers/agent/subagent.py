@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from drover.workers import redis_outage
 from drover.workers.agent.batch import batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
@@ -168,8 +169,9 @@ class SubagentRun:
             return await self._fail(spec, state, failure.decision)
         except redis.RedisError as error:
             # The checkpoint is in Redis: nothing to record now, resume from it later.
-            log.warning("sub-agent %s/%d: Redis unavailable (%s: %s); retry in %g s",
-                        self.job_id, self.index, type(error).__name__, error, REDIS_DOWN_RETRY_S)
+            redis_outage.noticed(f"sub-agent {self.job_id}/{self.index}", error)
+            log.debug("sub-agent %s/%d: Redis unavailable (%s: %s); retry in %g s",
+                      self.job_id, self.index, type(error).__name__, error, REDIS_DOWN_RETRY_S)
             raise LimiterSaysLater(REDIS_DOWN_RETRY_S, f"redis: {type(error).__name__}"
                                    ) from None
         except Exception as error:

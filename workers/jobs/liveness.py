@@ -25,6 +25,7 @@ from collections.abc import Callable
 import redis
 
 from drover.config import Settings
+from drover.workers import redis_outage
 from drover.workers.redis_clients import sentinel_settings, sync_redis
 
 __all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
@@ -50,6 +51,13 @@ class Heartbeat:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.pid = os.getpid()
         self.r = client or sync_redis(settings.redis_url, **sentinel_settings(settings))
+        # The beats' own client gives up within one beat: a beat blocked for the usual retry
+        # minute would say nothing while Redis is away (a pause, a network gone), and the
+        # next beat tries again anyway. It is also what notices Redis going and coming back.
+        quick = max(0.5, min(settings.heartbeat_s, 5.0))
+        self._beats = client or sync_redis(settings.redis_url, **sentinel_settings(settings),
+                                           retries=False, socket_timeout=quick,
+                                           socket_connect_timeout=quick)
         self._stop = threading.Event()
         # Warm shutdown (SIGTERM): draining = start no new LLM call, hand sub-agents back;
         # handing_back = the grace for calls in flight is over, abort them and hand back too.
@@ -61,8 +69,8 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="drover-heartbeat", daemon=True)
         self._thread.start()
 
-    def beat(self) -> None:
-        pipe = self.r.pipeline(transaction=False)
+    def beat(self, client: redis.Redis | None = None) -> None:
+        pipe = (client or self.r).pipeline(transaction=False)
         pipe.set(heartbeat_key(self.prefix, self.id), self._info,
                  px=int(self.settings.heartbeat_ttl_s * 1000))
         pipe.zadd(workers_key(self.prefix), {self.id: time.time()}, nx=True)
@@ -74,9 +82,11 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
             try:
-                self.beat()
+                self.beat(self._beats)
             except redis.RedisError as error:  # Redis away: the next beat tries again
-                log.warning("heartbeat failed (%s: %s)", type(error).__name__, error)
+                redis_outage.noticed("the heartbeat", error)
+            else:
+                redis_outage.answered()
 
     def drain(self, grace_s: float, interrupt: Callable[[], None]) -> None:
         """Stop starting calls now; after ``grace_s``, ``interrupt`` the ones still in flight."""
