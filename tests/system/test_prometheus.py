@@ -14,14 +14,17 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
-from drover import JobSpec, submit
+from drover import JobSpec
 from drover.workers.limiter import llm_scope
 from tests.helpers import ROOT, configure, stop_process_group, wait_until
+from tests.helpers.fleet import submit_elsewhere
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -42,7 +45,23 @@ def _get(url: str) -> bytes:
 
 
 @pytest.fixture
-def exporter(drover_env: dict[str, str]) -> Iterator[str]:
+def own_prefix(monkeypatch: pytest.MonkeyPatch, drover_env: dict[str, str]) -> Iterator[str]:
+    """A key prefix of this test's own (Celery's keys too), so the exporter reads this job's
+    series only: by the end of a full run the session's prefix holds the counters of hundreds
+    of scopes, and on a loaded box a scrape of them outlasts the 250 ms timeout. The jobs are
+    submitted from processes of their own (this process's Celery app keeps the session's)."""
+    prefix = f"drovertest-prom-{uuid.uuid4().hex[:8]}"
+    configure(monkeypatch, drover_env, DROVER_KEY_PREFIX=prefix)
+    yield prefix
+    client = redis.Redis.from_url(drover_env["DROVER_REDIS_URL"])
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def exporter(drover_env: dict[str, str], own_prefix: str) -> Iterator[str]:
     """`drover metrics` as its own process; yields its host:port."""
     port = _free_port()
     proc = subprocess.Popen(
@@ -167,7 +186,7 @@ def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
     spawn_worker(concurrency=8)
 
     # A first small job makes the scope's series exist, so the window below starts on them.
-    submit(JobSpec(subtasks=["Warm up"], max_tokens=100)).wait(timeout=60)
+    submit_elsewhere(drover_env, JobSpec(subtasks=["Warm up"], max_tokens=100)).wait(timeout=60)
     warm = sim.stats()["accepted"]
     _wait_for(prometheus, "prometheus to see the warm-up calls", ok, warm)
     start = time.time()
@@ -179,8 +198,8 @@ def test_prometheus_sees_the_request_rate_the_provider_saw_and_the_429(
     subtasks[7] += " [[sim:429:1]]"
     # Two calls per sub-agent (the simulator asks for one tool call first): ~40 calls at
     # 300 RPM, about 8 s.
-    result = submit(JobSpec(subtasks=subtasks, max_tokens=150, tools=["lookup_fact"])
-                    ).wait(timeout=120)
+    result = submit_elsewhere(drover_env, JobSpec(
+        subtasks=subtasks, max_tokens=150, tools=["lookup_fact"])).wait(timeout=120)
     assert result.counts["ok"] == 20
     provider = sim.stats()
     accepted = provider["accepted"] - warm
