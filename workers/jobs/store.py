@@ -243,6 +243,13 @@ class JobStore:
             todo = {i: flags[3 * k + 1] for k, i in enumerate(indexes)
                     if not flags[3 * k] and not flags[3 * k + 2]
                     and (checkpointed or not (i in running or (i in held and flags[3 * k + 1])))}
+            if not checkpointed:
+                # A turn waiting in a Message Batch: the sub-agent records itself when its
+                # batch ends (the cancel reaches the provider too), since a request that
+                # succeeded before that is billed, at the batch rate, and its usage belongs
+                # in the record.
+                todo = {i: ckpt for i, ckpt in todo.items()
+                        if not (ckpt and Checkpoint.model_validate_json(ckpt).batch_cid)}
             if not todo:
                 continue
             now = time.time()
