@@ -29,13 +29,12 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.recovery import spawn_worker, submit
 from drover.orchestrator.sentinels import start_sentinel_set
 from drover.simulator import SimConfig, SimulatorServer
 from drover.workers.redis_clients import sync_redis
@@ -43,26 +42,6 @@ from drover.workers.redis_clients import sync_redis
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 6
 KILL_AFTER = 10
-
-
-def spawn_worker(env: dict[str, str], name: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool", "threads",
-         "--concurrency", str(THREADS), "--queues", env["DROVER_QUEUE"], "--loglevel", "ERROR",
-         "--without-gossip", "--without-mingle", "-n", f"{name}@%h"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
-
-
-def submit(env: dict[str, str], n: int) -> str:
-    from drover import JobSpec
-
-    spec = JobSpec(subtasks=[f"Inspect crane {i}" for i in range(n)], tools=["lookup_fact"],
-                   max_tokens=60)
-    done = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "submit", "-"],
-                          input=spec.model_dump_json(), capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=120, check=True)
-    return done.stdout.split()[-1]
 
 
 def one_run(n: int, rpm: int, broker: str | None) -> dict[str, Any]:
@@ -79,7 +58,7 @@ def one_run(n: int, rpm: int, broker: str | None) -> dict[str, Any]:
            "DROVER_RESEND_AFTER_S": "5"}
     if broker:
         env["DROVER_BROKER_URL"] = broker
-    workers = [spawn_worker(env, f"fo{i}-{uuid.uuid4().hex[:4]}") for i in range(2)]
+    workers = [spawn_worker(env, f"fo{i}-{uuid.uuid4().hex[:4]}", THREADS) for i in range(2)]
     client = sync_redis(cluster.url, master=cluster.master_name, decode_responses=True)
     records_key = f"{prefix}:job:{{}}:records"
     try:

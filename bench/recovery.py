@@ -109,10 +109,10 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("redis-server did not start")
 
 
-def spawn_worker(env: dict[str, str], name: str) -> subprocess.Popen:
+def spawn_worker(env: dict[str, str], name: str, threads: int = THREADS) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool", "threads",
-         "--concurrency", str(THREADS), "--queues", env["DROVER_QUEUE"], "--loglevel", "ERROR",
+         "--concurrency", str(threads), "--queues", env["DROVER_QUEUE"], "--loglevel", "ERROR",
          "--without-gossip", "--without-mingle", "-n", f"{name}@%h"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
