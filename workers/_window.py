@@ -10,7 +10,11 @@ from functools import lru_cache
 
 from drover.config import Settings, get_settings
 from drover.workers.agent import uses_batch
-from drover.workers.agent.capacity import first_call_hint, line_cap, save_first_call_hint
+from drover.workers.agent.capacity import (
+    first_call_hint,
+    report_line_cap,
+    save_first_call_hint,
+)
 from drover.workers.dispatch import dispatch as publish_subagents
 from drover.workers.dispatch import open_fanout, send_join
 from drover.workers.jobs.fairshare import Dispatch, FairShare
@@ -63,8 +67,7 @@ def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStor
                              first_call_hint(store.spec(job_id), text))
         # Again now, not only when none is fresh: a pump's cap from before any call and any
         # hint knows only the requests limit.
-        if (cap := line_cap(settings, shared.limiter, shared.redis, queue)) is not None:
-            fs.report_cap(cap)
+        report_line_cap(settings, shared.limiter, shared.redis, fs)
     except Exception as error:  # the workers' pumps size it within seconds anyway
         log.warning("job %s: could not size the limiter's line (%s: %s)", job_id,
                     type(error).__name__, error)

@@ -23,7 +23,7 @@ from drover.config import get_settings
 from drover.workers import preflight
 from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
-from drover.workers.agent.capacity import line_cap
+from drover.workers.agent.capacity import report_line_cap
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs import (
     TOKEN_HEADER,
@@ -60,10 +60,11 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     controller = getattr(sender, "controller", None)
     slots = int(getattr(controller, "concurrency", 0) or 0)
     node = getattr(sender, "hostname", None) or f"{socket.gethostname()}"
-    cap = ((lambda: line_cap(settings, shared.limiter, shared.redis, settings.queue))
-           if settings.wait_in_line else None)
-    start_pump(shared.fairshare(settings.queue), shared.store,
-               lambda runs: dispatch(runs, settings.queue), node=node, slots=slots, cap=cap)
+    fs = shared.fairshare(settings.queue)
+    size_line = ((lambda: report_line_cap(settings, shared.limiter, shared.redis, fs))
+                 if settings.wait_in_line else None)
+    start_pump(fs, shared.store, lambda runs: dispatch(runs, settings.queue), node=node,
+               slots=slots, size_line=size_line)
 
 
 PARTS = {"drover.run_subagent": 1, "drover.join_results": "join", "drover.plan_job": "plan"}

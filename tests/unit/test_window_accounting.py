@@ -30,6 +30,28 @@ def test_a_retry_received_before_its_release_stays_in_the_workers_list(redis_url
     assert {h.part for h in claims.held_by("w2")} == {"4"}
 
 
+def test_each_grant_follows_the_line_cap_reported_last_by_any_process(redis_url, key_prefix):
+    """A worker's pump reported a cap from before any estimate of a call (the requests limit
+    alone: a large one); then the submitter, knowing the job's calls, a small one. The
+    worker's next grant follows the submitter's cap: when each process kept its own copy for
+    a second, the worker's first record opened the whole window (issue 31: 40 of 40
+    sub-agents out against a cap of 11, 22 of them sent into countdowns)."""
+    from drover.workers.jobs.fairshare import FairShare
+
+    r = redis.Redis.from_url(redis_url)
+    worker = FairShare(r, prefix=key_prefix, queue="q", window=32, holder="w1")
+    submitter = FairShare(r, prefix=key_prefix, queue="q", window=32)
+    worker.report_cap(1200)
+    assert worker.fill() == []  # the worker has read (and used) the large cap
+    submitter.report_cap(3)
+    granted = submitter.add("job", n=20, tenant="t", weight=1.0, priority="normal")
+    assert sum(run.count for run in granted) == 3
+    assert sum(run.count for run in worker.finished("job", 1)) == 1  # one place freed, one
+    assert worker.defer("job", 1) == []  # waiting out a countdown still holds its place
+    submitter.report_cap(6)  # the cap grew: the next grant (here, the pump's) fills to it
+    assert sum(run.count for run in worker.fill()) == 3
+
+
 # --- the window's accounting under takeovers, records, retries and kills --------------------
 
 N_PARTS = 10

@@ -20,10 +20,12 @@ import redis
 
 from drover.config import Settings
 from drover.workers.agent.limits import llm_limits
+from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.limiter import Limiter, llm_scope
 
-__all__ = ["MARGIN", "calls_per_s", "first_call_hint", "line_cap", "save_first_call_hint"]
+__all__ = ["MARGIN", "calls_per_s", "first_call_hint", "line_cap", "report_line_cap",
+           "save_first_call_hint"]
 
 # Of the horizon. A smaller line costs no throughput while the limiter still has calls
 # waiting (the cap is many calls' worth at 15 s), a larger one costs countdowns: estimates of
@@ -92,3 +94,23 @@ def line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, queue: str | 
         return None
     seconds = max(0.0, settings.horizon_s - state["cooldown_s"]) + state["burst_s"]
     return max(1, int(MARGIN * rate * seconds))
+
+
+def report_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, fs: FairShare
+                    ) -> int | None:
+    """Compute the queue's line cap and write it for the window, unless a submitter saved a
+    new first-call estimate meanwhile (a pump that read none, writing after the submitter's
+    cap, would open the window to the requests limit alone for a whole round). Returns the
+    cap written (None: no limit applies, or this round's was stale)."""
+    with r.pipeline() as pipe:
+        try:
+            pipe.watch(_hint_key(settings.key_prefix, fs.queue))
+            cap = line_cap(settings, limiter, pipe, fs.queue)  # type: ignore[arg-type]
+            if cap is None:
+                return None
+            pipe.multi()
+            fs.report_cap(cap, through=pipe)
+            pipe.execute()
+            return cap
+        except redis.WatchError:
+            return None

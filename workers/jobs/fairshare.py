@@ -167,7 +167,6 @@ class FairShare:
         self.average_s = average_s  # the odd place of the window follows 5-s averages
         self._script = client.register_script(_SCRIPT)
         self._window, self._window_at = fallback_window, -1e9
-        self._cap, self._cap_at = 0, -1e9
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings, queue: str | None = None,
@@ -227,24 +226,19 @@ class FairShare:
             self._window_at = now
         return self._window
 
-    def report_cap(self, cap: int, ttl_s: float = PUMP_S * 5) -> None:
+    def report_cap(self, cap: int, ttl_s: float = PUMP_S * 5, *,
+                   through: redis.client.Pipeline | None = None) -> None:
         """The line cap (sub-agents the limiter serves within its horizon), valid ``ttl_s``:
-        without a fresh one (no worker has computed it lately) the window has slots only."""
-        self.r.set(self.cap_key, max(1, int(cap)), px=int(ttl_s * 1000))
-        self._cap, self._cap_at = max(1, int(cap)), time.monotonic()
+        without a fresh one (no worker has computed it lately) the window has slots only.
+        ``through``: a pipeline in MULTI (``capacity.report_line_cap`` writes it only if
+        the estimate it was computed from still stands). The script reads the cap itself
+        at each grant, so a new one holds from the next grant on, in every process."""
+        (through or self.r).set(self.cap_key, max(1, int(cap)), px=int(ttl_s * 1000))
 
     def cap(self) -> int | None:
         """The line cap as last reported (None: none is fresh)."""
         raw = self.r.get(self.cap_key)
         return None if raw is None else int(raw)
-
-    def current_cap(self) -> int:
-        """The cap now, 0 for none (read at most once a second, like the window)."""
-        now = time.monotonic()
-        if now - self._cap_at > 1.0:
-            self._cap = self.cap() or 0
-            self._cap_at = now
-        return self._cap
 
     # --- the scheduler ------------------------------------------------------------------
     def add(self, job_id: str, *, n: int, tenant: str, weight: float, priority: str
@@ -285,10 +279,9 @@ class FairShare:
     def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
         reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
                                    f"{self.base}:tenants", self.granted_key,
-                                   self.deferred_key(job_id)],
+                                   self.deferred_key(job_id), self.cap_key],
                              args=[op, self.current_window(), self.floor, self.ttl_s,
-                                   self.average_s, self.holder, self.current_cap(), job_id,
-                                   *args])
+                                   self.average_s, self.holder, job_id, *args])
         return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
                 for i in range(0, len(reply), 3)]
 
@@ -408,29 +401,29 @@ _thread: threading.Thread | None = None
 
 
 def start_pump(fs: FairShare, store: JobStore, publish: Publish, *, node: str | None = None,
-               slots: int = 0, cap: Callable[[], int | None] | None = None) -> None:
+               slots: int = 0, size_line: Callable[[], object] | None = None) -> None:
     """This process's pump thread (once): reports ``slots`` under ``node`` and, on one worker
     of the queue at a time, reconciles the window (a lost update, workers that came or went).
-    ``cap`` computes the line cap (what the limiter serves within its horizon; None: no
-    limit applies), reported each round."""
+    ``size_line`` computes and reports the line cap (what the limiter serves within its
+    horizon), each round."""
     global _thread
     with _started:
         if _thread is not None and _thread.is_alive():
             return
         _thread = threading.Thread(target=_pump_forever,
-                                   args=(fs, store, publish, node, slots, cap),
+                                   args=(fs, store, publish, node, slots, size_line),
                                    name="drover-fairshare", daemon=True)
         _thread.start()
 
 
 def _pump_forever(fs: FairShare, store: JobStore, publish: Publish, node: str | None,
-                  slots: int, cap: Callable[[], int | None] | None) -> None:
+                  slots: int, size_line: Callable[[], object] | None) -> None:
     while True:
         try:
             if node and slots:
                 fs.report_slots(node, slots)
-            if cap is not None and (value := cap()) is not None:
-                fs.report_cap(value)
+            if size_line is not None:
+                size_line()
             pump_once(fs, store, publish)
         except Exception as error:  # Redis or the broker away: again next time
             log.warning("fair-share pump failed (%s: %s)", type(error).__name__, error)

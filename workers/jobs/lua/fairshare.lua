@@ -10,20 +10,22 @@
 -- KEYS[4]  hash   "job id|first|count" -> "holder|time": grants not yet published
 -- KEYS[5]  set    the op's job's deferred sub-agents (their indexes), so that a defer or a
 --                 resume counts once per sub-agent however many copies of its task say so
+-- KEYS[6]  string the line cap: sub-agents allowed out over all jobs *including* deferred
+--                 ones, because the limiter can serve about that many within its horizon
+--                 (absent: no such cap; see fairshare.py, "waiting in line"). Read here, not
+--                 passed in: a copy a caller read a moment ago may predate the cap of the job
+--                 that was just submitted, and one such grant publishes a whole window
 -- ARGV[1]  op: add | done | defer | resume | undefer | remove | fill
 -- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
 -- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
 -- ARGV[4]  ttl of KEYS[1], KEYS[3] and KEYS[4] in seconds
 -- ARGV[5]  seconds over which a tenant's average out is taken
 -- ARGV[6]  holder: the caller's worker id ("" outside a worker), who publishes the grants
--- ARGV[7]  cap: sub-agents allowed out over all jobs *including* deferred ones, because the
---          limiter can serve about that many within its horizon (0: no such cap; see
---          fairshare.py, "waiting in line")
--- ARGV[8]  job id (not for fill)
--- add:  ARGV[9] n, ARGV[10] tenant, ARGV[11] weight, ARGV[12] rank
--- done: ARGV[9] records of the job now in (the job store's count; only raises `done`)
--- defer, resume: ARGV[9] the sub-agent's index
--- undefer: ARGV[9..] indexes that are not waiting out a countdown any more (the sweep's
+-- ARGV[7]  job id (not for fill)
+-- add:  ARGV[8] n, ARGV[9] tenant, ARGV[10] weight, ARGV[11] rank
+-- done: ARGV[8] records of the job now in (the job store's count; only raises `done`)
+-- defer, resume: ARGV[8] the sub-agent's index
+-- undefer: ARGV[8..] indexes that are not waiting out a countdown any more (the sweep's
 --          reconciliation: they have a record, run, or their worker died); grants nothing
 --
 -- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
@@ -46,7 +48,8 @@
 -- the others can use the slot; its job, being at its share, gets no more meanwhile.
 
 local op, window, floor, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local TAU, holder, cap, id = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8]
+local TAU, holder, id = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local cap = tonumber(redis.call('GET', KEYS[6]) or 0) or 0
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 
@@ -117,30 +120,30 @@ end
 local job = by_id[id]
 if op == 'add' then
   if not job then  -- a second add (a launch delivered twice) changes nothing
-    job = {id = id, n = tonumber(ARGV[9]), next = 0, done = 0, deferred = 0, tenant = ARGV[10],
-           w = tonumber(ARGV[11]), rank = tonumber(ARGV[12]),
+    job = {id = id, n = tonumber(ARGV[8]), next = 0, done = 0, deferred = 0, tenant = ARGV[9],
+           w = tonumber(ARGV[10]), rank = tonumber(ARGV[11]),
            seq = redis.call('INCR', KEYS[2]), t0 = now}
     jobs[#jobs + 1] = job
     by_id[id] = job
     save(job)
   end
 elseif op == 'done' and job then
-  job.done = math.max(job.done, tonumber(ARGV[9]))
+  job.done = math.max(job.done, tonumber(ARGV[8]))
   job.deferred = math.min(job.deferred, out(job))
   if job.done >= job.n then forget(job) else save(job) end
 elseif op == 'defer' and job then
-  if redis.call('SADD', KEYS[5], ARGV[9]) == 1 then
+  if redis.call('SADD', KEYS[5], ARGV[8]) == 1 then
     redis.call('EXPIRE', KEYS[5], ttl)
     job.deferred = math.min(job.deferred + 1, out(job))
     save(job)
   end
 elseif op == 'resume' and job then
-  if redis.call('SREM', KEYS[5], ARGV[9]) == 1 then
+  if redis.call('SREM', KEYS[5], ARGV[8]) == 1 then
     job.deferred = math.max(0, job.deferred - 1)
     save(job)
   end
 elseif op == 'undefer' and job then
-  for i = 9, #ARGV do redis.call('SREM', KEYS[5], ARGV[i]) end
+  for i = 8, #ARGV do redis.call('SREM', KEYS[5], ARGV[i]) end
   -- The count follows the set (a lost update of either heals here too).
   job.deferred = math.min(redis.call('SCARD', KEYS[5]), out(job))
   save(job)
