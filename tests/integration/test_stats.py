@@ -103,6 +103,23 @@ def test_drover_stats_cli_writes_the_plot(sim, worker, drover_env, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_drover_stats_imports_neither_the_sdk_nor_celery(sim, worker, drover_env):
+    # `drover stats` reads counters: importing the anthropic SDK (through drover.workers.agent)
+    # took seconds on a loaded host. Run after a job, so every part of the output is printed.
+    _run_job_with_a_429_and_a_529(sim, worker)
+    probe = ("import sys\n"
+             "from drover.orchestrator.cli import main\n"
+             "code = main(['stats'])\n"
+             "print('heavy:', sorted(m for m in ('anthropic', 'celery') if m in sys.modules))\n"
+             "sys.exit(code)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                         env={**os.environ, **drover_env, "COLUMNS": "200"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "use of the limits" in out.stdout, out.stdout
+    assert "heavy: []" in out.stdout, out.stdout
+
+
 def test_stats_say_so_when_the_prefix_saw_no_activity(drover_env, monkeypatch, tmp_path):
     monkeypatch.setenv("DROVER_KEY_PREFIX", "drovertest-nothing-here")
     get_settings.cache_clear()
