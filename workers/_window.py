@@ -11,6 +11,7 @@ from functools import lru_cache
 from drover.config import Settings, get_settings
 from drover.workers.agent import uses_batch
 from drover.workers.agent.capacity import (
+    active_models,
     first_call_hint,
     report_line_cap,
     save_first_call_hint,
@@ -63,11 +64,13 @@ def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStor
         shared = services(settings)
         subtask = store.r.lindex(store.key(job_id, "tasks"), 0) or b""
         text = subtask.decode() if isinstance(subtask, bytes) else str(subtask)
-        save_first_call_hint(shared.redis, settings, queue,
-                             first_call_hint(store.spec(job_id), text))
+        spec = store.spec(job_id)
+        model = spec.model or settings.model
+        save_first_call_hint(shared.redis, settings, queue, model, first_call_hint(spec, text))
         # Again now, not only when none is fresh: a pump's cap from before any call and any
-        # hint knows only the requests limit.
-        report_line_cap(settings, shared.limiter, shared.redis, fs)
+        # hint knows only the requests limit, and none knows this job's model yet.
+        report_line_cap(settings, shared.limiter, shared.redis, fs,
+                        active_models(settings, fs, store) | {model})
     except Exception as error:  # the workers' pumps size it within seconds anyway
         log.warning("job %s: could not size the limiter's line (%s: %s)", job_id,
                     type(error).__name__, error)

@@ -23,7 +23,7 @@ from drover.config import get_settings
 from drover.workers import preflight
 from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
-from drover.workers.agent.capacity import report_line_cap
+from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs import (
     TOKEN_HEADER,
@@ -61,7 +61,9 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     slots = int(getattr(controller, "concurrency", 0) or 0)
     node = getattr(sender, "hostname", None) or f"{socket.gethostname()}"
     fs = shared.fairshare(settings.queue)
-    size_line = ((lambda: report_line_cap(settings, shared.limiter, shared.redis, fs))
+    size_line = ((lambda: report_line_cap(settings, shared.limiter, shared.redis, fs,
+                                          active_models(settings, fs, shared.store)
+                                          or {settings.model}))
                  if settings.wait_in_line else None)
     start_pump(fs, shared.store, lambda runs: dispatch(runs, settings.queue), node=node,
                slots=slots, size_line=size_line)

@@ -10,6 +10,7 @@ asserted (bench.limit_tracking measures it)."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 from urllib.parse import quote
@@ -28,9 +29,14 @@ SYSTEM = "You are a careful port inspector. " * 100  # about 850 input tokens a 
 
 
 def _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path: Path, *, rpm: float,
-         itpm: float, system: str) -> None:  # noqa: ANN001
-    configure(monkeypatch, drover_env, rpm=rpm, itpm=itpm, otpm=10_000_000,
-              target_utilization=1.0)
+         itpm: float, system: str, model: str | None = None) -> None:  # noqa: ANN001
+    if model is None:
+        configure(monkeypatch, drover_env, rpm=rpm, itpm=itpm, otpm=10_000_000,
+                  target_utilization=1.0)
+    else:  # the job's own model is the bottleneck; the default model's limits are loose
+        configure(monkeypatch, drover_env, rpm=6000, itpm=10_000_000, otpm=10_000_000,
+                  target_utilization=1.0,
+                  limits=json.dumps({model: {"rpm": rpm, "itpm": itpm, "otpm": 10_000_000}}))
     sim.configure(rpm=rpm, itpm=itpm, tool_turns=0, output_tokens_mean=20,
                   latency_mean_s=0.3, latency_p95_s=0.6)
     with running_flower(drover_env, tmp_path / "flower.log",
@@ -43,7 +49,7 @@ def _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path: Path, *, rpm: flo
         wait_until("both workers' slots in the window",
                    lambda: fs.live_slots() == 2 * SLOTS, 90)
         handle = submit(JobSpec(subtasks=[f"Weigh container {i}" for i in range(N)],
-                                system=system, max_tokens=40))
+                                system=system, max_tokens=40, model=model))
         seen_in_line: list[tuple[int, int, int]] = []  # (out, waiting in line, cap)
 
         def watch() -> bool:
@@ -95,3 +101,11 @@ def test_at_a_binding_itpm_subagents_wait_in_line_not_in_countdowns(
         sim, drover_env, monkeypatch, spawn_worker, tmp_path):
     _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=6000, itpm=60_000,
          system=SYSTEM)
+
+
+def test_a_job_on_a_model_of_its_own_waits_in_that_models_line(
+        sim, drover_env, monkeypatch, spawn_worker, tmp_path):
+    """The line is sized by the job's model class, not the default model's (whose limits
+    here would let every slot out)."""
+    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=60, itpm=10_000_000,
+         system="", model="claude-haiku-4-5")

@@ -8,24 +8,32 @@ the last one's call waits about ``k / calls_per_s``; it stays within the horizon
 each limited dimension (with the share of the key the limiter has learned is ours) over the
 cost of a mean call in that dimension, the smallest of them: requests cost 1; input and output
 tokens the mean per request of the scope's last minute, or, before there are enough calls to
-say, the submitter's estimate of a first call (``first_call_hint``).
+say, the submitter's estimate of a first call (``first_call_hint``, kept per model class).
+
+The scope is the model class's: ``llm:{key}:{class}`` with one key; with a pool of keys
+(``DROVER_KEYS``), the organisation's level or the sum of the enabled keys' own limits,
+whichever serves fewer calls. A queue whose jobs use several model classes gets the sum of
+their caps (``queue_line_cap``), computed by each worker's pump for the classes of the jobs in
+its window, and by the submitter for its job's class before the job's first grant.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import redis
 
 from drover.config import Settings
-from drover.workers.agent.limits import llm_limits
+from drover.workers.agent.limits import llm_limits, scaled_limits
 from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.spec import JobSpec
-from drover.workers.limiter import Limiter, llm_scope
+from drover.workers.jobs.store import JobNotFound, JobStore
+from drover.workers.limiter import Limiter, llm_scope, org_scope, pool_scope
 
-__all__ = ["MARGIN", "calls_per_s", "first_call_hint", "line_cap", "report_line_cap",
-           "save_first_call_hint"]
+__all__ = ["MARGIN", "active_models", "calls_per_s", "first_call_hint", "line_cap",
+           "queue_line_cap", "report_line_cap", "save_first_call_hint"]
 
 # Of the horizon. A smaller line costs no throughput while the limiter still has calls
 # waiting (the cap is many calls' worth at 15 s), a larger one costs countdowns: estimates of
@@ -37,7 +45,7 @@ TOOL_TOKENS = 150  # a tool definition, roughly, when the submitter cannot read 
 
 
 def _hint_key(prefix: str, queue: str) -> str:
-    return f"{prefix}:line:{{{queue}}}:first_call"
+    return f"{prefix}:line:{{{queue}}}:first_call"  # one field per model class
 
 
 def first_call_hint(spec: JobSpec, first_subtask: str) -> tuple[int, int]:
@@ -49,14 +57,18 @@ def first_call_hint(spec: JobSpec, first_subtask: str) -> tuple[int, int]:
             max(1, min(spec.max_tokens, 512)))
 
 
-def save_first_call_hint(r: redis.Redis, settings: Settings, queue: str,
+def save_first_call_hint(r: redis.Redis, settings: Settings, queue: str, model: str,
                          hint: tuple[int, int]) -> None:
-    r.set(_hint_key(settings.key_prefix, queue), f"{hint[0]}|{hint[1]}",
-          ex=settings.result_ttl_s)
+    key = _hint_key(settings.key_prefix, queue)
+    pipe = r.pipeline()
+    pipe.hset(key, settings.limit_class(model), f"{hint[0]}|{hint[1]}")
+    pipe.expire(key, settings.result_ttl_s)
+    pipe.execute()
 
 
-def _saved_hint(r: redis.Redis, settings: Settings, queue: str) -> tuple[float, float] | None:
-    raw = r.get(_hint_key(settings.key_prefix, queue))
+def _saved_hint(r: redis.Redis, settings: Settings, queue: str, model_class: str
+                ) -> tuple[float, float] | None:
+    raw = r.hget(_hint_key(settings.key_prefix, queue), model_class)
     if raw is None:
         return None
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -82,34 +94,86 @@ def calls_per_s(state: dict[str, Any], usage: list[dict[str, int]],
     return min(rates) if rates else None
 
 
+def _pool_calls_per_s(settings: Settings, limiter: Limiter, model: str, org: dict[str, Any],
+                      usage: list[dict[str, int]], hint: tuple[float, float] | None
+                      ) -> float | None:
+    """A pool's calls a second: the organisation's rate, or the sum of its enabled keys'
+    rates (each key's own limits) where that is less."""
+    cls = settings.limit_class(model)
+    rates = [calls_per_s(org, usage, hint)]
+    disabled = limiter.disabled_keys()
+    keys = []
+    for key in settings.keys:
+        if key.alias in disabled:
+            continue
+        own = scaled_limits(settings, settings.key_limits_for(key, model), max_in_flight=None)
+        keys.append(calls_per_s(limiter.state(pool_scope(key.alias, cls), own), usage, hint))
+    if keys and None not in keys:
+        rates.append(sum(k for k in keys if k is not None))
+    known = [rate for rate in rates if rate is not None]
+    return min(known) if known else None
+
+
 def line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, queue: str | None = None,
              model: str | None = None) -> int | None:
-    """Sub-agents the key serves within the horizon now (None: the scope has no limit)."""
+    """Sub-agents of one model class the key (or pool) serves within the horizon now (None:
+    the class has no limit)."""
     model = model or settings.model
-    scope = llm_scope(settings.key_alias, model)
+    cls = settings.limit_class(model)
+    scope = org_scope(cls) if settings.keys else llm_scope(settings.key_alias, cls)
     state = limiter.state(scope, llm_limits(settings, model))
-    rate = calls_per_s(state, limiter.usage(scope, 60),
-                       _saved_hint(r, settings, queue or settings.queue))
+    usage = limiter.usage(scope, 60)
+    hint = _saved_hint(r, settings, queue or settings.queue, cls)
+    rate = (_pool_calls_per_s(settings, limiter, model, state, usage, hint) if settings.keys
+            else calls_per_s(state, usage, hint))
     if rate is None:
         return None
     seconds = max(0.0, settings.horizon_s - state["cooldown_s"]) + state["burst_s"]
     return max(1, int(MARGIN * rate * seconds))
 
 
-def report_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, fs: FairShare
-                    ) -> int | None:
-    """Compute the queue's line cap and write it for the window, unless a submitter saved a
-    new first-call estimate meanwhile (a pump that read none, writing after the submitter's
-    cap, would open the window to the requests limit alone for a whole round). Returns the
-    cap written (None: no limit applies, or this round's was stale)."""
+def queue_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, queue: str,
+                   models: Iterable[str]) -> int | None:
+    """The queue's line cap: the sum of the caps of the model classes its jobs use (None:
+    one of them has no limit, so the line holds nothing back). Jobs of several classes on
+    one queue share the one line; see fairshare.py on what that costs."""
+    caps = {}
+    for model in models:
+        cls = settings.limit_class(model)
+        if cls not in caps:
+            caps[cls] = line_cap(settings, limiter, r, queue, model)
+    if not caps or None in caps.values():
+        return None
+    return sum(cap for cap in caps.values() if cap is not None)
+
+
+def active_models(settings: Settings, fs: FairShare, store: JobStore) -> set[str]:
+    """The models of the jobs in the queue's window (none when it holds no job)."""
+    models = set()
+    for share in fs.jobs():
+        try:
+            models.add(store.spec(share.job_id).model or settings.model)
+        except JobNotFound:
+            continue
+    return models
+
+
+def report_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, fs: FairShare,
+                    models: Iterable[str]) -> int | None:
+    """Compute the queue's line cap for ``models`` and write it for the window (or remove it
+    when no limit applies), unless a submitter saved a new first-call estimate meanwhile: a
+    pump that read none, writing after the submitter's cap, would open the window to the
+    requests limit alone for a whole round. Returns the cap written (None: none)."""
     with r.pipeline() as pipe:
         try:
             pipe.watch(_hint_key(settings.key_prefix, fs.queue))
-            cap = line_cap(settings, limiter, pipe, fs.queue)  # type: ignore[arg-type]
-            if cap is None:
-                return None
+            cap = queue_line_cap(settings, limiter, pipe, fs.queue,  # type: ignore[arg-type]
+                                 models)
             pipe.multi()
-            fs.report_cap(cap, through=pipe)
+            if cap is None:
+                pipe.delete(fs.cap_key)
+            else:
+                fs.report_cap(cap, through=pipe)
             pipe.execute()
             return cap
         except redis.WatchError:

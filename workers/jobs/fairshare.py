@@ -57,7 +57,12 @@ one call waiting for the limiter, and the limiter serves waiting calls in the or
 asked (GCRA reservations), so with at most that many out no wait exceeds the horizon: the
 rest wait here, unpublished, in the order the fair-share rule gives, and are published when
 a place frees (a record) or the cap grows (the pump, every ``PUMP_S``). Each worker's pump
-computes the cap (``workers/agent/capacity.py``) and writes it beside the slots.
+computes the cap (``workers/agent/capacity.py``) and writes it beside the slots; the script
+reads it at each grant. The scope is the jobs' model class (with a pool of keys, the
+organisation's level or the sum of the keys' own limits, whichever is less). Jobs of several
+model classes on one queue share one line, the sum of their classes' caps: no class waits
+behind another's limit, but while both have work waiting, one class may hold more than its
+cap and send the surplus into countdowns; a queue per model class keeps each line exact.
 
 Why this rather than a reservation queue the limiter hands out in order: the window already
 is an ordered line (by tenant share, priority and arrival) whose places the records free,

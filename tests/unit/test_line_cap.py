@@ -1,0 +1,66 @@
+"""The line cap (``workers/agent/capacity.py``) against real Redis and the real limiter: it
+follows the limits of the model class the jobs use, with one key and with a pool of keys,
+and a queue whose jobs use two classes gets the sum of their caps."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from drover.config import Settings
+from drover.workers.agent.capacity import (
+    MARGIN,
+    line_cap,
+    queue_line_cap,
+    save_first_call_hint,
+)
+from drover.workers.limiter import Limiter
+
+TIGHT = "claude-tight"  # a model of its own class, 60 requests a minute
+
+
+def _settings(redis_url: str, prefix: str, **extra: object) -> Settings:
+    fields: dict = {"limits": {TIGHT: {"rpm": 60, "itpm": 10_000_000, "otpm": 10_000_000}},
+                    **extra}
+    return Settings(redis_url=redis_url, key_prefix=prefix, queue="q", key_alias="k",
+                    rpm=6000, itpm=10_000_000, otpm=10_000_000, target_utilization=1.0,
+                    burst_seconds=1.0, horizon_s=15.0, **fields)
+
+
+def _expected(calls_per_s: float, settings: Settings) -> int:
+    return int(MARGIN * calls_per_s * (settings.horizon_s + settings.burst_seconds))
+
+
+@pytest.fixture
+def r(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def test_the_cap_is_the_jobs_model_classs_not_the_default_models(r, redis_url, key_prefix):
+    settings = _settings(redis_url, key_prefix)
+    limiter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    assert line_cap(settings, limiter, r, "q", TIGHT) == _expected(1.0, settings)
+    assert line_cap(settings, limiter, r, "q") == _expected(100.0, settings)
+
+
+def test_a_pools_cap_is_the_sum_of_its_keys_where_that_is_below_the_organisations(
+        r, redis_url, key_prefix):
+    keys = [{"alias": a, "api_key": "sk-sim", "rpm": 30} for a in ("a", "b")]
+    settings = _settings(redis_url, key_prefix, keys=keys)
+    limiter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    assert line_cap(settings, limiter, r, "q") == _expected(1.0, settings)  # 2 x 30 a minute
+    limiter.disable_key("b", why="revoked")
+    assert line_cap(settings, limiter, r, "q") == _expected(0.5, settings)
+
+
+def test_token_limits_count_the_first_call_estimate_of_that_class(r, redis_url, key_prefix):
+    settings = _settings(redis_url, key_prefix,
+                         limits={TIGHT: {"rpm": 6000, "itpm": 60_000, "otpm": 10_000_000}})
+    limiter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    save_first_call_hint(r, settings, "q", TIGHT, (2_000, 40))  # 30 calls a minute
+    save_first_call_hint(r, settings, "q", settings.model, (10, 40))
+    assert line_cap(settings, limiter, r, "q", TIGHT) == _expected(0.5, settings)
+    both = queue_line_cap(settings, limiter, r, "q", [TIGHT, settings.model, TIGHT])
+    assert both == _expected(0.5, settings) + _expected(100.0, settings)
