@@ -42,7 +42,7 @@ def fleet(redis_url: str, prefix: str, sim_url: str, workers: int, concurrency: 
     submitter uses (the same environment)."""
     from drover.config import get_settings
     from drover.workers.app import app
-    from drover.workers.jobs.fairshare import FairShare
+    from drover.workers.fairshare import FairShare
     from drover.workers.redis_clients import sync_redis
 
     queue = f"bench-fair-{uuid.uuid4().hex[:8]}"

@@ -7,7 +7,7 @@ Two brokers (``DROVER_BROKER_URL``); Redis always holds the limiter, job state a
 
 - **Redis** (the default: one server for everything). Its ``visibility_timeout`` is the last
   line of defence, not the recovery path (drover's heartbeats and claims re-send a dead
-  worker's tasks within seconds, see workers/jobs/recovery.py); Settings has checked that it
+  worker's tasks within seconds, see workers/recovery/sweep.py); Settings has checked that it
   exceeds the longest countdown plus task run, so a retry waiting in a worker's memory is never
   delivered twice by the broker itself.
 - **RabbitMQ** (``amqp://``, what Celery recommends for production). Classic durable queues

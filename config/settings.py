@@ -328,7 +328,7 @@ class Settings(BaseSettings):
     resend_after_s: float = Field(
         default=120.0, gt=0,
         description="A running job that gains no record for this long is checked for "
-        "sub-agents whose task message the broker lost (see workers/jobs/recovery.py); those "
+        "sub-agents whose task message the broker lost (see workers/recovery/sweep.py); those "
         "are sent again.")
     heartbeat_s: float = Field(
         default=2.0, gt=0, le=60,
@@ -397,7 +397,7 @@ class Settings(BaseSettings):
         description="Active jobs that get series of their own (newest first); the rest count "
         "in their tenant's.")
 
-    # --- fair share between jobs and tenants (workers/jobs/fairshare.py) ----------------
+    # --- fair share between jobs and tenants (workers/fairshare/scheduler.py) ----------------
     dispatch_window: int = Field(
         default=0, ge=0,
         description="Sub-agent messages of one queue allowed in the broker or running at once, "

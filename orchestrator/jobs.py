@@ -2,7 +2,7 @@
 
 ``submit`` validates everything it can before anything is enqueued (the spec, the tool names,
 the fan-out cap), writes the job to Redis and publishes the job's first window of sub-agents
-in one pipelined round trip (the rest follow as places free, see workers/jobs/fairshare.py;
+in one pipelined round trip (the rest follow as places free, see workers/fairshare/scheduler.py;
 for a goal it sends a planning task that does the same): a few round trips for any fan-out,
 so it returns at once and the handle works before the sub-agents are all on the broker. A
 handle can be re-attached by id from any process with ``JobHandle.attach(job_id)``:

@@ -43,9 +43,9 @@ from drover.orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
 from drover.orchestrator.stats import scope_usage
 from drover.workers.jobs import liveness
 from drover.workers.jobs.records import STATUSES
-from drover.workers.jobs.recovery import stalled_jobs, window_repairs
 from drover.workers.jobs.store import ACTIVE
 from drover.workers.limiter import split_llm_scope
+from drover.workers.recovery import stalled_jobs, window_repairs
 from drover.workers.services import Services, services
 from drover.workers.telemetry import (
     CALL_OUTCOMES,

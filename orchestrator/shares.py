@@ -1,6 +1,6 @@
 """Who has which share of the fleet now: the active jobs and tenants of the fair-share window.
 
-Read from the scheduler's state (``drover.workers.jobs.fairshare``) and the job store, so it sees
+Read from the scheduler's state (``drover.workers.fairshare``) and the job store, so it sees
 every worker on every host. A job's *share* is its part of the window (sub-agents in the
 broker or running) out of what is out now: since running sub-agents queue for the limiter on
 equal terms, that is also its share of the key's capacity. *Due* is what the fair-share rule
@@ -15,10 +15,10 @@ from rich.table import Table
 
 from drover.config import Settings, get_settings
 from drover.config.settings import TenantBudget
-from drover.workers.jobs.fairshare import FairShare, JobShare, tenant_budget_scopes
-from drover.workers.jobs.recovery import stalled_jobs
+from drover.workers.fairshare import FairShare, JobShare, tenant_budget_scopes
 from drover.workers.jobs.spec import PRIORITIES
 from drover.workers.limiter import Limiter
+from drover.workers.recovery import stalled_jobs
 from drover.workers.services import services
 
 __all__ = ["ActiveJob", "active_jobs", "budget_text", "due_shares", "jobs_table",
@@ -32,7 +32,7 @@ class ActiveJob:
     due: float   # part of the window the rule gives it under contention
     position: int  # 1 = next to get a free place
     last_out_s: float | None = None  # expected seconds to its last dispatch (None: unknown)
-    stalled: bool = False  # the sweep found it stalled (workers/jobs/recovery.py, step 4)
+    stalled: bool = False  # the sweep found it stalled (workers/recovery/sweep.py, step 4)
 
 
 def due_shares(jobs: list[JobShare], floor: float) -> dict[str, float]:

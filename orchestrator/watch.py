@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from drover.orchestrator.jobs import JobHandle
 from drover.orchestrator.shares import active_jobs
-from drover.workers.jobs.fairshare import FairShare
+from drover.workers.fairshare import FairShare
 from drover.workers.jobs.records import JobResult, Usage
 from drover.workers.services import services
 

@@ -1,6 +1,6 @@
 """A job's place in its queue's fair-share window, as the tasks see it: launching a job
 publishes the first sub-agents its share allows, and each one that ends, waits out a
-countdown or comes back from one hands places on (``workers/jobs/fairshare.py`` keeps the
+countdown or comes back from one hands places on (``workers/fairshare/scheduler.py`` keeps the
 window; this publishes what it grants)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from drover.workers.agent.capacity import (
 )
 from drover.workers.dispatch import dispatch as publish_subagents
 from drover.workers.dispatch import open_fanout, send_join
-from drover.workers.jobs.fairshare import Dispatch, FairShare
+from drover.workers.fairshare import Dispatch, FairShare
 from drover.workers.jobs.store import JobStore
 from drover.workers.services import services
 
@@ -33,7 +33,7 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
 
     The chord is Celery's own (group id = job id, the header's size in the result backend,
     each member carrying the body), but its members are published as the job's fair share
-    of the queue's window allows (``workers/jobs/fairshare.py``): the first ones now, the
+    of the queue's window allows (``workers/fairshare/scheduler.py``): the first ones now, the
     rest each time one of the queue's sub-agents finishes. Results go to the job's records
     in Redis, not to Celery's result backend (``ignore_result``); the chord still counts its
     members, which the backend does whether results are kept or not.

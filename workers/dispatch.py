@@ -1,6 +1,6 @@
 """Publishing a job's sub-agent tasks: pipelined batches, each message a member of the job's chord.
 
-What to publish when is the fair-share scheduler's call (``workers/jobs/fairshare.py``: the
+What to publish when is the fair-share scheduler's call (``workers/fairshare/scheduler.py``: the
 first window at submit, one more each time a sub-agent finishes, the rest never for a
 cancelled job); this module only makes each publish cheap and keeps the chord Celery's own.
 

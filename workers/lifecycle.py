@@ -25,13 +25,9 @@ from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
-from drover.workers.jobs import (
-    TOKEN_HEADER,
-    local_worker,
-    start_sweeper,
-    stop_local_worker,
-)
-from drover.workers.jobs.fairshare import start_pump
+from drover.workers.fairshare import start_pump
+from drover.workers.jobs import TOKEN_HEADER, local_worker, stop_local_worker
+from drover.workers.recovery import start_sweeper
 from drover.workers.services import services
 from drover.workers.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
@@ -54,7 +50,7 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     local_worker(get_runtime().settings)  # liveness for recovery, before the first message
     settings = get_settings()
     shared = services(settings)
-    start_sweeper(send_again, shared.store)  # re-sends what dead workers held (jobs/recovery.py)
+    start_sweeper(send_again, shared.store)  # re-sends what dead workers held (recovery/sweep.py)
     # The worker's slots size the fair-share window; worker_ready's sender is the consumer
     # of the node (a prefork child has none: the node's main process reports for it).
     controller = getattr(sender, "controller", None)

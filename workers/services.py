@@ -22,8 +22,8 @@ from functools import cached_property
 import redis
 
 from drover.config import Settings, get_settings
+from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
-from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.liveness import local_worker_id
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter

@@ -240,6 +240,8 @@ def test_a_job_on_the_simulator_counts_what_the_provider_saw(sim, worker, drover
     scope = llm_scope(settings.key_alias, settings.model)
     subtasks = [f"Research topic {i} {uuid.uuid4().hex[:4]}" for i in range(5)]
     subtasks[2] += " [[sim:429:1]]"
+    # What earlier tests ran in this process is counted before, not in, this job's figures.
+    get_recorder().flush()
     before = scrape(DroverCollector(settings, broker_queues=False))
     tokens_before = {t: _tokens(before, settings.model, t)
                      for t in ("input", "output", "cache_read", "cache_write")}

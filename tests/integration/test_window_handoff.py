@@ -1,6 +1,6 @@
 """A sub-agent's record hands its place in the fair-share window on at once, in the same task
 that writes the record (``workers/tasks.py`` -> ``workers/_window.py:refill``), not at the
-next round of a worker's pump (``workers/jobs/fairshare.py``, every ~2 s): the pump is a
+next round of a worker's pump (``workers/fairshare/scheduler.py``, every ~2 s): the pump is a
 backstop, and with it alone every place of the window sits idle for up to 2 s per record."""
 
 from __future__ import annotations

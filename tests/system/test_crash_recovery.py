@@ -28,8 +28,8 @@ from drover.config import load_settings
 from drover.orchestrator.services import free_port, redis_answers
 from drover.workers.jobs.claims import token_of
 from drover.workers.jobs.records import SubagentResult
-from drover.workers.jobs.recovery import subagent_of, subagents_in_broker, sweep
 from drover.workers.jobs.store import JobStore
+from drover.workers.recovery import subagent_of, subagents_in_broker, sweep
 from drover.workers.redis_clients import sync_redis
 from tests.helpers import configure, wait_until
 from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S, submit_elsewhere

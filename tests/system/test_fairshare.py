@@ -15,7 +15,7 @@ import redis
 
 from drover import JobSpec, submit
 from drover.orchestrator.cli import main as cli_main
-from drover.workers.jobs.fairshare import FairShare
+from drover.workers.fairshare import FairShare
 from tests.helpers import configure, wait_until
 
 SLOTS = 9  # per worker; two workers, 18 places (a multiple of 3 for the 2:1 split)
@@ -86,7 +86,7 @@ def test_the_window_goes_by_arrival_weight_level_and_slot(redis_url, key_prefix)
 def test_a_grant_whose_publisher_died_is_published_by_the_pump(redis_url, key_prefix):
     """A worker killed between the scheduler's grant and its publish leaves sub-agents that
     count as out but that no broker has: the pump publishes them again, and only those."""
-    from drover.workers.jobs.fairshare import pump_once
+    from drover.workers.fairshare import pump_once
     from drover.workers.jobs.liveness import heartbeat_key
     from drover.workers.jobs.store import JobStore
 

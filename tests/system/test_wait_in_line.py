@@ -19,7 +19,7 @@ import redis
 
 from drover import JobSpec, submit
 from drover.config import get_settings
-from drover.workers.jobs.fairshare import FairShare
+from drover.workers.fairshare import FairShare
 from tests.helpers import configure, wait_until
 from tests.helpers.flower import running_flower
 

@@ -88,7 +88,11 @@ def test_dependencies_point_one_way():
     upward = {(room, target) for room, targets in edges.items() if room.startswith("workers")
               for target in targets if target == "orchestrator"}
     assert not upward, f"workers import the orchestrator: {sorted(upward)}"
-    for low in ("workers.limiter", "workers.jobs", "workers.telemetry"):
+    for low in ("workers.limiter", "workers.jobs", "workers.fairshare", "workers.recovery",
+                "workers.telemetry"):
         knows = edges.get(low, set()) & {"workers.agent", "workers.tasks", "workers.services",
                                          "workers.lifecycle", "workers.app"}
         assert not knows, f"{low} imports {sorted(knows)}, which build on it"
+    # The job store knows neither the scheduler nor recovery; the scheduler not recovery.
+    assert not edges.get("workers.jobs", set()) & {"workers.fairshare", "workers.recovery"}
+    assert "workers.recovery" not in edges.get("workers.fairshare", set())

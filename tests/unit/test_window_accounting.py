@@ -36,7 +36,7 @@ def test_each_grant_follows_the_line_cap_reported_last_by_any_process(redis_url,
     worker's next grant follows the submitter's cap: when each process kept its own copy for
     a second, the worker's first record opened the whole window (issue 31: 40 of 40
     sub-agents out against a cap of 11, 22 of them sent into countdowns)."""
-    from drover.workers.jobs.fairshare import FairShare
+    from drover.workers.fairshare import FairShare
 
     r = redis.Redis.from_url(redis_url)
     worker = FairShare(r, prefix=key_prefix, queue="q", window=32, holder="w1")
@@ -78,12 +78,12 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
     )
 
     from drover.config import Settings
-    from drover.workers.jobs.fairshare import FairShare
+    from drover.workers.fairshare import FairShare
     from drover.workers.jobs.liveness import heartbeat_key, workers_key
     from drover.workers.jobs.records import SubagentResult
-    from drover.workers.jobs.recovery import repair_windows, take_over_dead_workers
     from drover.workers.jobs.spec import JobSpec
     from drover.workers.jobs.store import JobStore
+    from drover.workers.recovery import repair_windows, take_over_dead_workers
 
     r = redis.Redis.from_url(redis_url)
 

@@ -1,5 +1,5 @@
 """How many sub-agents the API key can serve within the limiter's horizon: the fair-share
-window's *line cap* (``workers/jobs/fairshare.py``, "waiting in line").
+window's *line cap* (``workers/fairshare/scheduler.py``, "waiting in line").
 
 A sub-agent out (published, running or between calls) has at most one call waiting for the
 limiter, and the limiter books waiting calls in the order they ask. With ``k`` of them out,
@@ -27,7 +27,7 @@ import redis
 
 from drover.config import Settings
 from drover.workers.agent.limits import llm_limits, scaled_limits
-from drover.workers.jobs.fairshare import FairShare
+from drover.workers.fairshare import FairShare
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobNotFound, JobStore
 from drover.workers.limiter import Limiter, llm_scope, org_scope, pool_scope

@@ -47,7 +47,7 @@ from drover.workers.agent.retry import (
 )
 from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
-from drover.workers.jobs.fairshare import tenant_budget_scopes
+from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.jobs.records import Usage
 from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits
 from drover.workers.telemetry import acquire_wait, llm_call

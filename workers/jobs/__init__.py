@@ -1,16 +1,16 @@
-"""Jobs as data: the spec, the records, the job store in Redis, and recovery of lost tasks.
+"""Jobs as data: the spec, the records, the job store in Redis, and who holds what (claims
+and liveness, which recovery, ``workers/recovery/``, acts on).
 
-Knows no Celery (recovery is handed a function that sends a task) and nothing of the agent.
+Knows no Celery and nothing of the agent.
 Nothing outside the job store touches its Redis keys.
 """
 
 from drover.workers.jobs.claims import TOKEN_HEADER, ClaimLost
 from drover.workers.jobs.liveness import local_worker, stop_local_worker
 from drover.workers.jobs.records import Checkpoint, JobResult, SubagentReport, SubagentResult, Usage
-from drover.workers.jobs.recovery import start_sweeper, sweep
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
 __all__ = ["ACTIVE", "TOKEN_HEADER", "Checkpoint", "ClaimLost", "JobNotFound", "JobResult",
            "JobSpec", "JobStore", "SubagentReport", "SubagentResult", "Usage",
-           "local_worker", "start_sweeper", "stop_local_worker", "sweep"]
+           "local_worker", "stop_local_worker"]

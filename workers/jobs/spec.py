@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200_000)]
 TenantName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-# Highest first: the level orders the jobs of one tenant (workers/jobs/fairshare.py).
+# Highest first: the level orders the jobs of one tenant (workers/fairshare/scheduler.py).
 PRIORITIES = ("interactive", "normal", "batch")
 Priority = Literal["interactive", "normal", "batch"]
 DEFAULT_TENANT = "default"

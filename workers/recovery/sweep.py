@@ -59,14 +59,15 @@ from typing import Any
 import redis
 
 from drover.config import Settings, get_settings
+from drover.workers.fairshare import FairShare
 from drover.workers.jobs._decode import text as _s
-from drover.workers.jobs.fairshare import FairShare
 from drover.workers.jobs.liveness import alive, workers_key
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import ACTIVE, JobStore
 
 __all__ = ["Part", "Send", "repair_windows", "stall_after_s", "stalled_jobs", "start_sweeper",
-           "subagent_of", "subagents_in_broker", "sweep", "window_repairs"]
+           "subagent_of", "subagents_in_broker", "sweep", "take_over_dead_workers",
+           "window_repairs"]
 
 log = logging.getLogger(__name__)
 

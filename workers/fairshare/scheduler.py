@@ -82,10 +82,7 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -95,16 +92,15 @@ from drover.config import Settings
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.spec import PRIORITIES
-from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
 
-__all__ = ["Dispatch", "FairShare", "JobShare", "PUMP_S", "start_pump", "tenant_budget_scopes"]
+__all__ = ["ORPHAN_GRANT_S", "PUMP_S", "Dispatch", "FairShare", "JobShare"]
 
 log = logging.getLogger(__name__)
 PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the window up
 # A grant made outside a worker (``submit``) has no heartbeat to watch: it counts as lost when
 # still unpublished after this long (a publish rides out a broker restart for about a minute).
 ORPHAN_GRANT_S = 90.0
-_SCRIPT = resources.files("drover.workers.jobs").joinpath("lua/fairshare.lua").read_text()
+_SCRIPT = resources.files("drover.workers.fairshare").joinpath("lua/fairshare.lua").read_text()
 
 
 @dataclass(frozen=True)
@@ -345,91 +341,3 @@ class FairShare:
 
 def _grant_field(run: Dispatch) -> str:
     return f"{run.job_id}|{run.first}|{run.count}"
-
-
-def tenant_budget_scopes(tenant: str, per_minute: float | None, per_day: float | None
-                         ) -> list[tuple[str, float, float]]:
-    """The limiter scopes of a tenant's token budget: (scope, tokens/min, burst seconds).
-
-    A per-minute budget is a bucket holding one minute of it; a per-day budget a bucket
-    holding one day of it, refilled continuously (so a tenant that spent its day waits for
-    the refill, not for midnight). Both count input + output tokens.
-    """
-    scopes = []
-    if per_minute:
-        scopes.append((f"tenant:{tenant}:minute", float(per_minute), 60.0))
-    if per_day:
-        scopes.append((f"tenant:{tenant}:day", float(per_day) / 1440.0, 86400.0))
-    return scopes
-
-
-# --- the pump: a backstop that keeps the window full -----------------------------------------
-
-Publish = Callable[[list[Dispatch]], None]
-
-
-def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch]:
-    """Reconcile the scheduler with the job store and top the window up (under a lock)."""
-    if not fs.r.set(f"{fs.base}:pump", "1", nx=True, px=int(PUMP_S * 900)):
-        return []
-    runs: list[Dispatch] = []
-    for lost in fs.lost_grants():
-        log.warning("job %s: sub-agents %d..%d were granted to a process that died before "
-                    "publishing them; published now", lost.job_id, lost.first,
-                    lost.first + lost.count - 1)
-        runs.append(lost)
-    for share in fs.jobs():
-        try:
-            meta = store.meta(share.job_id)
-        except JobNotFound:
-            runs += fs.remove(share.job_id)
-            continue
-        if meta.get("status") not in ACTIVE:
-            runs += fs.remove(share.job_id)
-            continue
-        if reason := meta.get("cancelled"):
-            # Its sub-agents that never started got their records at the cancel (again here,
-            # in case that was cut short): none is left to publish, its places go to others.
-            store.cancel_unstarted(share.job_id, reason)
-            runs += fs.remove(share.job_id)
-            continue
-        runs += fs.finished(share.job_id, store.record_count(share.job_id))
-    runs += fs.fill()
-    if runs:
-        publish(runs)
-        fs.published(runs)
-    return runs
-
-
-_started = threading.Lock()
-_thread: threading.Thread | None = None
-
-
-def start_pump(fs: FairShare, store: JobStore, publish: Publish, *, node: str | None = None,
-               slots: int = 0, size_line: Callable[[], object] | None = None) -> None:
-    """This process's pump thread (once): reports ``slots`` under ``node`` and, on one worker
-    of the queue at a time, reconciles the window (a lost update, workers that came or went).
-    ``size_line`` computes and reports the line cap (what the limiter serves within its
-    horizon), each round."""
-    global _thread
-    with _started:
-        if _thread is not None and _thread.is_alive():
-            return
-        _thread = threading.Thread(target=_pump_forever,
-                                   args=(fs, store, publish, node, slots, size_line),
-                                   name="drover-fairshare", daemon=True)
-        _thread.start()
-
-
-def _pump_forever(fs: FairShare, store: JobStore, publish: Publish, node: str | None,
-                  slots: int, size_line: Callable[[], object] | None) -> None:
-    while True:
-        try:
-            if node and slots:
-                fs.report_slots(node, slots)
-            if size_line is not None:
-                size_line()
-            pump_once(fs, store, publish)
-        except Exception as error:  # Redis or the broker away: again next time
-            log.warning("fair-share pump failed (%s: %s)", type(error).__name__, error)
-        time.sleep(PUMP_S * random.uniform(0.8, 1.2))
