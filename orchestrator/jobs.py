@@ -11,12 +11,15 @@ everything it reads lives in Redis.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from drover.config import Settings, get_settings
+from drover.workers.agent.caching import prefix_tokens
+from drover.workers.agent.fits import spec_never_fits
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
@@ -47,8 +50,7 @@ def _first_contact(settings: Settings) -> None:
 def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Refuse, with a message that says what to fix, what the workers would fail on later."""
     import_tool_modules(settings)  # from the working folder too, as the worker does
-    if spec.tools:
-        get_tools(spec.tools)  # raises ValueError naming the unknown tools
+    tools = get_tools(spec.tools) if spec.tools else []  # ValueError naming unknown tools
     if len(spec.subtasks) > settings.max_fanout:
         raise ValueError(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")
@@ -57,6 +59,11 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
         raise ValueError(f"the job spec is {size:,} bytes, over the cap of "
                          f"{settings.max_spec_bytes:,} (DROVER_MAX_SPEC_BYTES); send fewer or "
                          "shorter subtasks (or a smaller system prompt), or split the job")
+    tool_chars = sum(len(json.dumps(t.definition())) for t in tools)
+    never = spec_never_fits(settings, spec.model or settings.model, spec.max_tokens,
+                            prefix_tokens(spec, tool_chars))
+    if never is not None:
+        raise ValueError(never)
 
 
 def spec_bytes(spec: JobSpec) -> int:
@@ -71,7 +78,8 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     """Validate ``spec``, store it and start the job; returns at once with a handle.
 
     Raises pydantic's ValidationError for a bad spec, ValueError for a job the workers would
-    refuse (an unknown tool, too many subtasks), ``Unreachable`` within a few seconds when
+    refuse (an unknown tool, too many subtasks) or whose calls no limit could admit (max_tokens
+    over a whole minute of the output-token limit), ``Unreachable`` within a few seconds when
     Redis or the broker does not answer; nothing is enqueued then.
     """
     from drover.workers.tasks import launch, plan_job  # the Celery app is built only when needed

@@ -3,7 +3,8 @@
 rate = limit / 60 per second, capacity = rate * burst_s, buckets start full. A requirement
 larger than the capacity is capped at the capacity, so an oversized request is admitted
 once the bucket is full instead of never (the level may then go negative and the next
-requests wait for it to refill).
+requests wait for it to refill); with ``refuse_oversized``, one larger than a whole minute
+of the limit is refused every time instead, as the provider does.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Rejection:
 class KeyBuckets:
     """The requests / input-token / output-token buckets of one API key."""
 
-    __slots__ = ("requests", "input", "output", "reserve_max_tokens", "other_share",
+    __slots__ = ("requests", "input", "output", "reserve_max_tokens", "refuse_oversized",
+                 "other_share",
                  "other_model", "other_next", "other_rng", "other_admitted", "other_refused",
                  "other_backlog")
 
@@ -70,6 +72,7 @@ class KeyBuckets:
         self.input = make(itpm)
         self.output = make(otpm)
         self.reserve_max_tokens = config.otpm_mode == "max_tokens"
+        self.refuse_oversized = config.refuse_oversized
         # Updated in place when the config changes (the other user starts or stops).
         self.other_share = config.other_share
         self.other_model = config.other_model
@@ -149,6 +152,9 @@ class KeyBuckets:
         for bucket, need, positive, name in checks:
             if bucket is None:
                 continue
+            if self.refuse_oversized and need > bucket.limit:
+                # More than a whole minute of the limit: no wait would make room for it.
+                return Rejection(name, bucket.limit, max(1, math.ceil(bucket.seconds_to_full())))
             wait = bucket.shortfall_s(need, positive)
             if wait > 0 and (worst is None or wait > worst[0]):
                 worst = (wait, name, bucket.limit)

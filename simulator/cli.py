@@ -21,6 +21,8 @@ _HELP = {
     "other_model": "refill: our buckets refill at (1 - share); draws: the other user sends "
                    "requests of its own from the same full buckets",
     "otpm_mode": "generated: debit output as generated; max_tokens: reserve max_tokens",
+    "refuse_oversized": "answer 429 every time to a request larger than a whole minute of a "
+                        "limit (else it is admitted once the bucket is full)",
     "overload_rate": "fraction of requests answered 529 overloaded_error",
     "error_5xx_rate": "fraction of requests answered 500 api_error",
     "inject_429_rate": "fraction answered 429 even when the bucket has room",

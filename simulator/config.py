@@ -17,7 +17,7 @@ OtherModel = Literal["refill", "draws"]
 
 # Changing one of these rebuilds the rate-limit buckets (they start full again).
 LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "burst_s", "otpm_mode", "pool",
-                          "model_classes"})
+                          "model_classes", "refuse_oversized"})
 _POOL_ENTRY = {"alias", "api_key", "rpm", "itpm", "otpm", "revoke_after_s"}
 
 
@@ -32,6 +32,13 @@ class SimConfig:
     # generated: debit output when generated (admission needs the bucket > 0);
     # max_tokens: reserve max_tokens at admission and refund the unused part.
     otpm_mode: OtpmMode = "generated"
+    # A request that needs more than a whole minute of a limit (input tokens over the ITPM;
+    # in max_tokens mode, max_tokens over the OTPM): False admits it once the bucket is full
+    # (its cost capped at the capacity); True answers it 429 "This request would exceed the
+    # rate limit ... of N input tokens per minute" every time, with a retry-after, as the
+    # provider is seen to answer a request larger than the limit, so a client that retries it
+    # waits for ever.
+    refuse_oversized: bool = False
     # Another consumer of the same key, taking this fraction of every limit all the time:
     # each bucket refills at (1 - other_share) x its rate for us. Changing it at runtime
     # keeps the buckets (the other user starts or stops).
@@ -171,7 +178,7 @@ _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_
            "batch_create_delay_s"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
          "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
-_BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop"}
+_BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop", "refuse_oversized"}
 
 
 def _coerce(name: str, value: Any) -> Any:

@@ -378,6 +378,23 @@ def test_request_larger_than_the_bucket_is_admitted_when_full(
     assert message.usage.input_tokens > 100
 
 
+def test_refuse_oversized_answers_429_every_time_to_a_request_over_a_minute(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
+    sim = sim_factory(itpm=100, otpm=1000, otpm_mode="max_tokens", burst_s=1,
+                      refuse_oversized=True)
+    client = client_for(sim)
+    # Over the bucket (100 / 60 x 1 s) but within the minute: admitted once full, as before.
+    assert ask(client, " ".join(f"w{i}" for i in range(60)), max_tokens=10).usage.input_tokens
+    for _ in range(2):  # full buckets or not, the answer is the same
+        with pytest.raises(anthropic.RateLimitError) as info:
+            ask(client, " ".join(f"w{i}" for i in range(400)), max_tokens=10)
+        assert "100 input tokens per minute" in info.value.message
+        assert int(info.value.response.headers["retry-after"]) >= 1
+    with pytest.raises(anthropic.RateLimitError) as info:
+        ask(client, "short", max_tokens=1001)
+    assert "1,000 output tokens per minute" in info.value.message
+
+
 def test_max_tokens_mode_reserves_max_tokens(sim_factory: Callable[..., SimulatorServer]) -> None:
     sim = sim_factory(otpm=1000, otpm_mode="max_tokens")
     client = client_for(sim)

@@ -258,6 +258,7 @@ def test_a_request_that_can_never_fit_the_input_limit_fails_at_once_with_the_siz
     from tests.helpers import configure
 
     configure(monkeypatch, drover_env, ITPM=30000)
+    sim.configure(itpm=30_000, refuse_oversized=True)  # the provider, with the same limit
     handle = submit(JobSpec(subtasks=["word " * 40_000, "a short one"], max_tokens=32))
     spawn_worker(concurrency=2)
     result = handle.wait(timeout=BOUND_S)
@@ -269,6 +270,103 @@ def test_a_request_that_can_never_fit_the_input_limit_fails_at_once_with_the_siz
                      r"of \S+'s input-token limit, 30,000 \(DROVER_ITPM\)", big.error), big.error
     assert big.usage.calls == 0  # never sent
     assert sim.stats()["accepted"] == 1  # only the short one's call
+    assert sim.stats()["rejected_429"] == 0
+    # The provider refuses that request every time, with full buckets.
+    assert "30,000 input tokens per minute" in _provider_refuses(
+        sim, max_tokens=32, messages=[{"role": "user", "content": "word " * 40_000}])
+
+
+UNCONFIGURED = "claude-haiku-4-5"  # no limit of it is configured: only headers can tell
+
+
+def _provider_refuses(sim, **request: object) -> str:  # noqa: ANN001
+    """What the simulator answers a direct request on a key of its own (full buckets):
+    the provider's refusal of a request larger than a whole minute of a limit."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=sim.url, api_key="sk-direct", max_retries=0)
+    try:
+        with pytest.raises(anthropic.RateLimitError) as refused:
+            client.messages.create(model=UNCONFIGURED, **request)  # type: ignore[call-overload]
+    finally:
+        client.close()
+    return str(refused.value)
+
+
+def test_a_request_over_a_learned_limit_fails_at_once_where_the_provider_would_refuse_it(
+        sim, drover_env, spawn_worker):
+    from drover import JobSpec, submit
+
+    # A provider that reserves max_tokens at admission and refuses what a minute cannot hold.
+    sim.configure(itpm=30_000, otpm=2_000, otpm_mode="max_tokens", refuse_oversized=True)
+    spawn_worker(concurrency=2)
+    first = submit(JobSpec(subtasks=["a short one"], model=UNCONFIGURED, max_tokens=32))
+    assert first.wait(timeout=BOUND_S).counts["ok"] == 1  # its answer's headers taught both
+    accepted = sim.stats()["accepted"]
+
+    big = "word " * 40_000
+    result = submit(JobSpec(subtasks=[big, "a short one"], model=UNCONFIGURED, max_tokens=32)
+                    ).wait(timeout=BOUND_S)
+    too_big, small = result.results
+    assert small.status == "ok"
+    assert (too_big.status, too_big.error_type, too_big.attempts <= 1, too_big.usage.calls) == (
+        "failed", "request_too_large", True, 0), too_big
+    assert re.search(r"needs about [\d,]+ input tokens \(estimated\), more than a whole minute "
+                     rf"of {UNCONFIGURED}'s input-token limit, 30,000 \(learned from the "
+                     r"provider's anthropic-ratelimit-input-tokens-limit header\)",
+                     too_big.error), too_big.error
+
+    # The spec alone cannot show it (no output-token limit configured): the worker can.
+    long = submit(JobSpec(subtasks=["one", "two"], model=UNCONFIGURED, max_tokens=4_000)
+                  ).wait(timeout=BOUND_S)
+    for record in long.results:
+        assert (record.status, record.error_type, record.usage.calls) == (
+            "failed", "request_too_large", 0), record
+        assert (f"max_tokens=4,000 is more than a whole minute of {UNCONFIGURED}'s output-token "
+                "limit, 2,000 (learned from the provider's anthropic-ratelimit-output-tokens-"
+                "limit header)") in record.error, record.error
+        assert "Lower the job's max_tokens to at most 2,000" in record.error
+    assert sim.stats()["accepted"] == accepted + 1  # only the short one went out
+    assert sim.stats()["rejected_429"] == 0  # and nothing was sent to be refused
+
+    # What drover refused, the provider refuses every time, with full buckets.
+    assert "30,000 input tokens per minute" in _provider_refuses(
+        sim, max_tokens=32, messages=[{"role": "user", "content": big}])
+    assert "2,000 output tokens per minute" in _provider_refuses(
+        sim, max_tokens=4_000, messages=[{"role": "user", "content": "one"}])
+
+
+def test_a_spec_whose_max_tokens_no_minute_can_hold_is_refused_before_anything_is_enqueued(
+        sim, drover_env, monkeypatch, tmp_path, redis_url):
+    import redis
+
+    from drover import JobSpec, submit
+    from tests.helpers import configure
+
+    configure(monkeypatch, drover_env, OTPM=2000)
+    said = ("max_tokens=4,000 is more than a whole minute of claude-sonnet-4-6's output-token "
+            "limit, 2,000 (DROVER_OTPM): every sub-agent's call would be refused")
+    with pytest.raises(ValueError) as refused:
+        submit(JobSpec(subtasks=["a", "b"], max_tokens=4_000))
+    assert said in str(refused.value) and "Lower max_tokens to at most 2,000" in str(
+        refused.value)
+    (tmp_path / "job.json").write_text('{"subtasks": ["a", "b"], "max_tokens": 4000}')
+    done = subprocess.run([drover_script(), "submit", "job.json", "--wait"], cwd=tmp_path,
+                          env=user_env(drover_env), capture_output=True, text=True,
+                          timeout=BOUND_S)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"refused, nothing was enqueued: {said}" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr and not done.stdout.strip()
+    client = redis.Redis.from_url(redis_url)
+    try:  # no job of this test's queue, no task on its broker queue
+        prefix, queue = drover_env["DROVER_KEY_PREFIX"], drover_env["DROVER_QUEUE"]
+        assert queue.encode() not in [client.hget(f"{prefix}:job:{j.decode()}:meta", "queue")
+                                      for j in client.zrange(f"{prefix}:jobs", 0, -1)]
+        assert client.llen(f"{prefix}:celery:{queue}") == 0
+    finally:
+        client.close()
+    # Within the minute it goes through.
+    submit(JobSpec(subtasks=["a"], max_tokens=2_000)).cancel()
 
 
 def test_a_horizon_retry_reads_as_one_consistent_sentence(sim, drover_env, project):

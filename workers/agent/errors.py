@@ -67,7 +67,8 @@ class CallFailed(AgentError):
 
 
 class NeverFits(CallFailed):
-    """A request the limits could never admit (more input tokens than a whole minute of the
-    limit): failed before sending, since waiting or retrying cannot help."""
+    """A request the limits could never admit (more input tokens, or a larger max_tokens,
+    than a whole minute of the limit; see ``fits``): failed before sending, since waiting or
+    retrying cannot help."""
 
     call_outcome = "not_sent"

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import anthropic
+import redis
 from anthropic.types import Message
 
-from drover.config import Settings
 from drover.workers.agent.errors import (
     CallFailed,
     Cancelled,
@@ -35,6 +35,7 @@ from drover.workers.agent.errors import (
     NeverFits,
     RetryableFailure,
 )
+from drover.workers.agent.fits import never_fits, unconfigured_scopes
 from drover.workers.agent.retry import (
     AUTHENTICATION_ERROR,
     Decision,
@@ -59,6 +60,7 @@ POLL_S = 0.05
 # hold a fraction of it each and the organisation sees the headers only where it is the
 # tightest, so a pool's first estimates are taken a quarter higher (refunded at settle).
 POOL_UNCALIBRATED = 1.25
+LEARNED_TTL_S = 10.0  # how long a process trusts the learned limits it read (learned_limits)
 
 
 @dataclass
@@ -185,20 +187,38 @@ def _limiter_reason(reason: str, retry_after_s: float, horizon_s: float) -> str:
             f"(DROVER_HORIZON_S={horizon_s:g} s), so the slot is freed meanwhile")
 
 
-def never_fits(settings: Settings, model: str, input_tokens: int) -> Decision | None:
-    """A failure when ``input_tokens`` exceed a whole minute of the model's input-token limit:
-    the provider would refuse such a request for ever, and the limiter would hold it."""
-    configured = settings.limits_for(model)
-    itpm = configured.itpm if configured else None
-    if itpm is None or input_tokens <= itpm:
-        return None
-    setting = "DROVER_ITPM" if model == settings.model and model not in settings.limits else (
-        f"DROVER_LIMITS[{model!r}].itpm")
-    return Decision("fail", "request_too_large", (
-        f"this call needs about {input_tokens:,} input tokens (estimated), more than a whole "
-        f"minute of {model}'s input-token limit, {itpm:,.0f} ({setting}): it could never be "
-        "sent. Shorten the subtask, the system prompt or the tool results, or raise the "
-        "limit if your key has more"))
+async def learned_limits(rt: Runtime, model: str) -> dict[str, dict[str, float | None]]:
+    """The limits the provider's ``-limit`` headers taught, of the scopes of ``model`` that
+    configure no input- or output-token limit (none read when every one is configured).
+
+    Once a scope has learned a limit, it is read again only every LEARNED_TTL_S per process:
+    a learned limit changes when the key's tier does, not from one call to the next. Until
+    then every call reads it (one script call), so the first response's headers count."""
+    out: dict[str, dict[str, float | None]] = {}
+    now = time.monotonic()
+    for scope in unconfigured_scopes(rt.settings, model):
+        seen = rt.learned.get(scope)
+        if seen is None or now - seen[0] > LEARNED_TTL_S:
+            try:
+                state = await rt.limiter.state(scope)
+            except redis.RedisError:  # the acquire that follows meets it and says so
+                return out
+            seen = (now, {k: v for k, v in (state.get("learned") or {}).items() if v})
+            if seen[1]:
+                rt.learned[scope] = seen
+        out[scope] = seen[1]
+    return out
+
+
+async def refuse_if_never_fits(rt: Runtime, model: str, scope: str, ctx: CallContext,
+                               input_tokens: int, max_tokens: int) -> None:
+    """Raise NeverFits, logged and sent nowhere, for a call no limit could ever admit."""
+    why = never_fits(rt.settings, model, input_tokens=input_tokens, max_tokens=max_tokens,
+                     learned=await learned_limits(rt, model))
+    if why is not None:
+        decision = Decision("fail", "request_too_large", why)
+        _log_failure(scope, decision, ctx, 0.0, time.monotonic(), True)  # nothing sent
+        raise NeverFits(decision)
 
 
 Held = list[tuple[str, ScopeLimits, Grant]]
@@ -258,10 +278,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     est_in = rt.calibration.input_tokens(route.scope, params, cache_reads_count, home,
                                          POOL_UNCALIBRATED if route.pooled else 1.0)
     est_out = rt.calibration.output_tokens(route.scope, params["max_tokens"])
-    too_big = never_fits(settings, model, est_in)
-    if too_big is not None:
-        _log_failure(route.scope, too_big, ctx, 0.0, time.monotonic(), True)  # nothing sent
-        raise NeverFits(too_big)
+    await refuse_if_never_fits(rt, model, route.scope, ctx, est_in, params["max_tokens"])
 
     budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
     budget_wait = max((g.wait_s for _, _, g in budget), default=0.0)

@@ -52,6 +52,8 @@ class Runtime:
         self._thread.start()
         self.store = services(settings).store
         self.calibration = Calibration()
+        # scope -> (when read, the limits learned from -limit headers): llm.learned_limits
+        self.learned: dict[str, tuple[float, dict[str, float | None]]] = {}
         self._cancel_events: dict[str, asyncio.Event] = {}
         self._active: dict[str, int] = {}  # job id -> sub-agents of it running in this process
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
