@@ -51,10 +51,8 @@ from drover.workers.telemetry import (
     CALL_OUTCOMES,
     METRICS,
     SUBAGENT_STATUSES,
-    keys,
+    TelemetryReader,
     metric,
-    parse_field,
-    parse_job,
 )
 
 __all__ = ["DroverCollector", "serve"]
@@ -82,7 +80,7 @@ class DroverCollector(Collector):
                   else Services.from_settings(self.settings, client=client))
         self.r, self.limiter, self.store = shared.redis, shared.limiter, shared.store
         self.shared = shared
-        self.keys = keys(self.settings.key_prefix)
+        self.telemetry = TelemetryReader(self.r, self.settings.key_prefix)
         self.broker_queues = broker_queues
         self._broker: Any = None
         self._jobs: dict[str, _JobSeen] = {}
@@ -119,23 +117,18 @@ class DroverCollector(Collector):
     # --- what the processes counted -------------------------------------------------------
     def _process_series(self) -> tuple[list[Metric], list[str]]:
         """The processes' series, and the limiter's scopes (see ``_scopes``)."""
-        raw = self.r.hgetall(self.keys["counters"])
         counters: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
         hists: dict[str, dict[tuple[str, ...], dict[str, float]]] = defaultdict(
             lambda: defaultdict(dict))
         known = {m.name: m for m in METRICS if m.source == "process"}
-        for key, value in raw.items():
-            try:
-                name, labels, part = parse_field(_s(key))
-            except (ValueError, TypeError):
-                continue
+        for name, labels, part, value in self.telemetry.counters():
             m = known.get(name)
             if m is None or len(labels) != len(m.labels):  # another version's series
                 continue
             if m.kind == "counter":
-                counters[name][labels] = float(value)
+                counters[name][labels] = value
             elif part is not None:
-                hists[name][labels][part] = float(value)
+                hists[name][labels][part] = value
         scopes = self._scopes({labels[0] for labels in counters.get("drover_llm_calls", {})})
         # Every outcome of every LLM scope exists from the scope's first call on, at 0 until
         # it happens: rate() and increase() see the first 429 only if the series was there
@@ -211,45 +204,30 @@ class DroverCollector(Collector):
     # --- processes, jobs, tenants, queues -------------------------------------------------
     def _procs(self) -> list[dict[str, str]]:
         """The live processes' heartbeats (an expired one leaves the registry here)."""
-        ids = sorted(_s(x) for x in self.r.smembers(self.keys["procs"]))
-        pipe = self.r.pipeline(transaction=False)
-        for proc in ids:
-            pipe.hgetall(self.keys["proc"] + proc)
-        alive, gone = [], []
-        for proc, beat in zip(ids, pipe.execute() if ids else [], strict=True):
-            if beat:
-                alive.append({_s(k): _s(v) for k, v in beat.items()})
-            else:
-                gone.append(proc)
-        if gone:
-            self.r.srem(self.keys["procs"], *gone)
-        return alive
+        return self.telemetry.processes()
 
     def _live_processes(self) -> int:
         """Processes alive by the recovery sweep's own heartbeats (the sweep prunes the dead)."""
-        ids = [_s(w) for w in self.r.zrange(liveness.workers_key(self.settings.key_prefix),
-                                            0, -1)]
-        return sum(liveness.alive(self.r, self.settings.key_prefix, ids).values()) if ids else 0
+        return sum(liveness.registered_workers(self.r, self.settings.key_prefix).values())
 
     def _job_series(self, procs: list[dict[str, str]]) -> list[Metric]:
         now = time.time()
-        members = [_s(x) for x in self.r.zrevrange(self.keys["jobs"], 0, -1)]
-        job_ids = [parse_job(m)[0] for m in members]
+        registered = self.telemetry.jobs()
+        job_ids = [job.job_id for job in registered]
         running: dict[str, int] = defaultdict(int)
         for beat in procs:
             for k, v in beat.items():
                 if k.startswith("running:"):
                     running[k.removeprefix("running:")] += int(v)
         metas = self.store.metas(job_ids, "status", "n", "launched", "created", "queue")
-        ended = [(m, j) for m, j, meta in zip(members, job_ids, metas, strict=True)
+        ended = [job for job, meta in zip(registered, metas, strict=True)
                  if meta[0] is None or meta[0] not in ACTIVE]
-        if ended:
-            self.r.zrem(self.keys["jobs"], *(m for m, _ in ended))
-            for _, job_id in ended:
-                self._jobs.pop(job_id, None)
-        gone = {j for _, j in ended}
-        active = [(j, meta, parse_job(m)[1])
-                  for m, j, meta in zip(members, job_ids, metas, strict=True) if j not in gone]
+        self.telemetry.forget_jobs(ended)
+        for job in ended:
+            self._jobs.pop(job.job_id, None)
+        gone = {job.job_id for job in ended}
+        active = [(job.job_id, meta, job.tenant)
+                  for job, meta in zip(registered, metas, strict=True) if job.job_id not in gone]
         self._read_streams([j for j, _, _ in active])
 
         per_job: list[tuple[tuple[str, ...], float]] = []

@@ -19,7 +19,13 @@ from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, ScopeLimits, llm_scope
 from drover.workers.redis_clients import sync_redis
-from drover.workers.telemetry import CALL_OUTCOMES, METRICS, Recorder, keys, register_job
+from drover.workers.telemetry import (
+    CALL_OUTCOMES,
+    METRICS,
+    Recorder,
+    TelemetryReader,
+    register_job,
+)
 from tests.helpers.metrics import scrape, value
 
 SCOPE = llm_scope("obs", "claude-test")
@@ -210,8 +216,9 @@ def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorde
     assert value(families, "drover_exporter_jobs_without_series") == 0
     assert "beta" not in {s.labels["tenant"] for s in families["drover_tenant_jobs_active"]
                           .samples}
-    assert not store.r.zscore(keys(settings.key_prefix)["jobs"], "job2|beta")
-    assert store.r.zscore(keys(settings.key_prefix)["jobs"], "job1|acme")
+    counted = {(job.job_id, job.tenant)
+               for job in TelemetryReader(store.r, settings.key_prefix).jobs()}
+    assert ("job2", "beta") not in counted and ("job1", "acme") in counted
 
 
 def _done(job_id: str):  # noqa: ANN202

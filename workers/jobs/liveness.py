@@ -119,6 +119,18 @@ def alive(r: redis.Redis, prefix: str, workers: list[str]) -> dict[str, bool]:
     return {w: bool(found) for w, found in zip(workers, pipe.execute(), strict=True)}
 
 
+def registered_workers(r: redis.Redis, prefix: str) -> dict[str, bool]:
+    """Every worker in the registry, and whether its heartbeat is alive."""
+    workers = [w.decode() if isinstance(w, bytes) else str(w)
+               for w in r.zrange(workers_key(prefix), 0, -1)]
+    return alive(r, prefix, workers) if workers else {}
+
+
+def forget_worker(r: redis.Redis, prefix: str, worker: str) -> None:
+    """Take a dead worker whose parts are all handed on out of the registry."""
+    r.zrem(workers_key(prefix), worker)
+
+
 _lock = threading.Lock()
 _local: Heartbeat | None = None
 

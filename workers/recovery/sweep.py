@@ -61,7 +61,7 @@ import redis
 from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs._decode import text as _s
-from drover.workers.jobs.liveness import alive, workers_key
+from drover.workers.jobs.liveness import alive, forget_worker, registered_workers
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import ACTIVE, JobStore
 
@@ -155,9 +155,8 @@ def take_over_dead_workers(store: JobStore, settings: Settings, send: Send,
                            dead: list[str] | None = None) -> list[tuple[str, Part]]:
     """Step 1: every part a dead worker held goes back on the broker with a new token."""
     r, claims = store.r, store.claims
-    workers = [_s(w) for w in r.zrange(workers_key(store.prefix), 0, -1)]
     sent: list[tuple[str, Part]] = []
-    for worker, is_alive in alive(r, store.prefix, workers).items():
+    for worker, is_alive in registered_workers(r, store.prefix).items():
         if is_alive:
             continue
         if dead is not None:
@@ -177,7 +176,7 @@ def take_over_dead_workers(store: JobStore, settings: Settings, send: Send,
             else:
                 claims.restore(held.job_id, part, previous, worker, held.token)
         if not r.exists(claims.worker_key(worker)):
-            r.zrem(workers_key(store.prefix), worker)
+            forget_worker(r, store.prefix, worker)
     return sent
 
 

@@ -2,8 +2,9 @@
 
 The call path wears the hooks (``llm_call``, ``acquire_wait``, ``tool_call``, ``subagent_run``,
 ``subagent_finished``, ``job_submitted``, ``worker_started``); each process adds its counts to
-Redis (``_recorder``) and ``drover metrics`` (``drover.orchestrator.metrics``) serves them with the
-state the limiter and the job store keep there. ``METRICS`` lists every series.
+Redis (``_recorder``) and ``drover metrics`` (``drover.orchestrator.metrics``) reads them back
+through ``TelemetryReader`` (``_reader``), serving them with the state the limiter and the job
+store keep there. ``METRICS`` lists every series.
 """
 
 from drover.workers.telemetry._hooks import (
@@ -26,18 +27,12 @@ from drover.workers.telemetry._metrics import (
     Metric,
     metric,
 )
-from drover.workers.telemetry._recorder import (
-    Recorder,
-    get_recorder,
-    keys,
-    parse_field,
-    parse_job,
-    register_job,
-)
+from drover.workers.telemetry._reader import ActiveJob, TelemetryReader
+from drover.workers.telemetry._recorder import Recorder, get_recorder, register_job
 from drover.workers.telemetry._tracing import content_capture, enabled, ensure_tracing, tracer
 
 __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
-           "Metric", "Recorder", "acquire_wait", "content_capture", "enabled",
-           "ensure_tracing", "get_recorder", "job_submitted", "keys", "llm_call", "metric",
-           "parse_field", "parse_job", "register_job", "subagent_finished", "subagent_run",
+           "ActiveJob", "Metric", "Recorder", "TelemetryReader", "acquire_wait",
+           "content_capture", "enabled", "ensure_tracing", "get_recorder", "job_submitted",
+           "llm_call", "metric", "register_job", "subagent_finished", "subagent_run",
            "tenant_of", "tool_call", "tracer", "with_trace_context", "worker_started"]
