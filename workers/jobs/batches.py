@@ -95,7 +95,7 @@ class BatchStore:
     def __init__(self, store: JobStore):
         self.jobs = store
         self.r: redis.Redis = store.r
-        self.base = f"{store.prefix}:batch"
+        self.base = store.keys.batch
 
     # --- keys ---------------------------------------------------------------------------
     def _pending(self, scope: str) -> str:

@@ -52,6 +52,7 @@ from pathlib import Path
 import redis
 
 from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.keys import JobKeys
 
 __all__ = ["ClaimLost", "Claims", "Held", "part_name"]
 
@@ -82,6 +83,7 @@ class Claims:
     def __init__(self, client: redis.Redis, prefix: str, ttl_s: int):
         self.r = client
         self.prefix = prefix
+        self.keys = JobKeys(prefix)
         self.ttl_s = ttl_s
         self._receive = client.register_script((LUA / "receive.lua").read_text())
         epoch = (LUA / "_epoch.lua").read_text()
@@ -92,13 +94,13 @@ class Claims:
 
     # --- keys ---------------------------------------------------------------------------
     def job_key(self, job_id: str, name: str) -> str:
-        return f"{self.prefix}:job:{job_id}:{name}"
+        return self.keys.job(job_id, name)
 
     def worker_key(self, worker: str) -> str:
-        return f"{self.prefix}:worker:{worker}:claims"
+        return self.keys.claims_of(worker)
 
     def fence_key(self) -> str:
-        return f"{self.prefix}:fence"
+        return self.keys.fence
 
     def _keys(self, job_id: str, worker: str) -> list[str]:
         return [self.job_key(job_id, "claims"), self.worker_key(worker),

@@ -26,6 +26,7 @@ import redis
 
 from drover.config import Settings
 from drover.workers import redis_outage
+from drover.workers.jobs.keys import JobKeys
 from drover.workers.redis_clients import sentinel_settings, sync_redis
 
 __all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
@@ -35,11 +36,11 @@ log = logging.getLogger(__name__)
 
 
 def workers_key(prefix: str) -> str:
-    return f"{prefix}:workers"
+    return JobKeys(prefix).workers
 
 
 def heartbeat_key(prefix: str, worker: str) -> str:
-    return f"{prefix}:worker:{worker}"
+    return JobKeys(prefix).heartbeat(worker)
 
 
 class Heartbeat:

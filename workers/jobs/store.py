@@ -21,6 +21,7 @@ import redis
 
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.claims import LUA, ClaimLost, Claims
+from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.records import (
     STATUSES,
@@ -79,17 +80,18 @@ class JobStore:
         self.r = client
         self.prefix = prefix
         self.ttl_s = ttl_s
+        self.keys = JobKeys(prefix)
         self.claims = Claims(client, prefix, ttl_s)
         self._record = client.register_script((LUA / "record.lua").read_text())
         self._send = client.register_script((LUA / "send.lua").read_text())
 
     # --- keys ---------------------------------------------------------------------------
     def key(self, job_id: str, *parts: object) -> str:
-        return ":".join([self.prefix, "job", job_id, *map(str, parts)])
+        return self.keys.job(job_id, *parts)
 
     @property
     def cancel_channel(self) -> str:
-        return f"{self.prefix}:cancel"
+        return self.keys.cancel_channel
 
     # --- the job ------------------------------------------------------------------------
     def create(self, job_id: str, spec: JobSpec, subtasks: list[str], *, status: str,
@@ -108,7 +110,7 @@ class JobStore:
             meta["deadline"] = self.server_time() + spec.deadline_s
         pipe.hset(self.key(job_id, "meta"), mapping=meta)
         pipe.expire(self.key(job_id, "meta"), self.ttl_s)
-        pipe.zadd(f"{self.prefix}:jobs", {job_id: now})
+        pipe.zadd(self.keys.jobs, {job_id: now})
         pipe.execute()
 
     def set_subtasks(self, job_id: str, subtasks: list[str]) -> None:
@@ -153,7 +155,7 @@ class JobStore:
                                    wall_s=round(time.time() - created, 3)))
 
     def jobs(self, limit: int = 20) -> list[str]:
-        return [_s(x) for x in self.r.zrevrange(f"{self.prefix}:jobs", 0, limit - 1)]
+        return [_s(x) for x in self.r.zrevrange(self.keys.jobs, 0, limit - 1)]
 
     # --- cancellation -------------------------------------------------------------------
     def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
@@ -431,7 +433,7 @@ class JobStore:
                          keep_s: int) -> None:
         """Count one call of ``scope`` that was sent and never answered (its estimate); the
         counters go once no such call was counted for ``keep_s`` seconds."""
-        key = f"{self.prefix}:unanswered:{scope}"
+        key = self.keys.unanswered(scope)
         pipe = self.r.pipeline()
         pipe.hincrby(key, "calls", 1)
         pipe.hincrby(key, "input_tokens", input_tokens)
@@ -443,8 +445,8 @@ class JobStore:
     def unanswered(self) -> dict[str, dict[str, float]]:
         """Scope -> its unanswered counters (calls, input_tokens, output_tokens, since)."""
         found = {}
-        for key in self.r.scan_iter(match=f"{self.prefix}:unanswered:*", count=500):
-            scope = _s(key).removeprefix(f"{self.prefix}:unanswered:")
+        for key in self.r.scan_iter(match=self.keys.unanswered(), count=500):
+            scope = _s(key).removeprefix(self.keys.unanswered(""))
             found[scope] = {_s(k): float(v) for k, v in self.r.hgetall(key).items()}
         return found
 

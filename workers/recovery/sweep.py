@@ -61,6 +61,7 @@ import redis
 from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive, forget_worker, registered_workers
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import ACTIVE, JobStore
@@ -125,12 +126,12 @@ def subagents_in_broker(r: redis.Redis, key_prefix: str, queue: str) -> set[tupl
 def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Part]]:
     """One pass (if no other worker made one a moment ago); returns what was sent again."""
     r = store.r
-    if not r.set(f"{store.prefix}:recovery:lock", "1", nx=True,
+    if not r.set(store.keys.recovery("lock"), "1", nx=True,
                  px=int(sweep_interval_s(settings) * 900)):
         return []
     dead: list[str] = []
     sent = take_over_dead_workers(store, settings, send, dead)
-    death = f"{store.prefix}:recovery:death"
+    death = store.keys.recovery("death")
     if dead and not settings.broker_is_rabbitmq:
         sent += resend_orphans(store, settings, send)
         # A dying worker may also have taken a message off the queue whose reply it never
@@ -141,7 +142,7 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
     if not settings.broker_is_rabbitmq:
         after_a_death = bool(r.exists(death))
         every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)
-        if r.set(f"{store.prefix}:recovery:scan", "1", nx=True, px=int(every * 900)):
+        if r.set(store.keys.recovery("scan"), "1", nx=True, px=int(every * 900)):
             sent += resend_lost_messages(store, settings, send, min(
                 settings.resend_after_s, settings.heartbeat_ttl_s) if after_a_death else None)
     try:
@@ -231,7 +232,7 @@ def _part_of(raw: bytes | None) -> tuple[str, Part, int] | None:
 def join_recovered_jobs(store: JobStore, send: Send) -> list[tuple[str, Part]]:
     """Step 2: the join of a job with re-sent sub-agents, once every record is in."""
     r = store.r
-    key = f"{store.prefix}:recovering"
+    key = store.keys.recovering
     sent: list[tuple[str, Part]] = []
     for job_id in [_s(j) for j in r.smembers(key)]:
         meta = _meta(store, job_id)
@@ -297,7 +298,7 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
             if not token or _given_up(store, job_id, index, settings.max_attempts):
                 continue
             if _send_to(send, queue, job_id, index, token):
-                r.sadd(f"{store.prefix}:recovering", job_id)
+                r.sadd(store.keys.recovering, job_id)
                 sent.append((job_id, index))
                 log.warning("sub-agent %s/%d: its message is gone from the broker; sent again",
                             job_id, index)
@@ -312,16 +313,17 @@ def stall_after_s(settings: Settings) -> float:
 
 def stalled_jobs(r: redis.Redis, prefix: str) -> dict[str, dict[str, Any]]:
     """The jobs the sweep found stalled and has not seen move since: id -> what it saw."""
-    return {_s(job_id): json.loads(raw) for job_id, raw in r.hgetall(f"{prefix}:stalled").items()}
+    stalled = r.hgetall(JobKeys(prefix).stalled)
+    return {_s(job_id): json.loads(raw) for job_id, raw in stalled.items()}
 
 
 def window_repairs(r: redis.Redis, prefix: str) -> dict[str, int]:
     """How often the sweep had to repair the window or a claim, by kind (since the keys live)."""
-    return {_s(k): int(v) for k, v in r.hgetall(f"{prefix}:recovery:repairs").items()}
+    return {_s(k): int(v) for k, v in r.hgetall(JobKeys(prefix).recovery("repairs")).items()}
 
 
 def _count_repair(store: JobStore, kind: str, n: int = 1) -> None:
-    key = f"{store.prefix}:recovery:repairs"
+    key = store.keys.recovery("repairs")
     store.r.hincrby(key, kind, n)
     store.r.expire(key, store.ttl_s)
 
@@ -333,7 +335,7 @@ def repair_windows(store: JobStore, settings: Settings, send: Send,
     fs = FairShare.from_settings(r, settings, queue or settings.queue)
     now = store.server_time()
     sent: list[tuple[str, Part]] = []
-    stalled_key = f"{store.prefix}:stalled"
+    stalled_key = store.keys.stalled
     for share in fs.jobs():
         job_id = share.job_id
         claims = {_s(k): _s(v) for k, v in r.hgetall(store.key(job_id, "claims")).items()}
@@ -431,7 +433,7 @@ def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Pa
           token: int) -> bool:
     queue = _meta(store, job_id).get("queue") or settings.queue
     if isinstance(part, int):
-        store.r.sadd(f"{store.prefix}:recovering", job_id)
+        store.r.sadd(store.keys.recovering, job_id)
     if not _send_to(send, queue, job_id, part, token):
         return False
     if isinstance(part, int):
@@ -464,7 +466,7 @@ def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int) -> bo
     store.finish(SubagentResult(job_id=job_id, index=index, status="failed",
                                 attempts=max_attempts, error_type="task_lost", error=message,
                                 finished_at=time.time()))
-    store.r.sadd(f"{store.prefix}:recovering", job_id)
+    store.r.sadd(store.keys.recovering, job_id)
     return True
 
 
