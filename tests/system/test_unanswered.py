@@ -96,6 +96,32 @@ def test_a_worker_killed_mid_call_counts_the_lost_call_once_and_its_redo_as_answ
     assert 0 < record.usage.unanswered_output_tokens <= 100
 
 
+def test_a_worker_killed_mid_planning_counts_the_lost_planning_call_once(
+        sim, spawn_worker, drover_env):
+    """The job's own calls are marked before they go out too: the planning call a killed
+    worker sent is counted once as unanswered, its redo as answered."""
+    sim.configure(plan_items=2, tool_turns=0, latency_mean_s=60, latency_p95_s=60,
+                  output_tokens_mean=40)
+    victim = spawn_worker(concurrency=2)
+    wait_for_workers(1)
+    handle = submit(JobSpec(goal="Inspect two depots", max_subtasks=2, max_tokens=100))
+    wait_until("the planning call on its way to the provider",
+               lambda: sim.stats()["in_flight"] == 1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    sim.configure(latency_mean_s=0.05, latency_p95_s=0.1)
+    spawn_worker(concurrency=2)
+    result = handle.wait(timeout=120)
+
+    stats = sim.stats()
+    assert result.status == "done" and result.counts["ok"] == 2, result.counts
+    assert stats["accepted"] == 1 + 1 + 2  # the lost planning call, its redo, two sub-agents
+    assert result.usage.calls == 1 + 2, result.usage
+    assert result.usage.unanswered_calls == 1, result.usage
+    assert result.usage.unanswered_input_tokens > 0
+
+
 def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in_metrics(
         sim, monkeypatch, drover_env, redis_url):
     import asyncio

@@ -16,7 +16,14 @@ from functools import partial
 
 from drover.workers.agent.batch import SYNTHESIS_PART, Parked, job_batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, RetryLater
-from drover.workers.agent.llm import CallContext, create_message, job_answered, job_unanswered
+from drover.workers.agent.llm import (
+    CallContext,
+    count_lost_job_call,
+    job_answered,
+    job_call,
+    job_call_context,
+    job_unanswered,
+)
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.records import (
     STATUSES,
@@ -134,16 +141,21 @@ async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
                       results: list[SubagentResult]) -> str:
     subtasks = await asyncio.to_thread(rt.store.subtasks, job_id)
     params = synthesis_request(spec, spec.model or rt.settings.model, results, subtasks)
-    ctx = CallContext(job_id, -1, asyncio.Event())  # the synthesis outlives a cancel
-    ctx.unanswered = partial(job_unanswered, rt, job_id)
     by_batch = uses_batch(spec, rt.settings)  # a batch job's synthesis goes by batch too
+    if by_batch:
+        ctx = CallContext(job_id, -1, asyncio.Event())  # the synthesis outlives a cancel
+        ctx.unanswered = partial(job_unanswered, rt, job_id)
+    else:
+        await count_lost_job_call(rt, job_id, "synthesis")
+        ctx = job_call_context(rt, job_id, "synthesis", asyncio.Event())
     for _ in range(rt.settings.max_attempts):
         try:
             if by_batch:
                 message = await job_batch_message(rt, params, ctx, SYNTHESIS_PART)
+                await job_answered(rt, job_id, message.usage, batch=True)
             else:
-                message = await create_message(rt, params, ctx)
-            await job_answered(rt, job_id, message.usage, batch=by_batch)
+                message = await job_call(rt, params, ctx, "synthesis")
+                await job_answered(rt, job_id, message.usage, settles="synthesis")
         except Parked:  # the join parks until the batch result is in
             raise
         except RetryLater as later:

@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import anthropic
@@ -428,18 +429,57 @@ async def _disable_key(rt: Runtime, route: Route, alias: str, decision: Decision
     ctx.key = None
 
 
-async def job_answered(rt: Runtime, job_id: str, usage: Any, *, batch: bool = False) -> None:
-    """Count a job-level call's answer (planning, synthesis) in the job's own usage."""
+async def job_answered(rt: Runtime, job_id: str, usage: Any, *, batch: bool = False,
+                       settles: str | None = None) -> None:
+    """Count a job-level call's answer (planning, synthesis) in the job's own usage (and
+    clear the send mark of ``settles``, the part it answers)."""
     counted = Usage()
     counted.add(usage, batch=batch)
-    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted)
+    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted, settles=settles)
 
 
-async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int) -> None:
+async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int, *,
+                         settles: str | None = None) -> None:
     """Count a job-level call that was sent and never answered, at its estimate."""
     counted = Usage()
     counted.add_unanswered(est_in, est_out)
-    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted)
+    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted, settles=settles)
+
+
+def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
+                     failures: int = 0) -> CallContext:
+    """The context of a job's own call (``part``: "plan" or "synthesis"): counted in the job's
+    usage, and its send marked right before it goes out, so that a delivery which finds the
+    mark (its worker died mid-call: ``count_lost_job_call``) counts that call as
+    unanswered. The mark goes when the answer is counted, or when the call ends otherwise
+    (``job_call``)."""
+    ctx = CallContext(job_id, -1, cancel, failures)
+
+    async def mark(est_in: int, est_out: int) -> None:
+        await asyncio.to_thread(rt.store.mark_job_send, job_id, part, est_in, est_out)
+
+    ctx.check = mark
+    ctx.unanswered = partial(job_unanswered, rt, job_id, settles=part)
+    return ctx
+
+
+async def job_call(rt: Runtime, params: dict[str, Any], ctx: CallContext, part: str) -> Any:
+    """``create_message`` for a job's own call: whatever ends the call here (an answer, an
+    error, a countdown, a cancel) ends its send mark too; only a death mid-call leaves it."""
+    try:
+        return await create_message(rt, params, ctx)
+    except BaseException:
+        await asyncio.to_thread(rt.store.clear_job_send, ctx.job_id, part)
+        raise
+
+
+async def count_lost_job_call(rt: Runtime, job_id: str, part: str) -> None:
+    """A job's own call sent by a delivery that died before its answer: counted once, now."""
+    lost = await asyncio.to_thread(rt.store.count_lost_job_send, job_id, part)
+    if lost is not None:
+        log.warning("job %s: its %s call was sent by a delivery that was lost before the "
+                    "answer; counted as unanswered (about %d input, up to %d output tokens)",
+                    job_id, part, lost[0], lost[1])
 
 
 async def _unanswered(rt: Runtime, scope: str, ctx: CallContext, error: BaseException,

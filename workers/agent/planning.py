@@ -14,7 +14,15 @@ from typing import Any
 
 from drover.workers.agent.batch import PLAN_PART, job_batch_message, uses_batch
 from drover.workers.agent.errors import Cancelled
-from drover.workers.agent.llm import CallContext, create_message, job_answered, job_unanswered
+from drover.workers.agent.llm import (
+    CallContext,
+    count_lost_job_call,
+    create_message,
+    job_answered,
+    job_call,
+    job_call_context,
+    job_unanswered,
+)
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.spec import JobSpec
 
@@ -67,15 +75,18 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
     params = plan_request(goal, max_subtasks, model or rt.settings.model, system)
     cancel = cancel if cancel is not None else asyncio.Event()
-    ctx = CallContext(job_id, -1, cancel, failures)
-    if store_usage:  # the planning call is the job's: counted in its usage like any other
-        ctx.unanswered = partial(job_unanswered, rt, job_id)
     if by_batch:  # a batch job's planning goes by Message Batch too (Parked until it is in)
+        ctx = CallContext(job_id, -1, cancel, failures)
+        ctx.unanswered = partial(job_unanswered, rt, job_id)
         message = await job_batch_message(rt, params, ctx, PLAN_PART)
+        await job_answered(rt, job_id, message.usage, batch=True)
+    elif store_usage:  # the planning call is the job's: counted in its usage like any other
+        await count_lost_job_call(rt, job_id, "plan")
+        ctx = job_call_context(rt, job_id, "plan", cancel, failures)
+        message = await job_call(rt, params, ctx, "plan")
+        await job_answered(rt, job_id, message.usage, settles="plan")
     else:
-        message = await create_message(rt, params, ctx)
-    if store_usage:
-        await job_answered(rt, job_id, message.usage, batch=by_batch)
+        message = await create_message(rt, params, CallContext(job_id, -1, cancel, failures))
     proposed: list[Any] = []
     for block in message.content:
         if block.type == "tool_use" and block.name == PLAN_TOOL["name"]:

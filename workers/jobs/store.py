@@ -450,18 +450,60 @@ class JobStore:
             found[scope] = {_s(k): float(v) for k, v in self.r.hgetall(key).items()}
         return found
 
-    def add_job_usage(self, job_id: str, usage: Usage) -> None:
+    def add_job_usage(self, job_id: str, usage: Usage, *, settles: str | None = None) -> None:
         """Add the usage of a job-level call (its planning, its synthesis) to the job's own
-        counters, which the join adds to the sub-agents' (``job_usage``)."""
-        fields = {name: n for name, n in usage.model_dump().items() if n}
-        if not fields:
-            return
-        key = self.key(job_id, "usage")
+        counters, which the join adds to the sub-agents' (``job_usage``); ``settles``: the
+        part ("plan", "synthesis") whose send mark this call's count clears, in the same
+        transaction (so the call is counted once whoever dies when)."""
         pipe = self.r.pipeline()
+        self._count_job_usage(pipe, job_id, usage)
+        if settles:
+            pipe.hdel(self.key(job_id, "sent"), settles)
+        if len(pipe):
+            pipe.execute()
+
+    def _count_job_usage(self, pipe: Any, job_id: str, usage: Usage) -> None:
+        key = self.key(job_id, "usage")
+        fields = {name: n for name, n in usage.model_dump().items() if n}
         for name, n in fields.items():
             pipe.hincrby(key, name, n)
-        pipe.expire(key, self.ttl_s)
+        if fields:
+            pipe.expire(key, self.ttl_s)
+
+    def mark_job_send(self, job_id: str, part: str, est_in: int, est_out: int) -> None:
+        """Right before a job-level call goes out: its mark, with its estimates, until its
+        answer is counted (``add_job_usage(settles=part)``) or it is known unsent
+        (``clear_job_send``). A delivery that finds it (its worker died mid-call) counts that
+        call as unanswered: ``count_lost_job_send``."""
+        pipe = self.r.pipeline()
+        pipe.hset(self.key(job_id, "sent"), part, json.dumps({"in": est_in, "out": est_out}))
+        pipe.expire(self.key(job_id, "sent"), self.ttl_s)
         pipe.execute()
+
+    def clear_job_send(self, job_id: str, part: str) -> None:
+        self.r.hdel(self.key(job_id, "sent"), part)
+
+    def count_lost_job_send(self, job_id: str, part: str) -> tuple[int, int] | None:
+        """A send mark of ``part`` left by a delivery that died mid-call: counted now as the
+        job's unanswered call, once (the count and the mark's removal are one transaction;
+        a second delivery finds no mark). Returns its (input, output) estimate."""
+        key = self.key(job_id, "sent")
+        with self.r.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                raw = pipe.hget(key, part)
+                if raw is None:
+                    return None
+                mark = json.loads(raw)
+                lost = Usage()
+                lost.add_unanswered(int(mark.get("in", 0)), int(mark.get("out", 0)))
+                pipe.multi()
+                pipe.hdel(key, part)
+                self._count_job_usage(pipe, job_id, lost)
+                pipe.execute()
+            except redis.WatchError:
+                return None
+        return lost.unanswered_input_tokens, lost.unanswered_output_tokens
 
     def job_usage(self, job_id: str) -> Usage:
         raw = self.r.hgetall(self.key(job_id, "usage"))
