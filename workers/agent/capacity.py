@@ -136,7 +136,7 @@ def queue_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, queue: 
                    models: Iterable[str]) -> int | None:
     """The queue's line cap: the sum of the caps of the model classes its jobs use (None:
     one of them has no limit, so the line holds nothing back). Jobs of several classes on
-    one queue share the one line; see fairshare.py on what that costs."""
+    one queue share the one line; see fairshare/scheduler.py on what that costs."""
     caps = {}
     for model in models:
         cls = settings.limit_class(model)
