@@ -595,9 +595,12 @@ def parser() -> argparse.ArgumentParser:
                 "Read the limiter's per-second counters in Redis (every worker on every host "
                 "writes them) and print, per scope, requests and tokens in the last 60 s and "
                 "the busiest 60 s against each limit, then waits, 429s, 529s, leases and "
-                "cooldowns. Input tokens are counted as the provider's limit counts them: "
-                "uncached input plus cache writes (plus cache reads where they count), over "
-                "every call (planning, sub-agents, synthesis).",
+                "cooldowns, then per model scope the prompt cache's reads and writes in the "
+                "window and why the answers that used no cache did not (a shared prefix "
+                "below the model's minimum cacheable length). Input tokens are counted as "
+                "the provider's limit counts them: uncached input plus cache writes (plus "
+                "cache reads where they count), over every call (planning, sub-agents, "
+                "synthesis).",
                 "Exit status: 0; 2 bad option or missing extra (--plot needs matplotlib, "
                 "drover[demo]); 3 Redis does not answer.")
     stats.add_argument("--plot", metavar="FILE.png", default=None,

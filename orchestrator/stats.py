@@ -8,7 +8,8 @@ every worker on every host, and needs nothing but the Redis and the key prefix t
 Two views:
 
 - ``print_stats``: per scope, the last 60 s against each limit (and the busiest 60 s of the
-  window), waits, 429s, 529s, leases in flight, cooldown.
+  window), waits, 429s, 529s, leases in flight, cooldown; the prompt cache's reads and
+  writes over the window, and why the answers that used no cache did not.
 - ``plot_usage``: requests/min and tokens/min over time, as rolling 60 s sums of the
   per-second counters (what the provider's per-minute limits measure), with the limits
   as horizontal lines and every second that saw a 429 or 529 marked.
@@ -26,11 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from drover.config import Settings, get_settings
+from drover.workers.agent.caching import stats_cache_line
 from drover.workers.agent.limits import llm_limits, scaled_limits
 from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits, split_llm_scope
 from drover.workers.services import services
 
-__all__ = ["DIMENSIONS", "ScopeUsage", "collect", "plot_usage", "print_stats", "rolling_sum",
+__all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "plot_usage", "print_stats",
+           "rolling_sum",
            "safe_url", "scope_usage", "stats_window_s", "usage_figure"]
 
 # (counter in the limiter, ScopeLimits attribute, label)
@@ -220,6 +223,24 @@ def events_table(usages: list[ScopeUsage]) -> Table:
     return table
 
 
+def cache_lines(usages: list[ScopeUsage], window_s: int) -> list[str]:
+    """Per LLM scope whose calls were answered in the window: the prompt cache's reads and
+    writes, and why the answers that used no cache did not (``drover result`` says the same
+    of one job)."""
+    lines = []
+    for u in usages:
+        llm = split_llm_scope(u.scope)
+        if llm is None:
+            continue
+        whole = u.last(len(u.series))
+        read, written, uncached = (whole.get(n, 0) for n in ("cache_read", "cache_write",
+                                                              "uncached"))
+        if read or written or uncached:
+            lines.append(f"cache {u.scope}, last {window_s // 60} min: " + stats_cache_line(
+                llm[1], read, written, uncached, whole.get("short_prefix", 0)))
+    return lines
+
+
 def print_stats(console: Console, plot: Path | None = None, *,
                 settings: Settings | None = None) -> int:
     """``drover stats [--plot FILE]``: the table, and the plot when asked for."""
@@ -234,6 +255,8 @@ def print_stats(console: Console, plot: Path | None = None, *,
     else:
         console.print(limits_table(usages, window))
         console.print(events_table(usages))
+        for line in cache_lines(usages, window):
+            console.print(line, markup=False, highlight=False)
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
     _print_unanswered(console, settings)

@@ -412,7 +412,8 @@ def test_a_clean_sigterm_logs_no_error(sim, drover_env, project):
     assert not [line for line in text.splitlines() if "ERROR" in line], text[-3000:]
 
 
-def test_the_result_says_why_nothing_was_cached(sim, drover_env, spawn_worker, tmp_path):
+def test_the_result_and_stats_say_why_nothing_was_cached(sim, drover_env, spawn_worker,
+                                                         tmp_path):
     short = tmp_path / "short.json"
     short.write_text('{"subtasks": ["a", "b", "c"], "system": "You are brief.", '
                      '"max_tokens": 16}')
@@ -421,6 +422,8 @@ def test_the_result_says_why_nothing_was_cached(sim, drover_env, spawn_worker, t
                     % ("You are a careful analyst who reads every line. " * 150))
     spawn_worker(concurrency=1)  # one at a time: the first writes the cache, the others read
     env = user_env(drover_env)
+    scope = f"llm:{drover_env['DROVER_KEY_ALIAS']}:claude-sonnet-4-6"
+    short_calls = 0
     for spec, says in ((short, r"cache: nothing cached: the shared prefix \(system prompt and "
                                r"tool definitions, about \d+ tokens\) is below "
                                r"claude-sonnet-4-6's minimum cacheable length of 1,024 tokens"),
@@ -433,6 +436,23 @@ def test_the_result_says_why_nothing_was_cached(sim, drover_env, spawn_worker, t
         again = subprocess.run([drover_script(), "result", job_id], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=BOUND_S)
         assert re.search(says, again.stdout), again.stdout
+
+        # drover stats says it too, for every call of the scope in its window.
+        provider = sim.stats()
+        short_calls = short_calls or provider["accepted"]  # the first job's calls
+        stats = subprocess.run([drover_script(), "stats"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=BOUND_S)
+        assert stats.returncode == 0, stats.stdout + stats.stderr
+        text = " ".join(stats.stdout.split())
+        why = (f"of the {short_calls} answers that used no cache, {short_calls} had a shared "
+               "prefix (system prompt and tool definitions) below claude-sonnet-4-6's minimum "
+               "cacheable length of 1,024 tokens, or none, so each sent it whole")
+        read, written = (provider["cache_read_input_tokens"],
+                         provider["cache_creation_input_tokens"])
+        head = "nothing cached" if spec is short else (
+            f"{read:,} tokens read from the cache, {written:,} written to it")
+        assert spec is short or (read and written), provider
+        assert f"cache {scope}, last 60 min: {head}; {why}" in text, text
 
 
 def test_every_text_about_the_simulator_says_to_set_a_key_and_the_simulator_says_so_too(

@@ -318,17 +318,23 @@ def test_usage_counts_per_second(lim):
     g2 = lim.acquire(scope, limits, input_tokens=10, output_tokens=5)  # waits 1 s
     at(lim, 1.2)
     lim.settle(scope, limits, g1, input_tokens=12, output_tokens=7)
-    lim.settle(scope, limits, g2, input_tokens=3, output_tokens=1)
-    lim.record(scope, n529=2, n5xx=1)
+    lim.settle(scope, limits, g2, input_tokens=3, output_tokens=1,
+               counts={"cache_read": 40, "uncached": 0})  # added at the settle second
+    lim.record(scope, n529=2, n5xx=1, uncached=1, short_prefix=1)
     rows = lim.usage(scope, 3)
     assert [r["t"] for r in rows] == [T0 // 10**6 - 1, T0 // 10**6, T0 // 10**6 + 1]
+    none = {"cache_read": 0, "cache_write": 0, "uncached": 0, "short_prefix": 0}
     assert rows[1] == {"t": T0 // 10**6, "requests": 1, "input_tokens": 0, "output_tokens": 0,
-                       "waits": 1, "wait_ms": 1000, "n429": 0, "n529": 0, "n5xx": 0, "nconn": 0}
+                       "waits": 1, "wait_ms": 1000, "n429": 0, "n529": 0, "n5xx": 0, "nconn": 0,
+                       **none}
     assert rows[2] == {"t": T0 // 10**6 + 1, "requests": 1, "input_tokens": 15,
                        "output_tokens": 8, "waits": 0, "wait_ms": 0, "n429": 0, "n529": 2,
-                       "n5xx": 1, "nconn": 0}
+                       "n5xx": 1, "nconn": 0, **none, "cache_read": 40, "uncached": 1,
+                       "short_prefix": 1}
     with pytest.raises(ValueError):
         lim.record(scope, bogus=1)
+    with pytest.raises(ValueError):
+        lim.settle(scope, limits, g1, input_tokens=1, output_tokens=1, counts={"bogus": 1})
 
 
 def test_async_limiter_agrees_with_limiter(redis_url, key_prefix):

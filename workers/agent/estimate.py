@@ -42,6 +42,11 @@ def _prefix_chars(params: dict[str, Any]) -> int:
     return chars
 
 
+def prefix_estimate(params: dict[str, Any]) -> int:
+    """About how many tokens a request's shared prefix (system prompt, tools) holds."""
+    return int(_prefix_chars(params) / CHARS_PER_TOKEN)
+
+
 def _prefix_key(params: dict[str, Any]) -> str | None:
     """Identifies a prefix marked for caching (system prompt and tools), else None."""
     marked = json.dumps([params.get("system"), params.get("tools")], sort_keys=True)

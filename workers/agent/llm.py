@@ -29,6 +29,7 @@ import anthropic
 import redis
 from anthropic.types import Message
 
+from drover.workers.agent.caching import cache_counts
 from drover.workers.agent.errors import (
     CallFailed,
     Cancelled,
@@ -383,7 +384,8 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
     await route.settle(rt.limiter, grant, input_tokens=used_in, output_tokens=used_out,
-                       headers=raw.headers)  # true-up and header sync in one round trip
+                       headers=raw.headers,  # true-up, header sync and counters in one trip
+                       counts=cache_counts(params, message.usage))
     spent[0] = used_in + used_out
     rt.calibration.observe(route.scope, params, message.usage, used_in, cache_reads_count,
                            key.alias if route.pooled else "")

@@ -95,18 +95,21 @@ class Route:
             sticky_s=self.settings.key_sticky_s, lease_ttl_s=lease_ttl_s)
 
     async def settle(self, limiter: Any, grant: Grant, *, input_tokens: int,
-                     output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
+                     output_tokens: int, headers: Mapping[str, str] | None = None,
+                     counts: Mapping[str, int] | None = None) -> None:
+        """True up each level; ``counts`` (the answer's cache figures) go to each level's
+        counters, as its tokens do."""
         key = self.key(grant)
         if self.pool is None:
             await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
-                                 output_tokens=output_tokens, headers=headers)
+                                 output_tokens=output_tokens, headers=headers, counts=counts)
             return
         org_h, key_h = (None, None) if headers is None else split_headers(
             headers, self.org_raw, key.raw)
         await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
-                             output_tokens=output_tokens, headers=org_h)
+                             output_tokens=output_tokens, headers=org_h, counts=counts)
         await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
-                             output_tokens=output_tokens, headers=key_h)
+                             output_tokens=output_tokens, headers=key_h, counts=counts)
 
     async def release(self, limiter: Any, grant: Grant) -> None:
         await limiter.release(self.scope, grant)

@@ -28,10 +28,13 @@ class Limiter(LimiterCore):
                                        lease_ttl_s))
 
     def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
-               output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
+               output_tokens: int, headers: Mapping[str, str] | None = None,
+               counts: Mapping[str, int] | None = None) -> None:
         """True the grant up to what the call used; with the response's ``headers``, also
-        what ``sync_headers`` would do, in the same round trip."""
-        self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens, headers))
+        what ``sync_headers`` would do, and with ``counts`` (STAT_FIELDS names) what
+        ``record`` would, in the same round trip."""
+        self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens, headers,
+                               counts))
 
     def release(self, scope: str, grant: Grant) -> None:
         """The request never went out: refund all of it."""
@@ -109,9 +112,10 @@ class AsyncLimiter(LimiterCore):
                                              int(output_tokens), lease_ttl_s))
 
     async def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
-                     output_tokens: int, headers: Mapping[str, str] | None = None) -> None:
+                     output_tokens: int, headers: Mapping[str, str] | None = None,
+                     counts: Mapping[str, int] | None = None) -> None:
         await self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens,
-                                     headers))
+                                     headers, counts))
 
     async def release(self, scope: str, grant: Grant) -> None:
         await self._run(self._settle(scope, None, grant, False, 0, 0, None))

@@ -14,8 +14,11 @@ POOL_TAG = "pool"
 ORG = "org"  # the organisation's level, where a key's alias would be
 
 # The per-second counters of a scope, in the order the Lua library lists them (_lib.lua).
+# The last four are the answers' prompt cache, for ``drover stats``: tokens read from and
+# written to the cache, calls that did neither, and those of them whose shared prefix was
+# below the model's minimum cacheable length (the caller judges that; the limiter adds).
 STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "n429", "n529",
-               "n5xx", "nconn")
+               "n5xx", "nconn", "cache_read", "cache_write", "uncached", "short_prefix")
 
 
 def llm_scope(key_alias: str, model: str) -> str:

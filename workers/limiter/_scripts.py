@@ -54,6 +54,16 @@ def _limit_args(limits: ScopeLimits) -> list[str]:
             "1" if limits.learn_share else "0"]
 
 
+def _counts(counts: Mapping[str, int] | None) -> list[str]:
+    """Counter names and counts as script arguments (name, count, ...), the zeros left out;
+    ValueError for a name that is no counter."""
+    counts = counts or {}
+    unknown = sorted(set(counts) - set(STAT_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown counter(s) {unknown}; expected some of {STAT_FIELDS}")
+    return [part for name, n in counts.items() if int(n) for part in (name, str(int(n)))]
+
+
 class _Call(NamedTuple):
     script: str
     keys: list[str]
@@ -165,9 +175,11 @@ class LimiterCore:
 
     def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
                 input_tokens: int, output_tokens: int,
-                headers: Mapping[str, str] | None) -> _Call | None:
+                headers: Mapping[str, str] | None,
+                counts: Mapping[str, int] | None = None) -> _Call | None:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token counts must be >= 0")
+        extra = _counts(counts)
         if not grant.granted or grant.lease_id is None:
             return None
         limit = _STORED if limits is None else _limit_args(limits)
@@ -176,7 +188,7 @@ class LimiterCore:
             *limit, "1" if sent else "0", str(grant.input_tokens), str(grant.output_tokens),
             str(int(input_tokens)), str(int(output_tokens)), str(self.stats_window_s),
             str(grant.acquired_s), repr(grant.send_us), repr(grant.wait_s), grant.lease_id,
-            *(folded or _NO_HEADERS)])
+            *(folded or _NO_HEADERS), str(len(extra) // 2), *extra])
 
     def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Call:
         if not retry_after_s >= 0:
@@ -192,9 +204,7 @@ class LimiterCore:
         return self._call("sync", self.keys(scope), [*_limit_args(limits), *folded])
 
     def _record(self, scope: str, counts: Mapping[str, int]) -> _Call | None:
-        unknown = sorted(set(counts) - set(STAT_FIELDS))
-        if unknown:
-            raise ValueError(f"unknown counter(s) {unknown}; expected some of {STAT_FIELDS}")
+        _counts(counts)  # names checked
         if not any(int(n) for n in counts.values()):
             return None
         return self._call("record", self.keys(scope), [

@@ -40,7 +40,8 @@ end
 
 local DIMS = {'r', 'i', 'o'}
 local STAT_FIELDS = {'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms', 'n429',
-                     'n529', 'n5xx', 'nconn'}
+                     'n529', 'n5xx', 'nconn', 'cache_read', 'cache_write', 'uncached',
+                     'short_prefix'}
 
 local function num(x)
   return string.format('%.17g', x)

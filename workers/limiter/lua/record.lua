@@ -1,5 +1,5 @@
 -- record.lua: add to this second's counters of a scope (e.g. a 529). KEYS: see _lib.lua.
--- ARGV[1] stats window_s   ARGV[2..10] a count per STAT_FIELDS entry, in its order
+-- ARGV[1] stats window_s   ARGV[2..] a count per STAT_FIELDS entry, in its order
 
 local now = now_us()
 for j, field in ipairs(STAT_FIELDS) do

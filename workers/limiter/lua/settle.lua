@@ -6,6 +6,8 @@
 -- ARGV[15] the grant's wait (s)   ARGV[16] lease id
 -- ARGV[17..22] the response's headers or '': -remaining r, i, o, then -limit r, i, o;
 --   applied after the true-up exactly as sync.lua right after it would be
+-- ARGV[23] n, then ARGV[24..23+2n] n pairs of a STAT_FIELDS name and a count to add at the
+--   settle second (the answer's cache figures)
 -- Returns 1 if the lease was still held.
 --
 -- True-up per dimension: what was used beyond the reservation is debited now; what was
@@ -60,6 +62,9 @@ local window, sec = tonumber(ARGV[12]), math.floor(now / 1e6)
 stat_add(window, now, sec, 'input_tokens', used[2])
 stat_add(window, now, sec, 'output_tokens', used[3])
 if sent then stat_add(window, now, math.floor(tonumber(ARGV[14]) / 1e6), 'requests', 1) end
+for j = 1, tonumber(ARGV[23]) do
+  stat_add(window, now, sec, ARGV[22 + 2 * j], tonumber(ARGV[23 + 2 * j]))
+end
 local wait = tonumber(ARGV[15])
 if wait > 0 then
   stat_add(window, now, tonumber(ARGV[13]), 'waits', 1)
