@@ -60,7 +60,7 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
                          f"{settings.max_spec_bytes:,} (DROVER_MAX_SPEC_BYTES); send fewer or "
                          "shorter subtasks (or a smaller system prompt), or split the job")
     tool_chars = sum(len(json.dumps(t.definition())) for t in tools)
-    never = spec_never_fits(settings, spec.model or settings.model, spec.max_tokens,
+    never = spec_never_fits(settings, spec.model or settings.model,
                             prefix_tokens(spec, tool_chars))
     if never is not None:
         raise ValueError(never)

@@ -4,16 +4,19 @@ A limit is per minute and its bucket holds at most a minute. A request whose inp
 are more than a whole minute of the input-token limit (ITPM) is refused by the provider every
 time ("This request would exceed the rate limit ... of N input tokens per minute"), and the
 limiter would hold it for ever too (it caps a cost at its bucket's capacity and waits for all
-of it, and each retry waits again). The same holds for ``max_tokens`` against the
-output-token limit (OTPM) where the provider reserves ``max_tokens`` when it admits a
-request; where it counts only the tokens generated, an answer that long still could not be
-generated within the limit. Such a call fails at once instead, with the sizes, the limit and
-what to change.
+of it, and each retry waits again). Such a call fails at once instead, with the sizes, the
+limit and what to change.
 
-The limits are the configured ones (``DROVER_ITPM``/``DROVER_OTPM``, ``DROVER_LIMITS``, a
-pool key's own), else those learned from the provider's ``-limit`` headers (the limiter keeps
-them per scope for 24 h: ``Limiter.state(scope)["learned"]``). With a pool a request must fit
-the organisation's limit and the limit of at least one key.
+``max_tokens`` is not judged against the output-token limit (OTPM): the provider counts the
+output tokens a request generates, not its ``max_tokens`` (``shared/anthropic-api.md``; older
+docs reserved ``max_tokens`` at admission), and drover's limiter reserves the start of an
+answer and settles with what it was. A ``max_tokens`` above a minute of OTPM is a cap most
+answers never reach: refusing it would refuse requests the provider admits.
+
+The limits are the configured ones (``DROVER_ITPM``, ``DROVER_LIMITS``, a pool key's own),
+else the one learned from the provider's ``-limit`` header (the limiter keeps it per scope for
+24 h: ``Limiter.state(scope)["learned"]``). With a pool a request must fit the organisation's
+limit and the limit of at least one key.
 
 Light on purpose (no SDK): ``submit`` refuses a spec that shows it on its own here too.
 """
@@ -29,8 +32,8 @@ from drover.workers.limiter import llm_scope, org_scope, pool_scope
 __all__ = ["Level", "levels", "never_fits", "spec_never_fits", "unconfigured_scopes"]
 
 # A ModelLimits attribute: what it limits, the header that teaches it, the noun in messages.
-_DIMS = {"itpm": ("input-tokens", "input-token"), "otpm": ("output-tokens", "output-token")}
-Learned = Mapping[str, Mapping[str, float | None]]  # scope -> {"itpm": ..., "otpm": ...}
+_DIMS = {"itpm": ("input-tokens", "input-token")}
+Learned = Mapping[str, Mapping[str, float | None]]  # scope -> {"itpm": ...}
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def levels(settings: Settings, model: str) -> list[Level]:
 
 
 def unconfigured_scopes(settings: Settings, model: str) -> list[str]:
-    """The scopes whose input- or output-token limit only the provider's headers can tell."""
+    """The scopes whose input-token limit only the provider's headers can tell."""
     return [lv.scope for lv in levels(settings, model)
             if any(getattr(lv.configured, attr, None) is None for attr in _DIMS)]
 
@@ -100,10 +103,10 @@ def _binding(settings: Settings, model: str, attr: str, need: int,
     return None
 
 
-def never_fits(settings: Settings, model: str, *, input_tokens: int, max_tokens: int,
+def never_fits(settings: Settings, model: str, *, input_tokens: int,
                learned: Learned | None = None) -> str | None:
-    """Why a call of ``input_tokens`` (estimated, as ITPM counts them) and ``max_tokens``
-    could never be sent, in a sentence that says what to change; None when it may fit."""
+    """Why a call of ``input_tokens`` (estimated, as ITPM counts them) could never be sent, in
+    a sentence that says what to change; None when it may fit."""
     learned = learned or {}
     over = _binding(settings, model, "itpm", input_tokens, learned)
     if over is not None:
@@ -116,24 +119,14 @@ def never_fits(settings: Settings, model: str, *, input_tokens: int, max_tokens:
         return (f"this call needs about {input_tokens:,} input tokens (estimated), more than a "
                 f"whole minute of {whose} input-token limit, {limit:,.0f} ({source}): it could "
                 f"never be sent. {fix}")
-    over = _binding(settings, model, "otpm", max_tokens, learned)
-    if over is not None:
-        limit, source, configured, whose = over
-        return (f"max_tokens={max_tokens:,} is more than a whole minute of {whose} "
-                f"output-token limit, {limit:,.0f} ({source}): a provider that reserves "
-                "max_tokens when it admits a request never admits this call, and an answer "
-                f"that long could not be generated within the limit. Lower the job's "
-                f"max_tokens to at most {limit:,.0f}"
-                + (", or raise the limit if your key has more" if configured else ""))
     return None
 
 
-def spec_never_fits(settings: Settings, model: str, max_tokens: int,
-                    prefix_tokens: int) -> str | None:
-    """What a job spec shows on its own (before anything is enqueued): ``max_tokens`` over a
-    whole minute of the configured output-token limit, or a shared prefix (system prompt and
-    tool definitions, about ``prefix_tokens``) over a whole minute of the input-token limit.
-    Every sub-agent's call would fail then; None when the workers may send them."""
+def spec_never_fits(settings: Settings, model: str, prefix_tokens: int) -> str | None:
+    """What a job spec shows on its own (before anything is enqueued): a shared prefix (system
+    prompt and tool definitions, about ``prefix_tokens``) over a whole minute of the
+    configured input-token limit. Every sub-agent's call would fail then; None when the
+    workers may send them."""
     over = _binding(settings, model, "itpm", prefix_tokens, {})
     if over is not None:
         limit, source, _, whose = over
@@ -141,12 +134,4 @@ def spec_never_fits(settings: Settings, model: str, max_tokens: int,
                 f"tokens, more than a whole minute of {whose} input-token limit, "
                 f"{limit:,.0f} ({source}): every sub-agent's call would be refused. Shorten "
                 "the system prompt or use fewer tools, or raise the limit if your key has more")
-    over = _binding(settings, model, "otpm", max_tokens, {})
-    if over is not None:
-        limit, source, _, whose = over
-        return (f"max_tokens={max_tokens:,} is more than a whole minute of {whose} "
-                f"output-token limit, {limit:,.0f} ({source}): every sub-agent's call would "
-                "be refused (a provider that reserves max_tokens when it admits a request "
-                f"never admits it). Lower max_tokens to at most {limit:,.0f}, or raise the "
-                "limit if your key has more")
     return None

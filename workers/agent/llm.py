@@ -213,9 +213,9 @@ async def learned_limits(rt: Runtime, model: str) -> dict[str, dict[str, float |
 
 
 async def refuse_if_never_fits(rt: Runtime, model: str, scope: str, ctx: CallContext,
-                               input_tokens: int, max_tokens: int) -> None:
+                               input_tokens: int) -> None:
     """Raise NeverFits, logged and sent nowhere, for a call no limit could ever admit."""
-    why = never_fits(rt.settings, model, input_tokens=input_tokens, max_tokens=max_tokens,
+    why = never_fits(rt.settings, model, input_tokens=input_tokens,
                      learned=await learned_limits(rt, model))
     if why is not None:
         decision = Decision("fail", "request_too_large", why)
@@ -280,7 +280,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     est_in = rt.calibration.input_tokens(route.scope, params, cache_reads_count, home,
                                          POOL_UNCALIBRATED if route.pooled else 1.0)
     est_out = rt.calibration.output_tokens(route.scope, params["max_tokens"])
-    await refuse_if_never_fits(rt, model, route.scope, ctx, est_in, params["max_tokens"])
+    await refuse_if_never_fits(rt, model, route.scope, ctx, est_in)
 
     budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
     budget_wait = max((g.wait_s for _, _, g in budget), default=0.0)
