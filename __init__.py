@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from celery import Celery
 
-    from drover.orchestrator.jobs import JobHandle, JobNotFound, Unreachable, submit
-    from drover.orchestrator.planning import plan
+    from drover.orchestrator.client.jobs import JobHandle, JobNotFound, Unreachable, submit
+    from drover.orchestrator.client.planning import plan
     from drover.workers.jobs.records import JobResult, SubagentResult, Usage
     from drover.workers.jobs.spec import JobSpec
     from drover.workers.tools import tool
@@ -36,9 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["JobHandle", "JobNotFound", "JobResult", "JobSpec", "SubagentResult", "Usage",
            "Unreachable", "app", "plan", "submit", "tool"]
 
-_WHERE = {"JobHandle": "drover.orchestrator.jobs", "JobNotFound": "drover.orchestrator.jobs",
-          "Unreachable": "drover.orchestrator.jobs",
-          "submit": "drover.orchestrator.jobs", "plan": "drover.orchestrator.planning",
+_WHERE = {"JobHandle": "drover.orchestrator.client.jobs",
+          "JobNotFound": "drover.orchestrator.client.jobs",
+          "Unreachable": "drover.orchestrator.client.jobs",
+          "submit": "drover.orchestrator.client.jobs",
+          "plan": "drover.orchestrator.client.planning",
           "JobResult": "drover.workers.jobs.records",
           "SubagentResult": "drover.workers.jobs.records", "Usage": "drover.workers.jobs.records",
           "JobSpec": "drover.workers.jobs.spec", "tool": "drover.workers.tools",

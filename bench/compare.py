@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_path = args.plot or (None if args.quick else HERE / PLOT_NAME)
     command = "python -m bench.compare " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
 
-    from drover.orchestrator.services import ensure_redis
+    from drover.orchestrator.ops.services import ensure_redis
 
     service = ensure_redis(args.redis_url or os.environ.get("DROVER_REDIS_URL",
                                                              "redis://127.0.0.1:6379/0"))

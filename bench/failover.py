@@ -3,7 +3,7 @@
     python -m bench.failover [--runs 3] [--n 60] [--rpm 600] [--broker redis|amqp://...]
 
 Each run starts a Sentinel set of its own (a master, a replica, three sentinels on free
-ports, ``down-after-milliseconds`` 1000: drover.orchestrator.sentinels), the simulator
+ports, ``down-after-milliseconds`` 1000: drover.orchestrator.ops.sentinels), the simulator
 (enforcing ``--rpm`` with a one-second bucket, so a limiter that lets too much through after
 the failover is answered with 429s) and two worker processes (6 threads each), all with
 DROVER_REDIS_URL set to the Sentinel list. It submits a job of N sub-agents (one tool turn:
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recovery import spawn_worker, submit
-from drover.orchestrator.sentinels import start_sentinel_set
+from drover.orchestrator.ops.sentinels import start_sentinel_set
 from drover.simulator import SimConfig, SimulatorServer
 from drover.workers.redis_clients import sync_redis
 

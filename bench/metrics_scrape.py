@@ -5,7 +5,7 @@ it: ``--jobs`` active jobs of ``--subagents`` sub-agents each (a third of them f
 each job's record hash and event stream), ``--scopes`` limiter scopes with real acquires and
 settles, ``--procs`` worker heartbeats with running sub-agents, and the counters and
 histograms of several models, scopes and tools. Then serves it with the real exporter
-(``drover.orchestrator.metrics.serve``'s collector over HTTP) and times GET /metrics:
+(``drover.orchestrator.ops.metrics.serve``'s collector over HTTP) and times GET /metrics:
 
 - the first scrape (it reads every job's stream from the start);
 - ``--scrapes`` steady-state scrapes, with ``--finish`` more sub-agents finishing between two
@@ -28,8 +28,8 @@ import urllib.request
 import uuid
 
 from drover.config.settings import load_settings
-from drover.orchestrator.metrics import DroverCollector
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.metrics import DroverCollector
+from drover.orchestrator.ops.services import free_port
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore

@@ -44,7 +44,7 @@ from typing import Any
 
 import redis
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from drover.simulator import SimConfig, SimulatorServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from drover.orchestrator.services import RedisService, ensure_redis
+from drover.orchestrator.ops.services import RedisService, ensure_redis
 
 DEFAULT_REDIS = os.environ.get("DROVER_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -219,11 +219,11 @@ def sim_factory() -> Iterator[Callable[..., SimulatorServer]]:
 
 @pytest.fixture
 def sentinel_set() -> Iterator[object]:
-    """A Sentinel set on free ports (drover.orchestrator.sentinels), stopped afterwards; skips,
+    """A Sentinel set on free ports (drover.orchestrator.ops.sentinels), stopped afterwards; skips,
     saying why, where redis-server is missing."""
     import shutil
 
-    from drover.orchestrator.sentinels import start_sentinel_set
+    from drover.orchestrator.ops.sentinels import start_sentinel_set
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH, so no Sentinel set can start here (Debian: "

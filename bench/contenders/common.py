@@ -173,7 +173,7 @@ class SimProcess:
     GIL), driven over its control endpoints; a context manager."""
 
     def __init__(self, config: Any) -> None:
-        from drover.orchestrator.services import free_port
+        from drover.orchestrator.ops.services import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from drover.orchestrator.flower import (
+from drover.orchestrator.ops.flower import (
     AUTH_ENV,
 )
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT, wait_until
 
 __all__ = ["Flower", "SECRET", "running_flower"]

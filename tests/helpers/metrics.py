@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from drover.orchestrator.metrics import DroverCollector
+from drover.orchestrator.ops.metrics import DroverCollector
 
 __all__ = ["scrape", "value"]
 

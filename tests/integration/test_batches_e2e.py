@@ -191,7 +191,7 @@ def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the
 def test_drover_demo_batch_shows_a_batch_job_end_to_end(drover_env, capsys) -> None:  # noqa: ANN001
     from rich.console import Console
 
-    from drover.orchestrator.demo import DemoConfig, run_demo
+    from drover.orchestrator.cli.demo import DemoConfig, run_demo
 
     console = Console(width=140, force_terminal=False)
     assert run_demo(DemoConfig(subagents=4, concurrency=4, plot=None, batch=True),

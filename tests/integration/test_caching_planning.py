@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from drover import JobSpec, plan, submit
-from drover.orchestrator.demo import SYSTEM as LONG_SYSTEM
+from drover.orchestrator.cli.demo import SYSTEM as LONG_SYSTEM
 from drover.workers.agent.join import SYNTHESIS_PROMPT, synthesis_request
 from drover.workers.agent.planning import fit_plan
 from drover.workers.jobs.records import SubagentResult

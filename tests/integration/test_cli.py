@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from drover.workers.preflight import FIRST_CONTACT_TIMEOUT_S
 from tests.helpers import ROOT
 from tests.helpers.cli import BOUND_S, clean_env, drover

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover.orchestrator.services import RedisService, free_port, start_redis_server
+from drover.orchestrator.ops.services import RedisService, free_port, start_redis_server
 from tests.helpers import ROOT
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML parses docker-compose.yml in this test")

@@ -92,7 +92,7 @@ def test_the_settings_page_is_what_the_settings_model_generates() -> None:
 
 
 def test_the_cli_page_is_what_the_parsers_print() -> None:
-    from drover.orchestrator import cli_reference
+    from drover.orchestrator.cli import reference as cli_reference
 
     page = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     assert page == cli_reference.render(), (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from drover.orchestrator.demo import SYSTEM as LONG_SYSTEM
+from drover.orchestrator.cli.demo import SYSTEM as LONG_SYSTEM
 from drover.workers.agent.llm import CallContext, create_message
 from drover.workers.limiter import llm_scope
 

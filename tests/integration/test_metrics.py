@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drover.config.settings import Settings, load_settings
-from drover.orchestrator.metrics import DroverCollector
+from drover.orchestrator.ops.metrics import DroverCollector
 from drover.workers.jobs import liveness
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
@@ -355,7 +355,7 @@ def test_drover_metrics_serves_the_scrape_over_http_and_stops_on_sigterm(setting
     import sys
     import urllib.request
 
-    from drover.orchestrator.services import free_port
+    from drover.orchestrator.ops.services import free_port
     from tests.helpers import ROOT, stop_process_group, wait_until
 
     _a_fleet(settings, recorders)

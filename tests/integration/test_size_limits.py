@@ -13,7 +13,7 @@ import redis
 
 from drover import JobSpec, submit
 from drover.config import get_settings
-from drover.orchestrator.jobs import check_spec, spec_bytes
+from drover.orchestrator.client.jobs import check_spec, spec_bytes
 from drover.workers.tools import get_tools, run_turn
 from tests.helpers import configure
 

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from drover import JobSpec, submit
 from drover.config import get_settings
-from drover.orchestrator.stats import collect, print_stats, rolling_sum, usage_figure
+from drover.orchestrator.ops.stats import collect, print_stats, rolling_sum, usage_figure
 from drover.workers.limiter import llm_scope
 from tests.helpers import ROOT
 

@@ -25,7 +25,7 @@ import redis
 
 from drover import JobSpec, submit
 from drover.config import load_settings
-from drover.orchestrator.services import free_port, redis_answers
+from drover.orchestrator.ops.services import free_port, redis_answers
 from drover.workers.jobs.claims import token_of
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import JobStore

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT
 
 PASSWORD = "pw-" + uuid.uuid4().hex  # what must never show in a log or a record

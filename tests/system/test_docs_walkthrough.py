@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT
 
 BOUND_S = 400  # the whole walk-through, generously (the jobs run at 50 requests a minute)

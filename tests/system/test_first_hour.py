@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from tests.helpers import stop_process_group, wait_until
 
 BOUND_S = 120  # a generous bound on a command; never what is tested

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from drover import JobSpec, submit
-from drover.orchestrator.flower import (
+from drover.orchestrator.ops.flower import (
     AUTH_ENV,
     TASK_COLUMNS,
     FlowerRefused,

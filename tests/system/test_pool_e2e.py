@@ -15,7 +15,7 @@ import redis
 from bench.workload import MAX_TOKENS, MODEL, QUICK, SYSTEM, TOOL_NAMES
 from drover import JobSpec, submit
 from drover.config import get_settings
-from drover.orchestrator.metrics import DroverCollector
+from drover.orchestrator.ops.metrics import DroverCollector
 from drover.workers.limiter import Limiter
 from tests.helpers import configure, wait_until
 from tests.helpers.metrics import scrape, value

@@ -56,7 +56,7 @@ def test_a_cancel_mid_job_counts_the_aborted_calls_and_brackets_the_bill(
           f"unanswered, {counted:,} tokens ({counted / billed - 1:+.1%})")
     assert abs(counted - billed) <= 0.10 * billed, (counted, billed, usage)
     # What `drover result` and `drover watch` print.
-    from drover.orchestrator.watch import usage_lines
+    from drover.orchestrator.cli.watch import usage_lines
 
     lines = usage_lines(usage)
     assert lines[0].startswith(f"usage: {usage.calls} answered calls")
@@ -130,7 +130,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     import redis
 
     from drover.config import get_settings
-    from drover.orchestrator.metrics import DroverCollector
+    from drover.orchestrator.ops.metrics import DroverCollector
     from drover.workers.agent.errors import Cancelled
     from drover.workers.agent.llm import CallContext, create_message
     from drover.workers.agent.runtime import get_runtime
@@ -195,7 +195,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     # drover stats says so, per scope.
     from rich.console import Console
 
-    from drover.orchestrator.stats import print_stats
+    from drover.orchestrator.ops.stats import print_stats
 
     console = Console(width=400, record=True, force_terminal=False)
     print_stats(console, settings=settings)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from drover.orchestrator.services import start_redis_server
+from drover.orchestrator.ops.services import start_redis_server
 from tests.helpers import stop_process_group, wait_until
 
 SHADOWED = ("config", "workers", "orchestrator", "simulator")

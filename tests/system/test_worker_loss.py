@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from drover import JobSpec
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from drover.simulator import SimConfig, SimulatorServer
 from tests.helpers import amqp_answers, configure, wait_until
 from tests.helpers.fleet import Fleet, submit_elsewhere

@@ -11,7 +11,7 @@ from email.utils import format_datetime
 import anthropic
 import pytest
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 from drover.workers.agent.retry import (
     Decision,
     classify,

@@ -2,7 +2,7 @@
 
 The call path wears the hooks (``llm_call``, ``acquire_wait``, ``tool_call``, ``subagent_run``,
 ``subagent_finished``, ``job_submitted``, ``worker_started``); each process adds its counts to
-Redis (``_recorder``) and ``drover metrics`` (``drover.orchestrator.metrics``) reads them back
+Redis (``_recorder``) and ``drover metrics`` (``drover.orchestrator.ops.metrics``) reads them back
 through ``TelemetryReader`` (``_reader``), serving them with the state the limiter and the job
 store keep there. ``METRICS`` lists every series.
 """

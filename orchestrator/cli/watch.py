@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from drover.orchestrator.jobs import JobHandle
-from drover.orchestrator.shares import active_jobs
+from drover.orchestrator.client.jobs import JobHandle
+from drover.orchestrator.ops.shares import active_jobs
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.records import JobResult, Usage
 from drover.workers.services import services

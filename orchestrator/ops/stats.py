@@ -324,7 +324,7 @@ def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage
 
 def _print_shares(console: Console, settings: Settings) -> None:
     """Per active job and tenant: its share of the window (so of the limits) and backlog."""
-    from drover.orchestrator.shares import active_jobs, jobs_table, tenants_table
+    from drover.orchestrator.ops.shares import active_jobs, jobs_table, tenants_table
 
     shared = services(settings)
     fs = shared.fairshare()

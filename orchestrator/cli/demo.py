@@ -30,7 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from drover.orchestrator.services import FIRST_CONTACT_TIMEOUT_S, ensure_redis, redis_problem
+from drover.orchestrator.ops.services import FIRST_CONTACT_TIMEOUT_S, ensure_redis, redis_problem
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # How long --keep keeps the demo's keys; also the records' TTL while it runs.
@@ -124,7 +124,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
 
         from celery.contrib.testing.worker import start_worker
 
-        from drover.orchestrator.jobs import submit
+        from drover.orchestrator.client.jobs import submit
         from drover.workers.app import app
 
         app.conf.update(broker_url=settings.broker, result_backend=settings.backend,
@@ -198,7 +198,7 @@ def _clean_up(url: str, prefix: str, keep: bool, console: Console) -> None:
 
 def _counted(settings: Any) -> dict[str, int]:
     """The limiter's totals over every LLM call of the run: what `drover stats` counts."""
-    from drover.orchestrator.stats import collect
+    from drover.orchestrator.ops.stats import collect
 
     totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0}
     for usage in collect(settings):
@@ -211,7 +211,7 @@ def _counted(settings: Any) -> dict[str, int]:
 
 def _follow_or_cancel(handle: Any, console: Console) -> Any:
     """Follow the job to its result; on Ctrl-C cancel it on every worker first."""
-    from drover.orchestrator.watch import follow
+    from drover.orchestrator.cli.watch import follow
 
     try:
         return follow(handle, console)
@@ -239,8 +239,8 @@ def run_demo_on_services(config: DemoConfig = DemoConfig(),
     """
     console = console or Console()
     from drover.config import get_settings
-    from drover.orchestrator.jobs import submit
-    from drover.orchestrator.stats import safe_url
+    from drover.orchestrator.client.jobs import submit
+    from drover.orchestrator.ops.stats import safe_url
 
     settings = get_settings()
     console.print(f"[bold]drover demo[/] on running services: Redis at "
@@ -319,7 +319,7 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
 
 def _usage(settings: Any, plot: Path | None, console: Console, *, keeps: bool) -> None:
     """The limiter's own view of the run (``drover stats``), and the plot when asked for."""
-    from drover.orchestrator.stats import print_stats, safe_url, stats_window_s
+    from drover.orchestrator.ops.stats import print_stats, safe_url, stats_window_s
 
     console.print()
     print_stats(console, plot=plot, settings=settings)

@@ -80,7 +80,7 @@ def _needs_extra(error: ImportError, what: str, alternative: str = "") -> Refuse
 # --- demo -------------------------------------------------------------------------------------
 
 def _demo(args: argparse.Namespace) -> int:
-    from drover.orchestrator.demo import DemoConfig, run_demo, run_demo_on_services
+    from drover.orchestrator.cli.demo import DemoConfig, run_demo, run_demo_on_services
 
     plot = None if args.no_plot else Path(args.plot)
     if plot is not None:
@@ -185,7 +185,7 @@ def _celery_exit(fn: Any, argv: list[str]) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from drover.orchestrator.flower import run_flower
+    from drover.orchestrator.ops.flower import run_flower
 
     return run_flower(args.rest)
 
@@ -239,7 +239,9 @@ def _submit(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec)  # a bad spec is reported without needing Redis
     settings = _settings()
     _need_services(settings, broker=True)
-    from drover.orchestrator.jobs import submit  # Celery and the SDK: only once they can be used
+    from drover.orchestrator.client.jobs import (
+        submit,  # Celery and the SDK: only once they can be used
+    )
     from drover.workers.preflight import tool_module_problem
     try:
         handle = submit(spec, settings=settings)  # type: ignore[arg-type]
@@ -301,7 +303,7 @@ def no_worker_hint(queue: str, timeout: float = 2.0) -> str | None:
 def _handle(job_id: str):  # noqa: ANN202
     settings = _settings()
     _need_services(settings)
-    from drover.orchestrator.jobs import JobHandle, JobNotFound
+    from drover.orchestrator.client.jobs import JobHandle, JobNotFound
     try:
         return JobHandle.attach(job_id, settings=settings)
     except JobNotFound as error:
@@ -341,7 +343,7 @@ def _cache_line(handle: Any, result: Any) -> str | None:
 def _print_result(result: Any, handle: Any = None) -> int:
     table = Table(title=f"job {result.job_id}: {result.status}"
                   + (f" ({result.reason})" if result.reason else ""))
-    from drover.orchestrator.watch import usage_lines
+    from drover.orchestrator.cli.watch import usage_lines
 
     unanswered = result.usage.unanswered_calls > 0
     columns = ("#", "status", "calls", *(("unanswered",) if unanswered else ()), "in", "out",
@@ -389,7 +391,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from drover.orchestrator.watch import watch
+    from drover.orchestrator.cli.watch import watch
 
     handle = _handle(args.job)
     try:
@@ -409,7 +411,7 @@ def _stats(args: argparse.Namespace) -> int:
             raise _needs_extra(error, "drover stats --plot") from None
     settings = _settings()
     _need_services(settings)
-    from drover.orchestrator.stats import print_stats
+    from drover.orchestrator.ops.stats import print_stats
 
     return print_stats(console, plot=plot, settings=settings)
 
@@ -417,7 +419,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _metrics(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
-    from drover.orchestrator.metrics import serve
+    from drover.orchestrator.ops.metrics import serve
 
     try:
         return serve(args.port, args.addr)
@@ -429,7 +431,7 @@ def _metrics(args: argparse.Namespace) -> int:
 def _jobs(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
-    from drover.orchestrator.shares import active_jobs, jobs_table, tenants_table
+    from drover.orchestrator.ops.shares import active_jobs, jobs_table, tenants_table
     from drover.workers.services import services
 
     shared = services(settings)
@@ -441,7 +443,7 @@ def _jobs(args: argparse.Namespace) -> int:
     console.print(jobs_table(active, fs.current_window(), fs.cap()))
     console.print(tenants_table(active, settings, shared.limiter))
     if settings.pooled:  # what the jobs' calls can go out on
-        from drover.orchestrator.stats import print_keys
+        from drover.orchestrator.ops.stats import print_keys
         print_keys(console, settings)
     return OK
 
@@ -449,7 +451,7 @@ def _jobs(args: argparse.Namespace) -> int:
 def _keys(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
-    from drover.orchestrator.stats import print_keys
+    from drover.orchestrator.ops.stats import print_keys
     from drover.workers.services import services
 
     limiter = services(settings).limiter
@@ -673,7 +675,3 @@ def main(argv: list[str] | None = None) -> int:
         return UNREACHABLE
     except KeyboardInterrupt:
         return INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())

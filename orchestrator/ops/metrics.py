@@ -39,8 +39,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from drover.config import Settings, get_settings
-from drover.orchestrator.stats import DIMENSIONS as STAT_DIMENSIONS
-from drover.orchestrator.stats import scope_usage
+from drover.orchestrator.ops.stats import DIMENSIONS as STAT_DIMENSIONS
+from drover.orchestrator.ops.stats import scope_usage
 from drover.workers.jobs import liveness
 from drover.workers.jobs.records import STATUSES
 from drover.workers.jobs.store import ACTIVE

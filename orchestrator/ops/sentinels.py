@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from drover.orchestrator.services import free_port
+from drover.orchestrator.ops.services import free_port
 
 __all__ = ["MASTER_NAME", "SentinelSet", "start_sentinel_set"]
 

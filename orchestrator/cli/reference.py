@@ -1,4 +1,4 @@
-"""Write docs/cli.md from the CLI's own parsers: ``python -m drover.orchestrator.cli_reference``.
+"""Write docs/cli.md from the CLI's own parsers: ``python -m drover.orchestrator.cli.reference``.
 
 The page is each command's ``--help`` as argparse prints it (drover's formatter has a fixed
 width, so the text does not depend on the terminal), in the order ``drover --help`` lists
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 __all__ = ["COMMAND", "render"]
 
-COMMAND = "python -m drover.orchestrator.cli_reference > docs/cli.md"
+COMMAND = "python -m drover.orchestrator.cli.reference > docs/cli.md"
 
 
 @contextmanager
@@ -48,7 +48,7 @@ def _section(title: str, text: str) -> list[str]:
 
 def render() -> str:
     """The whole page, as docs/cli.md holds it."""
-    from drover.orchestrator import cli
+    from drover.orchestrator.cli import commands as cli
     from drover.simulator.cli import build_parser
 
     with _plain_environment():
@@ -56,7 +56,7 @@ def render() -> str:
         lines = [
             "# Command line reference",
             "",
-            f"<!-- Generated from the parsers in orchestrator/cli.py by `{COMMAND}`; "
+            f"<!-- Generated from the parsers in orchestrator/cli/commands.py by `{COMMAND}`; "
             "do not edit. -->",
             "",
             "Every command takes its settings from the `DROVER_*` environment variables "
