@@ -3,13 +3,17 @@
 The per-call lines come from ``drover.workers.agent.llm`` (its logger has the module's name)::
 
     llm call outcome=ok scope=llm:default:claude-sonnet-4-6 status=200 job=... sub=3
-        wait_s=0.412 call_s=1.020 in=1840 out=212 cache_read=1500
+        wait_s=0.412 call_s=1.020 in=1840 out=212 cache_read=1500 est_in=1795
+        reserved_in=1795 reserved_out=240
     llm call outcome=n529 scope=... status=529 type=overloaded_error job=... sub=7
         wait_s=0.000 call_s=0.210 in=0 out=0 next=retry countdown=1.7
 
-``outcome`` is ``ok``, a failure kind (``n429``, ``n529``, ``n5xx``, ``n4xx``, ``nconn``, the
-names of the limiter's counters) or ``cancelled``. ``configure_logging`` (run when the Celery
-app is built) turns down what would add noise or leak content, at every level, DEBUG too:
+``in``/``out`` are what the provider counted; ``est_in`` is the input estimate and
+``reserved_in``/``reserved_out`` what the limiter held for the call (more than the estimate
+until the scope's answers calibrate it). ``outcome`` is ``ok``, a failure kind (``n429``,
+``n529``, ``n5xx``, ``n4xx``, ``nconn``, the names of the limiter's counters) or
+``cancelled``. ``configure_logging`` (run when the Celery app is built) turns down what would
+add noise or leak content, at every level, DEBUG too:
 
 - The SDK (logger ``anthropic``) logs each request's options, body included (the prompt), at
   DEBUG; httpx (``httpx``, and ``httpx2``, the fork this SDK version ships) and httpcore log

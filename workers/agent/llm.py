@@ -12,6 +12,10 @@
   reserved), spends that from the tenant's budget, and counts as outcome ``unanswered``.
 - Errors are classified by ``drover.workers.agent.retry``; a 429 with retry-after also starts
   a cooldown of the whole scope, so every worker on every host backs off, not only this one.
+  That includes the calls already granted and waiting for their planned send: a call that
+  waited asks, right before it goes out, whether a cooldown began meanwhile, and if so hands
+  its reservation back and plans again behind it (a 429's burst of queued sends was most of
+  a shared key's 429s in a job's first seconds: bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -57,12 +61,11 @@ from drover.workers.telemetry import acquire_wait, llm_call
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
-# Before a process has seen its first response, characters / 4 under-counts by 10-40%. One
-# key's bucket absorbs that (and its -remaining headers correct it at once); a pool's keys
-# hold a fraction of it each and the organisation sees the headers only where it is the
-# tightest, so a pool's first estimates are taken a quarter higher (refunded at settle).
-POOL_UNCALIBRATED = 1.25
 LEARNED_TTL_S = 10.0  # how long a process trusts the learned limits it read (learned_limits)
+
+
+class _HeldBack(Exception):
+    """A cooldown began while a granted call waited for its send: plan it again."""
 
 
 @dataclass
@@ -277,8 +280,10 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     cache_reads_count = bool(configured and configured.cache_reads_count)
     # With a pool, the cache reads expected are those of the key the sub-agent sticks to.
     home = (ctx.key or "") if route.pooled else ""
-    est_in = rt.calibration.input_tokens(route.scope, params, cache_reads_count, home,
-                                         POOL_UNCALIBRATED if route.pooled else 1.0)
+    est_in = rt.calibration.input_tokens(route.scope, params, cache_reads_count, home)
+    # The limiter reserves more than the estimate until this scope's answers calibrate it
+    # (estimate.UNCALIBRATED); the estimate is what an unanswered call counts.
+    res_in = rt.calibration.input_reservation(route.scope, est_in)
     est_out = rt.calibration.output_tokens(route.scope, params["max_tokens"])
     await refuse_if_never_fits(rt, model, route.scope, ctx, est_in)
 
@@ -287,22 +292,27 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     spent: list[int | None] = [None]  # the tenant's budget settles with it (None: not sent)
     try:
         while True:
-            message = await _send(rt, route, params, ctx, est_in, est_out, cache_reads_count,
-                                  budget_wait, spent)
+            message = await _send(rt, route, params, ctx, (est_in, res_in), est_out,
+                                  cache_reads_count, budget_wait, spent)
             if message is not None:
                 return message
-            budget_wait = 0.0  # the key was refused: the call moves to another key
+            # The key was refused (the call moves to another key), or a cooldown began while
+            # the call waited (it plans again behind it).
+            budget_wait = 0.0
     finally:
         await release_tenant_budget(rt, budget, spent=spent[0])
 
 
 async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallContext,
-                est_in: int, est_out: int, cache_reads_count: bool, budget_wait: float,
-                spent: list[int | None]) -> Message | None:
-    """One try on one key; None when a pool's key was refused and disabled (try another).
-    ``spent[0]``: what the tenant's budget pays for this try (None: nothing went out)."""
+                est: tuple[int, int], est_out: int, cache_reads_count: bool,
+                budget_wait: float, spent: list[int | None]) -> Message | None:
+    """One try on one key; None when a pool's key was refused and disabled, or a cooldown
+    began while the call waited for its send (try again). ``est``: the input estimate and
+    what the limiter reserves for it. ``spent[0]``: what the tenant's budget pays for this
+    try (None: nothing went out)."""
     settings = rt.settings
-    grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=est_in,
+    est_in, res_in = est
+    grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=res_in,
                           output_tokens=est_out, route=route)
     key = route.key(grant)
     scope = key.scope
@@ -312,7 +322,10 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     in_flight = False  # the request may be on the wire: only a cancel can tell us it went out
     raw = None
     try:
-        await wait_or_cancel(max(grant.wait_s, budget_wait), ctx.cancel)
+        waited = max(grant.wait_s, budget_wait)
+        await wait_or_cancel(waited, ctx.cancel)
+        if waited > 0 and await route.cooling(rt.limiter, grant) > 0:
+            raise _HeldBack()  # a 429 came while this call waited: the provider's bucket is empty
         if ctx.check is not None:  # after every wait, right before the send
             await ctx.check(est_in, est_out)
         in_flight = True
@@ -349,6 +362,14 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         if lost:
             failure.unanswered = (est_in, est_out)  # type: ignore[attr-defined]  # telemetry
         raise failure from None
+    except _HeldBack:
+        # Planned before the 429 that emptied the provider's bucket: the reservation goes
+        # back (the cooldown keeps the level from rising above empty) and the call plans
+        # again, behind the cooldown like every grant made after it.
+        await asyncio.shield(route.release(rt.limiter, grant))
+        log.debug("llm call held back scope=%s job=%s sub=%d wait_s=%.3f: a cooldown began "
+                  "while it waited", scope, ctx.job_id, ctx.index, grant.wait_s)
+        return None
     except BaseException as error:
         # The SDK wraps every transport error in APIError, so anything else came from this
         # process: before the request went out (no credentials, a bad parameter) unless it
@@ -359,13 +380,13 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             # Aborted in flight: the provider has counted the request and its input at
             # admission, so those stay counted; the output reservation is refunded.
             await asyncio.shield(route.settle(rt.limiter, grant,
-                                              input_tokens=grant.input_tokens, output_tokens=0))
+                                              input_tokens=est_in, output_tokens=0))
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(route.release(rt.limiter, grant))
         # Sent and never answered (raw is set only once the answer is in): billed, so the
         # tenant's budget pays the estimate and the caller counts it.
         lost = sent and raw is None
-        spent[0] = (est_in + est_out if lost else grant.input_tokens if sent else None)
+        spent[0] = (est_in + est_out if lost else est_in if sent else None)
         if lost:
             await asyncio.shield(_unanswered(rt, scope, ctx, error, est_in, est_out))
         if missing_credentials(error):
@@ -379,7 +400,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
                  "unanswered" if lost else "cancelled" if isinstance(error, Cancelled)
                  else "aborted", scope, ctx.job_id,
                  ctx.index, grant.wait_s, max(0.0, time.monotonic() - started - grant.wait_s),
-                 grant.input_tokens if sent else 0, "yes" if sent else "no")
+                 est_in if sent else 0, "yes" if sent else "no")
         raise
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
@@ -390,9 +411,10 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     rt.calibration.observe(route.scope, params, message.usage, used_in, cache_reads_count,
                            key.alias if route.pooled else "")
     log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f "
-             "in=%d out=%d cache_read=%d", scope, ctx.job_id, ctx.index, grant.wait_s,
-             time.monotonic() - started - grant.wait_s, used_in, used_out,
-             message.usage.cache_read_input_tokens or 0)
+             "in=%d out=%d cache_read=%d est_in=%d reserved_in=%d reserved_out=%d", scope,
+             ctx.job_id, ctx.index, grant.wait_s, time.monotonic() - started - grant.wait_s,
+             used_in, used_out, message.usage.cache_read_input_tokens or 0, est_in,
+             grant.input_tokens, grant.output_tokens)
     return message
 
 

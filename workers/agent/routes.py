@@ -111,6 +111,12 @@ class Route:
         await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
                              output_tokens=output_tokens, headers=key_h, counts=counts)
 
+    async def cooling(self, limiter: Any, grant: Grant) -> float:
+        """Seconds a cooldown still holds on a level the grant reserved in (0.0: none)."""
+        if self.pool is None:
+            return float(await limiter.cooling(self.scope))
+        return float(await limiter.cooling(self.scope, self.key(grant).scope))
+
     async def release(self, limiter: Any, grant: Grant) -> None:
         await limiter.release(self.scope, grant)
         if self.pool is not None:

@@ -44,6 +44,11 @@ class Limiter(LimiterCore):
         """A 429: hold back every host until ``retry_after_s`` from now; seconds left."""
         return self._run(self._cooldown(scope, limits, retry_after_s))
 
+    def cooling(self, *scopes: str) -> float:
+        """Seconds a cooldown still holds on any of ``scopes`` (0.0: none). A pool's scopes
+        (its organisation's and a key's) share a hash tag, so one call asks both."""
+        return self._run(self._cooling(list(scopes)))
+
     def sync_headers(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> None:
         self._run(self._sync(scope, limits, headers))
 
@@ -122,6 +127,9 @@ class AsyncLimiter(LimiterCore):
 
     async def cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> float:
         return await self._run(self._cooldown(scope, limits, retry_after_s))
+
+    async def cooling(self, *scopes: str) -> float:
+        return await self._run(self._cooling(list(scopes)))
 
     async def sync_headers(self, scope: str, limits: ScopeLimits,
                            headers: Mapping[str, str]) -> None:

@@ -25,7 +25,7 @@ __all__ = ["Clock", "LimiterCore"]
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
 _LUA = resources.files("drover.workers.limiter") / "lua"
-_SCRIPTS = ("acquire", "settle", "cooldown", "sync", "state", "record", "usage",
+_SCRIPTS = ("acquire", "settle", "cooldown", "cooling", "sync", "state", "record", "usage",
             "pool_acquire", "pool_disable")
 # With an injected clock (tests) the scripts get the time as their last argument instead of
 # from TIME; everything else is the same text.
@@ -196,6 +196,12 @@ class LimiterCore:
         return self._call("cooldown", self.keys(scope), [
             *_limit_args(limits), repr(float(retry_after_s)), str(self.stats_window_s)],
             lambda reply: float(_s(reply)))
+
+    def _cooling(self, scopes: list[str]) -> _Call:
+        if not scopes:
+            raise ValueError("cooling needs at least one scope")
+        return self._call("cooling", [self.keys(scope)[0] for scope in scopes], [],
+                          lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
         folded = header_args(headers)
