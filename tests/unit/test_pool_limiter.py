@@ -183,11 +183,15 @@ def test_a_429_cools_down_the_level_whose_limit_it_hit(monkeypatch, redis_url, k
                                     lease_ttl_s=60, prefer=grant.key)
         assert other.granted and other.key != grant.key and other.wait_s == 0
         # A call granted earlier asks, before its send, whether a cooldown now holds on a
-        # level it reserved in: the cooled key's grant is held back, the other key's is not.
-        assert await route.cooling(limiter, grant) > 4
-        assert await route.cooling(limiter, other) == 0
+        # level it reserved in: the cooled key's grant is held back (its lease gone from
+        # both levels), the other key's is not.
+        leases = (await limiter.state(route.scope))["leases"]
+        assert await route.hold_back(limiter, grant) > 4
+        assert (await limiter.state(route.scope))["leases"] == leases - 1
+        assert (await limiter.state(route.key(grant).scope))["leases"] == 0
+        assert await route.hold_back(limiter, other) == 0
         await route.cooldown(limiter, other, 5, _headers(90_000, 0))  # the organisation's
-        assert await route.cooling(limiter, other) > 4  # the organisation's holds every key
+        assert await route.hold_back(limiter, other) > 4  # the organisation's holds every key
         org_after = await limiter.state(route.scope)
         last = await route.acquire(limiter, input_tokens=10, output_tokens=10,
                                    lease_ttl_s=60, prefer=None)

@@ -13,9 +13,10 @@
 - Errors are classified by ``drover.workers.agent.retry``; a 429 with retry-after also starts
   a cooldown of the whole scope, so every worker on every host backs off, not only this one.
   That includes the calls already granted and waiting for their planned send: a call that
-  waited asks, right before it goes out, whether a cooldown began meanwhile, and if so hands
-  its reservation back and plans again behind it (a 429's burst of queued sends was most of
-  a shared key's 429s in a job's first seconds: bench/RESULTS.md).
+  waited asks, right before it goes out, whether a cooldown began meanwhile, and if so plans
+  again behind the calls granted before it (its reservation is not refunded: see
+  ``limiter/lua/hold_back.lua``). Sent at their planned times, the queued calls of a 429 were
+  most of a shared key's 429s in a job's first seconds (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -324,7 +325,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     try:
         waited = max(grant.wait_s, budget_wait)
         await wait_or_cancel(waited, ctx.cancel)
-        if waited > 0 and await route.cooling(rt.limiter, grant) > 0:
+        if waited > 0 and await route.hold_back(rt.limiter, grant) > 0:
             raise _HeldBack()  # a 429 came while this call waited: the provider's bucket is empty
         if ctx.check is not None:  # after every wait, right before the send
             await ctx.check(est_in, est_out)
@@ -363,10 +364,9 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             failure.unanswered = (est_in, est_out)  # type: ignore[attr-defined]  # telemetry
         raise failure from None
     except _HeldBack:
-        # Planned before the 429 that emptied the provider's bucket: the reservation goes
-        # back (the cooldown keeps the level from rising above empty) and the call plans
-        # again, behind the cooldown like every grant made after it.
-        await asyncio.shield(route.release(rt.limiter, grant))
+        # Planned before the 429 that emptied the provider's bucket: its lease is gone, its
+        # reservation stays spent, and the call plans again behind the cooldown and the
+        # calls granted before it.
         log.debug("llm call held back scope=%s job=%s sub=%d wait_s=%.3f: a cooldown began "
                   "while it waited", scope, ctx.job_id, ctx.index, grant.wait_s)
         return None

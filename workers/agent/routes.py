@@ -111,11 +111,12 @@ class Route:
         await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
                              output_tokens=output_tokens, headers=key_h, counts=counts)
 
-    async def cooling(self, limiter: Any, grant: Grant) -> float:
-        """Seconds a cooldown still holds on a level the grant reserved in (0.0: none)."""
+    async def hold_back(self, limiter: Any, grant: Grant) -> float:
+        """Seconds a cooldown still holds on a level the grant reserved in (0.0: none, send
+        it); when one does, the grant is spent and the call plans again."""
         if self.pool is None:
-            return float(await limiter.cooling(self.scope))
-        return float(await limiter.cooling(self.scope, self.key(grant).scope))
+            return float(await limiter.hold_back(grant, self.scope))
+        return float(await limiter.hold_back(grant, self.scope, self.key(grant).scope))
 
     async def release(self, limiter: Any, grant: Grant) -> None:
         await limiter.release(self.scope, grant)

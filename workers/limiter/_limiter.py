@@ -44,10 +44,12 @@ class Limiter(LimiterCore):
         """A 429: hold back every host until ``retry_after_s`` from now; seconds left."""
         return self._run(self._cooldown(scope, limits, retry_after_s))
 
-    def cooling(self, *scopes: str) -> float:
-        """Seconds a cooldown still holds on any of ``scopes`` (0.0: none). A pool's scopes
-        (its organisation's and a key's) share a hash tag, so one call asks both."""
-        return self._run(self._cooling(list(scopes)))
+    def hold_back(self, grant: Grant, *scopes: str) -> float:
+        """Right before a granted call that waited goes out: seconds a cooldown still holds
+        on any of ``scopes`` (those the grant reserved in), 0.0 when none does. When one
+        does, the grant's lease is gone and its reservation stays debited: do not send on it
+        (see hold_back.lua). A pool's scopes share a hash tag: one call asks both levels."""
+        return self._run(self._hold_back(grant, list(scopes))) or 0.0
 
     def sync_headers(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> None:
         self._run(self._sync(scope, limits, headers))
@@ -128,8 +130,8 @@ class AsyncLimiter(LimiterCore):
     async def cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> float:
         return await self._run(self._cooldown(scope, limits, retry_after_s))
 
-    async def cooling(self, *scopes: str) -> float:
-        return await self._run(self._cooling(list(scopes)))
+    async def hold_back(self, grant: Grant, *scopes: str) -> float:
+        return await self._run(self._hold_back(grant, list(scopes))) or 0.0
 
     async def sync_headers(self, scope: str, limits: ScopeLimits,
                            headers: Mapping[str, str]) -> None:

@@ -25,8 +25,8 @@ __all__ = ["Clock", "LimiterCore"]
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
 _LUA = resources.files("drover.workers.limiter") / "lua"
-_SCRIPTS = ("acquire", "settle", "cooldown", "cooling", "sync", "state", "record", "usage",
-            "pool_acquire", "pool_disable")
+_SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "record",
+            "usage", "pool_acquire", "pool_disable")
 # With an injected clock (tests) the scripts get the time as their last argument instead of
 # from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
@@ -197,11 +197,13 @@ class LimiterCore:
             *_limit_args(limits), repr(float(retry_after_s)), str(self.stats_window_s)],
             lambda reply: float(_s(reply)))
 
-    def _cooling(self, scopes: list[str]) -> _Call:
+    def _hold_back(self, grant: Grant, scopes: list[str]) -> _Call | None:
         if not scopes:
-            raise ValueError("cooling needs at least one scope")
-        return self._call("cooling", [self.keys(scope)[0] for scope in scopes], [],
-                          lambda reply: float(_s(reply)))
+            raise ValueError("hold_back needs at least one scope")
+        if not grant.granted or grant.lease_id is None:
+            return None
+        keys = [key for scope in scopes for key in self.keys(scope)[:2]]
+        return self._call("hold_back", keys, [grant.lease_id], lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
         folded = header_args(headers)
