@@ -94,5 +94,5 @@ def test_a_call_granted_before_a_429_is_not_sent_into_its_cooldown(monkeypatch, 
     assert isinstance(later, LimiterSaysLater) and "limiter cooldown" in str(later), (
         later, stats["by_status"])
     assert stats["by_status"] == {} and stats["accepted"] == 0  # nothing reached the provider
-    assert rt.run(rt.limiter.state(scope))["leases"] == 1  # its reservation went back
+    assert rt.run(rt.limiter.state(scope))["leases"] == 1  # its lease went (the held one's left)
     rt.run(rt.limiter.release(scope, held))

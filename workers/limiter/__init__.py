@@ -12,6 +12,8 @@ per operation (a scope is listed by `scopes()` while its bucket or counters live
     if not grant.granted:          # reason: horizon | cooldown | in_flight; nothing debited
         come back after grant.retry_after_s
     sleep(grant.wait_s)            # the reservation is made: send at the planned instant
+    if grant.wait_s and limiter.hold_back(grant, scope):  # a 429 came meanwhile: the
+        acquire again                                     # grant is spent, not sent
     response = call the API        # on a 429: limiter.cooldown(scope, limits, retry_after)
     limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
                    headers=response.headers)    # or limiter.release(scope, grant) if unsent
@@ -61,6 +63,10 @@ Decisions worth knowing:
   only gives a floor, and the share then climbs by 1/60 per second (whole again within a
   minute of the others stopping); a window at its end, on the calls in so far, is a floor
   too. The share multiplies the limits (``_lib.lua:learn_share``).
+- ``hold_back`` (right before a granted call that waited goes out): a cooldown that began
+  while it waited holds it back; its lease goes and its reservation stays debited (a refund
+  would let it, planned again, take the place of a call already granted for after the
+  cooldown: two sends for one place).
 - Counters: requests at the planned send second, tokens at the settle second, waits at the
   acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
 """
