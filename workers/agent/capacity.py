@@ -40,7 +40,9 @@ __all__ = ["MARGIN", "active_models", "calls_per_s", "first_call_hint", "line_ca
 # a call's tokens are off by 10-20 % until the scope has a minute of calls to average.
 MARGIN = 0.8
 MIN_CALLS = 5  # requests in the last minute before their mean cost is trusted
-CHARS_PER_TOKEN = 3.0  # the limiter's own first estimate says 4: this errs on the short side
+# The limiter's first reservation is characters / 4 times its uncalibrated margin (1.25, so
+# about / 3.2, workers/agent/estimate.py): / 3 errs above it, towards a shorter line.
+CHARS_PER_TOKEN = 3.0
 TOOL_TOKENS = 150  # a tool definition, roughly, when the submitter cannot read it
 
 
@@ -50,7 +52,8 @@ def _hint_key(prefix: str, queue: str) -> str:
 
 def first_call_hint(spec: JobSpec, first_subtask: str) -> tuple[int, int]:
     """(input, output) tokens a first call of the job is likely to reserve: what the limiter
-    will book before it has seen an answer (characters / 4; the output reservation's start,
+    will book before it has seen an answer (characters / 3, a little above the limiter's
+    uncalibrated reservation; the output reservation's start,
     ``min(max_tokens, 512)``)."""
     chars = len(spec.system or "") + len(first_subtask)
     return (max(1, math.ceil(chars / CHARS_PER_TOKEN) + TOOL_TOKENS * len(spec.tools or [])),
