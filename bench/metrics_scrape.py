@@ -63,7 +63,7 @@ def build_fleet(settings, args):  # noqa: ANN001, ANN201
         pending += [(job_id, i) for i in range(done, args.subagents)]
     recorders = []
     for p in range(args.procs):
-        rec = Recorder(settings.redis_url, settings.key_prefix, flush_s=3600)
+        rec = Recorder(sync_redis(settings.redis_url), settings.key_prefix, flush_s=3600)
         rec.worker_ready(f"celery@bench{p}")
         for j in range(args.jobs):
             if (j + p) % 4 == 0:

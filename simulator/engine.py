@@ -90,7 +90,9 @@ class Engine:
         self._buckets: dict[str, KeyBuckets] = {}
         self._pool_since = time.monotonic()  # revoke_after_s counts from here
         self._attempts: dict[bytes, int] = {}
-        # When each Messages request arrived (this process's wall clock), so a test can put
+        self._last_judged = 0.0
+        # When each Messages request arrived (this host's wall clock, the kernel's receive
+        # time where the platform gives it: arrival.py), so a test can put
         # requests in order with events on the same host without polling the counters.
         self.arrivals: collections.deque[float] = collections.deque(maxlen=100_000)
 
@@ -122,6 +124,19 @@ class Engine:
         self.stats.end(time.monotonic(), status)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _judged_at(self, arrived: float | None) -> float:
+        """The monotonic instant a request is judged at: its arrival, however late the loop
+        got to it, but never before a request judged already (buckets and sliding windows run
+        forward; one that arrived earlier but was read later is judged as if it came then)."""
+        now = time.monotonic()
+        if arrived is not None:
+            # (At most 5 s back: a clock step must not judge a request in the distant past.)
+            lag = min(max(0.0, time.time() - arrived), 5.0)
+            self.stats.judged(lag)
+            now -= lag
+        self._last_judged = now = max(now, self._last_judged)
+        return now
 
     def _bucket_set(self, name: str, now: float,
                     limits: tuple[float | None, float | None, float | None] | None = None
@@ -236,9 +251,12 @@ class Engine:
                      self._headers(req_id, self._buckets_for(api_key, now, body.get("model")),
                                    now))
 
-    def begin_message(self, headers: Mapping[str, str], raw: bytes) -> Reply | Pending:
-        self.arrivals.append(time.time())
-        now = time.monotonic()
+    def begin_message(self, headers: Mapping[str, str], raw: bytes,
+                      arrived: float | None = None) -> Reply | Pending:
+        """``arrived``: when the request reached the host (wall clock, simulator/arrival.py),
+        if that was before now; it is judged against the buckets then."""
+        now = self._judged_at(arrived)
+        self.arrivals.append(time.time() - (time.monotonic() - now))
         req_id = responses.request_id()
         parsed = self._parse(headers, raw, req_id, now, need_max_tokens=True)
         if isinstance(parsed, Reply):

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from . import arrival
 from .batches import Batches
 from .config import SimConfig
 from .engine import Engine, Pending, Reply
@@ -27,10 +28,13 @@ def _response(reply: Reply) -> web.Response:
 async def _messages(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     raw = await request.read()
+    # Judged at the kernel's receive time: a loop starved under load must not turn requests
+    # that waited in their sockets into a burst (simulator/arrival.py).
+    arrived = arrival.received_at(request.transport)
     engine.enter()
     status = 500
     try:
-        outcome = engine.begin_message(request.headers, raw)
+        outcome = engine.begin_message(request.headers, raw, arrived)
         if isinstance(outcome, Pending):
             if outcome.delay > 0:
                 await asyncio.sleep(outcome.delay)
@@ -145,7 +149,8 @@ async def start_runner(app: web.Application, host: str, port: int) -> tuple[web.
     # No access log: formatting a line per request costs more than answering it.
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    # A socket of our own, whose connections carry the kernel's receive times (arrival.py).
+    site = web.SockSite(runner, arrival.listener(host, port, backlog=1024))
     await site.start()
     bound = runner.addresses[0][1]
     return runner, bound

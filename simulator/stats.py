@@ -67,6 +67,10 @@ class SimStats:
         self.first_accept_ts: float | None = None
         self.last_done_ts: float | None = None
         self.by_status: dict[int, int] = {}
+        # How long after its arrival a request was judged: the event loop's delay, which the
+        # simulator no longer counts against the sender (simulator/arrival.py).
+        self.loop_lag_max_s = 0.0
+        self.loop_lag_over_50ms = 0
         self._seen: set[bytes] = set()
         self._win_requests = SlidingMax()
         self._win_input = SlidingMax()
@@ -141,6 +145,12 @@ class SimStats:
             requests.add(now, 1)
             inputs.add(now, input_tokens)
 
+    def judged(self, lag_s: float) -> None:
+        if lag_s > self.loop_lag_max_s:
+            self.loop_lag_max_s = lag_s
+        if lag_s > 0.05:
+            self.loop_lag_over_50ms += 1
+
     def rate_limited(self, now: float) -> None:
         self.rejected_429 += 1
         self._row(now)[_429] += 1
@@ -175,6 +185,8 @@ class SimStats:
             "duplicate_accepted": self.duplicate_accepted,
             "first_accept_ts": self.first_accept_ts,
             "last_done_ts": self.last_done_ts,
+            "loop_lag": {"max_s": round(self.loop_lag_max_s, 4),
+                         "over_50ms": self.loop_lag_over_50ms},
             "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
             "per_key": {alias: {**row, "max_60s": {"requests": self._key_windows[alias][0].max,
                                                    "input_tokens": self._key_windows[alias][1].max}}

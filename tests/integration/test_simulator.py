@@ -536,3 +536,28 @@ def test_lognormal_latency_parameters_hit_mean_and_p95() -> None:
     mu, sigma = lognormal_params(1.0, 2.5)
     assert math.isclose(math.exp(mu + sigma ** 2 / 2), 1.0, rel_tol=1e-9)
     assert math.isclose(math.exp(mu + 1.6448536269514722 * sigma), 2.5, rel_tol=1e-9)
+
+
+def test_a_request_is_judged_when_it_arrived_not_when_a_starved_loop_reads_it(sim):
+    """Two requests one after the other against a bucket of one request that refills in 2 s:
+    the second must draw a 429, also when the simulator's event loop is blocked for 3 s as it
+    arrives (a loaded host). Judged when the loop got to it, the bucket would have refilled
+    and it would pass: a burst the sender never made, or, here, room it never had."""
+    import threading
+    import time
+
+    sim.configure(rpm=30, burst_s=2)  # capacity 1 request, one more every 2 s
+    client = client_for(sim)
+    ask(client, "first")
+    blocked = threading.Event()
+
+    def starve() -> None:  # what a CPU-starved loop does: nothing, for a while
+        blocked.set()
+        time.sleep(3.0)
+
+    sim._loop.call_soon_threadsafe(starve)
+    assert blocked.wait(10)
+    with pytest.raises(anthropic.RateLimitError):
+        ask(client, "second")
+    stats = sim.stats()
+    assert (stats["accepted"], stats["rejected_429"]) == (1, 1)

@@ -4,7 +4,12 @@ a simulator whose limits are drover's own (DROVER_RPM/ITPM/OTPM == SimConfig rpm
 The first test is the heavy one (about 70 s): the benchmark's 200-sub-agent workload
 (`bench/workload.py`: 3 to 8 calls each, prompts of 20 to 700 words, answers of 60 to 500
 tokens), 4 worker processes. The provider must see no 429 and no 60 s window over any
-limit (how close to the limits it runs is bench.limit_tracking's figure, not a test's).
+limit (how close to the limits it runs is bench.limit_tracking's figure, not a test's), on a
+loaded box too, within the bound docs/limiter.md states ("Sends that leave late"): a send may
+reach the provider up to DROVER_LATE_SEND_S (0.2 s) late, relative to the calls planned after
+it, which drover's buckets leave room for; the simulator judges each request when it arrived,
+not when its loop read it. Under two CPU hogs this test's sends were up to 0.07-0.13 s late
+(0.18-0.27 s before the SDK warm-up), and it drew no 429 in three runs (bench/RESULTS-late.md).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def test_four_workers_run_200_subagents_at_the_limits_without_a_single_429(
     # measures and records it; here it is only shown.
     busy_s = stats["last_done_ts"] - stats["first_accept_ts"]
     print({dim: round(stats[total] / busy_s / (limits[dim] / 60), 3)
-           for dim, (total, _) in DIMS.items()})
+           for dim, (total, _) in DIMS.items()}, "simulator loop lag", stats["loop_lag"])
 
 
 def test_a_429_on_one_worker_pauses_every_worker_for_its_retry_after(
@@ -78,14 +83,16 @@ def test_a_429_on_one_worker_pauses_every_worker_for_its_retry_after(
     # On Redis's clock, from the limiter's own per-second counters: the 429 in second `hit`
     # started a cooldown of retry_after seconds, so no request of any worker is planned in
     # the whole seconds inside it. (The provider's own timeline would need a margin for
-    # requests on their way; these counters need none.)
+    # requests on their way; these counters need none.) At these limits only the cooldown
+    # makes a call wait, so `hit` is the first second whose acquires waited: with traffic
+    # from four workers, one comes within milliseconds of the cooldown's start.
     from drover.config import get_settings
 
     limiter = Limiter(redis.Redis.from_url(drover_env["DROVER_REDIS_URL"]),
                       prefix=drover_env["DROVER_KEY_PREFIX"])
     rows = {row["t"]: row for row in limiter.usage(
         llm_scope(drover_env["DROVER_KEY_ALIAS"], get_settings().model), 600)}
-    [hit] = [t for t, row in rows.items() if row["n429"]]
+    hit = min(t for t, row in rows.items() if row["waits"])
 
     def sent(second: int) -> int:
         return rows.get(second, {"requests": 0})["requests"]

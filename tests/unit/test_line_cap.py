@@ -14,6 +14,7 @@ from drover.workers.agent.capacity import (
     queue_line_cap,
     save_first_call_hint,
 )
+from drover.workers.agent.limits import bucket_seconds
 from drover.workers.limiter import Limiter
 
 TIGHT = "claude-tight"  # a model of its own class, 60 requests a minute
@@ -28,7 +29,8 @@ def _settings(redis_url: str, prefix: str, **extra: object) -> Settings:
 
 
 def _expected(calls_per_s: float, settings: Settings) -> int:
-    return int(MARGIN * calls_per_s * (settings.horizon_s + settings.burst_seconds))
+    # the limiter's bucket: the burst less the late-send allowance (limits.bucket_seconds)
+    return int(MARGIN * calls_per_s * (settings.horizon_s + bucket_seconds(settings)))
 
 
 @pytest.fixture

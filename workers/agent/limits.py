@@ -5,7 +5,27 @@ from __future__ import annotations
 from drover.config import ModelLimits, Settings
 from drover.workers.limiter import ScopeLimits
 
-__all__ = ["llm_limits", "scaled_limits"]
+__all__ = ["MIN_BUCKET_S", "bucket_seconds", "llm_limits", "scaled_limits"]
+
+# The smallest bucket the late-send allowance leaves (seconds of refill): below it a quiet
+# scope could hardly send two calls at once, and the allowance is taken only in part.
+MIN_BUCKET_S = 0.1
+
+
+def bucket_seconds(settings: Settings) -> float:
+    """The limiter's bucket, in seconds of refill, for a provider bucket of
+    DROVER_BURST_SECONDS: smaller by DROVER_LATE_SEND_S.
+
+    A call is planned for instant s and reaches the provider at s + d, d >= 0 (the wait's
+    wake-up, the hold-back check, the SDK, the thread and the GIL under load). Calls planned
+    over [a, b] may then all arrive in [b, b + d]: a window of length w at the provider can
+    hold the sends planned over w + d, at most bucket + u * rate * (w + d) when the limiter's
+    bucket is ``bucket`` seconds of u * rate. The provider admits rate * (B + w) in it. So with
+    bucket = B - d (and u <= 1) every send up to d late fits: u * rate * (B - d + w + d) <=
+    rate * (B + w). Without it, at u = 1 no send may be late at all, and at 0.95 only 0.05 s.
+    """
+    burst = settings.burst_seconds
+    return max(burst - settings.late_send_s, min(burst, MIN_BUCKET_S))
 
 
 def llm_limits(settings: Settings, model: str) -> ScopeLimits:
@@ -26,5 +46,5 @@ def scaled_limits(settings: Settings, ml: ModelLimits | None, *,
         return None if value is None else value * u
 
     return ScopeLimits(rpm=scaled(ml.rpm if ml else None), itpm=scaled(ml.itpm if ml else None),
-                       otpm=scaled(ml.otpm if ml else None), burst_s=settings.burst_seconds,
+                       otpm=scaled(ml.otpm if ml else None), burst_s=bucket_seconds(settings),
                        max_in_flight=max_in_flight, learned_utilization=u, learn_share=True)

@@ -57,7 +57,7 @@ from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.jobs.records import Usage
-from drover.workers.limiter import STAT_FIELDS, Grant, ScopeLimits
+from drover.workers.limiter import Grant, ScopeLimits
 from drover.workers.telemetry import acquire_wait, llm_call
 
 log = logging.getLogger(__name__)
@@ -528,11 +528,9 @@ async def _after_error(rt: Runtime, route: Route, grant: Grant, decision: Decisi
                        ctx: CallContext, started: float, last: bool,
                        headers: Any) -> None:
     scope = route.key(grant).scope
-    if decision.cooldown_s is not None:  # also counts the 429
+    if decision.cooldown_s is not None:
         await route.cooldown(rt.limiter, grant, decision.cooldown_s, headers)
-    elif decision.counter in STAT_FIELDS:  # a spend-cap 429, a 529
-        await route.record(rt.limiter, grant, decision.counter)
-    # Every failed call, by kind, for the job too: the limiter keeps only the kinds it limits by.
+    # Every failed call, by kind, for the job (telemetry's llm_call counts it for the fleet).
     await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
     _log_failure(scope, decision, ctx, grant.wait_s, started, last)
 

@@ -34,7 +34,7 @@ from drover.workers.limiter import (
 
 __all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_headers"]
 
-log = logging.getLogger("drover.pool")
+log = logging.getLogger(__name__)
 _DIMS = (("requests", "rpm"), ("input-tokens", "itpm"), ("output-tokens", "otpm"))
 
 
@@ -126,7 +126,7 @@ class Route:
     async def cooldown(self, limiter: Any, grant: Grant, retry_after_s: float,
                        headers: Mapping[str, str]) -> None:
         """A 429: cool down the level whose limit it hit (both when the headers cannot
-        tell); the 429 is counted in each scope cooled down."""
+        tell)."""
         if self.pool is None:
             await limiter.cooldown(self.scope, self.limits, retry_after_s)
             return
@@ -135,9 +135,6 @@ class Route:
             scope, limits = (self.scope, self.limits) if level == "org" else (key.scope,
                                                                               key.limits)
             await limiter.cooldown(scope, limits, retry_after_s)
-
-    async def record(self, limiter: Any, grant: Grant, counter: str) -> None:
-        await limiter.record(self.key(grant).scope, **{counter: 1})
 
 
 class Pool:

@@ -4,9 +4,11 @@ every host. Depends on redis only.
 A *scope* is what the provider limits together: ``llm:{key alias}:{model}``, or
 ``tool:{name}`` for a service a tool calls. Each has up to three buckets (requests, input
 tokens and output tokens per minute, each holding ``burst_s`` of refill), in-flight leases,
-a cooldown, limits learned from response headers and per-second usage counters, all under
-the scope's own hash tag and changed only by the Lua scripts in ``lua/``, one script call
-per operation (a scope is listed by `scopes()` while its bucket or counters live)::
+a cooldown, limits learned from response headers, per-second usage counters and what it
+learned of its share of the key, all under the scope's own hash tag (``LimiterCore.keys``)
+and changed only by the Lua scripts in ``lua/``, one script call per operation, each taking
+one JSON argument of named fields (a scope is listed by `scopes()` while its bucket or
+counters live)::
 
     grant = limiter.acquire(scope, limits, input_tokens=est_in, output_tokens=est_out)
     if not grant.granted:          # reason: horizon | cooldown | in_flight; nothing debited
@@ -29,13 +31,15 @@ now (a cooldown, a queue). Every other operation is one line on ``tat`` too: a c
 until ``c`` is ``tat >= c + burst`` (empty at its end), a ``-remaining`` header ``r`` is
 ``tat >= now + (capacity - r)/rate`` (it only lowers a level), a refund ``tat -= credit/rate``.
 The scope's bucket is one Redis hash (``r``, ``i``, ``o`` plus the limits of the last write,
-so ``release`` and ``state`` need none), the leases a sorted set (lease id -> expiry, so a
-dead worker's slot frees itself), learned limits and counters hashes of their own.
+so ``release`` and ``state`` need none, the cooldown and the last lease's expiry), the leases
+a sorted set (lease id -> expiry, so a dead worker's slot frees itself), learned limits,
+counters and the learned share hashes of their own (``lua/_lib.lua`` lists every field).
 
 Decisions worth knowing:
 
 - Time is Redis ``TIME`` inside the scripts, never a worker's clock. Tests inject a clock
-  through the constructor (``clock=``); the scripts then read it from their last argument.
+  through the constructor (``clock=``); the scripts then read it from their last argument,
+  after the JSON one.
 - A request is judged against the horizon with its cost capped at the bucket's capacity (so
   an oversized request is not refused for ever), and waits for all of it. A dimension with a
   cost of 0 does not wait. A refusal (horizon, cooldown, in-flight cap) debits nothing.
@@ -50,25 +54,19 @@ Decisions worth knowing:
   the simulator with buckets equal to ours sees no 429 (``bench/RESULTS.md``).
 - ``-limit`` headers are stored raw (24 h) for dimensions the ``ScopeLimits`` leaves None,
   then used times ``learned_utilization``; a configured limit always wins.
-- ``learn_share`` (LLM scopes): the key may be used by other software too. Over a window
-  (2 s, and at least five mean call times), the change of a ``-remaining`` header plus what
-  our calls sent in the window used is what the provider's bucket refilled for us: that over
-  the key's limit is the share left for us, whether callers queue or not and at an empty
-  bucket too. A call counts in the window of its send (when the provider takes its input),
-  known at its settle, so a window is judged four mean call times after its end, its late
-  calls in: counted at settle instead, the calls in flight at a window's two ends made the
-  estimate a few percent noisy, and a share capped at 1 could only dip. The share moves
-  halfway there, down only by more than that noise now is (3%), so a key that is all ours
-  keeps a whole share; a 429 cuts it by a tenth; a window in which the bucket came near full
-  only gives a floor, and the share then climbs by 1/60 per second (whole again within a
-  minute of the others stopping); a window at its end, on the calls in so far, is a floor
-  too. The share multiplies the limits (``_lib.lua:learn_share``).
+- ``learn_share`` (LLM scopes): the key may be used by other software too. Over windows of
+  a few seconds, the change of a ``-remaining`` header plus what our calls sent in the window
+  used is what the provider's bucket refilled for us: that over the key's limit is the share
+  left for us, which multiplies the limits; a 429 cuts it by a tenth. Its own state (the
+  scope's share hash) and code, with the reasoning: ``lua/_share.lua``.
 - ``hold_back`` (right before a granted call that waited goes out): a cooldown that began
   while it waited holds it back; its lease goes and its reservation stays debited (a refund
   would let it, planned again, take the place of a call already granted for after the
   cooldown: two sends for one place).
-- Counters: requests at the planned send second, tokens at the settle second, waits at the
-  acquire second (all written by ``settle``), 429s by ``cooldown``, others via ``record``.
+- Counters (``STAT_FIELDS``): requests at the planned send second, tokens and the answer's
+  cache figures at the settle second, waits at the acquire second (all written by
+  ``settle``), others via ``record``. Calls by outcome (429s, 529s, ...) are telemetry's
+  ``drover_llm_calls``, not the limiter's.
 """
 
 from drover.workers.limiter._headers import parse_ratelimit_headers

@@ -30,11 +30,11 @@ def parse_ratelimit_headers(headers: Mapping[str, str | bytes]) -> tuple[Numbers
     return remaining, limit  # type: ignore[return-value]
 
 
-def header_args(headers: Mapping[str, str | bytes]) -> list[str] | None:
-    """The scripts' six header arguments: -remaining of r, i, o, then -limit of r, i, o ('' =
-    absent); None when there is none of them."""
+def header_args(headers: Mapping[str, str | bytes]) -> dict[str, dict[str, float]] | None:
+    """The scripts' ``headers`` argument: {remaining: {r, i, o}, limit: {r, i, o}}, each
+    without the dimensions the response had none of (a -limit of 0 is none); None when it
+    had none at all."""
     remaining, limit = parse_ratelimit_headers(headers)
-    values = [*remaining, *(v if v else None for v in limit)]
-    if all(v is None for v in values):
-        return None
-    return ["" if v is None else repr(v) for v in values]
+    out = {"remaining": {d: v for d, v in zip("rio", remaining, strict=True) if v is not None},
+           "limit": {d: v for d, v in zip("rio", limit, strict=True) if v}}
+    return out if out["remaining"] or out["limit"] else None

@@ -13,12 +13,14 @@ __all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope"
 POOL_TAG = "pool"
 ORG = "org"  # the organisation's level, where a key's alias would be
 
-# The per-second counters of a scope, in the order the Lua library lists them (_lib.lua).
-# The last four are the answers' prompt cache, for ``drover stats``: tokens read from and
-# written to the cache, calls that did neither, and those of them whose shared prefix was
-# below the model's minimum cacheable length (the caller judges that; the limiter adds).
-STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "n429", "n529",
-               "n5xx", "nconn", "cache_read", "cache_write", "uncached", "short_prefix")
+# The per-second counters of a scope, in the order the Lua library lists them (_lib.lua):
+# what the limiter planned and what the answers used. The last four are the answers' prompt
+# cache, for ``drover stats``: tokens read from and written to the cache, calls that did
+# neither, and those of them whose shared prefix was below the model's minimum cacheable
+# length (the caller judges that; the limiter adds). Calls by outcome (429, 529, ...) are
+# telemetry's ``drover_llm_calls``, not counted here.
+STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "cache_read",
+               "cache_write", "uncached", "short_prefix")
 
 
 def llm_scope(key_alias: str, model: str) -> str:

@@ -1,10 +1,11 @@
 """What the sync and the async limiter share: the Lua scripts, the keys of a scope, the
 arguments of each operation and the reading of its reply. An operation is a ``_Call``
-(script, keys, arguments, and what to make of the reply); the two limiters only differ in
-how they run one."""
+(script, keys, its one JSON argument, and what to make of the reply); the two limiters only
+differ in how they run one."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
@@ -27,16 +28,15 @@ Clock = Callable[[], int]  # Redis-like time in microseconds
 _LUA = resources.files("drover.workers.limiter") / "lua"
 _SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "record",
             "usage", "pool_acquire", "pool_disable")
-# With an injected clock (tests) the scripts get the time as their last argument instead of
-# from TIME; everything else is the same text.
+# With an injected clock (tests) the scripts get the time as their last argument (after the
+# JSON one) instead of from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
-_STORED = ["*", "*", "*", "*", "1", "0"]  # the limits the last write stored (release, state)
-_NO_HEADERS = [""] * 6
 
 
 def _source(name: str, clock: Clock | None) -> str:
     head = _INJECTED_CLOCK if clock is not None else (_LUA / "_clock.lua").read_text()
-    return head + (_LUA / "_lib.lua").read_text() + (_LUA / f"{name}.lua").read_text()
+    return head + "".join((_LUA / f"{part}.lua").read_text()
+                          for part in ("_lib", "_share", name))
 
 
 def _s(value: Any) -> str:
@@ -48,26 +48,30 @@ def _f(value: Any) -> float | None:
     return float(text) if text else None
 
 
-def _limit_args(limits: ScopeLimits) -> list[str]:
-    dims = ("" if v is None else repr(float(v)) for v in (limits.rpm, limits.itpm, limits.otpm))
-    return [*dims, repr(float(limits.burst_s)), repr(float(limits.learned_utilization)),
-            "1" if limits.learn_share else "0"]
+def _limits(limits: ScopeLimits | None) -> dict[str, Any] | None:
+    """The scripts' ``limits`` argument (see _lib.lua); None: the last write's."""
+    if limits is None:
+        return None
+    dims = {"rpm": limits.rpm, "itpm": limits.itpm, "otpm": limits.otpm}
+    return {**{name: float(v) for name, v in dims.items() if v is not None},
+            "burst_s": float(limits.burst_s),
+            "learned_utilization": float(limits.learned_utilization),
+            "learn_share": limits.learn_share}
 
 
-def _counts(counts: Mapping[str, int] | None) -> list[str]:
-    """Counter names and counts as script arguments (name, count, ...), the zeros left out;
-    ValueError for a name that is no counter."""
+def _counts(counts: Mapping[str, int] | None) -> dict[str, int]:
+    """The counts to add, the zeros left out; ValueError for a name that is no counter."""
     counts = counts or {}
     unknown = sorted(set(counts) - set(STAT_FIELDS))
     if unknown:
         raise ValueError(f"unknown counter(s) {unknown}; expected some of {STAT_FIELDS}")
-    return [part for name, n in counts.items() if int(n) for part in (name, str(int(n)))]
+    return {name: int(n) for name, n in counts.items() if int(n)}
 
 
 class _Call(NamedTuple):
     script: str
     keys: list[str]
-    args: list[str]
+    args: list[str]  # the JSON argument (and, with a test clock, the time)
     finish: Callable[[Any], Any]
 
 
@@ -87,23 +91,27 @@ class LimiterCore:
                          for name in _SCRIPTS}
 
     def keys(self, scope: str) -> list[str]:
-        """A scope's Redis keys: bucket, leases, learned limits, stats, stats index. A scope
-        ``T/NAME`` (a pool's) takes the hash tag ``T``, which the others of ``T`` share."""
+        """A scope's Redis keys: bucket, leases, learned limits, stats, stats index, share
+        (see _lib.lua). A scope ``T/NAME`` (a pool's) takes the hash tag ``T``, which the
+        others of ``T`` share."""
         if not scope or "{" in scope or "}" in scope:
             raise ValueError(f"a scope must be non-empty and contain no braces: {scope!r}")
         tag, slash, name = scope.partition("/")
         base = f"{self.prefix}:{{{tag}}}/{name}" if slash else f"{self.prefix}:{{{scope}}}"
-        return [f"{base}:b", f"{base}:l", f"{base}:hl", f"{base}:s", f"{base}:si"]
+        return [f"{base}:b", f"{base}:l", f"{base}:hl", f"{base}:s", f"{base}:si", f"{base}:sh"]
 
     def _off_keys(self) -> list[str]:
         """A pool's disabled keys (alias -> until, us) and why (alias -> 'second|reason')."""
         base = f"{self.prefix}:{{{POOL_TAG}}}/off"
         return [base, f"{base}:why"]
 
-    def _call(self, script: str, keys: list[str], args: list[str],
+    def _call(self, script: str, keys: list[str], arg: dict[str, Any],
               finish: Callable[[Any], Any] = lambda reply: None) -> _Call:
+        """``arg``: the script's named arguments; None values are left out (absent in Lua)."""
+        args = [json.dumps({k: v for k, v in arg.items() if v is not None},
+                           separators=(",", ":"))]
         if self._clock is not None:
-            args = [*args, str(int(self._clock()))]
+            args.append(str(int(self._clock())))
         return _Call(script, keys, args, finish)
 
     # --- a pool of keys -----------------------------------------------------------------------
@@ -116,16 +124,17 @@ class LimiterCore:
         if not keys:
             raise ValueError("a pool needs at least one key")
         lease = uuid.uuid4().hex
-        mif = org_limits.max_in_flight
         aliases = [alias for alias, _ in keys]
-        preferred = aliases.index(prefer) + 1 if prefer in aliases else 0
         redis_keys = [*self.keys(org_scope(model_class)), self._off_keys()[0]]
-        args = [*_limit_args(org_limits), str(input_tokens), str(output_tokens),
-                repr(self.horizon_s), "" if mif is None else str(mif), repr(float(lease_ttl_s)),
-                lease, str(len(keys)), str(preferred), repr(float(sticky_s))]
-        for alias, limits in keys:
+        for alias, _ in keys:
             redis_keys += self.keys(pool_scope(alias, model_class))
-            args += [alias, *_limit_args(limits)]
+        arg = {"limits": _limits(org_limits), "input_tokens": input_tokens,
+               "output_tokens": output_tokens, "horizon_s": self.horizon_s,
+               "max_in_flight": org_limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
+               "lease": lease, "sticky_s": float(sticky_s),
+               "prefer": aliases.index(prefer) + 1 if prefer in aliases else None,
+               "candidates": [{"alias": alias, "limits": _limits(limits)}
+                              for alias, limits in keys]}
 
         def finish(reply: Any) -> Grant:
             reason, seconds, now_us, chosen = (_s(x) for x in reply)
@@ -135,10 +144,11 @@ class LimiterCore:
                          lease if ok else None, reason, input_tokens, output_tokens,
                          float(now_us), key)
 
-        return self._call("pool_acquire", redis_keys, args, finish)
+        return self._call("pool_acquire", redis_keys, arg, finish)
 
     def _disable(self, alias: str, for_s: float, why: str) -> _Call:
-        return self._call("pool_disable", self._off_keys(), [alias, repr(float(for_s)), why],
+        return self._call("pool_disable", self._off_keys(),
+                          {"alias": alias, "for_s": float(for_s), "why": why},
                           lambda reply: bool(int(reply)))
 
     @staticmethod
@@ -160,7 +170,6 @@ class LimiterCore:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token estimates must be >= 0")
         lease = uuid.uuid4().hex
-        mif = limits.max_in_flight
 
         def finish(reply: Any) -> Grant:
             reason, seconds, now_us = (_s(x) for x in reply)
@@ -169,9 +178,11 @@ class LimiterCore:
                          lease if ok else None, reason, input_tokens, output_tokens,
                          float(now_us))
 
-        return self._call("acquire", self.keys(scope), [
-            *_limit_args(limits), str(input_tokens), str(output_tokens), repr(self.horizon_s),
-            "" if mif is None else str(mif), repr(float(lease_ttl_s)), lease], finish)
+        return self._call("acquire", self.keys(scope), {
+            "limits": _limits(limits), "input_tokens": input_tokens,
+            "output_tokens": output_tokens, "horizon_s": self.horizon_s,
+            "max_in_flight": limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
+            "lease": lease}, finish)
 
     def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
                 input_tokens: int, output_tokens: int,
@@ -182,19 +193,20 @@ class LimiterCore:
         extra = _counts(counts)
         if not grant.granted or grant.lease_id is None:
             return None
-        limit = _STORED if limits is None else _limit_args(limits)
-        folded = None if headers is None or limits is None else header_args(headers)
-        return self._call("settle", self.keys(scope), [
-            *limit, "1" if sent else "0", str(grant.input_tokens), str(grant.output_tokens),
-            str(int(input_tokens)), str(int(output_tokens)), str(self.stats_window_s),
-            str(grant.acquired_s), repr(grant.send_us), repr(grant.wait_s), grant.lease_id,
-            *(folded or _NO_HEADERS), str(len(extra) // 2), *extra])
+        return self._call("settle", self.keys(scope), {
+            "limits": _limits(limits), "sent": sent,
+            "reserved": {"input": grant.input_tokens, "output": grant.output_tokens},
+            "used": {"input": int(input_tokens), "output": int(output_tokens)},
+            "lease": grant.lease_id, "acquired_s": grant.acquired_s, "send_us": grant.send_us,
+            "wait_s": grant.wait_s, "stats_window_s": self.stats_window_s,
+            "headers": None if headers is None or limits is None else header_args(headers),
+            "counts": extra})
 
     def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Call:
         if not retry_after_s >= 0:
             raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s!r}")
-        return self._call("cooldown", self.keys(scope), [
-            *_limit_args(limits), repr(float(retry_after_s)), str(self.stats_window_s)],
+        return self._call("cooldown", self.keys(scope), {
+            "limits": _limits(limits), "retry_after_s": float(retry_after_s)},
             lambda reply: float(_s(reply)))
 
     def _hold_back(self, grant: Grant, scopes: list[str]) -> _Call | None:
@@ -203,20 +215,22 @@ class LimiterCore:
         if not grant.granted or grant.lease_id is None:
             return None
         keys = [key for scope in scopes for key in self.keys(scope)[:2]]
-        return self._call("hold_back", keys, [grant.lease_id], lambda reply: float(_s(reply)))
+        return self._call("hold_back", keys, {"lease": grant.lease_id},
+                          lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
         folded = header_args(headers)
         if folded is None:
             return None
-        return self._call("sync", self.keys(scope), [*_limit_args(limits), *folded])
+        return self._call("sync", self.keys(scope), {"limits": _limits(limits),
+                                                     "headers": folded})
 
     def _record(self, scope: str, counts: Mapping[str, int]) -> _Call | None:
-        _counts(counts)  # names checked
-        if not any(int(n) for n in counts.values()):
+        added = _counts(counts)
+        if not added:
             return None
-        return self._call("record", self.keys(scope), [
-            str(self.stats_window_s), *(str(int(counts.get(f, 0))) for f in STAT_FIELDS)])
+        return self._call("record", self.keys(scope), {
+            "stats_window_s": self.stats_window_s, "counts": added})
 
     def _usage(self, scope: str, seconds: int) -> _Call:
         if seconds < 1:
@@ -228,7 +242,7 @@ class LimiterCore:
                                         for j, name in enumerate(STAT_FIELDS)}}
                     for i in range(len(values) // n)]
 
-        return self._call("usage", self.keys(scope), [str(int(seconds))], finish)
+        return self._call("usage", self.keys(scope), {"seconds": int(seconds)}, finish)
 
     def _scan_pattern(self) -> str:
         """Matches the bucket and counters of every scope: a scope is listed while either
@@ -262,5 +276,4 @@ class LimiterCore:
                                       strict=True))
             return out
 
-        args = _STORED if limits is None else _limit_args(limits)
-        return self._call("state", self.keys(scope), args, finish)
+        return self._call("state", self.keys(scope), {"limits": _limits(limits)}, finish)

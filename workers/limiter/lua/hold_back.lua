@@ -9,7 +9,7 @@
 -- one instant after a cooldown, 7 of them 429s).
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
--- ARGV[1] the grant's lease id
+-- ARGV[1]                 {lease: the grant's lease id}
 -- Returns the seconds (a string) the longest of those cooldowns still holds; '0': none, and
 -- the grant stands.
 
@@ -19,6 +19,6 @@ for i = 1, #KEYS, 2 do
   until_us = math.max(until_us, tonumber(redis.call('HGET', KEYS[i], 'cd') or '0'))
 end
 if until_us > now then
-  for i = 2, #KEYS, 2 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+  for i = 2, #KEYS, 2 do redis.call('ZREM', KEYS[i], A.lease) end
 end
 return num((until_us - now) / 1e6)

@@ -1,8 +1,10 @@
--- record.lua: add to this second's counters of a scope (e.g. a 529). KEYS: see _lib.lua.
--- ARGV[1] stats window_s   ARGV[2..] a count per STAT_FIELDS entry, in its order
+-- record.lua: add to this second's counters of a scope (e.g. the requests of a batch).
+-- KEYS[1..6]  the scope's (see _lib.lua)
+-- ARGV[1]     {stats_window_s, counts: {STAT_FIELDS name = count}}
 
 local now = now_us()
-for j, field in ipairs(STAT_FIELDS) do
-  stat_add(tonumber(ARGV[1]), now, math.floor(now / 1e6), field, tonumber(ARGV[j + 1]))
+local keys = scope_keys(1)
+for field, n in pairs(A.counts) do
+  stat_add(keys, A.stats_window_s, now, math.floor(now / 1e6), field, n)
 end
 return 1

@@ -1,13 +1,12 @@
--- settle.lua: a granted call ended (settle) or never went out (release). KEYS and
--- ARGV[1..6]: see _lib.lua.
--- ARGV[7] 1 = sent (settle), 0 = never sent (release: the request is refunded too)
--- ARGV[8], ARGV[9] input, output tokens reserved   ARGV[10], ARGV[11] input, output used
--- ARGV[12] stats window_s   ARGV[13] second of the acquire   ARGV[14] send time (us)
--- ARGV[15] the grant's wait (s)   ARGV[16] lease id
--- ARGV[17..22] the response's headers or '': -remaining r, i, o, then -limit r, i, o;
---   applied after the true-up exactly as sync.lua right after it would be
--- ARGV[23] n, then ARGV[24..23+2n] n pairs of a STAT_FIELDS name and a count to add at the
---   settle second (the answer's cache figures)
+-- settle.lua: a granted call ended (settle) or never went out (release).
+-- KEYS[1..6]  the scope's (see _lib.lua)
+-- ARGV[1]     {limits (absent for a release: the last write's), sent: false for a release
+--             (the request is refunded too), reserved: {input, output} tokens, used:
+--             {input, output} tokens, lease, acquired_s: the second of the acquire, send_us:
+--             the planned send, wait_s: the grant's wait, stats_window_s, headers (absent:
+--             none; applied after the true-up exactly as sync.lua right after it would),
+--             counts: {STAT_FIELDS name = count} to add at the settle second (the answer's
+--             cache figures)}
 -- Returns 1 if the lease was still held.
 --
 -- True-up per dimension: what was used beyond the reservation is debited now; what was
@@ -17,11 +16,11 @@
 -- waits at the second of the acquire.
 
 local now = now_us()
-local b = load(now)
-local sent = ARGV[7] == '1'
-local reserved = {1, tonumber(ARGV[8]), tonumber(ARGV[9])}
-local used = {sent and 1 or 0, tonumber(ARGV[10]), tonumber(ARGV[11])}
-local held = redis.call('ZREM', KEYS[2], ARGV[16])
+local keys = scope_keys(1)
+local b = load(keys, A.limits, now)
+local reserved = {1, A.reserved.input, A.reserved.output}
+local used = {A.sent and 1 or 0, A.used.input, A.used.output}
+local held = redis.call('ZREM', keys.leases, A.lease)
 for k = 1, 3 do
   local per = b.per[k]
   if per and used[k] > reserved[k] then
@@ -32,42 +31,23 @@ for k = 1, 3 do
     b.tat[k] = math.min(b.tat[k], math.max(floor, b.tat[k] - credit))
   end
 end
--- What the provider admitted of ours, for learn_share's windows: counted in the window the
--- call was sent in (a call that used no tokens was refused; one sent before the first
--- window began is in its -remaining already), and the mean call time, which sets how long
--- a window lasts.
-if ARGV[6] == '1' and used[2] + used[3] > 0 then
-  local sent_at = tonumber(ARGV[14])
-  local took = math.max(0, now - sent_at)
-  b.lat = b.lat and b.lat + 0.1 * (took - b.lat) or took
-  for k = 1, 3 do
-    if b.per[k] and b.t1[k] and sent_at >= b.t1[k] then
-      b.u1[k] = b.u1[k] + used[k]
-    elseif b.per[k] and b.t0[k] and sent_at >= b.t0[k] then
-      b.u0[k] = b.u0[k] + used[k]
-    end
-  end
-end
+count_use(b, A.send_us, used, now)
 save(b, now)
-if ARGV[17] ~= '' or ARGV[18] ~= '' or ARGV[19] ~= '' or ARGV[20] ~= '' or ARGV[21] ~= ''
-    or ARGV[22] ~= '' then
-  learn(20)
-  b = load(now)
-  learn_share(b, 17, now)
-  lower(b, 17, now)
+if A.headers then
+  learn(keys, A.limits, A.headers)
+  b = load(keys, A.limits, now)
+  learn_share(b, A.headers, now)
+  lower(b, A.headers, now)
   save(b, now)
 end
 
-local window, sec = tonumber(ARGV[12]), math.floor(now / 1e6)
-stat_add(window, now, sec, 'input_tokens', used[2])
-stat_add(window, now, sec, 'output_tokens', used[3])
-if sent then stat_add(window, now, math.floor(tonumber(ARGV[14]) / 1e6), 'requests', 1) end
-for j = 1, tonumber(ARGV[23]) do
-  stat_add(window, now, sec, ARGV[22 + 2 * j], tonumber(ARGV[23 + 2 * j]))
-end
-local wait = tonumber(ARGV[15])
-if wait > 0 then
-  stat_add(window, now, tonumber(ARGV[13]), 'waits', 1)
-  stat_add(window, now, tonumber(ARGV[13]), 'wait_ms', math.floor(wait * 1000 + 0.5))
+local window, sec = A.stats_window_s, math.floor(now / 1e6)
+stat_add(keys, window, now, sec, 'input_tokens', used[2])
+stat_add(keys, window, now, sec, 'output_tokens', used[3])
+if A.sent then stat_add(keys, window, now, math.floor(A.send_us / 1e6), 'requests', 1) end
+for field, n in pairs(A.counts) do stat_add(keys, window, now, sec, field, n) end
+if A.wait_s > 0 then
+  stat_add(keys, window, now, A.acquired_s, 'waits', 1)
+  stat_add(keys, window, now, A.acquired_s, 'wait_ms', math.floor(A.wait_s * 1000 + 0.5))
 end
 return held

@@ -1,14 +1,14 @@
--- sync.lua: fold a response's anthropic-ratelimit-* headers into the scope. KEYS and
--- ARGV[1..6]: see _lib.lua.
--- ARGV[7..9]   -remaining of requests, input, output tokens ('' = absent): a level only
---              ever goes down to it, never up
--- ARGV[10..12] -limit of requests, input, output tokens ('' = absent): learned where no
---              limit is configured, and the key's limit when learning our share
+-- sync.lua: fold a response's anthropic-ratelimit-* headers into the scope.
+-- KEYS[1..6]  the scope's (see _lib.lua)
+-- ARGV[1]     {limits, headers}: -remaining lowers a level, never raises it; -limit is
+--             learned where no limit is configured, and is the key's limit when learning
+--             our share of it (_share.lua)
 
-learn(10)
+local keys = scope_keys(1)
+learn(keys, A.limits, A.headers)
 local now = now_us()
-local b = load(now)
-learn_share(b, 7, now)
-lower(b, 7, now)
+local b = load(keys, A.limits, now)
+learn_share(b, A.headers, now)
+lower(b, A.headers, now)
 save(b, now)
 return 1

@@ -1,9 +1,11 @@
--- usage.lua: a scope's counters of its last N seconds, oldest first. KEYS: see _lib.lua.
--- ARGV[1] N
+-- usage.lua: a scope's counters of its last N seconds, oldest first.
+-- KEYS[1..6]  the scope's (see _lib.lua)
+-- ARGV[1]     {seconds: N}
 -- Returns {first second, then per second one value per STAT_FIELDS entry ('' = 0)}.
 
+local keys = scope_keys(1)
 local last = math.floor(now_us() / 1e6)
-local first = last - tonumber(ARGV[1]) + 1
+local first = last - A.seconds + 1
 local fields = {}
 for sec = first, last do
   for _, name in ipairs(STAT_FIELDS) do
@@ -13,7 +15,7 @@ end
 local out = {string.format('%d', first)}
 -- In slices: unpack() of more than ~8000 values fails, and an hour holds 3600 x 9 fields.
 for i = 1, #fields, 4000 do
-  local values = redis.call('HMGET', KEYS[4], unpack(fields, i, math.min(i + 3999, #fields)))
+  local values = redis.call('HMGET', keys.stats, unpack(fields, i, math.min(i + 3999, #fields)))
   for j = 1, #values do table.insert(out, values[j] or '') end
 end
 return out

@@ -1,0 +1,43 @@
+"""The worker's SDK warm-up (workers/agent/warmup.py): one call through the SDK, answered by
+a server of its own in this process, never the configured provider."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from drover.workers.agent.warmup import warm_up
+
+
+def test_the_warm_up_call_is_answered_locally_and_never_reaches_the_configured_provider(
+        monkeypatch):
+    # A "provider" that would see any connection: a listening socket nobody should dial, set
+    # wherever the SDK or drover would look for a base URL.
+    provider = socket.socket()
+    provider.bind(("127.0.0.1", 0))
+    provider.listen()
+    provider.setblocking(False)
+    url = f"http://127.0.0.1:{provider.getsockname()[1]}"
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
+    monkeypatch.setenv("DROVER_ANTHROPIC_BASE_URL", url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-must-not-be-sent")
+
+    seen = asyncio.run(warm_up())
+
+    # The SDK's request went out and its answer parsed: the call made the whole round trip.
+    assert seen == ["POST /v1/messages HTTP/1.1"]
+    try:
+        conn, _ = provider.accept()
+    except BlockingIOError:
+        conn = None
+    provider.close()
+    assert conn is None, "the warm-up dialled the configured base URL"
+
+
+def test_a_failed_warm_up_does_not_stop_the_worker(monkeypatch):
+    # No local server can be bound: the warm-up gives up quietly (the first call stays slow).
+    async def refuse(*_a, **_k):
+        raise OSError("no sockets here")
+
+    monkeypatch.setattr(asyncio, "start_server", refuse)
+    assert asyncio.run(warm_up()) == []
