@@ -99,8 +99,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": True,
         "broker_transport_options": transport,
         "result_backend_transport_options": backend_transport,
-        # Sending a task (a retry, the chord's join) rides out a broker restart of up to about a
-        # minute, like drover's own Redis clients; Celery's default gives up after ~1 s.
+        # Sending a task (a retry, the chord's join) rides out a connection lost mid-publish
+        # for about a minute (Celery's default gives up after ~1 s). A broker that is down
+        # outright still fails it within kombu's connect timeout (``default_channel`` tries
+        # for ``broker_connection_timeout``, 4 s): a retry's publish then tries again
+        # (workers/_delivery.py), the fan-out's too (workers/dispatch.py).
         "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0,
                                       "interval_step": 0.5, "interval_max": 2},
         "broker_connection_retry_on_startup": True,

@@ -285,6 +285,11 @@ class Settings(BaseSettings):
         default=1.0, gt=0, le=60,
         description="A bucket's capacity in seconds of refill: how much a quiet scope may send "
         "at once.")
+    late_send_s: float = Field(
+        default=0.2, ge=0, le=60,
+        description="How late a granted call may reach the provider (CPU load, thread "
+        "scheduling) and still fit its bucket: the limiter's buckets hold this much less than "
+        "DROVER_BURST_SECONDS of refill (at least 0.1 s, or the whole burst if smaller).")
     horizon_s: float = Field(
         default=15.0, gt=0,
         description="A reservation further ahead than this is not made: the sub-agent frees "
@@ -328,8 +333,9 @@ class Settings(BaseSettings):
     resend_after_s: float = Field(
         default=120.0, gt=0,
         description="A running job that gains no record for this long is checked for "
-        "sub-agents whose task message the broker lost (see workers/recovery/sweep.py); those "
-        "are sent again.")
+        "sub-agents whose task message is gone (the Redis broker lost it, or a Redis failover "
+        "lost what a delivery wrote) and for a join that never came (see "
+        "workers/recovery/sweep.py); those are sent again.")
     heartbeat_s: float = Field(
         default=2.0, gt=0, le=60,
         description="Liveness (workers/jobs/liveness.py): each worker process refreshes a Redis "

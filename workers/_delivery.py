@@ -4,15 +4,24 @@ its message carries, taking and handing back the claim, and the retries that kee
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Reject
+from kombu.exceptions import OperationalError
 
 from drover.workers.agent import RetryLater, get_runtime
-from drover.workers.jobs import TOKEN_HEADER, local_worker
+from drover.workers.jobs import TOKEN_HEADER
+from drover.workers.services import services
 
 __all__ = ["claim_part", "drop_claim", "release", "retry", "token_of", "with_token"]
+
+log = logging.getLogger(__name__)
+
+PUBLISH_PAUSE_MAX_S = 10.0  # between tries of a retry's message while the broker is away
 
 
 def retry(task: Task, later: RetryLater, claim: tuple[str, int | str, int] | None = None
@@ -31,11 +40,41 @@ def retry(task: Task, later: RetryLater, claim: tuple[str, int | str, int] | Non
     options: dict[str, Any] = {}
     if claim is not None:
         options["headers"] = with_token(task, claim[2])
-    again = task.retry(exc=later, countdown=countdown, max_retries=None, throw=False,
+    again = _published(task, exc=later, countdown=countdown, max_retries=None, throw=False,
                        argsrepr=getattr(task.request, "argsrepr", None) or None, **options)
     if claim is not None:
         release(*claim)
     return again
+
+
+def _published(task: Task, **options: Any) -> Exception:
+    """``task.retry`` again, with a pause, until its message is on the broker.
+
+    When the broker is away for longer than kombu's connect timeout (``default_channel``
+    gives up after ``broker_connection_timeout``, whatever the publish retry policy says),
+    Celery's retry rejects the message this delivery came on. That must not end the part: its
+    claim still says "running" on this live worker, so no sweep would send it again, the
+    broker's own copy of the message is stale, and a rejected task fails the job's chord. So
+    this delivery keeps the part and tries again for as long as the worker runs; a worker
+    that is shutting down gives up (its heartbeat then goes, and the sweep takes the part
+    over)."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return task.retry(**options)
+        except Reject as rejected:
+            if not isinstance(rejected.reason, OperationalError) or _shutting_down():
+                raise
+            pause = min(PUBLISH_PAUSE_MAX_S, float(attempt))
+            log.warning("%s: the broker is away, its retry could not be sent (%s); trying "
+                        "again in %.0f s", getattr(task.request, "argsrepr", None) or task.name,
+                        rejected.reason, pause)
+            time.sleep(pause)
+
+
+def _shutting_down() -> bool:
+    return services(get_runtime().settings).heartbeat().draining
 
 
 def token_of(task: Task) -> int:
@@ -51,17 +90,17 @@ def with_token(task: Task, token: int) -> dict[str, Any]:
 def release(job_id: str, part: int | str, token: int) -> None:
     if token:
         rt = get_runtime()
-        rt.store.claims.release(job_id, part, token, local_worker(rt.settings).id)
+        rt.store.claims.release(job_id, part, token, services(rt.settings).heartbeat().id)
 
 
 def claim_part(task: Task, job_id: str, part: str) -> int | None:
     """Take the claim of a job-level part (join, plan); None when another delivery holds it."""
     rt = get_runtime()
     token = int(rt.store.claims.start(job_id, part, token_of(task),
-                                      local_worker(rt.settings).id))
+                                      services(rt.settings).heartbeat().id))
     return token if token > 0 else None
 
 
 def drop_claim(job_id: str, part: str) -> None:
     rt = get_runtime()
-    rt.store.claims.drop(job_id, part, local_worker(rt.settings).id)
+    rt.store.claims.drop(job_id, part, services(rt.settings).heartbeat().id)

@@ -25,10 +25,11 @@ from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
+from drover.workers.agent.warmup import warm_up
 from drover.workers.fairshare import start_pump
-from drover.workers.jobs import TOKEN_HEADER, local_worker, stop_local_worker
+from drover.workers.jobs import TOKEN_HEADER
 from drover.workers.recovery import start_sweeper
-from drover.workers.services import services
+from drover.workers.services import services, stop_worker
 from drover.workers.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
 
@@ -46,10 +47,13 @@ def import_tool_modules() -> None:
 @worker_process_init.connect
 def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
+    # The SDK's first call in a process is slow (lazy imports): made here, to a local one-shot
+    # server, so a job's first granted sends are not late (agent/warmup.py).
+    get_runtime().run(warm_up())
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
-    local_worker(get_runtime().settings)  # liveness for recovery, before the first message
     settings = get_settings()
     shared = services(settings)
+    shared.heartbeat()  # liveness for recovery, before the first message
     start_sweeper(send_again, shared.store)  # re-sends what dead workers held (recovery/sweep.py)
     # The worker's slots size the fair-share window; worker_ready's sender is the consumer
     # of the node (a prefork child has none: the node's main process reports for it).
@@ -79,7 +83,7 @@ def _on_task_received(request: Any = None, **_: Any) -> None:
         job_id, part = _job_part(request.args, request.kwargs, part)
         token = int((request.request_dict or {}).get(TOKEN_HEADER) or 0)
         rt = get_runtime()
-        rt.store.claims.receive(job_id, part, token, local_worker(rt.settings).id)
+        rt.store.claims.receive(job_id, part, token, services(rt.settings).heartbeat().id)
     except Exception as error:  # never lose the message over it: the broker still has it
         log.warning("could not record the receipt of a %s message (%s: %s)", request.task_name,
                     type(error).__name__, error)
@@ -101,12 +105,12 @@ def _on_warm_shutdown(**_: Any) -> None:
     no countdown), so another worker resumes it at once.
 
     Celery sends this from its SIGTERM handler, on the main thread, which may be inside
-    ``get_runtime()`` or ``local_worker()`` with their lock held (a SIGTERM during start-up):
+    ``get_runtime()`` or ``services()`` with their lock held (a SIGTERM during start-up):
     taking the lock there would wait for ever, so a thread does it once the main thread lets
     go. Draining itself does not block (it sets a flag and a timer)."""
     def drain() -> None:
         rt = get_runtime()
-        local_worker(rt.settings).drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
+        services(rt.settings).heartbeat().drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
 
     threading.Thread(target=drain, name="drover-drain", daemon=True).start()
 
@@ -115,7 +119,7 @@ def _on_warm_shutdown(**_: Any) -> None:
 def _on_worker_shutdown(**_: Any) -> None:
     # The heartbeat goes at once, so the sweep re-sends what this worker still held
     # (prefetched messages, retries waiting out a countdown) without waiting for its TTL.
-    stop_local_worker()
+    stop_worker()
 
 
 _batcher: tuple[Runtime, Any] | None = None

@@ -11,7 +11,7 @@ The per-call lines come from ``drover.workers.agent.llm`` (its logger has the mo
 ``in``/``out`` are what the provider counted; ``est_in`` is the input estimate and
 ``reserved_in``/``reserved_out`` what the limiter held for the call (more than the estimate
 until the scope's answers calibrate it). ``outcome`` is ``ok``, a failure kind (``n429``,
-``n529``, ``n5xx``, ``n4xx``, ``nconn``, the names of the limiter's counters) or
+``n529``, ``n5xx``, ``n4xx``, ``nconn``, as the retry policy names them) or
 ``cancelled``. ``configure_logging`` (run when the Celery app is built) turns down what would
 add noise or leak content, at every level, DEBUG too:
 

@@ -16,7 +16,7 @@ import time
 
 __all__ = ["answered", "noticed"]
 
-log = logging.getLogger("drover.redis")
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _since: float | None = None
 

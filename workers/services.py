@@ -11,25 +11,36 @@ process).
 What lives on the worker's event loop (the async Redis client, the ``AsyncLimiter``, the SDK
 client) is the agent runtime's (``drover.workers.agent.runtime``): it belongs to that loop.
 It takes its job store from here.
+
+Two parts are the process's rather than one configuration's: the worker heartbeat (one worker
+id per process, which the claims it takes are held by) and the telemetry recorder (one live
+process in ``drover metrics``). Every ``Services`` of one Redis and key prefix shares them;
+asked for another Redis or prefix (tests switch settings under an in-process worker), the old
+one stops first.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any, TypeVar
 
 import redis
 
 from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
-from drover.workers.jobs.liveness import local_worker_id
+from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter
 from drover.workers.redis_clients import sentinel_settings, sync_redis
+from drover.workers.telemetry import Recorder, use_recorder
 
-__all__ = ["Services", "reset_services", "services"]
+__all__ = ["Services", "reset_services", "services", "stop_worker"]
+
+T = TypeVar("T")
 
 
 class Services:
@@ -74,7 +85,7 @@ class Services:
         """The queue's fair-share scheduler, its grants held by this process's worker id
         (none outside a worker: a submitter's grants are published by itself at once)."""
         queue = queue or self.settings.queue
-        holder = local_worker_id()
+        holder = self.worker_id
         with self._lock:
             fs = self._fairshare.get((queue, holder))
             if fs is None:
@@ -82,9 +93,64 @@ class Services:
                     self.redis, self.settings, queue, holder=holder)
             return fs
 
+    @property
+    def recorder(self) -> Recorder:
+        """The process's telemetry recorder for this Redis and prefix (its counts, flushed to
+        Redis every DROVER_METRICS_FLUSH_S)."""
+        s = self.settings
+        return _process_part("recorder", s, lambda: Recorder(
+            sync_redis(s.redis_url, **sentinel_settings(s)), s.key_prefix, s.metrics_flush_s,
+            keep_s=s.result_ttl_s))
+
+    def heartbeat(self) -> Heartbeat:
+        """The process's worker heartbeat, started on first use: a process that receives or
+        runs drover tasks is a worker, and the sweep takes over what it held once it stops."""
+        return _process_part("heartbeat", self.settings, lambda: Heartbeat(self.settings))
+
+    @property
+    def worker_id(self) -> str:
+        """This process's worker id if it is a worker (its heartbeat runs), else ""."""
+        held = _parts.get("heartbeat")
+        return held[1].id if held is not None and held[0] == _identity(self.settings) else ""
+
     def close(self) -> None:
         if "redis" in self.__dict__:
             self.redis.close()
+
+
+def _identity(settings: Settings) -> tuple[int, str, str]:
+    return (os.getpid(), settings.redis_url, settings.key_prefix)
+
+
+_parts: dict[str, tuple[tuple[int, str, str], Any]] = {}  # name -> (identity, part)
+_parts_lock = threading.Lock()
+
+
+def _process_part(name: str, settings: Settings, make: Callable[[], T]) -> T:
+    want = _identity(settings)
+    held = _parts.get(name)
+    if held is not None and held[0] == want:
+        return held[1]
+    with _parts_lock:
+        held = _parts.get(name)
+        if held is None or held[0] != want:
+            if held is not None and held[0][0] == want[0]:  # not a forked parent's
+                _stop(held[1])
+            held = _parts[name] = (want, make())
+        return held[1]
+
+
+def _stop(part: Any) -> None:
+    (part.stop if isinstance(part, Heartbeat) else part.close)()
+
+
+def stop_worker() -> None:
+    """Stop this process's heartbeat (a warm shutdown's end): the sweep then takes over at
+    once whatever this worker still held."""
+    with _parts_lock:
+        held = _parts.pop("heartbeat", None)
+        if held is not None and held[0][0] == os.getpid():
+            held[1].stop()
 
 
 _known: list[Services] = []  # this process's, newest last (a few: tests switch settings)
@@ -119,3 +185,7 @@ def reset_services() -> None:
             if known.pid == os.getpid():
                 known.close()
         _known.clear()
+
+
+# Telemetry's hooks count into the recorder of the process's current settings.
+use_recorder(lambda: services().recorder)

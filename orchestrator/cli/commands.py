@@ -596,7 +596,8 @@ def parser() -> argparse.ArgumentParser:
     stats = add("stats", "per-scope use of the limits over the last minute",
                 "Read the limiter's per-second counters in Redis (every worker on every host "
                 "writes them) and print, per scope, requests and tokens in the last 60 s and "
-                "the busiest 60 s against each limit, then waits, 429s, 529s, leases and "
+                "the busiest 60 s against each limit, then waits, the failed calls by kind "
+                "(429, 529, 5xx, 4xx, connection: telemetry's totals), leases and "
                 "cooldowns, then per model scope the prompt cache's reads and writes in the "
                 "window and why the answers that used no cache did not (a shared prefix "
                 "below the model's minimum cacheable length). Input tokens are counted as "

@@ -1,18 +1,21 @@
 """``drover stats``: how much of each limit the fleet used, read from the limiter's counters.
 
 The limiter keeps per-scope, per-second counters in Redis (requests at the planned send
-second, tokens when a call settles, waits, 429s and 529s; see ``drover.workers.limiter``), pruned
-after ``DROVER_STATS_WINDOW_S``. Everything here is computed from those counters, so it sees
-every worker on every host, and needs nothing but the Redis and the key prefix the workers use.
+second, tokens when a call settles, waits, the prompt cache's figures; see
+``drover.workers.limiter``), pruned after ``DROVER_STATS_WINDOW_S``. Calls by outcome (429,
+529, 5xx, 4xx, connection errors) are telemetry's ``drover_llm_calls{scope, outcome}``: fleet
+totals since its counters began (they expire after DROVER_RESULT_TTL_S without a call), with
+no per-second series. Both are in Redis, so this sees every worker on every host, and needs
+nothing but the Redis and the key prefix the workers use.
 
 Two views:
 
 - ``print_stats``: per scope, the last 60 s against each limit (and the busiest 60 s of the
-  window), waits, 429s, 529s, leases in flight, cooldown; the prompt cache's reads and
+  window), waits, calls by outcome, leases in flight, cooldown; the prompt cache's reads and
   writes over the window, and why the answers that used no cache did not.
 - ``plot_usage``: requests/min and tokens/min over time, as rolling 60 s sums of the
   per-second counters (what the provider's per-minute limits measure), with the limits
-  as horizontal lines and every second that saw a 429 or 529 marked.
+  as horizontal lines; the requests panel's title gives the calls refused by outcome.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from drover.workers.agent.caching import stats_cache_line
 from drover.workers.agent.limits import llm_limits, scaled_limits
 from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits, split_llm_scope
 from drover.workers.services import services
+from drover.workers.telemetry import TelemetryReader
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "plot_usage", "print_stats",
            "rolling_sum",
@@ -40,6 +44,9 @@ __all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "plot_usage", "
 DIMENSIONS = (("requests", "rpm", "requests/min"),
               ("input_tokens", "itpm", "input tokens/min"),
               ("output_tokens", "otpm", "output tokens/min"))
+# (telemetry's outcome label, column): the failed calls, as drover_llm_calls counts them
+OUTCOMES = (("429", "429s"), ("529", "529s"), ("5xx", "5xxs"), ("4xx", "4xxs"),
+            ("connection", "conns"))
 # Scopes drawn in one plot: more would make every panel unreadable.
 MAX_PLOTTED_SCOPES = 6
 
@@ -55,6 +62,7 @@ class ScopeUsage:
     leases: int = 0
     cooldown_s: float = 0.0
     fields: tuple[str, ...] = field(default=STAT_FIELDS)
+    outcomes: dict[str, int] = field(default_factory=dict)  # telemetry's calls by outcome
 
     def last(self, seconds: int = 60) -> dict[str, int]:
         """Sums over the last ``seconds`` seconds."""
@@ -134,12 +142,26 @@ def _limits_of(settings: Settings, scope: str, state: dict[str, Any],
 
 def collect(settings: Settings | None = None, *, window_s: int | None = None
             ) -> list[ScopeUsage]:
-    """Every scope the limiter saw within the window, with its per-second counters."""
+    """Every scope the limiter saw within the window, with its per-second counters and
+    telemetry's calls by outcome."""
     settings = settings or get_settings()
     window = int(window_s or stats_window_s(settings))
-    limiter = Limiter(services(settings).redis, prefix=settings.key_prefix,
-                      horizon_s=settings.horizon_s, stats_window_s=window)
-    return [scope_usage(limiter, settings, scope, window) for scope in limiter.scopes()]
+    limiter = services(settings).limiter
+    outcomes = call_outcomes(settings)
+    usages = [scope_usage(limiter, settings, scope, window) for scope in limiter.scopes()]
+    for u in usages:
+        u.outcomes = outcomes.get(u.scope, {})
+    return usages
+
+
+def call_outcomes(settings: Settings) -> dict[str, dict[str, int]]:
+    """scope -> outcome -> calls, from telemetry's drover_llm_calls (fleet totals)."""
+    out: dict[str, dict[str, int]] = {}
+    reader = TelemetryReader(services(settings).redis, settings.key_prefix)
+    for name, labels, part, value in reader.counters():
+        if name == "drover_llm_calls" and part is None and len(labels) == 2:
+            out.setdefault(labels[0], {})[labels[1]] = int(value)
+    return out
 
 
 def scope_usage(limiter: Limiter, settings: Settings, scope: str, seconds: int) -> ScopeUsage:
@@ -203,11 +225,13 @@ def limits_table(usages: list[ScopeUsage], window_s: int) -> Table:
 
 
 def events_table(usages: list[ScopeUsage]) -> Table:
-    """Per scope: waits, 429s, 529s (last 60 s, and the whole window), leases, cooldown."""
-    table = Table(title="waits, errors and leases (last 60 s; whole window in brackets)")
-    extra = [f for f in STAT_FIELDS if f.startswith("n") and f not in ("n429", "n529")]
-    for name in ("scope", "waits", "avg wait", "429s", "529s",
-                 *(f"{f[1:]}s" for f in extra), "in flight", "cooldown"):
+    """Per scope: waits (last 60 s, and the whole window), failed calls by outcome (fleet
+    totals), leases, cooldown."""
+    table = Table(title="waits (last 60 s; whole window in brackets), failed calls and leases",
+                  caption="failed calls: telemetry's drover_llm_calls, every call since the "
+                          "fleet's counters began")
+    for name in ("scope", "waits", "avg wait", *(column for _, column in OUTCOMES),
+                 "in flight", "cooldown"):
         table.add_column(name, justify="left" if name == "scope" else "right", no_wrap=True)
     for u in usages:
         last = u.last(60)
@@ -215,8 +239,7 @@ def events_table(usages: list[ScopeUsage]) -> Table:
         waits = last.get("waits", 0)
         row = [u.scope, f"{waits} ({whole.get('waits', 0)})",
                f"{last.get('wait_ms', 0) / waits / 1000:.2f} s" if waits else "-"]
-        for name in ("n429", "n529", *extra):
-            row.append(f"{last.get(name, 0)} ({whole.get(name, 0)})")
+        row += [str(u.outcomes.get(outcome, 0)) for outcome, _ in OUTCOMES]
         row.append(str(u.leases))
         row.append(f"{u.cooldown_s:.1f} s" if u.cooldown_s > 0 else "-")
         table.add_row(*row)
@@ -412,20 +435,21 @@ def _draw_scope(axes: Any, u: ScopeUsage, span: tuple[int, int]) -> None:
         ax.plot(x, [short[i] * 6 for i in keep], color=color, alpha=0.35, linewidth=1,
                 label="10 s rate x 6")
         _limit_line(ax, u.limits.get(name), u.targets.get(name), color, attr)
-        for counter, marker, mark_color, mark in (("n429", "x", "red", "429"),
-                                                  ("n529", "v", "darkorange", "529")):
-            hits = [k for k, i in enumerate(keep) if u.series[i].get(counter, 0)]
-            if hits:
-                total = sum(u.series[keep[k]][counter] for k in hits)
-                ax.scatter([x[k] for k in hits], [y[k] for k in hits], marker=marker,
-                           color=mark_color, zorder=5, label=f"{mark} ({total})")
-        ax.set_title(f"{u.scope}: {label}", fontsize=9)
+        ax.set_title(f"{u.scope}: {label}" + (_refused(u) if name == "requests" else ""),
+                     fontsize=9)
         ax.set_xlabel("seconds since the first request")
         ax.set_xlim(0, max(1, end - start))
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
+
+
+def _refused(u: ScopeUsage) -> str:
+    """The failed calls of a scope, as telemetry counts them: totals, no per-second series,
+    so they are told in the title rather than marked at a second."""
+    failed = [f"{column} {u.outcomes[o]}" for o, column in OUTCOMES if u.outcomes.get(o)]
+    return f" ({', '.join(failed)} in all)" if failed else ""
 
 
 def _limit_line(ax: Any, limit: float | None, target: float | None, color: str,

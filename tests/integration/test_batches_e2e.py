@@ -157,6 +157,36 @@ def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason
     assert "deadline" in record.error
 
 
+def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(drover_env):  # noqa: ANN001
+    """The sweep took the sub-agent over (a new claim token, a new message) while this
+    delivery was on its way to queue its turn: it stops at the turn's checkpoint, so only the
+    new delivery's request goes into a batch (the provider would bill both)."""
+    import asyncio
+
+    from drover.workers.agent import get_runtime
+    from drover.workers.agent.batch import batch_message
+    from drover.workers.agent.llm import CallContext
+    from drover.workers.agent.subagent import request_params
+    from drover.workers.jobs import ClaimLost
+    from drover.workers.jobs.batches import BatchStore
+    from drover.workers.jobs.records import Checkpoint
+    from drover.workers.limiter import llm_scope
+
+    handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch"))  # no workers
+    rt = get_runtime()
+    start = rt.store.start(handle.id, 0, worker="a-delivery-about-to-be-superseded", token=0)
+    assert start.token > 0 and start.spec is not None
+    assert rt.store.claims.takeover(handle.id, 0, -1, "")  # the sweep sends it again
+    state = start.checkpoint or Checkpoint.first(start.task or "")
+    params = request_params(start.spec, start.spec.model or rt.settings.model, [],
+                            state.messages)
+    with pytest.raises(ClaimLost):
+        rt.run(batch_message(rt, params, CallContext(handle.id, 0, asyncio.Event()), state,
+                             start.token))
+    scope = llm_scope(rt.settings.key_alias, params["model"])
+    assert BatchStore(rt.store).pending_state(scope)[0] == 0
+
+
 def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the_same_slots(
         sim, spawn_worker, batch_env):  # noqa: ANN001
     """The issue's proof: 500 sub-agents, two turns each, every turn by batch; a realtime

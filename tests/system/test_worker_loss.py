@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -287,13 +288,66 @@ def test_rabbitmq_restarted_mid_job_loses_nothing(sim, drover_env, spawn_worker,
     fleet.wait_for(*workers)
     wait_until("10 sub-agents done", lambda: handle.progress()["ok"] >= 10, 120)
     private_rabbit.stop()
-    time.sleep(2)
+    # Away for longer than kombu's connect timeout (4 s): a retry sent meanwhile can fail
+    # outright (the next test shows what then), and the workers must ride the outage out.
+    time.sleep(8)
     private_rabbit.start()
     result = fleet.wait(handle, 100, timeout=120)
 
     assert_complete(result, fleet, 100)
     stats = sim.stats()
     assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 100 * CALLS
+
+
+def test_a_retry_sent_while_rabbitmq_is_down_waits_for_it(drover_env, monkeypatch,
+                                                          private_rabbit):
+    """Celery rejects a delivery whose retry it cannot publish (``Task.retry`` turns the
+    error into ``Reject``), and kombu gives up on a broker that is down outright within its
+    connect timeout (4 s) whatever the publish retry policy says: the part would stay
+    "running" on a live worker, its job's chord failed. drover's retry waits for the broker."""
+    from celery import Celery
+    from celery.exceptions import Retry
+
+    from drover.config import get_settings
+    from drover.config.celery import celery_config
+    from drover.workers._delivery import retry
+    from drover.workers.agent import LimiterSaysLater
+
+    configure(monkeypatch, drover_env, broker_url=private_rabbit.url)
+    app = Celery("drover-retry-test", set_as_current=False)
+    app.conf.update(celery_config(get_settings()))
+    queue = f"{drover_env['DROVER_QUEUE']}-retry"
+
+    @app.task(bind=True, name="drover.test_retry_target")
+    def target(self: object) -> None:
+        """Only its retry is published here."""
+
+    outcome: list[object] = []
+
+    def send() -> None:
+        # As a worker's thread runs it (a task's request is the thread's own).
+        target.push_request(id="retry-test", args=[], kwargs={}, retries=0, headers={},
+                            called_directly=False,
+                            delivery_info={"exchange": "", "routing_key": queue})
+        try:
+            outcome.append(retry(target, LimiterSaysLater(0.0, "a test retry")))
+        except BaseException as error:  # what the old code raised: Reject
+            outcome.append(error)
+
+    private_rabbit.stop()
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    time.sleep(6)  # past kombu's connect timeout: the first tries fail outright
+    assert not outcome, f"the retry ended while the broker was down: {outcome!r}"
+    private_rabbit.start()
+    sender.join(timeout=120)
+
+    assert outcome and isinstance(outcome[0], Retry), outcome
+    with app.connection_for_read() as conn:
+        message = wait_until("the retry's message on the queue",
+                             lambda: conn.default_channel.basic_get(queue=queue, no_ack=True),
+                             30)
+    assert message.headers["task"] == "drover.test_retry_target"
 
 
 # --- kill -9 under tight limits, with the default window ------------------------------------

@@ -54,6 +54,7 @@ from anthropic.types.messages import MessageBatchIndividualResponse
 
 from drover.config import Settings
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.limits import bucket_seconds
 from drover.workers.agent.llm import CallContext, counted_input
 from drover.workers.agent.retry import Decision, classify
 from drover.workers.agent.runtime import Runtime
@@ -102,11 +103,14 @@ async def _io(fn: Callable[..., T], *args: Any) -> T:
 # --- the sub-agent's side ------------------------------------------------------------------
 
 async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
-                        state: Checkpoint) -> Message:
+                        state: Checkpoint, token: int = 0) -> Message:
     """This turn's reply from its batch result; else queue the request and raise ``Parked``.
 
     ``state.batch_cid`` (checkpointed) names the request in flight, so a resumed or
-    redelivered sub-agent finds its result instead of sending the turn again."""
+    redelivered sub-agent finds its result instead of sending the turn again. The checkpoint
+    that names it is written under the delivery's claim ``token``: a delivery the sweep has
+    taken the sub-agent from stops there (``ClaimLost``) instead of queueing the turn again
+    beside the new delivery's request."""
     store = services(rt.settings).batches
     cid = state.batch_cid
     if cid:
@@ -123,7 +127,7 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
     state.batch_n += 1
     state.batch_cid = cid = custom_id(ctx.job_id, ctx.index, state.turns, state.batch_n)
     # Checkpoint first: a sub-agent that dies here resumes knowing the id it queued.
-    await _io(rt.store.save_checkpoint, ctx.job_id, ctx.index, state)
+    await _io(rt.store.save_checkpoint, ctx.job_id, ctx.index, state, token)
     await _io(store.enqueue, scope, ctx.job_id, cid, params)
     raise Parked()
 
@@ -219,7 +223,7 @@ class Batcher:
         self.alias = s.key_alias
         self.api_scope = f"batchapi:{s.key_alias}"
         self.api_limits = ScopeLimits(rpm=s.batch_rpm * s.target_utilization,
-                                      burst_s=s.burst_seconds)
+                                      burst_s=bucket_seconds(s))
         self.queue_scope = f"batchq:{s.key_alias}"
         self.queue_limits = ScopeLimits(max_in_flight=s.batch_queue_cap)
         self.sent = False  # whether the last _call's request went out

@@ -36,7 +36,6 @@ from drover.workers.agent.llm import CallContext, create_message, race, wait_or_
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.claims import ClaimLost
-from drover.workers.jobs.liveness import local_worker
 from drover.workers.jobs.records import (
     SUMMARY_CHARS,
     Checkpoint,
@@ -46,6 +45,7 @@ from drover.workers.jobs.records import (
 )
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.limiter import ScopeLimits, tool_scope
+from drover.workers.services import services
 from drover.workers.telemetry import subagent_finished, subagent_run
 from drover.workers.tools import Tool, get_tools, run_turn
 
@@ -91,7 +91,7 @@ class SubagentRun:
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
-        worker = self.worker or local_worker(self.rt.settings).id
+        worker = self.worker or services(self.rt.settings).heartbeat().id
         start = await self._io(partial(self.store.start, self.job_id, self.index,
                                        worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
@@ -147,7 +147,7 @@ class SubagentRun:
             raise
         except Cancelled:
             reason = await self._io(self.store.cancelled, self.job_id)
-            if reason is None and local_worker(self.rt.settings).handing_back:
+            if reason is None and services(self.rt.settings).heartbeat().handing_back:
                 # The worker's shutdown grace ran out mid-call: resume elsewhere from here.
                 await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
                                self.token)
@@ -202,9 +202,9 @@ class SubagentRun:
             params = request_params(spec, model, tools, state.messages)
             batched = uses_batch(spec, settings)
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
-                message = await batch_message(self.rt, params, ctx, state)
+                message = await batch_message(self.rt, params, ctx, state, self.token)
             else:
-                if local_worker(settings).draining:  # SIGTERM: no new call, hand it back
+                if services(settings).heartbeat().draining:  # SIGTERM: no new call, hand it back
                     raise LimiterSaysLater(0.0, "worker shutting down")
                 message = await create_message(self.rt, params, ctx)
             content = [block.model_dump(mode="json", exclude_none=True)

@@ -29,8 +29,7 @@ from drover.workers import redis_outage
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.redis_clients import sentinel_settings, sync_redis
 
-__all__ = ["Heartbeat", "alive", "local_worker", "local_worker_id", "stop_local_worker",
-           "workers_key"]
+__all__ = ["Heartbeat", "alive", "workers_key"]
 
 log = logging.getLogger(__name__)
 
@@ -130,33 +129,3 @@ def registered_workers(r: redis.Redis, prefix: str) -> dict[str, bool]:
 def forget_worker(r: redis.Redis, prefix: str, worker: str) -> None:
     """Take a dead worker whose parts are all handed on out of the registry."""
     r.zrem(workers_key(prefix), worker)
-
-
-_lock = threading.Lock()
-_local: Heartbeat | None = None
-
-
-def local_worker(settings: Settings) -> Heartbeat:
-    """This process's heartbeat, started on first use (and again in a forked child)."""
-    global _local
-    with _lock:
-        if (_local is None or _local.pid != os.getpid() or _local.prefix != settings.key_prefix
-                or _local.settings.redis_url != settings.redis_url):
-            if _local is not None and _local.pid == os.getpid():
-                _local.stop()  # settings changed under an in-process worker (tests)
-            _local = Heartbeat(settings)
-        return _local
-
-
-def local_worker_id() -> str:
-    """This process's worker id if it is a worker (its heartbeat runs), else ""."""
-    current = _local
-    return current.id if current is not None and current.pid == os.getpid() else ""
-
-
-def stop_local_worker() -> None:
-    global _local
-    with _lock:
-        if _local is not None and _local.pid == os.getpid():
-            _local.stop()
-        _local = None

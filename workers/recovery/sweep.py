@@ -17,18 +17,23 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
 2. **Joins.** A re-sent sub-agent is outside its job's chord, which may then never count to
    the end (on Redis the dead worker's copy stays unacked for the visibility timeout): once
    every record of such a job is in and it has no result, its join is sent.
-3. **Messages the broker itself lost** (Redis broker only, and only for a job that gained no
-   record for ``DROVER_RESEND_AFTER_S``). Celery's Redis transport takes a message off the
-   queue (BRPOP) before it records it as unacked, so a worker killed between the two loses it
-   for good (celery#4354, celery#7950, kombu#305), before drover saw it. Such a job's
-   unfinished sub-agents that no worker holds and that the broker no longer has (read with
-   kombu's Redis layout: ``{prefix}:celery:{queue}`` lists and the ``unacked`` hash) are sent
-   again, whatever their claim says (with a new token: a delivery that still runs one stops
-   at its next write); this is the only step whose cost grows with the queue, and it runs
-   only for a stalled job. A dying worker can hit that gap too (a message popped whose reply
-   it never read), so for a minute after a worker death a job counts as stalled after
-   ``DROVER_HEARTBEAT_TTL_S`` without a record. RabbitMQ keeps unacked messages on the
-   server: no such gap.
+3. **Messages the broker lost, state a failover lost** (only for a job that gained no
+   record for ``DROVER_RESEND_AFTER_S``). On either broker such a job with every record in and
+   no result gets its join: a failover can lose the chord's count, or fail the chord (a
+   header task whose count met a dead master fails it, and Celery never sends its body).
+   Celery's Redis transport takes a message off the queue (BRPOP) before it records it as
+   unacked, so a worker killed between the two loses it for good (celery#4354, celery#7950,
+   kombu#305), before drover saw it. Such a job's unfinished sub-agents that no worker holds
+   and that the broker no longer has (read with kombu's Redis layout:
+   ``{prefix}:celery:{queue}`` lists and the ``unacked`` hash) are sent again, whatever their
+   claim says (with a new token: a delivery that still runs one stops at its next write);
+   this is the only step whose cost grows with the queue, and it runs only for a stalled job.
+   A dying worker can hit that gap too (a message popped whose reply it never read), so for a
+   minute after a worker death a job counts as stalled after ``DROVER_HEARTBEAT_TTL_S``
+   without a record. RabbitMQ keeps unacked messages on the server: no such gap; but a Redis
+   failover can lose what a delivery wrote (its receipt, start and record) after RabbitMQ has
+   its ack, so there a stalled job's unfinished sub-agents that no live worker holds or runs
+   are sent again (a copy still queued is then stale and stops before any call).
 
 4. **The window against the truth** (every job in the queue's fair-share window, each pass).
    A part whose claim names a dead worker (held or running) is taken over and sent again even
@@ -139,12 +144,11 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
         # TTL instead of DROVER_RESEND_AFTER_S.
         r.set(death, "1", px=int(max(60.0, 4 * settings.heartbeat_ttl_s) * 1000))
     sent += join_recovered_jobs(store, send)
-    if not settings.broker_is_rabbitmq:
-        after_a_death = bool(r.exists(death))
-        every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)
-        if r.set(store.keys.recovery("scan"), "1", nx=True, px=int(every * 900)):
-            sent += resend_lost_messages(store, settings, send, min(
-                settings.resend_after_s, settings.heartbeat_ttl_s) if after_a_death else None)
+    after_a_death = bool(r.exists(death))
+    every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)
+    if r.set(store.keys.recovery("scan"), "1", nx=True, px=int(every * 900)):
+        sent += resend_lost_messages(store, settings, send, min(
+            settings.resend_after_s, settings.heartbeat_ttl_s) if after_a_death else None)
     try:
         sent += repair_windows(store, settings, send)
     except redis.RedisError as error:  # the other steps are done: the next pass repairs
@@ -259,16 +263,21 @@ def _send_join(store: JobStore, send: Send, queue: str | None, job_id: str) -> b
 
 def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
                          after_s: float | None = None) -> list[tuple[str, Part]]:
-    """Step 3 (Redis broker): sub-agents of a stalled job whose message the broker lost.
+    """Step 3: a stalled job's join, and its sub-agents whose message is gone.
 
-    With late acks every unfinished sub-agent has a message in the broker (queued, or
-    unacked while it runs or waits out a countdown); one with none, for as long as the job
-    has gained no record, was lost whatever its claim says (a worker that was holding it
-    when Redis restarted, a BRPOP whose reply never arrived)."""
+    Redis broker: with late acks every unfinished sub-agent has a message in the broker
+    (queued, or unacked while it runs or waits out a countdown); one with none, for as long
+    as the job has gained no record, was lost whatever its claim says (a worker that was
+    holding it when Redis restarted, a BRPOP whose reply never arrived).
+    RabbitMQ: the broker cannot be read that way, and it does not lose messages; what a
+    failover loses is drover's state of a delivery RabbitMQ has already acked (its record,
+    or the task ended on a Redis error). A sub-agent that no live worker holds or runs, in a
+    job without a record for so long, is sent again (a queued copy is stale at once)."""
     r = store.r
+    rabbitmq = settings.broker_is_rabbitmq
     now = store.server_time()
-    in_broker: dict[str, set[tuple[str, int]]] = {}
     sent: list[tuple[str, Part]] = []
+    unfinished: list[tuple[str, str, list[int]]] = []  # job, queue, sub-agents to look at
     for job_id in store.jobs(limit=RECENT_JOBS):
         meta = _meta(store, job_id)
         queue = meta.get("queue") or settings.queue
@@ -281,18 +290,25 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
             if store.result(job_id) is None and _send_join(store, send, queue, job_id):
                 sent.append((job_id, "join"))
             continue
-        if queue not in in_broker:
-            in_broker[queue] = subagents_in_broker(r, store.prefix, queue)
-        recorded = {int(i) for i in r.hkeys(store.key(job_id, "records"))}
-        # Parked sub-agents wait for a Message Batch, task-less on purpose: the batcher
-        # resumes them (workers/agent/batch.py).
-        recorded |= {int(i) for i in r.hkeys(store.key(job_id, "bpark"))}
         # Sub-agents the fair-share window has not published yet are not lost, only waiting.
         dispatched = FairShare.from_settings(r, settings, queue).dispatched(job_id)
-        for index in range(n if dispatched is None else min(n, dispatched)):
-            if index in recorded or (job_id, index) in in_broker[queue]:
+        waiting = set(range(n if dispatched is None else min(n, dispatched)))
+        unfinished.append((job_id, queue, sorted(waiting - _accounted_for(store, job_id))))
+    # The broker is read after each job's records and parked sub-agents and before they are
+    # read again: a sub-agent parks before its message leaves the broker, so one that parks
+    # meanwhile is seen in one of the reads, and one resumed meanwhile too unless its resume
+    # was between the parked list and the broker (a moment). A resend then costs a message:
+    # the batch turn is queued under the claim (workers/agent/batch.py), so not twice.
+    queues = {q for _, q, indexes in unfinished if indexes}
+    in_broker = {q: set() if rabbitmq else subagents_in_broker(r, store.prefix, q)
+                 for q in queues}
+    for job_id, queue, indexes in unfinished:
+        accounted = _accounted_for(store, job_id) if indexes else set()
+        for index in indexes:
+            if index in accounted or (job_id, index) in in_broker[queue]:
                 continue
-            if _running_on_a_live_worker(store, job_id, index):
+            if _on_a_live_worker(store, job_id, index, ("held", "running") if rabbitmq
+                                 else ("running",)):
                 continue  # kombu handed its message out again and a late copy acked it
             token = store.claims.takeover(job_id, index, -1, "")
             if not token or _given_up(store, job_id, index, settings.max_attempts):
@@ -303,6 +319,16 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
                 log.warning("sub-agent %s/%d: its message is gone from the broker; sent again",
                             job_id, index)
     return sent
+
+
+def _accounted_for(store: JobStore, job_id: str) -> set[int]:
+    """The job's sub-agents with a record, or parked: waiting for a Message Batch, task-less
+    on purpose (the batcher resumes them, workers/agent/batch.py)."""
+    pipe = store.r.pipeline(transaction=False)
+    pipe.hkeys(store.key(job_id, "records"))
+    pipe.hkeys(store.key(job_id, "bpark"))
+    recorded, parked = pipe.execute()
+    return {int(i) for i in [*recorded, *parked]}
 
 
 def stall_after_s(settings: Settings) -> float:
@@ -418,15 +444,17 @@ def _note_stall(store: JobStore, stalled_key: str, share: Any, now: float, held_
                     resent, handed_back)
 
 
-def _running_on_a_live_worker(store: JobStore, job_id: str, index: int) -> bool:
-    """A delivery of the sub-agent runs on a worker whose heartbeat is alive.
+def _on_a_live_worker(store: JobStore, job_id: str, index: int, states: tuple[str, ...]
+                      ) -> bool:
+    """The sub-agent's claim is in one of ``states`` on a worker whose heartbeat is alive.
 
-    Such a sub-agent is not lost even when the broker holds no message for it: a task that
-    runs past the visibility timeout is handed out again by kombu, and the late copy stops
-    and acks it. If that worker dies, the dead-worker step recovers the sub-agent."""
+    A sub-agent running there is not lost even when the Redis broker holds no message for
+    it: a task that runs past the visibility timeout is handed out again by kombu, and the
+    late copy stops and acks it. (On RabbitMQ a held one is the worker's too: prefetched, or
+    waiting out a countdown.) If that worker dies, the dead-worker step recovers it."""
     raw = store.claims.claim(job_id, index)
     _token, state, worker = ((raw or "").split("|", 2) + ["", ""])[:3]
-    return state == "running" and bool(worker) and alive(store.r, store.prefix, [worker])[worker]
+    return state in states and bool(worker) and alive(store.r, store.prefix, [worker])[worker]
 
 
 def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Part,

@@ -28,11 +28,12 @@ from drover.workers.telemetry._metrics import (
     metric,
 )
 from drover.workers.telemetry._reader import ActiveJob, TelemetryReader
-from drover.workers.telemetry._recorder import Recorder, get_recorder, register_job
+from drover.workers.telemetry._recorder import Recorder, get_recorder, register_job, use_recorder
 from drover.workers.telemetry._tracing import content_capture, enabled, ensure_tracing, tracer
 
 __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
            "ActiveJob", "Metric", "Recorder", "TelemetryReader", "acquire_wait",
            "content_capture", "enabled", "ensure_tracing", "get_recorder", "job_submitted",
            "llm_call", "metric", "register_job", "subagent_finished", "subagent_run",
-           "tenant_of", "tool_call", "tracer", "with_trace_context", "worker_started"]
+           "tenant_of", "tool_call", "tracer", "use_recorder", "with_trace_context",
+           "worker_started"]

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -39,7 +40,7 @@ import redis
 from drover.workers.telemetry._metrics import Metric, metric
 
 __all__ = ["Recorder", "field", "get_recorder", "keys", "parse_field", "parse_job",
-           "register_job"]
+           "register_job", "use_recorder"]
 
 log = logging.getLogger(__name__)
 COUNTERS_TTL_S = 7 * 24 * 3600
@@ -85,19 +86,16 @@ def _bound(value: float) -> str:
 class Recorder:
     """Counts of one process for one Redis and key prefix."""
 
-    def __init__(self, redis_url: str, prefix: str, flush_s: float,
+    def __init__(self, client: redis.Redis, prefix: str, flush_s: float,
                  keep_s: int = COUNTERS_TTL_S):
-        from drover.workers.redis_clients import sync_redis
-
         self.prefix = prefix
-        self.redis_url = redis_url
         self.keys = keys(prefix)
         self.flush_s = flush_s
         self.keep_s = keep_s  # the counters outlive an idle fleet this long (the records' TTL)
         self.pid = os.getpid()
         self.proc_id = f"{socket.gethostname()}:{self.pid}:{uuid.uuid4().hex[:6]}"
         self.node: str | None = None
-        self._client = sync_redis(redis_url)
+        self._client = client  # its own: closed with the recorder
         self._lock = threading.Lock()
         self._pending: dict[str, float] = defaultdict(float)
         self._running: dict[str, int] = defaultdict(int)
@@ -106,10 +104,6 @@ class Recorder:
         self._thread = threading.Thread(target=self._loop, name="drover-metrics", daemon=True)
         self._thread.start()
         atexit.register(self.close)
-
-    @property
-    def identity(self) -> tuple[int, str, str]:
-        return (self.pid, self.redis_url, self.prefix)
 
     # --- recording (any thread; no I/O) --------------------------------------------------
     def inc(self, name: str, labels: tuple[str, ...], value: float = 1.0) -> None:
@@ -196,25 +190,19 @@ class Recorder:
         self._client.close()
 
 
-_recorder: Recorder | None = None
-_lock = threading.Lock()
+# Where the hooks find this process's recorder: the composition root (drover.workers.services)
+# says, since it owns the recorder and telemetry must not depend on it.
+_source: Callable[[], Recorder] | None = None
+
+
+def use_recorder(source: Callable[[], Recorder]) -> None:
+    """Have the hooks count into ``source()`` (called on every count: it may change)."""
+    global _source
+    _source = source
 
 
 def get_recorder() -> Recorder:
-    """This process's recorder for the current settings (made again after a fork)."""
-    global _recorder
-    from drover.config import get_settings
-
-    settings = get_settings()
-    want = (os.getpid(), settings.redis_url, settings.key_prefix)
-    current = _recorder
-    if current is not None and current.identity == want:
-        return current
-    with _lock:
-        current = _recorder
-        if current is None or current.identity != want:
-            if current is not None and current.pid == os.getpid():
-                current.close()
-            _recorder = Recorder(settings.redis_url, settings.key_prefix,
-                                 settings.metrics_flush_s, keep_s=settings.result_ttl_s)
-        return _recorder
+    """The recorder the hooks count into (RuntimeError before ``use_recorder``)."""
+    if _source is None:
+        raise RuntimeError("no recorder: drover.workers.services was not imported")
+    return _source()

@@ -1,0 +1,127 @@
+"""What a Redis failover can lose with RabbitMQ as the broker, and the sweep's stalled-job step
+that redoes it (workers/recovery/sweep.py, step 3). RabbitMQ has acked the deliveries by then,
+so nothing in the broker will bring them back: a chord whose count failed never sends its
+join, and a sub-agent whose receipt, start and record were lost has no message left."""
+
+from __future__ import annotations
+
+import importlib
+import time
+import uuid
+
+import pytest
+
+from drover.config import load_settings
+from drover.workers.jobs.liveness import heartbeat_key
+from drover.workers.jobs.records import SubagentResult
+from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.store import JobStore
+from drover.workers.recovery.sweep import resend_lost_messages, sweep
+from drover.workers.redis_clients import sync_redis
+
+AFTER_S = 0.05  # DROVER_RESEND_AFTER_S of these tests: the job counts as stalled at once
+
+
+@pytest.fixture
+def rabbitmq_job(redis_url, key_prefix):
+    settings = load_settings(redis_url=redis_url, key_prefix=key_prefix,
+                             broker_url="amqp://guest:guest@127.0.0.1:5672/unused",
+                             resend_after_s=AFTER_S, heartbeat_s=0.1, heartbeat_ttl_s=0.5)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix)
+    job_id = uuid.uuid4().hex
+    store.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
+                 status="running", queue="q-lost")
+    store.claim_launch(job_id)
+    yield settings, store, job_id
+    store.r.close()
+
+
+def ok(job_id: str, index: int) -> SubagentResult:
+    return SubagentResult(job_id=job_id, index=index, status="ok", attempts=1, finished_at=0.0)
+
+
+def sweep_stalled(settings, store) -> list[tuple[str, int | str, int]]:
+    """Whole sweeps, as a worker's sweeper thread makes them, until one sends something (the
+    stalled-job scan runs at most once a second fleet-wide; its first look starts the wait)."""
+    sent: list[tuple[str, int | str, int]] = []
+
+    def send(queue: str, job_id: str, part: int | str, token: int) -> None:
+        assert queue == "q-lost"
+        sent.append((job_id, part, token))
+
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:
+        sweep(store, settings, send)
+        time.sleep(0.1)
+    return sent
+
+
+def test_a_job_whose_chord_failed_gets_its_join_once_every_record_is_in(rabbitmq_job):
+    settings, store, job_id = rabbitmq_job
+    assert settings.broker_is_rabbitmq
+    for index in range(3):
+        store.finish(ok(job_id, index))
+    sent = sweep_stalled(settings, store)
+    assert [(j, part) for j, part, _token in sent] == [(job_id, "join")]
+    assert store.claims.claim(job_id, "join").split("|")[1] == "sent"
+
+
+def test_a_sub_agent_that_no_live_worker_holds_is_sent_again_with_a_new_token(rabbitmq_job):
+    settings, store, job_id = rabbitmq_job
+    store.finish(ok(job_id, 0))
+    # 1: its receipt and start went with the old master; 2: held by a worker that is alive
+    live = "w-live"
+    store.r.set(heartbeat_key(store.prefix, live), "1", ex=60)
+    assert store.claims.receive(job_id, 2, 0, live) == 1
+    sent = sweep_stalled(settings, store)
+    assert [(j, part) for j, part, _token in sent] == [(job_id, 1)]
+    token = sent[0][2]
+    assert token > 0 and store.claims.claim(job_id, 1) == f"{token}|sent|"
+    # the chord's own message for 1, should RabbitMQ still hold one, is stale now
+    assert store.claims.start(job_id, 1, 0, "w-other") == -1
+
+
+def test_a_job_that_keeps_gaining_records_is_left_alone(rabbitmq_job):
+    settings, store, job_id = rabbitmq_job
+    sent: list[tuple[str, int | str, int]] = []
+    for index in range(2):
+        assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
+        time.sleep(2 * AFTER_S)
+        store.finish(ok(job_id, index))
+    assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
+    assert sent == []
+
+
+def test_a_parked_sub_agent_resumed_while_the_sweep_reads_is_not_taken_for_lost(
+        redis_url, key_prefix, monkeypatch):
+    """Redis broker: the batcher resumes a parked sub-agent (off the parked list, onto the
+    queue) right after the sweep has read the broker. It was parked when the sweep first
+    looked, so it is not lost; before, the sweep read the broker first and the parked list
+    after, found it in neither, and sent it again (a second delivery then queued the same
+    batch turn twice: 1,001 batch requests for 1,000 turns in a fresh-clone run)."""
+    # The module, not the package's ``sweep`` function of the same name.
+    sweep_module = importlib.import_module("drover.workers.recovery.sweep")
+    settings = load_settings(redis_url=redis_url, key_prefix=key_prefix,
+                             resend_after_s=AFTER_S, heartbeat_s=0.1, heartbeat_ttl_s=0.5)
+    assert not settings.broker_is_rabbitmq
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix)
+    job_id = uuid.uuid4().hex
+    store.create(job_id, JobSpec(subtasks=["a", "b"], max_tokens=16), ["a", "b"],
+                 status="running", queue="q-lost")
+    store.claim_launch(job_id)
+    parked = store.key(job_id, "bpark")
+    store.r.hset(parked, "0", "{}")  # 0 waits for its batch; 1's message is gone for good
+    read_broker = sweep_module.subagents_in_broker
+
+    def resumed_meanwhile(r, prefix, queue):  # noqa: ANN001, ANN202
+        found = read_broker(r, prefix, queue)
+        r.hdel(parked, "0")  # the batcher's resume: its message goes on the queue next
+        return found
+
+    monkeypatch.setattr(sweep_module, "subagents_in_broker", resumed_meanwhile)
+    sent: list[tuple[str, str, int | str, int]] = []
+    assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
+    time.sleep(2 * AFTER_S)  # the job gains no record for DROVER_RESEND_AFTER_S
+    resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S)
+    assert [(job_id_, part) for _queue, job_id_, part, _token in sent] == [(job_id, 1)]
+    store.r.close()
