@@ -37,9 +37,9 @@ def bodies(sim, monkeypatch) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     original = sim.engine.begin_message
 
-    def record(headers: Any, raw: bytes) -> Any:
+    def record(headers: Any, raw: bytes, *args: Any, **kwargs: Any) -> Any:
         seen.append(json.loads(raw))
-        return original(headers, raw)
+        return original(headers, raw, *args, **kwargs)
 
     monkeypatch.setattr(sim.engine, "begin_message", record)
     return seen

@@ -49,7 +49,7 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
     """Two worker processes that counted things, a scope the limiter saw, three active jobs."""
     client = sync_redis(settings.redis_url)
     for n in range(2):
-        rec = Recorder(settings.redis_url, settings.key_prefix, flush_s=3600)
+        rec = Recorder(sync_redis(settings.redis_url), settings.key_prefix, flush_s=3600)
         recorders.append(rec)
         rec.worker_ready(f"celery@host{n}")
         genai = ("chat", "anthropic", "claude-test")
@@ -240,7 +240,7 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing(settings):
 def test_a_job_on_the_simulator_counts_what_the_provider_saw(sim, worker, drover_env):
     from drover import submit
     from drover.config import get_settings
-    from drover.workers.telemetry import get_recorder
+    from drover.workers.services import services
 
     worker(concurrency=4)
     settings = get_settings()
@@ -248,14 +248,14 @@ def test_a_job_on_the_simulator_counts_what_the_provider_saw(sim, worker, drover
     subtasks = [f"Research topic {i} {uuid.uuid4().hex[:4]}" for i in range(5)]
     subtasks[2] += " [[sim:429:1]]"
     # What earlier tests ran in this process is counted before, not in, this job's figures.
-    get_recorder().flush()
+    services().recorder.flush()
     before = scrape(DroverCollector(settings, broker_queues=False))
     tokens_before = {t: _tokens(before, settings.model, t)
                      for t in ("input", "output", "cache_read", "cache_write")}
 
     result = submit(JobSpec(subtasks=subtasks, max_tokens=200)).wait(timeout=90)
     assert result.counts["ok"] == 5
-    get_recorder().flush()
+    services().recorder.flush()
     families = scrape(DroverCollector(settings, broker_queues=False))
 
     provider = sim.stats()

@@ -191,8 +191,10 @@ def test_cancelling_a_job_while_it_plans_ends_it_without_fanning_out(sim, spawn_
 def test_drover_cancel_and_watch_work_from_another_process(sim, spawn_worker, drover_env):
     sim.configure(**SLOW)
     spawn_worker(concurrency=4)
-    handle = submit(JobSpec(subtasks=[f"Assess route {i}" for i in range(40)],
-                            tools=["lookup_fact"]))
+    # One sub-agent of 40 tool turns (about 30 s of calls) keeps the job running well past the
+    # start of two CLI processes on a loaded box: 40 short ones alone had all ended by then.
+    subtasks = ["Assess route 0 [[sim:turns=40]]", *(f"Assess route {i}" for i in range(1, 40))]
+    handle = submit(JobSpec(subtasks=subtasks, tools=["lookup_fact"], max_turns=45))
     env = {**os.environ, "COLUMNS": "200"}  # os.environ holds this test's DROVER_* settings
     watch = subprocess.Popen(_cli("watch", handle.id), cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -122,7 +122,8 @@ def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(
     configure(monkeypatch, drover_env, rpm=4800)
     _fleet(spawn_worker, redis_url)
     big = submit(_jobs(400, "Summarise contract"))
-    time.sleep(6)
+    wait_until("the big job a quarter done, 300 sub-agents still to run",
+               lambda: big.progress()["ok"] >= 100, 120)
     small_at = time.time()
     small = submit(_jobs(10, "Check invoice"))
     assert cli_main(["jobs"]) == 0  # both listed, with their share and backlog
@@ -135,7 +136,7 @@ def test_a_small_job_behind_a_large_backlog_finishes_long_before_it(
     big_ends = sorted(r.finished_at for r in big_result.results)
     print(f"\nsmall job: finished {small_end - small_at:.2f} s after its submit; big job "
           f"makespan {big_result.wall_s:.1f} s")
-    # FIFO would put all ten behind the ~200 sub-agents still queued; fair share lets them
+    # FIFO would put all ten behind the ~300 sub-agents still queued; fair share lets them
     # through within a window's turn: every one of them ends before the big job's last 150.
     assert small_end < big_ends[-100]
     assert sim.stats()["rejected_429"] == 0
@@ -228,7 +229,8 @@ def test_a_tenant_token_budget_holds_its_jobs_to_it(
     # 100 sub-agents of ~100 tokens: unbudgeted they all end within a second or two; the
     # budget lets about a minute's 3000 tokens through, then 50 tokens/s.
     handle = submit(_jobs(100, "Draft reply", tenant="capped", deadline_s=4))
-    time.sleep(2)
+    wait_until("the tenant's first minute spent in part: 10 sub-agents done",
+               lambda: handle.progress()["ok"] >= 10, 30)
     assert cli_main(["jobs"]) == 0  # the tenant's row shows what it spent of its minute
     listing = capsys.readouterr().out
     result = handle.wait(timeout=60)

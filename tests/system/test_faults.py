@@ -19,6 +19,8 @@ from drover.workers.jobs.records import JobResult, SubagentResult
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, llm_scope
 from drover.workers.redis_clients import sync_redis
+from drover.workers.services import services
+from drover.workers.telemetry import TelemetryReader
 from tests.helpers import configure
 from tests.helpers.fault_tools import HANG_TIMEOUT_S
 
@@ -215,12 +217,13 @@ def test_429_529_and_5xx_are_logged_and_counted_apart(sim, drover_env, worker, c
     store = JobStore(sync_redis(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
     assert store.failed_calls(handle.id) == {"n429": 1, "n529": 1, "n5xx": 1}
 
-    # The limiter's per-second counters of the scope: 429s and 529s apart.
-    limiter = Limiter(redis.Redis.from_url(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
+    # Telemetry's calls by outcome of the scope (what drover stats and metrics show): apart.
+    services().recorder.flush()  # the in-process worker's counts, into Redis now
     scope = llm_scope(drover_env["DROVER_KEY_ALIAS"], load_settings().model)
-    rows = limiter.usage(scope, seconds=600)
-    assert sum(row["n429"] for row in rows) == 1
-    assert sum(row["n529"] for row in rows) == 1
+    reader = TelemetryReader(redis.Redis.from_url(redis_url), drover_env["DROVER_KEY_PREFIX"])
+    outcomes = {labels[1]: value for name, labels, part, value in reader.counters()
+                if name == "drover_llm_calls" and labels[0] == scope and part is None}
+    assert (outcomes.get("429"), outcomes.get("529"), outcomes.get("5xx")) == (1, 1, 1)
 
     lines = [r.getMessage() for r in caplog.records if r.name == "drover.workers.agent.llm"]
     for counter, status in (("n429", 429), ("n529", 529), ("n5xx", 500)):

@@ -219,9 +219,13 @@ def test_a_misspelt_field_in_python_names_the_closest_one():
 def test_ctrl_c_during_submit_wait_says_the_job_goes_on_and_how_to_follow_it(
         drover_env, tmp_path):
     (tmp_path / "job.json").write_text('{"subtasks": ["nobody runs this yet"]}')
+    # Ctrl-C as a terminal delivers it: SIGINT at its default in the child, which Python
+    # turns into KeyboardInterrupt. A suite started in the background (`.ci/run &`) has SIGINT
+    # ignored, children inherit that, and Python then installs no handler at all.
     proc = subprocess.Popen([drover_script(), "submit", "job.json", "--wait"], cwd=tmp_path,
                             env=user_env(drover_env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     guard = threading.Timer(BOUND_S, lambda: stop_process_group(proc, timeout=5))
     guard.start()
     try:

@@ -45,9 +45,14 @@ def test_a_cancel_mid_job_counts_the_aborted_calls_and_brackets_the_bill(
     # Every request the provider took is in the usage once: answered or unanswered.
     assert usage.calls + usage.unanswered_calls == stats["accepted"], (usage, stats["accepted"])
     assert usage.unanswered_calls >= 1, "the cancel came with calls in flight"
-    # Answered usage is the answers' own, exactly.
-    assert usage.calls == stats["by_status"].get("200", 0)
-    assert usage.output_tokens == stats["output_tokens"]
+    # Answered usage is the answers' own. A reply the simulator wrote out just as the cancel
+    # closed that connection is a 200 to it and unanswered to drover: no more than that.
+    answered_200 = stats["by_status"].get("200", 0)
+    assert usage.calls <= answered_200 <= usage.calls + usage.unanswered_calls, (
+        usage, stats["by_status"])
+    assert usage.output_tokens <= stats["output_tokens"], (usage, stats["output_tokens"])
+    if usage.calls == answered_200:
+        assert usage.output_tokens == stats["output_tokens"]
     # Answered plus the unanswered estimate brackets what the provider billed (within 10%).
     counted = usage.input_tokens + usage.output_tokens + usage.unanswered_tokens
     billed = _billed_total(stats)
@@ -135,7 +140,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     from drover.workers.agent.llm import CallContext, create_message
     from drover.workers.agent.runtime import get_runtime
     from drover.workers.limiter import Limiter, llm_scope
-    from drover.workers.telemetry._recorder import get_recorder
+    from drover.workers.services import services
     from tests.helpers.metrics import scrape, value
 
     configure(monkeypatch, drover_env, tenant_budgets=json.dumps(
@@ -184,7 +189,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     spent = sum(row["input_tokens"] for row in limiter.usage("tenant:acme:minute", 60))
     assert spent == est_in + est_out
     # The metrics: one call of outcome "unanswered", and its tokens by type.
-    get_recorder().flush()
+    services().recorder.flush()
     families = scrape(collector)
     assert value(families, "drover_llm_calls", "drover_llm_calls_total", scope=scope,
                  outcome="unanswered") == 1
