@@ -7,8 +7,10 @@ Celery broker uses a queue name of this test session's own.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -86,9 +88,9 @@ def _session_keys(redis_url: str) -> Iterator[None]:
     yield
     # An in-process worker's heartbeat would write the registry ({prefix}:workers, kept for
     # days) again after the clean-up: stop it first.
-    from drover.workers.jobs import stop_local_worker
+    from drover.workers.services import stop_worker
 
-    stop_local_worker()
+    stop_worker()
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{SESSION_PREFIX}:*", count=1000):
         client.delete(key)
@@ -123,10 +125,33 @@ def drover_env(monkeypatch: pytest.MonkeyPatch, redis_url: str,
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     get_settings.cache_clear()
-    reset_runtime()
+    _reset_runtime_loudly(reset_runtime)
     yield env
-    reset_runtime()
+    _reset_runtime_loudly(reset_runtime)
     get_settings.cache_clear()
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _reset_runtime_loudly(reset_runtime) -> None:  # noqa: ANN001
+    """A runtime whose loop did not shut down is a finding, not a passing detail: its
+    warning (with where the loop's thread stood) goes to the session's warnings summary."""
+    logger = logging.getLogger("drover.workers.agent.runtime")
+    collect = _Collect()
+    logger.addHandler(collect)
+    try:
+        reset_runtime()
+    finally:
+        logger.removeHandler(collect)
+    for message in collect.messages:
+        warnings.warn(message, stacklevel=2)
 
 
 @pytest.fixture

@@ -21,7 +21,9 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import sys
 import threading
+import traceback
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -172,7 +174,7 @@ class Runtime:
                 log.warning("cancel listener lost Redis (%s); reconnecting", type(error).__name__)
                 await asyncio.sleep(1.0)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         async def shutdown() -> None:
             self._listener.cancel()
             # Awaited, so the loop does not stop with it pending (an ERROR at exit).
@@ -183,9 +185,19 @@ class Runtime:
             await self.aredis.aclose()
 
         try:
-            self.submit(shutdown()).result(timeout=10)
+            self.submit(shutdown()).result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            # The loop is busy or blocked: stop it anyway (a process that exits or makes a new
+            # runtime must not wait on this one), and say where its thread stood.
+            log.warning("drover's event loop did not shut down within %g s; stopping it. "
+                        "Its thread was at:\n%s", timeout_s, self.loop_stack())
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def loop_stack(self) -> str:
+        """Where the loop's thread is now (for a loop that does not answer)."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
 
 
 _runtime: Runtime | None = None
@@ -204,6 +216,6 @@ def get_runtime() -> Runtime:
 def reset_runtime() -> None:
     global _runtime
     with _lock:
-        if _runtime is not None and _runtime.pid == os.getpid():
-            _runtime.close()
-        _runtime = None
+        old, _runtime = _runtime, None  # gone even if its close fails
+        if old is not None and old.pid == os.getpid():
+            old.close()
