@@ -39,6 +39,8 @@ from drover.workers.telemetry import with_trace_context
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_POLL_S = 1.0  # how long the cancel listener waits for a message before it looks again
+
 
 class Runtime:
     def __init__(self, settings: Settings):
@@ -91,6 +93,7 @@ class Runtime:
             timeout=self.settings.call_timeout_s) for k in self.settings.keys}
         ) if self.settings.pooled else None
         self._routes: dict[str, Route] = {}
+        self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
         self._ready.set_result(None)
 
@@ -156,11 +159,18 @@ class Runtime:
 
     async def _listen_for_cancels(self) -> None:
         channel = self.store.cancel_channel
-        while True:
+        while not self._closing:
+            pubsub = self.aredis.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub = self.aredis.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(channel)
-                async for message in pubsub.listen():
+                # Polled rather than ``listen()``: redis-py can swallow a task's cancel in a
+                # blocking read (redis-py#2028; seen here as a close that waited for ever), so
+                # the loop also ends by itself within a second of ``close``.
+                while not self._closing:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True,
+                                                       timeout=_POLL_S)
+                    if message is None:
+                        continue
                     job_id = message["data"]
                     job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
                     # Only jobs with work here: a sub-agent that starts later reads the cancel
@@ -173,9 +183,13 @@ class Runtime:
             except Exception as error:  # Redis went away: listen again once it is back
                 log.warning("cancel listener lost Redis (%s); reconnecting", type(error).__name__)
                 await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     def close(self, timeout_s: float = 10.0) -> None:
         async def shutdown() -> None:
+            self._closing = True
             self._listener.cancel()
             # Awaited, so the loop does not stop with it pending (an ERROR at exit).
             await asyncio.gather(self._listener, return_exceptions=True)
@@ -195,9 +209,16 @@ class Runtime:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
     def loop_stack(self) -> str:
-        """Where the loop's thread is now (for a loop that does not answer)."""
+        """Where the loop's thread is now and what its tasks await (for a loop that does not
+        answer: blocked in a call, or idle with a task waiting on something that never ends)."""
         frame = sys._current_frames().get(self._thread.ident or -1)
-        return "".join(traceback.format_stack(frame)) if frame is not None else "(not running)"
+        lines = ["".join(traceback.format_stack(frame)) if frame is not None
+                 else "(not running)\n"]
+        for task in list(asyncio.all_tasks(self.loop)):
+            lines.append(f"task {task.get_name()} awaits:\n")
+            lines.extend(traceback.format_list(traceback.extract_stack(task.get_stack()[-1]))
+                         if task.get_stack() else ["  (no frame)\n"])
+        return "".join(lines)
 
 
 _runtime: Runtime | None = None
