@@ -38,7 +38,7 @@ from drover.workers.limiter import Limiter
 from drover.workers.redis_clients import sentinel_settings, sync_redis
 from drover.workers.telemetry import Recorder, use_recorder
 
-__all__ = ["Services", "reset_services", "services", "stop_worker"]
+__all__ = ["Services", "reset_services", "services", "stop_process", "stop_worker"]
 
 T = TypeVar("T")
 
@@ -151,6 +151,18 @@ def stop_worker() -> None:
         held = _parts.pop("heartbeat", None)
         if held is not None and held[0][0] == os.getpid():
             held[1].stop()
+
+
+def stop_process() -> None:
+    """Stop what this process shares across settings: its heartbeat, then its telemetry
+    recorder (flushed). For a process that outlives the Redis they write to (``drover demo``
+    stops its own Redis before it exits: a recorder left for ``atexit`` would retry its last
+    flush against that Redis for a minute, and the heartbeat would warn meanwhile)."""
+    with _parts_lock:
+        held = [_parts.pop(name, None) for name in ("heartbeat", "recorder")]
+    for part in held:
+        if part is not None and part[0][0] == os.getpid():
+            _stop(part[1])
 
 
 _known: list[Services] = []  # this process's, newest last (a few: tests switch settings)

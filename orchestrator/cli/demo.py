@@ -80,10 +80,13 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) -> int:
     console = console or Console()
     from drover.simulator import SimConfig, SimulatorServer
+    from drover.workers.services import stop_process
 
     with contextlib.ExitStack() as stack:
         redis = _find_or_start_redis(console)
         stack.callback(redis.close)
+        # Runs just before: the worker heartbeat and the metrics recorder write to this Redis.
+        stack.callback(stop_process)
         run_id = uuid.uuid4().hex[:8]
         prefix = f"drover-demo-{run_id}"
         if redis.kind == "existing":  # runs last: after the worker and its clients are gone

@@ -113,3 +113,7 @@ def test_demo_says_the_configured_redis_did_not_answer_then_falls_back_to_fakere
     assert said < proc.stdout.find("fakeredis")  # before it starts its own
     assert _row(proc.stdout, "sub-agents ok") == "6"
     assert "Connection to Redis lost" not in proc.stderr
+    # Its heartbeat and metrics stop before its own Redis does (they used to retry against
+    # it for a minute after the report, and say so).
+    assert "Redis does not answer" not in proc.stderr, proc.stderr
+    assert "metrics not flushed" not in proc.stderr, proc.stderr
