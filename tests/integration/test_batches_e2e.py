@@ -187,6 +187,30 @@ def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(dr
     assert BatchStore(rt.store).pending_state(scope)[0] == 0
 
 
+def test_a_sub_agent_taken_over_before_its_batch_turn_is_queued_queues_nothing(
+        drover_env, monkeypatch):  # noqa: ANN001
+    """The same through ``SubagentRun``: the delivery's claim token reaches the turn's
+    checkpoint (a run that wrote it unfenced would queue the turn beside the new one's)."""
+    from drover.workers.agent import SubagentRun, get_runtime
+    from drover.workers.jobs import ClaimLost
+    from drover.workers.jobs.batches import BatchStore
+    from drover.workers.limiter import llm_scope
+
+    handle = submit(JobSpec(subtasks=["Summarise the ledger"], delivery="batch"))  # no workers
+    rt = get_runtime()
+    save_checkpoint = rt.store.save_checkpoint
+
+    def taken_over_first(job_id: str, index: int, *args: object) -> object:
+        assert rt.store.claims.takeover(job_id, index, -1, "")  # the sweep sends it again
+        return save_checkpoint(job_id, index, *args)
+
+    monkeypatch.setattr(rt.store, "save_checkpoint", taken_over_first)
+    with pytest.raises(ClaimLost):
+        rt.run(SubagentRun(rt, handle.id, 0).run())
+    scope = llm_scope(rt.settings.key_alias, rt.settings.model)
+    assert BatchStore(rt.store).pending_state(scope)[0] == 0
+
+
 def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the_same_slots(
         sim, spawn_worker, batch_env):  # noqa: ANN001
     """The issue's proof: 500 sub-agents, two turns each, every turn by batch; a realtime
