@@ -28,6 +28,10 @@ _HELP = {
     "inject_429_rate": "fraction answered 429 even when the bucket has room",
     "latency_mean_s": "mean latency of a successful answer (lognormal)",
     "latency_p95_s": "95th percentile latency",
+    "output_tokens_per_s": "generation speed: output tokens a second (0 = instant)",
+    "ttft_s": "time to first token, on top of the latency",
+    "output_share_min": "a text answer's length as a share of max_tokens, at least (0: off)",
+    "output_share_max": "a text answer's length as a share of max_tokens, at most (0: off)",
 }
 
 

@@ -68,6 +68,17 @@ class SimConfig:
     latency_mean_s: float = 0.0
     latency_p95_s: float = 0.0
     output_tokens_mean: int = 200
+    # --- generation physics: how long an answer takes (both paths; streams pace their events)
+    # Output tokens generated per second once the first token is out; 0 = instantly (the
+    # default, so tests that do not ask for physics stay fast). A reply of N output tokens
+    # then takes latency + ttft_s + N / output_tokens_per_s.
+    output_tokens_per_s: float = 0.0
+    # Time to first token, after admission (on top of the latency draw).
+    ttft_s: float = 0.0
+    # Answers of a chosen share of max_tokens: a final text answer's length is drawn within
+    # [output_share_min, output_share_max] x max_tokens (both 0: output_tokens_mean rules).
+    output_share_min: float = 0.0
+    output_share_max: float = 0.0
     tool_turns: int = 2
     tools_per_turn: int = 2
     plan_items: int = 6
@@ -118,6 +129,11 @@ class SimConfig:
             raise ValueError("inject_429_retry_after must be >= 0")
         if self.latency_mean_s < 0 or self.latency_p95_s < 0:
             raise ValueError("latency_mean_s and latency_p95_s must be >= 0")
+        if self.output_tokens_per_s < 0 or self.ttft_s < 0:
+            raise ValueError("output_tokens_per_s and ttft_s must be >= 0")
+        if not 0.0 <= self.output_share_min <= self.output_share_max <= 1.0:
+            raise ValueError("output shares must satisfy 0 <= output_share_min <= "
+                             "output_share_max <= 1")
         if self.output_tokens_mean < 1:
             raise ValueError("output_tokens_mean must be >= 1")
         if self.tool_turns < 0:
@@ -175,7 +191,8 @@ _INT_OR_NONE = {"batch_queue_cap"}
 _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_429_rate",
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
            "batch_expires_s", "batch_errored_rate", "batch_expired_rate",
-           "batch_create_delay_s"}
+           "batch_create_delay_s", "output_tokens_per_s", "ttft_s", "output_share_min",
+           "output_share_max"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
          "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
 _BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop", "refuse_oversized"}

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import generate, responses, triggers
+from . import generate, responses, streaming, triggers
 from .buckets import KeyBuckets, NestedBuckets, Rejection
 from .cache import PromptCache
 from .config import LIMIT_FIELDS, SimConfig
@@ -32,6 +32,9 @@ from .tokens import REQUEST_OVERHEAD, cacheable_prefix, count_text, prefix_key_m
 from .validation import InvalidRequest, validate
 
 _JSON = "application/json"
+# Triggers that hold for a body's first attempt only: cut its stream after N events (by a
+# dropped connection, or an overloaded_error event), or stall S seconds before its first token.
+_FIRST_ONLY = frozenset({"cut", "cut_error", "stall"})
 _RATE_LIMIT_DOCS = ("For details, refer to: https://docs.claude.com/en/api/rate-limits. "
                     "You can see the response headers for current usage.")
 
@@ -45,10 +48,28 @@ class Reply:
 
 @dataclass(slots=True)
 class Pending:
-    """An admitted request: sleep `delay` seconds, then call `finish()` for the reply."""
+    """An admitted request: sleep `delay` seconds, then call `finish()` for the reply.
+
+    A streamed one (``stream`` set) is sent as ``stream.events`` instead, paced by the server
+    (simulator/server.py), which calls ``stream.close`` with what it sent."""
     delay: float
     finish: Callable[[], Reply]
     output_tokens: int = 0  # the reply's, for a client that left before it was sent
+    stream: Streamed | None = None
+
+
+@dataclass(slots=True)
+class Streamed:
+    """A reply sent as server-sent events: headers now, the first token ``first_s`` after
+    admission, then ``tokens_per_s`` (0: at once); cut after ``cut_after`` events (None:
+    never) by dropping the connection (``cut_mode`` "drop") or an ``error`` event ("error")."""
+    headers: dict[str, str]
+    events: list[streaming.Event]
+    first_s: float
+    tokens_per_s: float
+    close: Callable[[int, str], None]  # (output tokens generated, "done"|"cut"|"abandoned")
+    cut_after: int | None = None
+    cut_mode: str = "drop"
 
 
 def canonical_digest(body: dict[str, Any]) -> bytes:
@@ -271,7 +292,8 @@ class Engine:
         digest = canonical_digest(body)
 
         found = triggers.find(messages) if triggers.MARKER in raw else []
-        counted_fault = any(t.arg and t.name in ("529", "500", "429") for t in found)
+        counted_fault = any(t.arg and t.name in ("529", "500", "429") or t.name in _FIRST_ONLY
+                            for t in found)
         random_faults = cfg.overload_rate > 0 or cfg.error_5xx_rate > 0 or cfg.inject_429_rate > 0
         attempt = 0
         if counted_fault or random_faults:
@@ -279,9 +301,17 @@ class Engine:
             self._attempts[digest] = attempt
 
         tool_trigger: str | None = None
+        first_only: dict[str, float] = {}
         for trig in found:
             if trig.name == "tool":
                 tool_trigger = trig.arg or tool_trigger
+                continue
+            if trig.name in _FIRST_ONLY:
+                try:
+                    if attempt == 1:
+                        first_only[trig.name] = float(trig.arg or 0)
+                except ValueError:
+                    pass
                 continue
             if trig.name in ("529", "500", "429") and trig.arg:
                 try:
@@ -353,6 +383,32 @@ class Engine:
             mu, sigma = lognormal_params(cfg.latency_mean_s, cfg.latency_p95_s)
             latency_rng = fault_rng or random.Random(_seed(cfg.seed, digest, "latency"))
             delay = latency_rng.lognormvariate(mu, sigma) if sigma > 0 else math.exp(mu)
+        # The physics: the first token after ttft_s, then the rest at output_tokens_per_s.
+        first_s = delay + cfg.ttft_s + first_only.get("stall", 0.0)
+        tps = cfg.output_tokens_per_s
+        out_tokens = generated.output_tokens
+
+        if body.get("stream") is True:
+            self.stats.streams += 1
+
+            def close(sent_tokens: int, how: str) -> None:
+                done = time.monotonic()
+                buckets.settle_output(sent_tokens, max_tokens, done)
+                self.stats.stream_closed(done, out_tokens, sent_tokens, how)
+
+            chunk = max(3, math.ceil(tps * 0.1)) if tps > 0 else 256
+            cut = first_only.get("cut_error", first_only.get("cut"))
+            streamed = Streamed(self._headers(req_id, buckets, now) | {
+                "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
+                streaming.events(model, generated.content, generated.stop_reason, usage, chunk),
+                first_s, tps, close, None if cut is None else max(1, int(cut)),
+                "error" if "cut_error" in first_only else "drop")
+            return Pending(0.0, lambda: Reply(500, b"", {}), out_tokens, streamed)
+
+        if tps > 0:
+            delay = first_s + out_tokens / tps
+        else:
+            delay = first_s
 
         def finish() -> Reply:
             done = time.monotonic()
@@ -404,10 +460,27 @@ class Engine:
     def _generate(self, body: dict[str, Any], digest: bytes, rng: random.Random,
                   tool_trigger: str | None, knobs: dict[str, int] | None = None
                   ) -> generate.Generated:
+        """The reply; with extended thinking on, a thinking block first (its tokens are
+        output tokens, within max_tokens), then the answer in what is left."""
+        thinking = body.get("thinking")
+        if not (isinstance(thinking, dict) and thinking.get("type") == "enabled"):
+            return self._answer(body, digest, rng, tool_trigger, knobs, body["max_tokens"])
+        budget = int(thinking["budget_tokens"])
+        block = generate.thinking_block(generate.task_words(body["messages"]),
+                                        rng.randint(max(1, budget // 8), max(1, budget // 4)),
+                                        rng)
+        spent = count_text(block["thinking"])
+        answer = self._answer(body, digest, rng, tool_trigger, knobs,
+                              max(1, body["max_tokens"] - spent))
+        return generate.Generated([block, *answer.content], answer.stop_reason,
+                                  spent + answer.output_tokens)
+
+    def _answer(self, body: dict[str, Any], digest: bytes, rng: random.Random,
+                tool_trigger: str | None, knobs: dict[str, int] | None,
+                max_tokens: int) -> generate.Generated:
         cfg = self.config
         knobs = knobs or {}
         messages = body["messages"]
-        max_tokens = body["max_tokens"]
         tools: list[dict[str, Any]] = body.get("tools") or []
         choice: dict[str, Any] = body.get("tool_choice") or {"type": "auto"}
         turn = sum(1 for m in messages if m.get("role") == "assistant")
@@ -425,6 +498,9 @@ class Engine:
                                       cfg.plan_items, rng)
         mean = max(1, knobs.get("out", cfg.output_tokens_mean))
         target = rng.randint(max(1, mean // 2), max(1, mean + mean // 2))
+        if cfg.output_share_max > 0 and "out" not in knobs:  # a share of max_tokens
+            target = max(1, round(rng.uniform(cfg.output_share_min, cfg.output_share_max)
+                                  * body["max_tokens"]))
         text, capped = generate.text_reply(task, target, max_tokens, rng)
         return generate.Generated([{"type": "text", "text": text}],
                                   "max_tokens" if capped else "end_turn", count_text(text))

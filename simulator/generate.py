@@ -93,6 +93,18 @@ def text_reply(task: str, target: int, max_tokens: int, rng: random.Random) -> t
     return " ".join(pieces), capped
 
 
+def signature(thinking: str) -> str:
+    """The thinking block's signature: the request that passes the block back must carry it
+    unchanged (simulator/validation.py checks it, as the API does)."""
+    return "sig_" + hashlib.sha256(thinking.encode()).hexdigest()[:40]
+
+
+def thinking_block(task: str, target: int, rng: random.Random) -> dict[str, Any]:
+    """A thinking block of about ``target`` tokens, signed."""
+    text, _ = text_reply(f"considering {task}", target, target, rng)
+    return {"type": "thinking", "thinking": text, "signature": signature(text)}
+
+
 class _Counter:
     __slots__ = ("n",)
 

@@ -13,7 +13,8 @@ from aiohttp import web
 from . import arrival
 from .batches import Batches
 from .config import SimConfig
-from .engine import Engine, Pending, Reply
+from .engine import Engine, Pending, Reply, Streamed
+from .streaming import error_frame
 from .responses import error_body, json_body, request_id
 
 ENGINE_KEY = web.AppKey("engine", Engine)
@@ -35,6 +36,9 @@ async def _messages(request: web.Request) -> web.Response:
     status = 500
     try:
         outcome = engine.begin_message(request.headers, raw, arrived)
+        if isinstance(outcome, Pending) and outcome.stream is not None:
+            status = 200
+            return await _stream(request, outcome.stream)
         if isinstance(outcome, Pending):
             if outcome.delay > 0:
                 await asyncio.sleep(outcome.delay)
@@ -50,6 +54,71 @@ async def _messages(request: web.Request) -> web.Response:
         return _response(outcome)
     finally:
         engine.leave(status)
+
+
+def _gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def _sleep_until(request: web.Request, due: float) -> bool:
+    """Sleep until ``due`` (monotonic) in short steps; False as soon as the client is gone
+    (aiohttp does not cancel a handler whose client left, so it is looked at)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        if _gone(request):
+            return False
+        left = due - loop.time()
+        if left <= 0:
+            return True
+        await asyncio.sleep(min(left, 0.05))
+
+
+async def _stream(request: web.Request, streamed: Streamed) -> web.StreamResponse:
+    """Send a streamed reply's events at their pace: the first token ``first_s`` after
+    admission, then ``tokens_per_s``; end it early as its fault says, or when the client
+    leaves. Whatever ended it, the tokens generated until then are billed (``close``)."""
+    loop = asyncio.get_running_loop()
+    response = web.StreamResponse(status=200, headers=streamed.headers)
+    sent_tokens, how = 0, "abandoned"
+    try:
+        await response.prepare(request)
+        start = loop.time()
+        first = start + streamed.first_s
+        events = streamed.events
+        i = 0
+        while i < len(events):
+            if streamed.cut_after is not None and i >= streamed.cut_after:
+                how = "cut"
+                if streamed.cut_mode == "error":
+                    await response.write(error_frame("overloaded_error", "Overloaded"))
+                if request.transport is not None:
+                    request.transport.close()  # the connection drops mid-answer
+                return response
+            event = events[i]
+            if i >= 2:  # message_start and its ping go out at once; content from first_s
+                due = first + (event.tokens / streamed.tokens_per_s
+                               if streamed.tokens_per_s > 0 else 0.0)
+                if not await _sleep_until(request, due):
+                    return response
+            # Events due at once go out in one write (an instant answer is three writes).
+            j = i + 1
+            limit = len(events) if streamed.cut_after is None else streamed.cut_after
+            if i >= 2:
+                while j < limit and (streamed.tokens_per_s <= 0
+                                     or events[j].tokens == event.tokens):
+                    j += 1
+            chunk = [e.data for e in events[i:j]]
+            await response.write(b"".join(chunk))
+            sent_tokens = events[j - 1].tokens
+            i = j
+        how = "done"
+        await response.write_eof()
+        return response
+    except ConnectionError:  # the client left mid-write
+        how = "abandoned"
+        return response
+    finally:
+        streamed.close(sent_tokens, how)
 
 
 async def _count_tokens(request: web.Request) -> web.Response:

@@ -60,6 +60,10 @@ class SimStats:
         self.in_flight = 0
         self.max_in_flight = 0
         self.aborted = 0  # admitted requests whose client left before the reply
+        # Streamed replies: begun, cut by a fault, left by their client before the end.
+        self.streams = 0
+        self.streams_cut = 0
+        self.streams_abandoned = 0
         self.duplicate_accepted = 0
         self.per_key: dict[str, dict[str, int]] = {}  # a pool's keys, by alias
         self._key_windows: dict[str, tuple[SlidingMax, SlidingMax]] = {}
@@ -129,6 +133,17 @@ class SimStats:
         self.aborted += 1
         self.output_tokens -= output_tokens
 
+    def stream_closed(self, now: float, total: int, sent: int, how: str) -> None:
+        """A streamed reply ended: ``done``, ``cut`` (a fault) or ``abandoned`` (its client
+        closed it). What was generated until then is billed and counted; the rest of the
+        answer never was (closing the stream stops the bill)."""
+        self.generated(now, sent)
+        self.billed_output_tokens -= total - sent
+        if how == "cut":
+            self.streams_cut += 1
+        elif how == "abandoned":
+            self.streams_abandoned += 1
+
     def key_event(self, alias: str, kind: str, *, level: str | None = None,
                   now: float | None = None, input_tokens: int = 0) -> None:
         """A pool key's own counts: accepted (with its 60 s windows), n429 (by level), n401."""
@@ -181,6 +196,8 @@ class SimStats:
             "limits": limits,
             "in_flight": self.in_flight,
             "aborted": self.aborted,
+            "streams": {"begun": self.streams, "cut": self.streams_cut,
+                        "abandoned": self.streams_abandoned},
             "max_in_flight": self.max_in_flight,
             "duplicate_accepted": self.duplicate_accepted,
             "first_accept_ts": self.first_accept_ts,

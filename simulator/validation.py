@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .generate import signature
+
 
 class InvalidRequest(Exception):
     """A 400 invalid_request_error."""
@@ -35,6 +37,45 @@ def validate(body: Any, *, need_max_tokens: bool = True) -> None:
     tool_names = _validate_tools(body.get("tools"))
     _validate_tool_choice(body.get("tool_choice"), tool_names)
     _validate_messages(body.get("messages"))
+    _validate_thinking(body)
+
+
+def _validate_thinking(body: dict[str, Any]) -> None:
+    """Extended thinking: a budget of at least 1024 below max_tokens; with it on, the last
+    assistant turn (a tool turn being answered) passes its thinking block back first, with
+    its signature unchanged."""
+    thinking = body.get("thinking")
+    if thinking is None or (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
+        return
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        raise InvalidRequest("thinking: Input should be {\"type\": \"enabled\", "
+                             "\"budget_tokens\": N} or {\"type\": \"disabled\"}")
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
+        raise InvalidRequest("thinking.enabled.budget_tokens: Input should be greater than or "
+                             "equal to 1024")
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, int) and budget >= max_tokens:
+        raise InvalidRequest("`max_tokens` must be greater than `thinking.budget_tokens`")
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else None
+    prior = messages[-2] if len(messages) >= 2 else None
+    if not (isinstance(last, dict) and isinstance(prior, dict)
+            and prior.get("role") == "assistant" and isinstance(prior.get("content"), list)):
+        return
+    blocks = prior["content"]
+    if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in blocks):
+        return
+    first = blocks[0] if blocks else {}
+    if first.get("type") not in ("thinking", "redacted_thinking"):
+        raise InvalidRequest(
+            f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or "
+            f"`redacted_thinking`, but found `{first.get('type')}`. When `thinking` is "
+            "enabled, a final `assistant` message must start with a thinking block.")
+    if first.get("type") == "thinking" and first.get("signature") != signature(
+            str(first.get("thinking", ""))):
+        raise InvalidRequest(f"messages.{len(messages) - 2}.content.0: Invalid `signature` in "
+                             "`thinking` block")
 
 
 def _validate_system(system: Any) -> None:

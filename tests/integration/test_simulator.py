@@ -561,3 +561,145 @@ def test_a_request_is_judged_when_it_arrived_not_when_a_starved_loop_reads_it(si
         ask(client, "second")
     stats = sim.stats()
     assert (stats["accepted"], stats["rejected_429"]) == (1, 1)
+
+
+# -- streaming and generation physics -------------------------------------------------------
+
+THINKING = {"type": "enabled", "budget_tokens": 2048}
+
+
+def _streamed(client: anthropic.Anthropic, **kwargs: Any
+              ) -> tuple[list[str], anthropic.types.Message, float, float]:
+    """The event types of one ``messages.stream``, its final message, and (monotonic) when
+    the first content delta and the end arrived, counted from the call."""
+    import time
+    kinds: list[str] = []
+    start = time.monotonic()
+    first = 0.0
+    with client.messages.stream(**kwargs) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "content_block_delta" and not first:
+                first = time.monotonic() - start
+        message = stream.get_final_message()
+    return kinds, message, first, time.monotonic() - start
+
+
+def test_the_sdks_stream_parses_text_tool_use_and_thinking_events(sim: SimulatorServer) -> None:
+    client = client_for(sim)
+    kinds, text, _, _ = _streamed(client, model=MODEL, max_tokens=400,
+                                  messages=[{"role": "user", "content": "Summarise risk"}])
+    assert kinds[0] == "message_start" and "message_stop" in kinds
+    assert {"content_block_start", "content_block_delta", "content_block_stop",
+            "message_delta", "text"} <= set(kinds)
+    plain = ask(client, "Summarise risk", max_tokens=400)
+    assert text.content[0].text == plain.content[0].text  # the same answer, streamed
+    assert text.usage.output_tokens == plain.usage.output_tokens == count_text(
+        text.content[0].text)
+
+    kinds, turn, _, _ = _streamed(client, model=MODEL, max_tokens=4000, tools=TOOLS,
+                                  thinking=THINKING,
+                                  messages=[{"role": "user", "content": "Research ACME"}])
+    assert [b.type for b in turn.content][0] == "thinking" and turn.stop_reason == "tool_use"
+    assert {"thinking", "signature", "input_json"} <= set(kinds)
+    uses = [b for b in turn.content if b.type == "tool_use"]
+    assert uses and all(set(b.input) >= {"query", "max_results"} or "symbol" in b.input
+                        for b in uses)
+    thinking_tokens = count_text(turn.content[0].thinking)
+    assert turn.usage.output_tokens > thinking_tokens  # thinking counts as output
+    # The tool turn answered with the thinking block passed back unchanged is accepted ...
+    history = [{"role": "user", "content": "Research ACME"},
+               {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                                 for b in turn.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id,
+                                             "content": "ok"} for b in uses]}]
+    _, after, _, _ = _streamed(client, model=MODEL, max_tokens=4000, tools=TOOLS,
+                               thinking=THINKING, messages=history)
+    assert after.content[0].type == "thinking"
+    # ... and refused when the thinking block is dropped or altered, as the API does.
+    for blocks in ([b for b in history[1]["content"] if b["type"] != "thinking"],
+                   [{**history[1]["content"][0], "thinking": "edited"},
+                    *history[1]["content"][1:]]):
+        with pytest.raises(anthropic.BadRequestError, match="thinking"):
+            client.messages.create(model=MODEL, max_tokens=4000, tools=TOOLS,
+                                   thinking=THINKING, messages=[history[0], {
+                                       "role": "assistant", "content": blocks}, history[2]])
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        ask(client, "x", max_tokens=2000, thinking=THINKING)
+    assert sim.stats()["streams"] == {"begun": 3, "cut": 0, "abandoned": 0}
+
+
+def test_generation_time_grows_with_the_answer(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
+    tps, ttft = 4000.0, 0.05
+    sim = sim_factory(output_tokens_per_s=tps, ttft_s=ttft)
+    client = client_for(sim)
+    _, short, short_first, short_s = _streamed(client, model=MODEL, max_tokens=8000, messages=[
+        {"role": "user", "content": "brief [[sim:out=100]]"}])
+    _, long, long_first, long_s = _streamed(client, model=MODEL, max_tokens=8000, messages=[
+        {"role": "user", "content": "report [[sim:out=6000]]"}])
+    assert long.usage.output_tokens > 20 * short.usage.output_tokens
+    # Lower bounds only (physics, not load): the first token after ttft, the end after the
+    # answer's generation time; the long answer takes longer than the short one.
+    assert short_first >= ttft and long_first >= ttft
+    assert long_s >= ttft + long.usage.output_tokens / tps
+    assert long_s > short_s
+    # The non-streaming path keeps the same physics.
+    import time
+    start = time.monotonic()
+    plain = ask(client, "report [[sim:out=6000]]", max_tokens=8000)
+    assert time.monotonic() - start >= ttft + plain.usage.output_tokens / tps
+
+
+def test_answers_use_the_chosen_share_of_max_tokens(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
+    sim = sim_factory(output_share_min=0.6, output_share_max=1.0)
+    client = client_for(sim)
+    outs = [ask(client, f"report {i}", max_tokens=2000).usage.output_tokens for i in range(8)]
+    assert all(1100 <= n <= 2000 for n in outs), outs
+
+
+@pytest.mark.parametrize("trigger,error", [("cut", anthropic.APIConnectionError),
+                                           ("cut_error", anthropic.APIStatusError)])
+def test_a_stream_cut_after_n_events_is_billed_what_it_generated_then_recovers(
+        sim: SimulatorServer, trigger: str, error: type[Exception]) -> None:
+    client = client_for(sim)
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 4000, "messages": [
+        {"role": "user", "content": f"long report [[sim:out=2000]] [[sim:{trigger}=6]]"}]}
+    seen: list[str] = []
+    with pytest.raises(error) as raised:
+        with client.messages.stream(**body) as stream:
+            for event in stream:
+                seen.append(event.type)
+    if trigger == "cut_error":
+        assert "overloaded_error" in str(raised.value)
+    assert "message_stop" not in seen and "message_delta" not in seen
+    cut = sim.stats()
+    assert cut["streams"]["cut"] == 1
+    assert 0 < cut["billed"]["output_tokens"] < 2000 // 2  # billed what it generated
+    _, again, _, _ = _streamed(client, **body)  # the retry of the same body goes through
+    after = sim.stats()
+    assert after["streams"] == {"begun": 2, "cut": 1, "abandoned": 0}
+    assert after["billed"]["output_tokens"] == cut["billed"]["output_tokens"] + \
+        again.usage.output_tokens
+    assert after["duplicate_accepted"] == 1
+
+
+def test_a_stream_closed_by_its_client_stops_the_bill(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
+    import time
+    sim = sim_factory(output_tokens_per_s=2000.0)
+    client = client_for(sim)
+    with client.messages.stream(model=MODEL, max_tokens=8000, messages=[
+            {"role": "user", "content": "report [[sim:out=6000]]"}]) as stream:
+        for event in stream:
+            if event.type == "text":
+                break  # the client leaves after its first text
+    for _ in range(200):  # the server notices within its 50 ms step
+        snap = sim.stats()
+        if snap["in_flight"] == 0:
+            break
+        time.sleep(0.05)
+    assert snap["in_flight"] == 0
+    assert snap["streams"]["abandoned"] == 1
+    assert 0 < snap["billed"]["output_tokens"] < 3000
