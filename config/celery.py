@@ -28,6 +28,7 @@ from typing import Any
 
 from drover.config.sentinel import is_sentinel
 from drover.config.settings import Settings
+from drover.config.sockets import keepalive_options, redis_socket_options
 
 
 def restore_interval_s(settings: Settings) -> int:
@@ -40,13 +41,32 @@ def restore_interval_s(settings: Settings) -> int:
     return max(1, min(10, settings.visibility_timeout_s // 10))
 
 
-def rabbitmq_config() -> dict[str, Any]:
+def rabbitmq_config(settings: Settings) -> dict[str, Any]:
+    """A connection that goes silent (no FIN, no RST) is noticed by the AMQP heartbeat on the
+    consumer's (two missed: closed, a new one made; RabbitMQ's side misses them too and puts
+    the messages it had delivered without an ack back in the queue) and by the socket's read
+    and write timeouts on a publisher's (a publish waiting for its confirm gives up, and
+    Celery's publish retry sends it again on a new connection)."""
     return {
-        "broker_transport_options": {"confirm_publish": True},
+        "broker_transport_options": {
+            "confirm_publish": True,
+            # py-amqp's socket options (SO_RCVTIMEO/SO_SNDTIMEO, TCP keepalive timings).
+            "read_timeout": settings.socket_timeout_s,
+            "write_timeout": settings.socket_timeout_s,
+            "socket_settings": keepalive_options(settings.keepalive_s),
+        },
         "task_default_delivery_mode": "persistent",
         # A killed worker's connection is noticed within seconds, not minutes.
-        "broker_heartbeat": 10,
+        "broker_heartbeat": settings.broker_heartbeat_s,
     }
+
+
+def redis_broker_timeouts(settings: Settings) -> dict[str, Any]:
+    """Kombu's Redis transport options against a connection that goes silent: a timeout on
+    every command (a publish, an ack; longer than its BRPOP's 1 s block), keepalive, and
+    kombu's own check of the consumer's BRPOP and pub/sub connections every
+    ``health_check_interval``, which drops one whose reply is overdue by that much."""
+    return {**redis_socket_options(settings), "retry_on_timeout": True}
 
 
 SENTINEL_TRANSPORT = "drover.workers.sentinel_transport:Transport"
@@ -69,9 +89,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "unacked_restore_throttle": 1,
         # A key prefix of our own keeps tests and several deployments apart on one Redis.
         "global_keyprefix": f"{settings.key_prefix}:celery:",
-        "socket_connect_timeout": 5,
-        "retry_on_timeout": True,
-        "health_check_interval": 10,
+        **redis_broker_timeouts(settings),
     }
     backend_transport: dict[str, Any] = {"global_keyprefix": f"{settings.key_prefix}:celery:"}
     sentinel_broker = is_sentinel(settings.broker)
@@ -108,7 +126,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                                       "interval_step": 0.5, "interval_max": 2},
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
-        "redis_backend_health_check_interval": 10,
+        # The result backend's Redis: the same timeouts (its keepalive takes the system's
+        # timings: Celery has no setting for them).
+        "redis_socket_timeout": settings.socket_timeout_s,
+        "redis_socket_connect_timeout": redis_socket_options(settings)["socket_connect_timeout"],
+        "redis_backend_health_check_interval": settings.health_check_s,
         "redis_retry_on_timeout": True,
         "redis_socket_keepalive": True,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
@@ -119,5 +141,5 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # failover (drover/workers/sentinel_transport.py says why).
         config["broker_transport"] = SENTINEL_TRANSPORT
     if settings.broker_is_rabbitmq:
-        config.update(rabbitmq_config())
+        config.update(rabbitmq_config(settings))
     return config

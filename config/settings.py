@@ -352,6 +352,30 @@ class Settings(BaseSettings):
         "the broker. Keep it below the platform's own grace (docker stop: 10 s; Kubernetes: "
         "30 s).")
 
+    # --- connections that go silent (drover/workers/redis_clients.py, config/celery.py) ----
+    socket_timeout_s: float = Field(
+        default=10.0, ge=2, le=300,
+        description="Every Redis command (drover's clients, the Celery broker and result "
+        "backend) and every RabbitMQ read or write waits this long for its peer: a connection "
+        "that went silent (a managed failover, a NAT or load balancer that dropped its state, "
+        "with no FIN or RST) is then dropped and a new one made, and the command is retried "
+        "as after a Redis restart. Longer than any blocking read drover makes (1 s).")
+    keepalive_s: float = Field(
+        default=5.0, ge=1, le=600,
+        description="TCP keepalive on every Redis and broker connection: the kernel probes a "
+        "connection idle this long, every third of it, and closes it after 3 unanswered "
+        "probes (a peer gone from the network is noticed in about twice this).")
+    health_check_s: float = Field(
+        default=5.0, ge=1, le=300,
+        description="A Redis connection idle this long is checked with a PING before it is "
+        "used; Celery's long-lived broker connections (the consumer's BRPOP, pub/sub) are "
+        "checked this often and dropped once a reply is overdue by this much.")
+    broker_heartbeat_s: float = Field(
+        default=10.0, ge=1, le=600,
+        description="RabbitMQ only: the AMQP heartbeat. A connection that carries no frame for "
+        "two of these is closed by either side and a new one made; the messages it had "
+        "delivered without an ack go back to the queue.")
+
     # --- the agent runtime --------------------------------------------------------------
     max_turns: int = Field(
         default=8, ge=1, description="LLM turns per sub-agent (a job may set its own).")

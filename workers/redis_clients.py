@@ -18,6 +18,16 @@ takes the plain-URL path: the dropped connection is retried and the name resolve
 Every client retries a dropped connection for about a minute (exponential backoff capped at
 2 s) before an error reaches the caller: longer than Sentinel's detection plus promotion
 (``down-after-milliseconds`` + a few seconds) and a restart from the AOF.
+
+A connection can also die without closing: a managed failover or a NAT that drops its state
+leaves it open with nothing coming back (no FIN, no RST), while new connections work. Every
+client here therefore has a timeout on every command and read (``DROVER_SOCKET_TIMEOUT_S``,
+longer than the longest blocking read drover makes: XREAD's 0.5 s, the cancel listener's 1 s
+poll), TCP keepalive with short timings (``DROVER_KEEPALIVE_S``) and a PING before a
+connection idle for ``DROVER_HEALTH_CHECK_S`` is used. A command that times out drops its
+connection (redis-py disconnects it) and is retried on a new one like a command cut by a
+restart: it may have run, and what depends on that is already guarded for a restart (claims
+with fencing tokens, the records' once-only rule, the limiter's leases that expire).
 """
 
 from __future__ import annotations
@@ -33,14 +43,14 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
+from drover.config.sockets import redis_socket_options
 
-__all__ = ["REDIS_RETRIES", "SentinelConnection", "SentinelTarget", "async_redis", "is_sentinel",
-           "parse_sentinel", "sentinel_for", "sentinel_settings", "sync_redis"]
+__all__ = ["REDIS_RETRIES", "SentinelConnection", "SentinelTarget", "async_redis",
+           "client_settings", "is_sentinel", "parse_sentinel",
+           "sentinel_for", "sentinel_settings", "sync_redis"]
 
 REDIS_RETRIES = 40
 _RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
-_CLIENT_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 10}
 
 
 def sentinel_settings(settings: Any) -> dict[str, str | None]:
@@ -48,6 +58,12 @@ def sentinel_settings(settings: Any) -> dict[str, str | None]:
     password = settings.sentinel_password
     return {"master": settings.sentinel_master,
             "sentinel_password": password.get_secret_value() if password else None}
+
+
+def client_settings(settings: Any, **overrides: Any) -> dict[str, Any]:
+    """Everything of drover's settings the factories take (the Sentinel master and password,
+    the socket options), with ``overrides`` on top."""
+    return {**sentinel_settings(settings), **redis_socket_options(settings), **overrides}
 
 
 def _target(url: str, master: str | None, sentinel_password: str | None) -> SentinelTarget:
@@ -79,7 +95,7 @@ def sync_redis(url: str, *, master: str | None = None, sentinel_password: str | 
     """A client for ``url`` (a Redis URL or a Sentinel list) that rides out a restart or a
     failover. Without ``master`` a Sentinel list takes DROVER_SENTINEL_MASTER; ``retries``
     False makes one attempt (first contact); ``options`` override the socket options."""
-    settings: dict[str, Any] = {**_CLIENT_OPTIONS, **options}
+    settings: dict[str, Any] = {**redis_socket_options(), **options}
     retry = _retry() if retries else Retry(NoBackoff(), 0)
     if not is_sentinel(url):
         return redis.Redis.from_url(url, retry=retry, retry_on_error=_RETRY_ON, **settings)
@@ -129,7 +145,7 @@ def async_redis(url: str, *, master: str | None = None,
                 sentinel_password: str | None = None, **options: Any) -> aioredis.Redis:
     """The asyncio twin of ``sync_redis`` (redis.asyncio needs its own Retry class: handed the
     sync one, it gives up at once)."""
-    settings: dict[str, Any] = {**_CLIENT_OPTIONS, **options}
+    settings: dict[str, Any] = {**redis_socket_options(), **options}
     retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), REDIS_RETRIES)
     if not is_sentinel(url):
         return aioredis.Redis.from_url(url, retry=retry, retry_on_error=_RETRY_ON, **settings)

@@ -35,7 +35,7 @@ from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter
-from drover.workers.redis_clients import sentinel_settings, sync_redis
+from drover.workers.redis_clients import client_settings, sync_redis
 from drover.workers.telemetry import Recorder, use_recorder
 
 __all__ = ["Services", "reset_services", "services", "stop_process", "stop_worker"]
@@ -62,7 +62,7 @@ class Services:
     @cached_property
     def redis(self) -> redis.Redis:
         """The process's client for ``DROVER_REDIS_URL`` (a pool: safe across threads)."""
-        return sync_redis(self.settings.redis_url, **sentinel_settings(self.settings))
+        return sync_redis(self.settings.redis_url, **client_settings(self.settings))
 
     @cached_property
     def store(self) -> JobStore:
@@ -99,7 +99,7 @@ class Services:
         Redis every DROVER_METRICS_FLUSH_S)."""
         s = self.settings
         return _process_part("recorder", s, lambda: Recorder(
-            sync_redis(s.redis_url, **sentinel_settings(s)), s.key_prefix, s.metrics_flush_s,
+            sync_redis(s.redis_url, **client_settings(s)), s.key_prefix, s.metrics_flush_s,
             keep_s=s.result_ttl_s))
 
     def heartbeat(self) -> Heartbeat:

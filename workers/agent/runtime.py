@@ -33,7 +33,7 @@ from drover.config import Settings, get_settings
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
 from drover.workers.limiter import AsyncLimiter
-from drover.workers.redis_clients import async_redis, sentinel_settings
+from drover.workers.redis_clients import async_redis, client_settings
 from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
 
@@ -70,7 +70,7 @@ class Runtime:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.aredis = async_redis(self.settings.redis_url, **sentinel_settings(self.settings))
+        self.aredis = async_redis(self.settings.redis_url, **client_settings(self.settings))
         self.limiter = AsyncLimiter(self.aredis, prefix=self.settings.key_prefix,
                                     horizon_s=self.settings.horizon_s,
                                     stats_window_s=self.settings.stats_window_s)

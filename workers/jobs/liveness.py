@@ -27,7 +27,7 @@ import redis
 from drover.config import Settings
 from drover.workers import redis_outage
 from drover.workers.jobs.keys import JobKeys
-from drover.workers.redis_clients import sentinel_settings, sync_redis
+from drover.workers.redis_clients import client_settings, sync_redis
 
 __all__ = ["Heartbeat", "alive", "workers_key"]
 
@@ -50,14 +50,13 @@ class Heartbeat:
         self.prefix = settings.key_prefix
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.pid = os.getpid()
-        self.r = client or sync_redis(settings.redis_url, **sentinel_settings(settings))
+        self.r = client or sync_redis(settings.redis_url, **client_settings(settings))
         # The beats' own client gives up within one beat: a beat blocked for the usual retry
         # minute would say nothing while Redis is away (a pause, a network gone), and the
         # next beat tries again anyway. It is also what notices Redis going and coming back.
         quick = max(0.5, min(settings.heartbeat_s, 5.0))
-        self._beats = client or sync_redis(settings.redis_url, **sentinel_settings(settings),
-                                           retries=False, socket_timeout=quick,
-                                           socket_connect_timeout=quick)
+        self._beats = client or sync_redis(settings.redis_url, **client_settings(
+            settings, retries=False, socket_timeout=quick, socket_connect_timeout=quick))
         self._stop = threading.Event()
         # Warm shutdown (SIGTERM): draining = start no new LLM call, hand sub-agents back;
         # handing_back = the grace for calls in flight is over, abort them and hand back too.

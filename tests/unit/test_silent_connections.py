@@ -1,0 +1,88 @@
+"""A connection that goes silent (no FIN, no RST; tests/helpers/tcp_proxy.py) is noticed and
+replaced by drover's Redis clients, sync and asyncio, and Celery's are configured to notice it:
+a timeout on every command, keepalive, health checks (drover/config/sockets.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from urllib.parse import urlsplit
+
+from drover.config import load_settings
+from drover.config.celery import celery_config
+from drover.workers.redis_clients import async_redis, client_settings, sync_redis
+from tests.helpers.tcp_proxy import TcpProxy
+
+
+def _proxy(redis_url: str) -> TcpProxy:
+    return TcpProxy(urlsplit(redis_url).port or 6379, urlsplit(redis_url).hostname or "")
+
+
+def test_a_sync_client_answers_again_on_a_new_connection_after_its_own_went_silent(
+        redis_url, key_prefix):
+    with _proxy(redis_url) as proxy:
+        client = sync_redis(proxy.url(), socket_timeout=1.0)
+        client.set(f"{key_prefix}:k", "before")
+        assert proxy.silence() == 1
+        # The pooled connection is a black hole now: the command times out, the connection is
+        # dropped, and the retry reaches Redis on a new one.
+        assert client.get(f"{key_prefix}:k") == b"before"
+        assert proxy.open_connections() == 1
+        client.close()
+
+
+def test_an_async_client_answers_again_on_a_new_connection_after_its_own_went_silent(
+        redis_url, key_prefix):
+    async def run(url: str) -> bytes | None:
+        client = async_redis(url, socket_timeout=1.0)
+        await client.set(f"{key_prefix}:a", "before")
+        proxy.silence()
+        try:
+            return await client.get(f"{key_prefix}:a")
+        finally:
+            await client.aclose()
+
+    with _proxy(redis_url) as proxy:
+        assert asyncio.run(run(proxy.url())) == b"before"
+
+
+def test_a_silenced_connection_neither_closes_nor_carries_bytes_while_new_ones_pass(redis_url):
+    with _proxy(redis_url) as proxy:
+        old = socket.create_connection(("127.0.0.1", proxy.port), timeout=2)
+        old.sendall(b"PING\r\n")
+        assert old.recv(100) == b"+PONG\r\n"
+        proxy.silence()
+        old.sendall(b"PING\r\n")
+        old.settimeout(0.5)
+        try:
+            got = old.recv(100)
+        except TimeoutError:
+            got = None
+        assert got is None  # no reply, and no EOF either
+        new = socket.create_connection(("127.0.0.1", proxy.port), timeout=2)
+        new.sendall(b"PING\r\n")
+        assert new.recv(100) == b"+PONG\r\n"
+        old.close()
+        new.close()
+
+
+def test_every_client_has_a_timeout_keepalive_and_health_checks(redis_url):
+    settings = load_settings(redis_url=redis_url, socket_timeout_s=7, keepalive_s=6,
+                             health_check_s=4)
+    ours = client_settings(settings)
+    assert ours["socket_timeout"] == 7 and ours["health_check_interval"] == 4
+    assert ours["socket_keepalive"] and ours["socket_keepalive_options"][socket.TCP_KEEPIDLE] == 6
+    conf = celery_config(settings)
+    broker = conf["broker_transport_options"]
+    assert broker["socket_timeout"] == 7 and broker["health_check_interval"] == 4
+    assert broker["socket_keepalive_options"][socket.TCP_KEEPCNT] == 3
+    assert conf["redis_socket_timeout"] == 7 and conf["redis_backend_health_check_interval"] == 4
+    # kombu's BRPOP blocks 1 s: a timeout shorter than that would break every idle consumer.
+    assert broker["socket_timeout"] > 1
+
+    rabbit = celery_config(load_settings(redis_url=redis_url, socket_timeout_s=7,
+                                         broker_heartbeat_s=3,
+                                         broker_url="amqp://guest:guest@127.0.0.1:5672//"))
+    assert rabbit["broker_heartbeat"] == 3
+    assert rabbit["broker_transport_options"]["read_timeout"] == 7
+    assert rabbit["broker_transport_options"]["write_timeout"] == 7
