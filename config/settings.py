@@ -8,9 +8,13 @@ inside a worker. The API key is the Anthropic SDK's usual ``ANTHROPIC_API_KEY``;
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
+import os
 import re
 from functools import lru_cache
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit, urlunsplit
 
@@ -191,6 +195,7 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
         validate_default=True,
+        env_ignore_empty=True,  # `export DROVER_LIMITS=`, a compose file's `X:`: unset
     )
 
     # --- where things are ---------------------------------------------------------------
@@ -409,6 +414,11 @@ class Settings(BaseSettings):
         default=False,
         description="The SDK's and httpx's DEBUG lines hold whole request bodies (prompts); "
         "they stay off at every log level unless this asks for them (never in production).")
+    strict_settings: bool = Field(
+        default=False,
+        description="A `DROVER_` variable (environment or `.env`) that is no setting stops "
+        "every command and worker with an error instead of a warning (each names the setting "
+        "it resembles).")
 
     # --- observability (see workers/telemetry) ------------------------------------------
     tracing: bool = Field(
@@ -668,10 +678,67 @@ def _explain(error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+# DROVER_ variables read outside the Settings model (config/docs.py describes them): no typo.
+READ_ELSEWHERE = frozenset({
+    "DROVER_FLOWER_BASIC_AUTH",  # drover flower
+    "DROVER_GRAFANA_ADMIN_PASSWORD", "DROVER_GRAFANA_PORT", "DROVER_FLOWER_PORT",
+    "DROVER_PROMETHEUS_PORT",  # docker-compose.yml
+})
+_log = logging.getLogger("drover.config")
+_reported: set[str] = set()
+
+
+def setting_names() -> set[str]:
+    """Every variable a setting reads (DROVER_X, and the aliases such as ANTHROPIC_API_KEY)."""
+    names = set()
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias] if alias else []
+        names.update(str(choice).upper() for choice in choices)
+        names.add(f"DROVER_{name.upper()}")
+    return names
+
+
+def unknown_variables(environ: dict[str, str] | None = None,
+                      env_file: str | Path | None = ".env") -> list[str]:
+    """One line per ``DROVER_`` variable (environment or ``.env``) that is no setting, naming
+    the setting it resembles: a misspelled setting is otherwise silently ignored."""
+    found = {name.upper(): "" for name in (os.environ if environ is None else environ)}
+    if env_file is not None and Path(env_file).is_file():
+        from dotenv import dotenv_values  # pydantic-settings' own .env reader
+
+        for name in dotenv_values(env_file):
+            found.setdefault(name.upper(), f" (in {env_file})")
+    known = setting_names() | READ_ELSEWHERE
+    lines = []
+    for name, where in sorted(found.items()):
+        if not name.startswith("DROVER_") or name in known:
+            continue
+        # Compared without the prefix every candidate shares (else anything looks close).
+        close = difflib.get_close_matches(name[7:], sorted(k[7:] for k in known
+                                                           if k.startswith("DROVER_")), n=1)
+        hint = f"; did you mean DROVER_{close[0]}?" if close else " (docs/settings.md lists them)"
+        lines.append(f"{name}{where} is not a drover setting{hint}")
+    return lines
+
+
+def _check_names(settings: Settings) -> None:
+    """Name every unknown DROVER_ variable once per process: an error with
+    DROVER_STRICT_SETTINGS, else a warning."""
+    lines = unknown_variables()
+    if settings.strict_settings and lines:
+        raise SettingsError("drover's settings are not valid (DROVER_STRICT_SETTINGS):\n"
+                            + "\n".join(f"  {line}" for line in lines))
+    for line in lines:
+        if line not in _reported:
+            _reported.add(line)
+            _log.warning("%s", line)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Build the settings from the environment, raising SettingsError with a readable message."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as error:
         raise SettingsError(_explain(error)) from None
     except PydanticSettingsError as error:  # a JSON-valued variable that is not JSON
@@ -681,6 +748,8 @@ def load_settings(**overrides: object) -> Settings:
             f"drover's settings are not valid:\n  {name}: not valid JSON; write it as JSON, "
             'e.g. DROVER_LIMITS=\'{"claude-haiku-4-5": {"rpm": 50, "itpm": 50000, '
             '"otpm": 10000}}\' or DROVER_TOOL_RPS=\'{"lookup_fact": 5}\'') from None
+    _check_names(settings)
+    return settings
 
 
 @lru_cache(maxsize=1)

@@ -18,7 +18,7 @@ import redis
 
 from drover.orchestrator.ops.services import RedisService, ensure_redis
 
-DEFAULT_REDIS = os.environ.get("DROVER_REDIS_URL", "redis://127.0.0.1:6379/0")
+DEFAULT_REDIS = os.environ.get("DROVER_REDIS_URL") or "redis://127.0.0.1:6379/0"
 
 
 @pytest.fixture(scope="session")

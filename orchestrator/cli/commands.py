@@ -125,7 +125,7 @@ WORKER_DEFAULTS = (("--pool", "-P", "threads", "the Celery pool: drover's sub-ag
 
 
 def worker_parser() -> argparse.ArgumentParser:
-    queue = os.environ.get("DROVER_QUEUE", "drover")
+    queue = os.environ.get("DROVER_QUEUE") or "drover"  # empty counts as unset
     parser = argparse.ArgumentParser(
         prog="drover worker", formatter_class=_Formatter, add_help=False,
         usage="drover worker [drover's options] [any `celery worker` option]",

@@ -68,3 +68,16 @@ def test_tool_modules_take_a_json_list_or_comma_separated_names(monkeypatch):
     assert load_settings().tool_modules == ["drover.workers.demo_tools", "my_tools"]
     monkeypatch.setenv("DROVER_TOOL_MODULES", '["drover.workers.demo_tools"]')
     assert load_settings().tool_modules == ["drover.workers.demo_tools"]
+
+
+def test_only_drover_variables_that_no_code_reads_are_reported_as_unknown():
+    from drover.config.docs import _OTHERS
+    from drover.config.settings import READ_ELSEWHERE, unknown_variables
+
+    assert {name for name, _, _ in _OTHERS} <= READ_ELSEWHERE
+    read = {"DROVER_RPM": "1", "DROVER_ANTHROPIC_API_KEY": "k", "ANTHROPIC_API_KEY": "k",
+            "_DROVER_WORKER_CHECKED": "1", **dict.fromkeys(READ_ELSEWHERE, "x")}
+    assert unknown_variables(read, env_file=None) == []
+    assert unknown_variables({"drover_itpmm": "1", "DROVER_ZZZZZZ": "1"}, env_file=None) == [
+        "DROVER_ITPMM is not a drover setting; did you mean DROVER_ITPM?",
+        "DROVER_ZZZZZZ is not a drover setting (docs/settings.md lists them)"]

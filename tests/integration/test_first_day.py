@@ -1,0 +1,72 @@
+"""A new user's first day (issue 39): a misspelled setting is named by the worker and by
+``submit`` (an error when asked for strictness), an empty variable counts as unset, and the
+worker's start says what it loaded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from tests.helpers import ROOT, stop_process_group, wait_until
+from tests.helpers.cli import drover
+
+TYPO = "DROVER_RPMM is not a drover setting; did you mean DROVER_RPM?"
+
+
+def _env(drover_env: dict[str, str], **values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DROVER_", "COLUMNS"))}
+    return {**env, **drover_env, "PYTHONPATH": str(ROOT), **values}
+
+
+def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "drover.orchestrator.cli", "worker", "--concurrency", "4",
+             "--without-gossip", "--without-mingle", "-n", f"day1-{uuid.uuid4().hex[:6]}@%h"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_a_misspelled_setting_is_named_by_the_worker_and_by_submit_and_empty_ones_are_unset(
+        sim, drover_env, tmp_path):
+    # Empty variables (a shell's `export X=`, a compose file's `X:`) count as unset.
+    env = _env(drover_env, DROVER_RPMM="10", DROVER_LIMITS="", DROVER_KEYS="",
+               DROVER_TOOL_RPS="")
+    log = tmp_path / "worker.log"
+    worker = _start_worker(env, log)
+    try:
+        wait_until("the worker to be ready", lambda: "ready." in log.read_text(), timeout=90)
+        spec = tmp_path / "job.json"
+        spec.write_text('{"subtasks": ["one", "two"], "max_tokens": 32}')
+        (tmp_path / ".env").write_text("DROVER_OTPMM=5\nDROVER_FLOWER_BASIC_AUTH=\n")
+        done = drover(["submit", str(spec), "--wait"], env, tmp_path, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stderr.count(TYPO) == 1, done.stderr
+        assert ("DROVER_OTPMM (in .env) is not a drover setting; did you mean DROVER_OTPM?"
+                in done.stderr)
+        assert "FLOWER" not in done.stderr  # read by `drover flower`: not a typo
+        # An empty DROVER_ANTHROPIC_BASE_URL is unset too (submit sends nothing to it).
+        empty = drover(["submit", str(spec)], {**env, "DROVER_ANTHROPIC_BASE_URL": ""},
+                       tmp_path)
+        assert empty.returncode == 0, empty.stdout + empty.stderr
+        # Strictness turns the warning into the settings error (exit 2, nothing submitted).
+        strict = drover(["submit", str(spec)], {**env, "DROVER_STRICT_SETTINGS": "true"},
+                        tmp_path)
+        assert strict.returncode == 2, strict.stdout + strict.stderr
+        assert TYPO in strict.stderr and "DROVER_STRICT_SETTINGS" in strict.stderr
+        assert "submitted" not in strict.stdout.lower()
+    finally:
+        stop_process_group(worker)
+    text = log.read_text(errors="replace")
+    assert text.count(TYPO) >= 1, text
+    assert "Traceback" not in text
+
+
+def test_a_strict_worker_refuses_to_start_naming_the_misspelled_setting(drover_env, tmp_path):
+    env = _env(drover_env, DROVER_RPMM="10", DROVER_STRICT_SETTINGS="1")
+    proc = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "worker"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert TYPO in proc.stderr and "Traceback" not in proc.stderr
