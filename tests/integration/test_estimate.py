@@ -93,3 +93,33 @@ def test_the_output_reservation_follows_the_mean_answer_length(sim, drover_env):
     mean = sum(outputs) / len(outputs)
     assert 0.5 * mean <= reserved <= 2 * mean, (reserved, outputs)
     assert rt.calibration.output_tokens(scope, 10) <= 10  # never more than max_tokens
+
+
+def test_the_input_reservations_margin_fades_as_answers_calibrate_the_estimate(
+        sim, drover_env):
+    """What the limiter reserves for a request's input carries the UNCALIBRATED margin
+    (x 1.25) before the scope's first answer, and less after each answer the real LLM path
+    observes (x 1.20, 1.16, ... about 1.03 after ten): a margin that never fades, or answers
+    that do not count towards it, fail this."""
+    from drover.workers.agent.estimate import UNCALIBRATED
+    from drover.workers.agent.runtime import get_runtime
+
+    sim.configure(tool_turns=0)
+    rt = get_runtime()
+    model = rt.settings.model
+    scope = llm_scope(rt.settings.key_alias, model)
+    estimate = 10_000  # the margin is a ratio: a round estimate shows it to 1e-4
+
+    def margin() -> float:
+        return rt.calibration.input_reservation(scope, estimate) / estimate
+
+    margins = [margin()]
+    for i in range(10):
+        _call(rt, _params(model, f"{WORDS} request {i}"))
+        margins.append(margin())
+    assert margins[0] == UNCALIBRATED
+    assert all(b < a for a, b in zip(margins, margins[1:], strict=False)), margins
+    assert margins[1] < 1.21 and 1.0 < margins[-1] < 1.04, margins
+    # Another scope has seen no answer: its reservation still carries the whole margin.
+    other = rt.calibration.input_reservation(f"{scope}-other", estimate)
+    assert other == round(estimate * UNCALIBRATED)

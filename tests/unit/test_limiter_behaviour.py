@@ -479,3 +479,26 @@ def test_the_lua_library_counts_the_same_fields_as_python():
     lib = (resources.files("drover.workers.limiter") / "lua" / "_lib.lua").read_text()
     listed = lib.split("STAT_FIELDS = {", 1)[1].split("}", 1)[0]
     assert tuple(f.strip().strip("'") for f in listed.split(",")) == STAT_FIELDS
+
+
+def test_a_call_held_back_by_a_later_cooldown_keeps_its_reservation_spent(lim):
+    """hold_back.lua: a grant that waited, held back by a cooldown that began after it was
+    made, loses its lease but its reservation stays debited, so planned again it goes behind
+    the calls granted before the 429 for after the cooldown. At 60 RPM (one send a second,
+    capacity one) with a 1 s cooldown the cooldown alone does not push the queue back, so a
+    refund of the held-back reservation shows: its new send would come 0.8 s early, right
+    behind the call granted for t=2 (the other tests' cooldowns are long enough to hide it)."""
+    scope, limits = "llm:k:heldback", ScopeLimits(rpm=60, burst_s=1)
+    at(lim, 0)
+    first = lim.acquire(scope, limits)
+    held = lim.acquire(scope, limits)
+    last = lim.acquire(scope, limits)
+    assert [g.wait_s for g in (first, held, last)] == pytest.approx([0.0, 1.0, 2.0])
+    at(lim, 0.2)
+    lim.cooldown(scope, limits, 1.0)  # a 429 while `held` and `last` wait: until t=1.2
+    at(lim, 1.0)  # `held`'s planned send
+    assert lim.hold_back(held, scope) == pytest.approx(0.2)
+    assert lim.state(scope)["leases"] == 2  # its lease is gone; first's and last's stay
+    # Planned again: behind `last` (sent at t=2), at t=3, not at t=2.2.
+    again = lim.acquire(scope, limits)
+    assert again.granted and again.wait_s == pytest.approx(2.0)

@@ -66,3 +66,44 @@ def test_token_limits_count_the_first_call_estimate_of_that_class(r, redis_url, 
     assert line_cap(settings, limiter, r, "q", TIGHT) == _expected(0.5, settings)
     both = queue_line_cap(settings, limiter, r, "q", [TIGHT, settings.model, TIGHT])
     assert both == _expected(0.5, settings) + _expected(100.0, settings)
+
+
+def test_a_pump_does_not_write_a_cap_computed_before_a_new_first_call_estimate(
+        r, redis_url, key_prefix):
+    """report_line_cap writes the cap only if no submitter saved a first-call estimate while
+    it computed it (the WATCH on the estimates): a pump that read none, writing after the
+    submitter's cap, would open the window to the requests limit alone for a whole round.
+    The submitter here comes between the pump's read of TIGHT's estimate (none yet) and its
+    write, while the pump reads the second class's limiter state; the submitter's cap stands
+    and the pump writes nothing. Without the check the pump's cap, TIGHT's at 100 requests a
+    second instead of 0.5 calls, replaces it."""
+    from drover.workers.agent.capacity import report_line_cap
+    from drover.workers.fairshare import FairShare
+
+    settings = _settings(redis_url, key_prefix,
+                         limits={TIGHT: {"rpm": 6000, "itpm": 60_000, "otpm": 10_000_000}})
+    fs = FairShare.from_settings(r, settings, "q")
+    submitter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    models = [TIGHT, settings.model]
+    submitted: list[int | None] = []
+
+    class PumpsLimiter(Limiter):
+        """The pump's limiter: the submitter acts while the pump reads the second class's
+        state (after TIGHT's estimate was read)."""
+
+        reads = 0
+
+        def state(self, scope, limits=None):  # noqa: ANN001, ANN201
+            self.reads += 1
+            if self.reads == 2:
+                save_first_call_hint(r, settings, "q", TIGHT, (2_000, 40))  # 30 calls a minute
+                submitted.append(report_line_cap(settings, submitter, r, fs, models))
+            return super().state(scope, limits)
+
+    pump = PumpsLimiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    assert report_line_cap(settings, pump, r, fs, models) is None  # computed from no estimate
+    right = _expected(0.5, settings) + _expected(100.0, settings)
+    assert submitted == [right]
+    assert fs.cap() == right  # the submitter's, not the pump's
+    # The pump's next round reads the estimate and writes the same cap.
+    assert report_line_cap(settings, submitter, r, fs, models) == right == fs.cap()

@@ -1,0 +1,58 @@
+"""A call held back by a cooldown that began after its grant (workers/agent/llm.py's
+``_HeldBack``, limiter/lua/hold_back.lua) keeps its reservation spent, through drover's real
+LLM path: the runtime, the limiter in Redis, the SDK and the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from drover.workers.agent.limits import llm_limits
+from drover.workers.agent.llm import CallContext, create_message
+from drover.workers.limiter import Limiter, llm_scope
+from tests.helpers import configure, wait_until
+
+
+def test_a_call_held_back_by_a_later_cooldown_plans_again_behind_the_calls_granted_before(
+        sim, drover_env, monkeypatch, redis_url):
+    """30 requests a minute and a bucket of one request (2 s of refill): the test's own
+    grant A goes now, the call through ``create_message`` is granted for 2 s later, the
+    test's grant B after it; then a 2 s cooldown (a 429 elsewhere) begins while the
+    call waits. At its planned send the call is held back and plans again: with its
+    reservation kept it goes behind B (the next grant after it comes two requests' refill
+    after B's); handed back (``release`` in the held-back path, or a refund in hold_back.lua)
+    the refund reopens a place before B's, and the next grant comes about one after B's."""
+    configure(monkeypatch, drover_env, rpm=30, burst_seconds=2.2, late_send_s=0.2,
+              target_utilization=1.0)
+    sim.configure(tool_turns=0)
+    from drover.config import get_settings
+    from drover.workers.agent.runtime import get_runtime
+
+    settings = get_settings()
+    rt = get_runtime()
+    scope, limits = llm_scope(settings.key_alias, settings.model), llm_limits(
+        settings, settings.model)
+    lim = Limiter(redis.Redis.from_url(redis_url), prefix=settings.key_prefix,
+                  horizon_s=settings.horizon_s)
+    a = lim.acquire(scope, limits)
+    assert a.granted and a.wait_s == 0
+    params = {"model": settings.model, "max_tokens": 50,
+              "messages": [{"role": "user", "content": "Summarise the contract"}]}
+    call = rt.submit(create_message(rt, params, CallContext("held", 0, asyncio.Event())))
+    wait_until("the call's grant", lambda: lim.state(scope)["leases"] == 2, timeout=30)
+    b = lim.acquire(scope, limits)
+    assert b.granted and b.wait_s > 2
+    lim.cooldown(scope, limits, 2.0)  # before the call's planned send (A's + 2 s)
+    assert lim.state(scope)["cooldown_s"] > 0, "the cooldown ended before the call's send"
+    call.result(timeout=60)
+    assert sim.stats()["accepted"] == 1
+    c = lim.acquire(scope, limits)
+    assert c.granted
+    # One request's refill after B's send: the held-back call's new place; one more: C's
+    # (at the rate after the 429, which cut the share the limiter learns by a tenth).
+    per = 1 / lim.state(scope)["requests"]["rate_per_s"]
+    assert (c.send_us - b.send_us) / 1e6 == pytest.approx(2 * per, abs=0.01)
+    for grant in (a, b, c):
+        lim.release(scope, grant)
