@@ -127,6 +127,40 @@ def test_a_worker_killed_mid_planning_counts_the_lost_planning_call_once(
     assert result.usage.unanswered_input_tokens > 0
 
 
+def test_a_worker_killed_mid_synthesis_counts_the_lost_synthesis_call_once(
+        sim, spawn_worker, drover_env):
+    """The synthesis call is marked before it goes out like planning's: a worker killed while
+    it is on its way to the provider leaves a billed call no answer accounts for; the join's
+    redo counts it once as unanswered (``count_lost_job_call``) beside its own answer. Not
+    counting it, or counting it at each redo, fails this."""
+    # The sub-agent's call is drawn a second's latency; the synthesis call, sent after it,
+    # a minute's: the kill lands with only the synthesis call in flight.
+    sim.configure(tool_turns=0, latency_mean_s=1.0, latency_p95_s=1.0, output_tokens_mean=40)
+    victim = spawn_worker(concurrency=2)
+    wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=["Inspect the depot"], synthesize=True, max_tokens=100))
+    wait_until("the sub-agent's call on its way to the provider",
+               lambda: sim.stats()["in_flight"] == 1)
+    sim.configure(latency_mean_s=60, latency_p95_s=60)
+    wait_until("the synthesis call on its way to the provider",
+               lambda: (lambda s: s["accepted"] == 2 and s["in_flight"] == 1)(sim.stats()))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    sim.configure(latency_mean_s=0.05, latency_p95_s=0.1)
+    spawn_worker(concurrency=2)
+    result = handle.wait(timeout=120)
+
+    stats = sim.stats()
+    assert result.status == "done" and result.counts["ok"] == 1, result.counts
+    assert result.synthesis and "synthesis failed" not in result.synthesis, result.synthesis
+    assert stats["accepted"] == 1 + 1 + 1  # the sub-agent, the lost synthesis call, its redo
+    assert result.usage.calls == 1 + 1, result.usage
+    assert result.usage.unanswered_calls == 1, result.usage
+    assert result.usage.unanswered_input_tokens > 0
+    assert 0 < result.usage.unanswered_output_tokens <= 100
+
+
 def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in_metrics(
         sim, monkeypatch, drover_env, redis_url):
     import asyncio
