@@ -263,41 +263,21 @@ def _submit(args: argparse.Namespace) -> int:
     return OK if result is None else _print_result(result, handle)
 
 
-# How long `submit --wait` waits for a first record before it looks for a worker.
-NO_WORKER_HINT_AFTER_S = 10.0
-
-
 def _wait(handle: Any, settings: Any) -> Any:
-    """The job's result; if nothing has finished after a while, say whether a worker runs."""
+    """The job's result; if nothing finishes for a while, the handle's wait says whether a
+    worker serves the queue (orchestrator/client/workers.py), here as a `drover:` line."""
+    import logging
+
+    say = logging.StreamHandler(sys.stderr)
+    say.setFormatter(logging.Formatter("drover: %(message)s"))
+    client_log = logging.getLogger("drover.orchestrator.client")
+    client_log.addHandler(say)
+    client_log.propagate = False
     try:
-        return handle.wait(timeout=NO_WORKER_HINT_AFTER_S)
-    except TimeoutError:
-        pass
-    if not handle.store.record_count(handle.id):
-        hint = no_worker_hint(settings.queue)
-        if hint:
-            print(f"drover: still waiting for job {handle.id}: {hint}", file=sys.stderr,
-                  flush=True)
-    return handle.wait()
-
-
-def no_worker_hint(queue: str, timeout: float = 2.0) -> str | None:
-    """None when a worker consumes ``queue``; else what to do (asks workers over the broker)."""
-    from drover.workers.app import app
-
-    try:
-        replies = app.control.inspect(timeout=timeout).active_queues() or {}
-    except Exception:  # remote control unavailable (a broker without it): no hint
-        return None
-    if any(q.get("name") == queue for queues in replies.values() for q in queues or ()):
-        return None
-    start = (f"start one with `drover worker` (with the same DROVER_REDIS_URL, "
-             f"DROVER_KEY_PREFIX and DROVER_QUEUE={queue}); the job waits for it")
-    if replies:
-        others = sorted({q.get("name") for queues in replies.values() for q in queues or ()})
-        return (f"no worker consumes queue {queue!r} (DROVER_QUEUE); the {len(replies)} that "
-                f"answered consume {', '.join(map(str, others))}. {start[0].upper()}{start[1:]}")
-    return f"no worker answered within {timeout:g} s: {start}"
+        return handle.wait()
+    finally:
+        client_log.removeHandler(say)
+        client_log.propagate = True
 
 
 def _handle(job_id: str):  # noqa: ANN202

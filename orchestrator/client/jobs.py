@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from drover.config import Settings, get_settings
+from drover.orchestrator.client.workers import WorkerWatch, workers_line
 from drover.workers.agent.caching import prefix_tokens
 from drover.workers.agent.fits import spec_never_fits
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
@@ -132,16 +133,27 @@ class JobHandle:
         return self.store.result(self.id)
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> JobResult:
-        """Block until the join has stored the JobResult; TimeoutError after ``timeout``."""
+        """Block until the join has stored the JobResult; TimeoutError after ``timeout``.
+
+        When nothing finishes for a few seconds and no worker consumes the job's queue, a
+        warning says so (and how to start one); the wait goes on."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch = WorkerWatch(self.id, self.settings.queue, self.store.record_count(self.id))
         while True:
             result = self.store.result(self.id)
             if result is not None:
                 return result
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id} not finished after {timeout:g} s "
-                                   f"({self.progress()})")
+                raise TimeoutError(f"job {self.id} not finished after {timeout:g} s: "
+                                   f"{self._stalled(watch)}")
+            watch.check(self.store.record_count(self.id))
             time.sleep(poll_s)
+
+    def _stalled(self, watch: WorkerWatch) -> str:
+        """What a TimeoutError says: how many sub-agents are pending, whether workers live."""
+        progress = self.progress()
+        return (f"{progress['pending']} of {progress['total']} sub-agents pending; "
+                f"{watch.hint or workers_line(self.store.r, self.settings)}")
 
     def progress(self) -> dict[str, int]:
         """Counts per status, plus ``pending`` (not finished yet) and ``total`` (one read)."""
@@ -176,6 +188,7 @@ class JobHandle:
             self._last_event = after
         seen: set[int] = set()
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch = WorkerWatch(self.id, self.settings.queue, 0)
         while True:
             fresh = False
             for entry_id, record in self.store.events(self.id, self._last_event, block_ms=500):
@@ -194,7 +207,9 @@ class JobHandle:
                 return
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id}: not every record arrived within {timeout:g} s "
-                                   f"({self.progress()}); resume with after={self._last_event!r}")
+                                   f"({self._stalled(watch)}); resume with "
+                                   f"after={self._last_event!r}")
+            watch.check(len(seen))
 
     @property
     def last_event(self) -> str:

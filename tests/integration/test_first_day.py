@@ -70,3 +70,34 @@ def test_a_strict_worker_refuses_to_start_naming_the_misspelled_setting(drover_e
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert TYPO in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_python_wait_with_no_worker_warns_naming_the_queue_and_keeps_waiting(
+        drover_env, worker, caplog):
+    import logging
+    import threading
+
+    from drover import JobSpec, submit
+
+    caplog.set_level(logging.WARNING, logger="drover.orchestrator.client")
+    queue = drover_env["DROVER_QUEUE"]
+    handle = submit(JobSpec(subtasks=["nobody runs this yet"], max_tokens=16))
+    try:
+        for _ in handle.as_completed(timeout=10):
+            raise AssertionError("no worker runs: nothing can complete")
+        raise AssertionError("as_completed ended without its records")
+    except TimeoutError as error:
+        said = str(error)
+    assert "1 of 1 sub-agents pending" in said and "drover worker" in said, said
+    warned = [r.getMessage() for r in caplog.records if handle.id in r.getMessage()]
+    assert warned and f"DROVER_QUEUE={queue}" in warned[0] and "drover worker" in warned[0]
+    # The wait goes on after its warning, and ends once a worker comes.
+    results = []
+    waiting = threading.Thread(target=lambda: results.append(handle.wait(timeout=120)))
+    waiting.start()
+    wait_until("wait's own warning", lambda: sum(handle.id in r.getMessage()
+                                                 for r in caplog.records) >= 2, timeout=20)
+    assert waiting.is_alive()
+    worker(concurrency=2)
+    waiting.join(timeout=120)
+    assert results and results[0].counts.get("ok") == 1, results
