@@ -380,6 +380,12 @@ class Settings(BaseSettings):
         description="RabbitMQ only: the AMQP heartbeat. A connection that carries no frame for "
         "two of these is closed by either side and a new one made; the messages it had "
         "delivered without an ack go back to the queue.")
+    progress_stale_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="Liveness means progress: a worker whose Celery consumer or event loop has "
+        "not moved for this long (stuck on a dead connection) stops beating its heartbeat "
+        "though its process runs, so the sweep sends its sub-agents again elsewhere. Longer "
+        "than `DROVER_SOCKET_TIMEOUT_S` plus a reconnect.")
 
     # --- the agent runtime --------------------------------------------------------------
     max_turns: int = Field(
@@ -599,6 +605,11 @@ class Settings(BaseSettings):
                 f"DROVER_HEARTBEAT_TTL_S ({self.heartbeat_ttl_s:g}) must be at least twice "
                 f"DROVER_HEARTBEAT_S ({self.heartbeat_s:g}), or one late beat declares a live "
                 "worker dead")
+        if self.progress_stale_s <= 2 * self.socket_timeout_s:
+            raise ValueError(
+                f"DROVER_PROGRESS_STALE_S ({self.progress_stale_s:g}) must exceed twice "
+                f"DROVER_SOCKET_TIMEOUT_S ({self.socket_timeout_s:g}): a command that times out "
+                "and is retried on a new connection is not a worker that stopped moving")
         if self.call_timeout_s >= self.task_time_limit_s:
             raise ValueError(
                 "DROVER_CALL_TIMEOUT_S must be below DROVER_TASK_TIME_LIMIT_S: one LLM call "

@@ -26,6 +26,7 @@ from drover.config import SettingsError, get_settings
 from drover.config.celery import celery_config
 from drover.workers.logs import configure_logging
 from drover.workers.preflight import WorkerCannotStart, check_worker
+from drover.workers.progress import ConsumerPulse
 
 __all__ = ["app"]
 
@@ -48,6 +49,8 @@ except SettingsError as error:
 
 app = Celery("drover", include=["drover.workers.tasks", "drover.workers.lifecycle"])
 app.config_from_object(celery_config(_settings))
+# Liveness means progress: the consumer pulses the heartbeat while it moves (progress.py).
+app.steps["consumer"].add(ConsumerPulse)
 configure_logging(_settings)  # one line per LLM call; no prompt text, no task results
 
 

@@ -37,13 +37,15 @@ def noticed(what: str, error: BaseException) -> bool:
     return first
 
 
-def answered() -> None:
-    """A Redis call got through: ends the outage (one line) if there was one."""
+def answered() -> bool:
+    """A Redis call got through: ends the outage (one line, and True) if there was one."""
     global _since
     if _since is None:  # the usual case: no lock taken
-        return
+        return False
     with _lock:
         since, _since = _since, None
-    if since is not None:
-        log.warning("Redis answers again after %.0f s: sub-agents resume from their "
-                    "checkpoints", time.monotonic() - since)
+    if since is None:
+        return False
+    log.warning("Redis answers again after %.0f s: sub-agents resume from their "
+                "checkpoints", time.monotonic() - since)
+    return True

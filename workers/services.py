@@ -108,10 +108,16 @@ class Services:
         return _process_part("heartbeat", self.settings, lambda: Heartbeat(self.settings))
 
     @property
+    def worker_heartbeat(self) -> Heartbeat | None:
+        """This process's heartbeat if it is a worker (its heartbeat runs), else None."""
+        held = _parts.get("heartbeat")
+        return held[1] if held is not None and held[0] == _identity(self.settings) else None
+
+    @property
     def worker_id(self) -> str:
         """This process's worker id if it is a worker (its heartbeat runs), else ""."""
-        held = _parts.get("heartbeat")
-        return held[1].id if held is not None and held[0] == _identity(self.settings) else ""
+        heartbeat = self.worker_heartbeat
+        return heartbeat.id if heartbeat is not None else ""
 
     def close(self) -> None:
         if "redis" in self.__dict__:

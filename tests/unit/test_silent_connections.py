@@ -86,3 +86,24 @@ def test_every_client_has_a_timeout_keepalive_and_health_checks(redis_url):
     assert rabbit["broker_heartbeat"] == 3
     assert rabbit["broker_transport_options"]["read_timeout"] == 7
     assert rabbit["broker_transport_options"]["write_timeout"] == 7
+
+
+def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_once_it_moves(
+        redis_url, key_prefix):
+    from drover.workers.jobs.liveness import Heartbeat, heartbeat_key
+    from tests.helpers import wait_until
+
+    settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, heartbeat_s=0.2,
+                             heartbeat_ttl_s=1, socket_timeout_s=2, progress_stale_s=4.5)
+    heartbeat = Heartbeat(settings)
+    key = heartbeat_key(key_prefix, heartbeat.id)
+    try:
+        heartbeat.pulse("the consumer")  # watched from now on, and then never moves again
+        wait_until("the heartbeat key expired", lambda: not heartbeat.r.exists(key), 20)
+        assert heartbeat.stuck() == ["the consumer"]
+        heartbeat.pulse("the consumer")  # it moves again
+        wait_until("the heartbeat back", lambda: heartbeat.r.exists(key), 10)
+        heartbeat.unwatch("the consumer")  # stopped on purpose (reconnecting): not stuck
+        assert heartbeat.stuck() == []
+    finally:
+        heartbeat.stop()

@@ -39,6 +39,7 @@ from drover.workers.telemetry import with_trace_context
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+LOOP_PART = "drover's event loop"  # its pulse, for the heartbeat's liveness-means-progress
 _POLL_S = 1.0  # how long the cancel listener waits for a message before it looks again
 
 
@@ -95,6 +96,7 @@ class Runtime:
         self._routes: dict[str, Route] = {}
         self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
+        self._pulse = asyncio.create_task(self._pulse_forever())
         self._ready.set_result(None)
 
     def route(self, model: str) -> Route:
@@ -157,6 +159,21 @@ class Runtime:
                 del self._active[job_id]
                 self.forget(job_id)
 
+    async def _pulse_forever(self) -> None:
+        """In a worker, tell its heartbeat that this loop moves (workers/jobs/liveness.py): a
+        loop blocked for DROVER_PROGRESS_STALE_S stops the heartbeat, so the sub-agents it
+        runs are sent again elsewhere."""
+        heartbeat = None
+        try:
+            while True:
+                heartbeat = services(self.settings).worker_heartbeat or heartbeat
+                if heartbeat is not None:
+                    heartbeat.pulse(LOOP_PART)
+                await asyncio.sleep(self.settings.heartbeat_s)
+        finally:
+            if heartbeat is not None:  # closed on purpose: not a lack of progress
+                heartbeat.unwatch(LOOP_PART)
+
     async def _listen_for_cancels(self) -> None:
         channel = self.store.cancel_channel
         while not self._closing:
@@ -192,7 +209,8 @@ class Runtime:
             self._closing = True
             self._listener.cancel()
             # Awaited, so the loop does not stop with it pending (an ERROR at exit).
-            await asyncio.gather(self._listener, return_exceptions=True)
+            self._pulse.cancel()
+            await asyncio.gather(self._listener, self._pulse, return_exceptions=True)
             await self.client.close()
             if self.pool is not None:
                 await self.pool.close()

@@ -9,6 +9,17 @@ grows with the number of workers, not with queues or jobs).
 
 A warm shutdown deletes the key at its end, so the sweep takes over at once whatever the
 worker still held (prefetched messages, retries waiting out their countdown).
+
+Liveness means progress, not a running thread: the parts of a worker that must move for its
+sub-agents to move (the Celery consumer's event loop, drover's asyncio loop) each ``pulse()``
+every ``DROVER_HEARTBEAT_S`` while they run. A part that has not pulsed for
+``DROVER_PROGRESS_STALE_S`` is stuck (on a connection that went silent, say), and the
+heartbeat thread then stops beating, however well it reaches Redis itself: the key expires and
+the sweep sends the worker's sub-agents again elsewhere, as for a killed worker. A part that
+is not running on purpose (the consumer while it reconnects to a broker that is down) is
+``unwatch``-ed until it runs again, so an outage the worker waits out is not a death. Should
+the stuck part move again, the worker beats again; its old deliveries then find newer claims
+and stop before any call.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from drover.workers import redis_outage
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.redis_clients import client_settings, sync_redis
 
-__all__ = ["Heartbeat", "alive", "workers_key"]
+__all__ = ["Heartbeat", "alive", "mark_message_gap", "workers_key"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +69,8 @@ class Heartbeat:
         self._beats = client or sync_redis(settings.redis_url, **client_settings(
             settings, retries=False, socket_timeout=quick, socket_connect_timeout=quick))
         self._stop = threading.Event()
+        self._pulses: dict[str, float] = {}  # a part that must move -> when it last did
+        self._stuck: list[str] = []
         # Warm shutdown (SIGTERM): draining = start no new LLM call, hand sub-agents back;
         # handing_back = the grace for calls in flight is over, abort them and hand back too.
         self.draining = False
@@ -78,14 +91,45 @@ class Heartbeat:
         pipe.expire(workers_key(self.prefix), self.settings.result_ttl_s)
         pipe.execute()
 
+    def pulse(self, part: str) -> None:
+        """``part`` of this worker moved (and is watched from now on)."""
+        self._pulses[part] = time.monotonic()
+
+    def unwatch(self, part: str) -> None:
+        """``part`` stops on purpose (its broker connection is down): not a lack of progress."""
+        self._pulses.pop(part, None)
+
+    def stuck(self) -> list[str]:
+        """The watched parts that have not moved for DROVER_PROGRESS_STALE_S."""
+        before = time.monotonic() - self.settings.progress_stale_s
+        return sorted(part for part, at in list(self._pulses.items()) if at < before)
+
+    def _progressing(self) -> bool:
+        stuck = self.stuck()
+        if stuck and not self._stuck:
+            log.warning("this worker makes no progress: %s has not moved for %g s (stuck on a "
+                        "connection?); its heartbeat stops so that its sub-agents are sent "
+                        "again elsewhere", ", ".join(stuck), self.settings.progress_stale_s)
+        elif self._stuck and not stuck:
+            log.warning("this worker moves again (%s); its heartbeat resumes",
+                        ", ".join(self._stuck))
+        self._stuck = stuck
+        return not stuck
+
     def _run(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
+            if not self._progressing():
+                continue
             try:
                 self.beat(self._beats)
+                if redis_outage.answered():
+                    # Connections to Redis were lost (a restart, a failover, a connection that
+                    # went silent): a BRPOP's reply may have been lost with one, its message
+                    # taken off the queue and never seen. The sweep looks for such messages
+                    # after a heartbeat TTL instead of DROVER_RESEND_AFTER_S.
+                    mark_message_gap(self._beats, self.prefix, self.settings)
             except redis.RedisError as error:  # Redis away: the next beat tries again
                 redis_outage.noticed("the heartbeat", error)
-            else:
-                redis_outage.answered()
 
     def drain(self, grace_s: float, interrupt: Callable[[], None]) -> None:
         """Stop starting calls now; after ``grace_s``, ``interrupt`` the ones still in flight."""
@@ -108,6 +152,14 @@ class Heartbeat:
             self.r.delete(heartbeat_key(self.prefix, self.id))
         except redis.RedisError:
             pass  # the key expires by itself
+
+
+def mark_message_gap(r: redis.Redis, prefix: str, settings: Settings) -> None:
+    """Say that a worker died or lost its connections to Redis: for a while the sweep treats
+    a job that gains no record for a heartbeat TTL as stalled (its messages may be lost in
+    the Redis broker's BRPOP gap, workers/recovery/sweep.py step 3)."""
+    r.set(JobKeys(prefix).recovery("death"), "1",
+          px=int(max(60.0, 4 * settings.heartbeat_ttl_s) * 1000))
 
 
 def alive(r: redis.Redis, prefix: str, workers: list[str]) -> dict[str, bool]:

@@ -29,9 +29,10 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    claim says (with a new token: a delivery that still runs one stops at its next write);
    this is the only step whose cost grows with the queue, and it runs only for a stalled job.
    A dying worker can hit that gap too (a message popped whose reply it never read), so for a
-   minute after a worker death a job counts as stalled after ``DROVER_HEARTBEAT_TTL_S``
-   without a record. RabbitMQ keeps unacked messages on the server: no such gap; but a Redis
-   failover can lose what a delivery wrote (its receipt, start and record) after RabbitMQ has
+   minute after a worker death, or after a worker's heartbeat lost Redis and got it back (a
+   restart, a failover, connections that went silent: a BRPOP's reply lost on one), a job
+   counts as stalled after ``DROVER_HEARTBEAT_TTL_S`` without a record. RabbitMQ keeps
+   unacked messages on the server: no such gap; but a Redis failover can lose what a delivery wrote (its receipt, start and record) after RabbitMQ has
    its ack, so there a stalled job's unfinished sub-agents that no live worker holds or runs
    are sent again (a copy still queued is then stale and stops before any call).
 
@@ -67,7 +68,8 @@ from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.keys import JobKeys
-from drover.workers.jobs.liveness import alive, forget_worker, registered_workers
+from drover.workers.jobs.liveness import (alive, forget_worker, mark_message_gap,
+                                           registered_workers)
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import ACTIVE, JobStore
 
@@ -142,7 +144,7 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
         # A dying worker may also have taken a message off the queue whose reply it never
         # read (the BRPOP gap): for a while, a job that stalls is looked at after a heartbeat
         # TTL instead of DROVER_RESEND_AFTER_S.
-        r.set(death, "1", px=int(max(60.0, 4 * settings.heartbeat_ttl_s) * 1000))
+        mark_message_gap(r, store.prefix, settings)
     sent += join_recovered_jobs(store, send)
     after_a_death = bool(r.exists(death))
     every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)

@@ -1,0 +1,51 @@
+"""The Celery consumer's pulse: liveness means progress (workers/jobs/liveness.py).
+
+A consumer bootstep that, while the consumer is connected, has the consumer's own timer (its
+event loop, the thread that takes messages off the broker and acks them) tell the worker's
+heartbeat every ``DROVER_HEARTBEAT_S`` that it moves. A consumer stuck on a connection that
+went silent stops pulsing, and after ``DROVER_PROGRESS_STALE_S`` the heartbeat stops: the
+sweep sends the worker's sub-agents again elsewhere. While the consumer reconnects (its
+blueprint stopped: the broker is down or its connection was dropped) it is not watched: a
+broker outage the worker waits out is not a death.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import bootsteps
+
+from drover.config import get_settings
+from drover.workers.services import services
+
+__all__ = ["CONSUMER_PART", "ConsumerPulse"]
+
+CONSUMER_PART = "the Celery consumer"
+
+
+class ConsumerPulse(bootsteps.StartStopStep):
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def __init__(self, parent: Any, **kwargs: Any):
+        super().__init__(parent, **kwargs)
+        self.tref: Any = None
+
+    def start(self, c: Any) -> None:
+        heartbeat = services(get_settings()).heartbeat()
+        heartbeat.pulse(CONSUMER_PART)
+        timer = getattr(c, "timer", None)
+        if timer is None:  # no timer to pulse from: not watched
+            heartbeat.unwatch(CONSUMER_PART)
+            return
+        self.tref = timer.call_repeatedly(get_settings().heartbeat_s, heartbeat.pulse,
+                                          (CONSUMER_PART,))
+
+    def stop(self, c: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+        heartbeat = services(get_settings()).worker_heartbeat
+        if heartbeat is not None:
+            heartbeat.unwatch(CONSUMER_PART)
+
+    shutdown = stop
