@@ -107,3 +107,36 @@ def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_
         assert heartbeat.stuck() == []
     finally:
         heartbeat.stop()
+
+
+def test_the_cancel_listener_subscribes_again_when_its_connection_goes_silent(
+        redis_url, key_prefix, monkeypatch):
+    from drover.config import get_settings
+    from drover.workers.agent.runtime import Runtime
+    from tests.helpers import wait_until
+
+    with _proxy(redis_url) as proxy:
+        monkeypatch.setenv("DROVER_REDIS_URL", proxy.url())
+        monkeypatch.setenv("DROVER_KEY_PREFIX", key_prefix)
+        monkeypatch.setenv("DROVER_SOCKET_TIMEOUT_S", "2")
+        monkeypatch.setenv("DROVER_HEALTH_CHECK_S", "1")
+        get_settings.cache_clear()
+        runtime = Runtime(get_settings())
+        try:
+            event = runtime.submit(_cancel_event(runtime, "job-a")).result(5)
+            channel = runtime.store.cancel_channel
+            subscribers = lambda: runtime.store.r.pubsub_numsub(channel)[0][1]  # noqa: E731
+            wait_until("subscribed", lambda: subscribers() >= 1, 10)
+            proxy.silence()
+            # Redis still counts the silent subscriber; a second one is the new subscription,
+            # within a PING interval plus the socket timeout.
+            wait_until("subscribed again", lambda: subscribers() >= 2, 20)
+            wait_until("the cancel heard", lambda: runtime.store.r.publish(channel, "job-a")
+                       and event.is_set(), 10)
+        finally:
+            runtime.close()
+            get_settings.cache_clear()
+
+
+async def _cancel_event(runtime, job_id: str):  # noqa: ANN001, ANN202
+    return runtime.cancel_event(job_id)

@@ -180,29 +180,50 @@ class Runtime:
             pubsub = self.aredis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
-                # Polled rather than ``listen()``: redis-py can swallow a task's cancel in a
-                # blocking read (redis-py#2028; seen here as a close that waited for ever), so
-                # the loop also ends by itself within a second of ``close``.
-                while not self._closing:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True,
-                                                       timeout=_POLL_S)
-                    if message is None:
-                        continue
-                    job_id = message["data"]
-                    job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
-                    # Only jobs with work here: a sub-agent that starts later reads the cancel
-                    # from the store before its first call.
-                    event = self._cancel_events.get(job_id)
-                    if event is not None:
-                        event.set()
+                await self._listen(pubsub)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # Redis went away: listen again once it is back
-                log.warning("cancel listener lost Redis (%s); reconnecting", type(error).__name__)
+                log.warning("cancel listener lost Redis (%s: %s); reconnecting",
+                            type(error).__name__, error)
                 await asyncio.sleep(1.0)
             finally:
+                # Bounded: closing a connection that went silent must not hang the listener.
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await asyncio.wait_for(pubsub.aclose(), self.settings.socket_timeout_s)
+
+    async def _listen(self, pubsub: Any) -> None:
+        """Set the cancel event of each job named on the channel, until closing.
+
+        Polled rather than ``listen()``: redis-py can swallow a task's cancel in a blocking
+        read (redis-py#2028; seen here as a close that waited for ever), so the loop also ends
+        by itself within a second of ``close``. A subscribed connection that went silent (no
+        FIN, no RST) would otherwise poll for ever and hear no cancel: it is PINGed every
+        DROVER_HEALTH_CHECK_S, and one that answers nothing for that plus
+        DROVER_SOCKET_TIMEOUT_S is given up and a new one subscribes."""
+        every, patience = self.settings.health_check_s, self.settings.socket_timeout_s
+        heard = pinged = self.loop.time()
+        while not self._closing:
+            now = self.loop.time()
+            if now - heard > every + patience:
+                raise ConnectionError(f"no reply on the subscribed connection for "
+                                      f"{now - heard:.0f} s")
+            if now - pinged >= every:
+                await pubsub.ping()
+                pinged = now
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_POLL_S)
+            if message is None:
+                continue
+            heard = self.loop.time()
+            if message.get("type") not in ("message", "pmessage"):
+                continue  # our PING's pong
+            job_id = message["data"]
+            job_id = job_id.decode() if isinstance(job_id, bytes) else str(job_id)
+            # Only jobs with work here: a sub-agent that starts later reads the cancel from
+            # the store before its first call.
+            event = self._cancel_events.get(job_id)
+            if event is not None:
+                event.set()
 
     def close(self, timeout_s: float = 10.0) -> None:
         async def shutdown() -> None:
