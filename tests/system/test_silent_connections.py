@@ -1,0 +1,91 @@
+"""A connection that goes silent costs seconds: a managed failover or a NAT that drops the
+state of the connections open at a moment (no FIN, no RST, nothing either way) while new ones
+work, under a running job on real worker processes, on the Redis broker and on RabbitMQ.
+
+Redis (and RabbitMQ, for its runs) is reached through tests/helpers/tcp_proxy.py, which
+silences every connection open at that moment: the workers' (drover's clients, the Celery
+consumer, publisher and result backend) and this test process's, whose ``JobHandle.wait()``
+(the Python submitter's) rides across it. Recovery settings are the defaults
+(DROVER_SOCKET_TIMEOUT_S, DROVER_HEALTH_CHECK_S, DROVER_BROKER_HEARTBEAT_S, ...). Each run
+prints the time from the silence to the job's result and the turns sent twice (the figures of
+docs/failures.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from drover import JobHandle, JobSpec
+from tests.helpers import DEFAULT_AMQP_PORT, configure, wait_until
+from tests.helpers.fleet import Fleet, submit_elsewhere
+from tests.helpers.tcp_proxy import TcpProxy
+
+SUBAGENTS = 40
+THREADS = 8
+SIM = {"latency_mean_s": 0.4, "latency_p95_s": 0.8, "output_tokens_mean": 20, "tool_turns": 2,
+       "tools_per_turn": 1}
+BOUND_S = 90  # the issue's bound: every sub-agent ok within this of the silence
+TWICE_AT_MOST = 10  # turns the simulator may receive twice (calls in flight at the silence)
+
+
+def through(proxy: TcpProxy, url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    netloc[-1] = f"127.0.0.1:{proxy.port}"
+    return urlunsplit(parts._replace(netloc="@".join(netloc)))
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def proxies(request: pytest.FixtureRequest, drover_env: dict[str, str], redis_url: str,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[list[TcpProxy]]:
+    """Redis through a proxy, and on the RabbitMQ runs the broker through another."""
+    made = [TcpProxy(urlsplit(redis_url).port or 6379, urlsplit(redis_url).hostname or "")]
+    values = {"redis_url": through(made[0], redis_url), "max_attempts": 15}
+    if request.param == "rabbitmq":
+        amqp = request.getfixturevalue("rabbitmq_url")
+        made.append(TcpProxy(urlsplit(amqp).port or DEFAULT_AMQP_PORT))
+        values["broker_url"] = through(made[1], amqp)
+    configure(monkeypatch, drover_env, **values)
+    yield made
+    for proxy in made:
+        proxy.close()
+
+
+def test_connections_that_go_silent_mid_job_cost_seconds(proxies, sim, drover_env, spawn_worker,
+                                                         request):
+    broker = request.node.callspec.params["proxies"]
+    sim.configure(**SIM)
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Survey berth {i}" for i in range(SUBAGENTS)], tools=["lookup_fact"],
+        max_tokens=60))
+    handle = JobHandle.attach(handle.id)  # this process's client, through the proxy
+    fleet = Fleet(drover_env)
+    try:
+        workers = [spawn_worker(concurrency=THREADS) for _ in range(2)]
+        fleet.wait_for(*workers)
+        wait_until("the job under way", lambda: handle.progress()["ok"] >= 8, 120)
+
+        done = handle.progress()["ok"]
+        silenced = sum(proxy.silence() for proxy in proxies)
+        at = time.monotonic()
+        assert silenced >= 4  # the workers' and this process's connections went silent
+        result = fleet.wait(handle, SUBAGENTS, BOUND_S)  # the submitter's wait(), across it
+        took_s = time.monotonic() - at
+        stats = sim.stats()
+        print(f"\n[{broker}] {silenced} connections silenced with "
+              f"{done}/{SUBAGENTS} done: every sub-agent "
+              f"ok {took_s:.1f} s after the silence; turns sent twice: "
+              f"{stats['duplicate_accepted']}")
+
+        assert result.counts["ok"] == SUBAGENTS, [
+            (r.index, r.error) for r in result.results if r.status != "ok"]
+        assert [r.index for r in result.results] == list(range(SUBAGENTS))
+        written = fleet.records_written(result.job_id)
+        assert sorted(written) == list(range(SUBAGENTS)) and set(written.values()) == {1}
+        assert stats["duplicate_accepted"] <= TWICE_AT_MOST
+    finally:
+        fleet.close()
