@@ -30,6 +30,7 @@ from drover.workers.fairshare import start_pump
 from drover.workers.jobs import TOKEN_HEADER
 from drover.workers.recovery import start_sweeper
 from drover.workers.services import services, stop_worker
+from drover.workers.startup import log_start
 from drover.workers.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
 
@@ -166,3 +167,6 @@ def stop_batcher(**_: Any) -> None:
 @worker_ready.connect
 def _on_worker_ready(**_: Any) -> None:
     start_batcher()
+    # After Celery's banner: what this worker loaded and where it sends (workers/startup.py).
+    settings = get_settings()
+    log_start(settings, services(settings).limiter)

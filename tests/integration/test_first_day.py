@@ -62,6 +62,20 @@ def test_a_misspelled_setting_is_named_by_the_worker_and_by_submit_and_empty_one
     text = log.read_text(errors="replace")
     assert text.count(TYPO) >= 1, text
     assert "Traceback" not in text
+    # After Celery's banner the worker says what it loaded, and where it sends.
+    banner = text.index("[queues]")
+    from drover.workers import demo_tools  # noqa: F401  (registers the demo's tools)
+    from drover.workers.tools import REGISTRY
+
+    demo = sorted(n for n, t in REGISTRY.items() if t.fn.__module__ == demo_tools.__name__)
+    assert f"tool module drover.workers.demo_tools: {', '.join(demo)}" in text, text
+    scope = f"llm:{drover_env['DROVER_KEY_ALIAS']}:claude-sonnet-4-6"
+    assert (f"limits of {scope}: rpm 6,000 (DROVER_RPM), itpm 10,000,000 "
+            "(DROVER_ITPM), otpm 10,000,000 (DROVER_OTPM)") in text, text
+    where = (f"key prefix {drover_env['DROVER_KEY_PREFIX']}, queue {drover_env['DROVER_QUEUE']}, "
+             f"provider endpoint {sim.url}")
+    assert where in text and text.index(where) > banner, text
+    assert drover_env["ANTHROPIC_API_KEY"] not in text
 
 
 def test_a_strict_worker_refuses_to_start_naming_the_misspelled_setting(drover_env, tmp_path):

@@ -81,3 +81,26 @@ def test_only_drover_variables_that_no_code_reads_are_reported_as_unknown():
     assert unknown_variables({"drover_itpmm": "1", "DROVER_ZZZZZZ": "1"}, env_file=None) == [
         "DROVER_ITPMM is not a drover setting; did you mean DROVER_ITPM?",
         "DROVER_ZZZZZZ is not a drover setting (docs/settings.md lists them)"]
+
+
+def test_a_workers_start_lines_name_each_limits_source_and_never_a_key():
+    from drover.config import load_settings
+    from drover.workers.startup import start_lines
+
+    class NoRedis:  # the lines' learned part reads Redis; without it they say "unknown"
+        def state(self, scope):
+            raise ConnectionError
+
+        def scopes(self):
+            raise ConnectionError
+
+    settings = load_settings(
+        rpm=100, limits={"claude-haiku-4-5": {"rpm": 50}},
+        keys=[{"alias": "eu", "api_key": "sk-secret-eu", "rpm": 10,
+               "base_url": "http://u:pw@proxy:8080"}])
+    text = "\n".join(start_lines(settings, NoRedis()))
+    assert "limits of pool/llm:org:claude-sonnet-4-6: rpm 100 (DROVER_RPM), itpm 30,000 " \
+           "(drover default)" in text.replace("{", "").replace("}", ""), text
+    assert "rpm 50 (DROVER_LIMITS), itpm unknown until a response's -limit headers" in text
+    assert "rpm 10 (DROVER_KEYS)" in text and "http://u:***@proxy:8080" in text
+    assert "sk-secret-eu" not in text and "pw@" not in text

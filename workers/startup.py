@@ -1,0 +1,102 @@
+"""What a worker says once it is ready (after Celery's banner): the tool modules it imported
+and their tools, the limits it holds per scope and where each came from (a setting, learned
+from the provider's headers, or drover's default), the key prefix, the queue and the provider
+endpoint. Never a key: a pool's keys are named by their aliases."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from drover.config import ModelLimits, Settings
+from drover.config.settings import mask_url
+from drover.workers.limiter import Limiter, llm_scope, org_scope, pool_scope, split_llm_scope
+from drover.workers.tools import REGISTRY
+
+__all__ = ["start_lines"]
+
+log = logging.getLogger(__name__)
+_DIMS = ("rpm", "itpm", "otpm")
+
+
+def _tools_lines(settings: Settings) -> list[str]:
+    lines = []
+    for module in settings.tool_modules:
+        names = sorted(n for n, t in REGISTRY.items() if t.fn.__module__ == module)
+        lines.append(f"tool module {module}: {', '.join(names) or 'no @tool functions'}")
+    others = sorted(n for n, t in REGISTRY.items() if t.fn.__module__ not in settings.tool_modules)
+    if others:
+        lines.append(f"tools registered elsewhere: {', '.join(others)}")
+    return lines
+
+
+def _learned(limiter: Limiter, scope: str) -> dict[str, float]:
+    try:
+        learned = limiter.state(scope).get("learned") or {}
+    except Exception:  # a Redis that does not answer is said elsewhere; this is a nicety
+        return {}
+    return {dim: value for dim, value in learned.items() if value}
+
+
+def _scope_line(scope: str, configured: ModelLimits | None, setting: dict[str, str],
+                learned: dict[str, float]) -> str:
+    parts = []
+    for dim in _DIMS:
+        value = getattr(configured, dim) if configured is not None else None
+        if value is not None:
+            parts.append(f"{dim} {value:,.0f} ({setting.get(dim, 'drover default')})")
+        elif dim in learned:
+            parts.append(f"{dim} {learned[dim]:,.0f} (learned from headers)")
+        else:
+            parts.append(f"{dim} unknown until a response's -limit headers")
+    return f"limits of {scope}: {', '.join(parts)}"
+
+
+def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
+    own = {dim: f"DROVER_{dim.upper()}" for dim in _DIMS if dim in settings.model_fields_set}
+    default_class = settings.limit_class(settings.model)
+    classes: dict[str, tuple[ModelLimits | None, dict[str, str]]] = {
+        default_class: (settings.limits_for(settings.model), own)}
+    for name, ml in settings.limits.items():
+        classes[settings.limit_class(name)] = (
+            ml, {dim: "DROVER_LIMITS" for dim in _DIMS if getattr(ml, dim) is not None})
+    lines = []
+    aliases = [k.alias for k in settings.keys] or [settings.key_alias]
+    for cls, (ml, setting) in classes.items():
+        scope = org_scope(cls) if settings.pooled else llm_scope(settings.key_alias, cls)
+        lines.append(_scope_line(scope, ml, setting, _learned(limiter, scope)))
+    for key in settings.keys:  # a pool's keys: by alias, never the key itself
+        scope = pool_scope(key.alias, default_class)
+        own = settings.key_limits_for(key, settings.model)
+        lines.append(_scope_line(scope, own, dict.fromkeys(_DIMS, "DROVER_KEYS"),
+                                 _learned(limiter, scope)))
+        if key.base_url:
+            lines.append(f"pool key {key.alias}: endpoint {mask_url(key.base_url)}")
+    try:  # models of no configured class: what earlier calls learned from the headers
+        known = set(classes)
+        for scope in limiter.scopes():
+            split = split_llm_scope(scope)
+            if split and split[0] in aliases and split[1] not in known and not split[2]:
+                known.add(split[1])
+                lines.append(_scope_line(scope, None, {}, _learned(limiter, scope)))
+    except Exception:
+        pass
+    for name, rps in sorted(settings.tool_rps.items()):
+        lines.append(f"limits of tool:{name}: {rps:g} requests/s (DROVER_TOOL_RPS)")
+    return lines
+
+
+def start_lines(settings: Settings, limiter: Limiter) -> list[str]:
+    """The lines a ready worker logs: what it loaded and where it sends."""
+    endpoint = mask_url(settings.anthropic_base_url) if settings.anthropic_base_url else (
+        "the Anthropic API (the SDK's default; DROVER_ANTHROPIC_BASE_URL unset)")
+    return [*_tools_lines(settings), *_limit_lines(settings, limiter),
+            f"target utilization {settings.target_utilization:g}, burst "
+            f"{settings.burst_seconds:g} s, at most {settings.max_in_flight} in flight per scope",
+            f"key prefix {settings.key_prefix}, queue {settings.queue}, provider endpoint "
+            f"{endpoint}"]
+
+
+def log_start(settings: Settings, limiter: Any) -> None:
+    for line in start_lines(settings, limiter):
+        log.info("drover: %s", line)
