@@ -256,3 +256,32 @@ def sentinel_set() -> Iterator[object]:
     cluster = start_sentinel_set()
     yield cluster
     cluster.close()
+
+
+# --- a failure says what failed at once ---------------------------------------------------
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Print a failure's details the moment it happens (in the run's controller process,
+    where pytest-xdist's workers report), not only in the summary at the end: the first
+    failure of a long run is readable while the rest still runs, and comes first in the
+    output."""
+    if not report.failed:
+        return
+    config = _CONFIG.get("config")
+    if config is None or hasattr(config, "workerinput"):  # a worker: its controller prints it
+        return
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is None:
+        return
+    where = {"setup": "at setup", "call": "", "teardown": "at teardown"}[report.when]
+    terminal.write_line("")
+    terminal.write_sep("!", f"FAILED {report.nodeid} {where}".rstrip(), red=True)
+    terminal.write_line(str(report.longrepr))
+    terminal.write_sep("!", "(the run goes on)", red=True)
+
+
+_CONFIG: dict[str, pytest.Config] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG["config"] = config
