@@ -308,7 +308,25 @@ class Settings(BaseSettings):
 
     # --- the call path, retries and the broker ------------------------------------------
     call_timeout_s: float = Field(
-        default=120.0, gt=0, description="The timeout of one LLM call.")
+        default=120.0, gt=0,
+        description="The timeout of one non-streamed request (the Message Batches API's "
+        "calls). Realtime Messages calls stream and have no total timeout: "
+        "`DROVER_STREAM_IDLE_S` and `DROVER_CONNECT_TIMEOUT_S` judge them.")
+    stream_idle_s: float = Field(
+        default=60.0, gt=0,
+        description="The longest gap between two events of a streamed LLM call (the "
+        "provider pings an idle stream): a stream silent for this long is closed, counted "
+        "with what it had generated, and retried like a timeout. A call that is making "
+        "progress is never abandoned, however long its answer.")
+    record_thinking: bool = Field(
+        default=False,
+        description="Show extended thinking (`JobSpec.thinking`) in `handle.transcript()`. "
+        "Off: thinking blocks are kept only where the API needs them (the conversation "
+        "passed back in tool turns), never in logs, records or reports.")
+    connect_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="The timeout of opening a connection to the provider (a call that "
+        "never connected was not sent, and costs nothing).")
     max_attempts: int = Field(
         default=8, ge=1,
         description="Failed attempts (429, 529, 5xx, timeouts) before a sub-agent is `failed`.")

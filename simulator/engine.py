@@ -68,6 +68,7 @@ class Streamed:
     first_s: float
     tokens_per_s: float
     close: Callable[[int, str], None]  # (output tokens generated, "done"|"cut"|"abandoned")
+    sent: Callable[[int], None]  # told of the output tokens each write adds
     cut_after: int | None = None
     cut_mode: str = "drop"
 
@@ -401,7 +402,7 @@ class Engine:
             streamed = Streamed(self._headers(req_id, buckets, now) | {
                 "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
                 streaming.events(model, generated.content, generated.stop_reason, usage, chunk),
-                first_s, tps, close, None if cut is None else max(1, int(cut)),
+                first_s, tps, close, self.stats.stream_sent, None if cut is None else max(1, int(cut)),
                 "error" if "cut_error" in first_only else "drop")
             return Pending(0.0, lambda: Reply(500, b"", {}), out_tokens, streamed)
 

@@ -102,13 +102,15 @@ async def _stream(request: web.Request, streamed: Streamed) -> web.StreamRespons
                     return response
             # Events due at once go out in one write (an instant answer is three writes).
             j = i + 1
-            limit = len(events) if streamed.cut_after is None else streamed.cut_after
+            limit = len(events) if streamed.cut_after is None else min(len(events),
+                                                                        streamed.cut_after)
             if i >= 2:
                 while j < limit and (streamed.tokens_per_s <= 0
                                      or events[j].tokens == event.tokens):
                     j += 1
             chunk = [e.data for e in events[i:j]]
             await response.write(b"".join(chunk))
+            streamed.sent(events[j - 1].tokens - sent_tokens)
             sent_tokens = events[j - 1].tokens
             i = j
         how = "done"

@@ -64,6 +64,7 @@ class SimStats:
         self.streams = 0
         self.streams_cut = 0
         self.streams_abandoned = 0
+        self.stream_tokens_sent = 0  # output tokens written by streams, open ones included
         self.duplicate_accepted = 0
         self.per_key: dict[str, dict[str, int]] = {}  # a pool's keys, by alias
         self._key_windows: dict[str, tuple[SlidingMax, SlidingMax]] = {}
@@ -133,6 +134,9 @@ class SimStats:
         self.aborted += 1
         self.output_tokens -= output_tokens
 
+    def stream_sent(self, tokens: int) -> None:
+        self.stream_tokens_sent += tokens
+
     def stream_closed(self, now: float, total: int, sent: int, how: str) -> None:
         """A streamed reply ended: ``done``, ``cut`` (a fault) or ``abandoned`` (its client
         closed it). What was generated until then is billed and counted; the rest of the
@@ -197,7 +201,8 @@ class SimStats:
             "in_flight": self.in_flight,
             "aborted": self.aborted,
             "streams": {"begun": self.streams, "cut": self.streams_cut,
-                        "abandoned": self.streams_abandoned},
+                        "abandoned": self.streams_abandoned,
+                        "tokens_sent": self.stream_tokens_sent},
             "max_in_flight": self.max_in_flight,
             "duplicate_accepted": self.duplicate_accepted,
             "first_accept_ts": self.first_accept_ts,

@@ -104,6 +104,13 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     return JobHandle(job_id, settings=settings)
 
 
+def _without_thinking(block: Any) -> Any:
+    if isinstance(block, dict) and block.get("type") == "thinking":
+        return {"type": "thinking", "thinking": f"({len(str(block.get('thinking', '')))} "
+                "characters of thinking, shown with DROVER_RECORD_THINKING=1)"}
+    return block
+
+
 class JobHandle:
     """A running or finished job, by id."""
 
@@ -222,9 +229,16 @@ class JobHandle:
         return self.store.report(self.id, index)
 
     def transcript(self, index: int) -> list[dict[str, Any]]:
-        """The sub-agent's full conversation (for debugging), while the job's records live."""
+        """The sub-agent's full conversation (for debugging), while the job's records live.
+
+        Extended thinking's blocks are shown only with DROVER_RECORD_THINKING; otherwise
+        each says how long it was."""
         state = self.store.load_checkpoint(self.id, index)
-        return state.messages if state else []
+        messages = state.messages if state else []
+        if self.settings.record_thinking:
+            return messages
+        return [{**m, "content": [_without_thinking(b) for b in m["content"]]}
+                if isinstance(m.get("content"), list) else m for m in messages]
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Stop the job on every host; False when it had already ended.

@@ -264,6 +264,27 @@ def cache_lines(usages: list[ScopeUsage], window_s: int) -> list[str]:
     return lines
 
 
+def speed_lines(usages: list[ScopeUsage], window_s: int) -> list[str]:
+    """Per LLM scope whose answers streamed in the window: the mean time to first token and
+    the output tokens a second after it (gen_ai.server.time_to_first_token and
+    time_per_output_token, as the clients saw them)."""
+    lines = []
+    for u in usages:
+        if split_llm_scope(u.scope) is None:
+            continue
+        whole = u.last(len(u.series))
+        streamed = whole.get("streamed", 0)
+        if not streamed:
+            continue
+        gen_s = whole.get("gen_ms", 0) / 1000
+        speed = (f"{whole.get('gen_tokens', 0) / gen_s:,.1f} output tokens/s" if gen_s > 0
+                 else "output tokens/s: -")
+        lines.append(f"speed {u.scope}, last {window_s // 60} min: time to first token "
+                     f"{whole.get('ttft_ms', 0) / streamed / 1000:.2f} s (mean of {streamed} "
+                     f"answers), {speed} after it")
+    return lines
+
+
 def print_stats(console: Console, plot: Path | None = None, *,
                 settings: Settings | None = None) -> int:
     """``drover stats [--plot FILE]``: the table, and the plot when asked for."""
@@ -278,7 +299,7 @@ def print_stats(console: Console, plot: Path | None = None, *,
     else:
         console.print(limits_table(usages, window))
         console.print(events_table(usages))
-        for line in cache_lines(usages, window):
+        for line in cache_lines(usages, window) + speed_lines(usages, window):
             console.print(line, markup=False, highlight=False)
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")

@@ -58,6 +58,8 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
                     (*genai, "rate_limit_error"), 0.05)
         for kind in ("input", "output", "cache_read", "cache_write"):
             rec.inc("drover_gen_ai_client_token_usage", (*genai, kind), 100)
+        rec.observe("drover_gen_ai_server_time_to_first_token_seconds", genai, 0.4)
+        rec.observe("drover_gen_ai_server_time_per_output_token_seconds", genai, 0.025)
         for outcome in CALL_OUTCOMES:
             rec.inc("drover_llm_calls", (SCOPE, outcome))
         rec.observe("drover_limiter_acquire_wait_seconds", (SCOPE,), 0.2)

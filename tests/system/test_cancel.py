@@ -136,7 +136,9 @@ def test_a_deadline_aborts_a_call_in_flight_with_no_cancel_message(sim, spawn_wo
     assert record.status == "cancelled" and record.error == "deadline"
     assert record.usage.calls == 0  # its one call never answered: it was aborted
     assert record.usage.unanswered_calls == 1  # and the provider bills it: counted
-    assert sim.stats()["accepted"] == 1 and sim.stats()["in_flight"] == 1  # still "running"
+    # Its stream was closed: the provider stops generating (and billing) it.
+    wait_until("the aborted stream closed", lambda: sim.stats()["in_flight"] == 0, timeout=10)
+    assert sim.stats()["accepted"] == 1 and sim.stats()["streams"]["abandoned"] == 1
 
 
 def test_cancel_aborts_in_flight_calls_and_refunds_what_was_not_sent(sim, monkeypatch,
@@ -162,8 +164,10 @@ def test_cancel_aborts_in_flight_calls_and_refunds_what_was_not_sent(sim, monkey
     outcomes = rt.run(two_calls())
 
     assert all(isinstance(o, Cancelled) for o in outcomes)
+    # We stopped waiting, before its answer: its stream was closed.
+    wait_until("the aborted stream closed", lambda: sim.stats()["in_flight"] == 0, timeout=10)
     stats = sim.stats()
-    assert stats["in_flight"] == stats["accepted"]  # we stopped waiting; it had not answered
+    assert stats["streams"]["abandoned"] == stats["accepted"]
     limiter, scope = _limiter(redis_url, drover_env)
     assert limiter.state(scope)["leases"] == 0
     usage = limiter.usage(scope, 60)

@@ -346,7 +346,8 @@ def test_usage_counts_per_second(lim):
     lim.record(scope, requests=2, uncached=1, short_prefix=1)
     rows = lim.usage(scope, 3)
     assert [r["t"] for r in rows] == [T0 // 10**6 - 1, T0 // 10**6, T0 // 10**6 + 1]
-    none = {"cache_read": 0, "cache_write": 0, "uncached": 0, "short_prefix": 0}
+    none = {"cache_read": 0, "cache_write": 0, "uncached": 0, "short_prefix": 0,
+            "streamed": 0, "ttft_ms": 0, "gen_ms": 0, "gen_tokens": 0}
     assert rows[1] == {"t": T0 // 10**6, "requests": 1, "input_tokens": 0, "output_tokens": 0,
                        "waits": 1, "wait_ms": 1000, **none}
     assert rows[2] == {"t": T0 // 10**6 + 1, "requests": 3, "input_tokens": 15,

@@ -252,3 +252,25 @@ class DrawLog(random.Random):
         return super().uniform(a, b)
 
 
+
+
+# --- an error event inside a stream ----------------------------------------------------------
+
+@pytest.mark.parametrize("error_type, status, counter", [
+    ("overloaded_error", 529, "n529"), ("api_error", 500, "n5xx")])
+def test_an_error_event_mid_stream_is_retried_as_the_status_it_stands_for(
+        error_type, status, counter):
+    # The stream had answered 200 before the event: the SDK raises it with that response,
+    # as its SSE decoder does (anthropic._streaming: an `error` event).
+    import httpx2
+
+    client = anthropic.Anthropic(api_key="sk-test", base_url="http://api.test")
+    response = httpx2.Response(200, request=httpx2.Request("POST", "http://api.test/v1/messages"))
+    error = client._make_status_error(
+        "Overloaded", body={"type": "error", "error": {"type": error_type,
+                                                       "message": "Overloaded"}},
+        response=response)
+    decision = decide(error, attempt=1)
+    assert decision.action == "retry" and decision.status_code == status
+    assert decision.counter == counter and decision.error_type == error_type
+    assert 0.0 <= decision.countdown <= BASE_S * 2

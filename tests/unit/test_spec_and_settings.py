@@ -19,6 +19,8 @@ from drover.config import SettingsError, load_settings
     ({"subtasks": ["   "]}, "at least 1 character"),
     ({"subtasks": ["a"], "mode": "sometimes"}, "partial"),
     ({"subtasks": ["a"], "colour": "red"}, "not a JobSpec field"),
+    ({"subtasks": ["a"], "max_tokens": 4000, "thinking": 4000}, "must be below max_tokens"),
+    ({"subtasks": ["a"], "max_tokens": 4000, "thinking": 512}, "greater than or equal to 1024"),
 ])
 def test_invalid_specs_are_refused_with_a_clear_message(spec, message):
     with pytest.raises(ValidationError, match=message):

@@ -322,7 +322,7 @@ class Batcher:
     async def _recent_batches(self, since: float) -> list[Any]:
         """Our key's batches created after ``since`` (the list is newest first)."""
         found: list[Any] = []
-        async for batch in self.rt.client.messages.batches.list(limit=100):
+        async for batch in self.rt.batch_client.messages.batches.list(limit=100):
             if batch.created_at.timestamp() < since:
                 break
             found.append(batch)
@@ -370,7 +370,7 @@ class Batcher:
                 for batch in await _io(self.store.open_batches, self.alias):
                     if batch.id in open_ids and not batch.cancel_sent:
                         done = await self._call(
-                            "cancel", lambda b=batch: self.rt.client.messages.batches.cancel(b.id))
+                            "cancel", lambda b=batch: self.rt.batch_client.messages.batches.cancel(b.id))
                         if done is not None:
                             batch.cancel_sent, batch.polled = True, 0.0
                             await _io(self.store.update, batch)
@@ -409,7 +409,7 @@ class Batcher:
                         at=await _io(self.rt.store.server_time))
         await _io(self.store.intend, intent)
         try:
-            made = await self._call("create", lambda: self.rt.client.messages.batches.create(
+            made = await self._call("create", lambda: self.rt.batch_client.messages.batches.create(
                 requests=requests))
         except anthropic.APIStatusError as error:
             # The provider will not take these requests (e.g. 413): their owners fail with it.
@@ -455,7 +455,7 @@ class Batcher:
     async def _poll(self) -> None:
         s = self.rt.settings
         now = await _io(self.rt.store.server_time)
-        batches = self.rt.client.messages.batches
+        batches = self.rt.batch_client.messages.batches
         for batch in await _io(self.store.open_batches, self.alias):
             if not (batch.ended and batch.results_url):
                 if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
@@ -483,7 +483,7 @@ class Batcher:
 
         ``batches.results(id)`` would retrieve the batch first: two calls back to back, which
         the endpoints' RPM can refuse every time (the second one) when it is tight."""
-        response = await self.rt.client.get(
+        response = await self.rt.batch_client.get(
             batch.results_url, cast_to=httpx2.Response,
             options={"headers": {"Accept": "application/binary"}})
         out: dict[str, dict[str, Any]] = {}

@@ -55,10 +55,11 @@ from drover.workers.agent.retry import (
 )
 from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
+from drover.workers.agent.streams import Seen, stream_message
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.jobs.records import Usage
 from drover.workers.limiter import Grant, ScopeLimits
-from drover.workers.telemetry import acquire_wait, llm_call
+from drover.workers.telemetry import acquire_wait, llm_call, stream_timing
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -152,7 +153,9 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
 
     Raises LimiterSaysLater when the wait is past the horizon (or a cooldown is that long),
     CallFailed (job-wide) when every key of the pool is disabled."""
-    lease_ttl = rt.settings.call_timeout_s + rt.settings.horizon_s + 30
+    # Held while the stream is open however long the answer takes (a stream cannot outlive
+    # its task run); a dead worker's lease lapses after that.
+    lease_ttl = rt.settings.task_time_limit_s + rt.settings.horizon_s + 30
     while True:
         if route is None:
             grant = await rt.limiter.acquire(scope, limits, input_tokens=input_tokens,
@@ -321,7 +324,8 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         ctx.key = key.alias
     started = time.monotonic()
     in_flight = False  # the request may be on the wire: only a cancel can tell us it went out
-    raw = None
+    seen = Seen()  # what the stream delivered (a stream that ends early still costs that)
+    message: Message | None = None
     try:
         waited = max(grant.wait_s, budget_wait)
         await wait_or_cancel(waited, ctx.cancel)
@@ -331,17 +335,20 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             await ctx.check(est_in, est_out)
         in_flight = True
         client = key.client if route.pooled else rt.client  # the one key: the runtime's own
-        raw = await race(client.messages.with_raw_response.create(**params), ctx.cancel)
-        message = await raw.parse()
+        seen.opened = time.monotonic()
+        message = await race(stream_message(client, params, seen, settings.stream_idle_s),
+                             ctx.cancel)
     except anthropic.APIError as error:
         # The request reached the provider (or tried to): it stays counted; its tokens too
-        # when it went out and the answer was lost (the provider bills it).
-        lost = sent_unanswered(error)
-        await route.settle(rt.limiter, grant, input_tokens=est_in if lost else 0,
-                           output_tokens=0)
-        spent[0] = est_in + est_out if lost else 0
+        # when it went out and the answer was lost (the provider bills it): a stream that
+        # had begun is billed what it had generated.
+        lost = seen.headers is not None or sent_unanswered(error)
+        lost_in, lost_out = _lost_usage(seen, est_in, est_out, cache_reads_count)
+        await route.settle(rt.limiter, grant, input_tokens=lost_in if lost else 0,
+                           output_tokens=lost_out if lost and seen.started else 0)
+        spent[0] = lost_in + lost_out if lost else 0
         if lost:
-            await _unanswered(rt, scope, ctx, error, est_in, est_out)
+            await _unanswered(rt, scope, ctx, error, lost_in, lost_out)
         decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                             cap_s=settings.countdown_cap_s, rng=ctx.rng)
         if key_refused(decision):
@@ -361,7 +368,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         else:
             failure = CallFailed(decision)
         if lost:
-            failure.unanswered = (est_in, est_out)  # type: ignore[attr-defined]  # telemetry
+            failure.unanswered = (lost_in, lost_out)  # type: ignore[attr-defined]  # telemetry
         raise failure from None
     except _HeldBack:
         # Planned before the 429 that emptied the provider's bucket: its lease is gone, its
@@ -373,22 +380,26 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     except BaseException as error:
         # The SDK wraps every transport error in APIError, so anything else came from this
         # process: before the request went out (no credentials, a bad parameter) unless it
-        # was a cancel that aborted it in flight, or came after the answer (raw is set).
-        sent = raw is not None or (in_flight and isinstance(
+        # was a cancel that aborted it in flight (closing its stream), or came after the
+        # answer (message is set).
+        sent = message is not None or (in_flight and isinstance(
             error, Cancelled | asyncio.CancelledError))
+        lost = sent and message is None
+        lost_in, lost_out = _lost_usage(seen, est_in, est_out, cache_reads_count)
         if sent:
             # Aborted in flight: the provider has counted the request and its input at
-            # admission, so those stay counted; the output reservation is refunded.
-            await asyncio.shield(route.settle(rt.limiter, grant,
-                                              input_tokens=est_in, output_tokens=0))
+            # admission, and the output it generated until the stream closed; the rest of
+            # the output reservation is refunded.
+            await asyncio.shield(route.settle(
+                rt.limiter, grant, input_tokens=lost_in if lost else est_in,
+                output_tokens=lost_out if lost and seen.started else 0))
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(route.release(rt.limiter, grant))
-        # Sent and never answered (raw is set only once the answer is in): billed, so the
-        # tenant's budget pays the estimate and the caller counts it.
-        lost = sent and raw is None
-        spent[0] = (est_in + est_out if lost else est_in if sent else None)
+        # Sent and never answered: billed, so the tenant's budget pays what it cost (the
+        # stream's partial usage, or the estimate) and the caller counts it.
+        spent[0] = (lost_in + lost_out if lost else est_in if sent else None)
         if lost:
-            await asyncio.shield(_unanswered(rt, scope, ctx, error, est_in, est_out))
+            await asyncio.shield(_unanswered(rt, scope, ctx, error, lost_in, lost_out))
         if missing_credentials(error):
             decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                                 cap_s=settings.countdown_cap_s)
@@ -396,26 +407,40 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             _log_failure(scope, decision, ctx, grant.wait_s, started, True)  # nothing to count
             raise CallFailed(decision) from None
         log.info("llm call outcome=%s scope=%s status=none job=%s sub=%d wait_s=%.3f "
-                 "call_s=%.3f in=%d out=0 sent=%s",
+                 "call_s=%.3f in=%d out=%d sent=%s",
                  "unanswered" if lost else "cancelled" if isinstance(error, Cancelled)
                  else "aborted", scope, ctx.job_id,
                  ctx.index, grant.wait_s, max(0.0, time.monotonic() - started - grant.wait_s),
-                 est_in if sent else 0, "yes" if sent else "no")
+                 lost_in if sent else 0, lost_out if lost else 0, "yes" if sent else "no")
         raise
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
     await route.settle(rt.limiter, grant, input_tokens=used_in, output_tokens=used_out,
-                       headers=raw.headers,  # true-up, header sync and counters in one trip
-                       counts=cache_counts(params, message.usage))
+                       headers=seen.headers,  # true-up, header sync and counters in one trip
+                       counts=cache_counts(params, message.usage) | seen.counts(used_out))
     spent[0] = used_in + used_out
     rt.calibration.observe(route.scope, params, message.usage, used_in, cache_reads_count,
                            key.alias if route.pooled else "")
+    speed = seen.output_per_s(used_out)
+    stream_timing(seen.first_token_s, speed)
     log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f call_s=%.3f "
-             "in=%d out=%d cache_read=%d est_in=%d reserved_in=%d reserved_out=%d", scope,
+             "in=%d out=%d cache_read=%d est_in=%d reserved_in=%d reserved_out=%d "
+             "ttft_s=%s out_per_s=%s", scope,
              ctx.job_id, ctx.index, grant.wait_s, time.monotonic() - started - grant.wait_s,
              used_in, used_out, message.usage.cache_read_input_tokens or 0, est_in,
-             grant.input_tokens, grant.output_tokens)
+             grant.input_tokens, grant.output_tokens,
+             "none" if seen.first_token_s is None else f"{seen.first_token_s:.3f}",
+             "none" if speed is None else f"{speed:.1f}")
     return message
+
+
+def _lost_usage(seen: Seen, est_in: int, est_out: int, cache_reads_count: bool
+                ) -> tuple[int, int]:
+    """What a call that ended without its answer cost: once its stream began, the input it
+    said and the output generated until it closed; before that, the estimate."""
+    if seen.started:
+        return seen.partial_input(cache_reads_count), seen.partial_output()
+    return est_in, est_out
 
 
 def _only_key_refused(settings: Any, decision: Decision) -> Decision:

@@ -32,6 +32,11 @@ from typing import Literal
 import anthropic
 
 RETRYABLE_STATUS = {408, 409, 500, 502, 503, 504, 529}
+# The status an `error` event of a stream stands for (the stream answered 200 before it).
+STREAM_ERROR_STATUS = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429,
+                       "timeout_error": 504, "invalid_request_error": 400,
+                       "authentication_error": 401, "permission_error": 403,
+                       "not_found_error": 404, "request_too_large": 413}
 AUTHENTICATION_ERROR = "authentication_error"
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
@@ -170,6 +175,10 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
     if isinstance(error, anthropic.APIStatusError):
         code = error.status_code
         kind, message = _error_fields(error)
+        if code < 400:
+            # An `error` event in a stream that had begun (its HTTP status was 200): judged
+            # as the status its type stands for (overloaded_error: a 529), retried alike.
+            code = STREAM_ERROR_STATUS.get(kind, 500)
         if code == 401:  # a proxy's bare 401 has no body type: name it the way the API does
             kind = AUTHENTICATION_ERROR
         # The SDK's order: the server's explicit word first, then the status.

@@ -85,19 +85,28 @@ class Runtime:
             base_url=self.settings.anthropic_base_url,
             default_headers={"Authorization": anthropic.omit} if keyless else None,
             max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
-            timeout=self.settings.call_timeout_s,
+            timeout=self.call_timeouts(),
         )
+        # The Message Batches API's calls are short requests: a total timeout, as before.
+        self.batch_client = self.client.with_options(timeout=self.settings.call_timeout_s)
         # A pool (DROVER_KEYS): one client per key, each with the key's own endpoint.
         self.pool = Pool(self.settings.keys, {k.alias: anthropic.AsyncAnthropic(
             api_key=k.api_key.get_secret_value(),
             base_url=k.base_url or self.settings.anthropic_base_url, max_retries=0,
-            timeout=self.settings.call_timeout_s) for k in self.settings.keys}
+            timeout=self.call_timeouts()) for k in self.settings.keys}
         ) if self.settings.pooled else None
         self._routes: dict[str, Route] = {}
         self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
         self._pulse = asyncio.create_task(self._pulse_forever())
         self._ready.set_result(None)
+
+    def call_timeouts(self) -> anthropic.Timeout:
+        """Every realtime call streams: a connect timeout and the gap between reads (the
+        stream's idle limit), never a total. The batch API's calls are short requests."""
+        idle = self.settings.stream_idle_s
+        return anthropic.Timeout(idle, connect=self.settings.connect_timeout_s, read=idle,
+                             write=idle, pool=self.settings.connect_timeout_s)
 
     def route(self, model: str) -> Route:
         """Where calls to ``model`` reserve: the one key's scope, or the pool's levels."""

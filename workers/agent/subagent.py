@@ -58,6 +58,10 @@ def request_params(spec: JobSpec, model: str, tools: list[Tool],
                    messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The Messages API request of one turn; the shared prefix is marked for prompt caching."""
     params: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "messages": messages}
+    if spec.thinking is not None:
+        # Its thinking blocks stay in the conversation, passed back unchanged in each tool
+        # turn as the API requires; records and logs carry only the text.
+        params["thinking"] = {"type": "enabled", "budget_tokens": spec.thinking}
     if spec.system:
         params["system"] = [{"type": "text", "text": spec.system, "cache_control": CACHE}]
     if tools:

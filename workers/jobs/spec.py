@@ -44,6 +44,9 @@ class JobSpec(BaseModel):
     system: str | None = Field(default=None, max_length=400_000)
     model: str | None = Field(default=None, min_length=1, max_length=200)
     max_tokens: int = Field(default=1024, ge=1, le=128_000)
+    # Extended thinking: a token budget for each sub-agent turn's thinking (the API's
+    # ``thinking`` parameter); counted as output, within max_tokens. None: off.
+    thinking: int | None = Field(default=None, ge=1024, le=128_000)
     tools: list[str] = Field(default_factory=list)
     mode: Literal["partial", "all_or_nothing"] = "partial"
     max_turns: int | None = Field(default=None, ge=1, le=200)
@@ -82,6 +85,10 @@ class JobSpec(BaseModel):
             raise ValueError("give either subtasks or a goal to plan from, not both")
         if not self.subtasks and not self.goal:
             raise ValueError("a job needs subtasks (a list of strings) or a goal to plan from")
+        if self.thinking is not None and self.thinking >= self.max_tokens:
+            raise ValueError(f"thinking ({self.thinking}) must be below max_tokens "
+                             f"({self.max_tokens}): the thinking budget is part of the answer's "
+                             "max_tokens, as the API requires")
         return self
 
 

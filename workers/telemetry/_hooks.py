@@ -33,6 +33,10 @@ PROVIDER = "anthropic"
 # both run in the same task, so they share the context).
 _WAITED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
     "drover_waited", default=None)
+# The current LLM call's stream timing (time to first token, output tokens a second), told by
+# the call (``stream_timing``) in the same task and read by llm_call.
+_TIMING: contextvars.ContextVar[list[tuple[float | None, float | None]] | None] = (
+    contextvars.ContextVar("drover_stream_timing", default=None))
 _OUTCOMES = {"n429": "429", "n529": "529", "n5xx": "5xx", "n4xx": "4xx", "nconn": "connection"}
 
 
@@ -77,6 +81,14 @@ def acquire_wait(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
     return wrapper
 
 
+def stream_timing(first_token_s: float | None, output_per_s: float | None) -> None:
+    """The current call's stream: seconds from the send to its first token, and output tokens
+    a second after that (None: not known); counted with the call by ``llm_call``."""
+    box = _TIMING.get()
+    if box is not None:
+        box.append((first_token_s, output_per_s))
+
+
 def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """For ``create_message(rt, params, ctx)``: the chat span, call outcome, duration, tokens."""
 
@@ -88,6 +100,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         scope = route.scope
         waited: list[float] = []
         token = _WAITED.set(waited)
+        timing: list[tuple[float | None, float | None]] = []
+        timing_token = _TIMING.set(timing)
         started = time.monotonic()
         with _tracing.tracer().start_as_current_span(
                 f"chat {model}", kind=SpanKind.CLIENT, record_exception=False,
@@ -121,6 +135,11 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 raise
             finally:
                 _WAITED.reset(token)
+                _TIMING.reset(timing_token)
+                if timing:
+                    _safe("stream timing", lambda: _record_timing(model, timing[-1]))
+                    if span.is_recording():
+                        _safe("span", lambda: _timing_attributes(span, timing[-1]))
                 if lost is not None:  # sent, never answered: billed at its estimate
                     outcome = "unanswered"
                     _safe("unanswered", lambda: _record_unanswered(model, lost))
@@ -192,6 +211,25 @@ def _record_call(scope: str, model: str, outcome: str, error_type: str, duration
                         ("cache_read", getattr(usage, "cache_read_input_tokens", 0)),
                         ("cache_write", getattr(usage, "cache_creation_input_tokens", 0))):
         rec.inc("drover_gen_ai_client_token_usage", (*genai, kind), float(value or 0))
+
+
+def _record_timing(model: str, timing: tuple[float | None, float | None]) -> None:
+    rec = get_recorder()
+    genai = ("chat", PROVIDER, model)
+    first, per_s = timing
+    if first is not None:
+        rec.observe("drover_gen_ai_server_time_to_first_token_seconds", genai, first)
+    if per_s:
+        rec.observe("drover_gen_ai_server_time_per_output_token_seconds", genai, 1.0 / per_s)
+
+
+def _timing_attributes(span: Any, timing: tuple[float | None, float | None]) -> None:
+    first, per_s = timing
+    if first is not None:
+        span.set_attribute("gen_ai.server.time_to_first_token", round(first, 6))
+    if per_s:
+        span.set_attribute("gen_ai.server.time_per_output_token", round(1.0 / per_s, 6))
+        span.set_attribute("drover.output_tokens_per_s", round(per_s, 2))
 
 
 def _record_unanswered(model: str, lost: tuple[int, int]) -> None:

@@ -38,6 +38,11 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 # A limiter wait is 0 when there is headroom and up to the horizon (15 s) when there is not.
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0,
                 30.0, 60.0)
+# Time to first token: the GenAI semconv's advice for gen_ai.server.time_to_first_token.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0)
+# Seconds per output token (gen_ai.server.time_per_output_token's advice): 100 to 4 a second.
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 60.0)
 
@@ -73,11 +78,17 @@ METRICS: tuple[Metric, ...] = (
            (*GENAI, "error_type"), "gen_ai.client.operation.duration: one LLM call, from "
            "sending the request to its response or error (the limiter wait excluded); "
            "error_type is empty for a success", "process", DURATION_BUCKETS),
+    Metric("drover_gen_ai_server_time_to_first_token_seconds", "histogram", GENAI,
+           "gen_ai.server.time_to_first_token: from sending a streamed LLM call to its first "
+           "content token, as the client sees it", "process", TTFT_BUCKETS),
+    Metric("drover_gen_ai_server_time_per_output_token_seconds", "histogram", GENAI,
+           "gen_ai.server.time_per_output_token: seconds per output token after the first "
+           "(1 / output tokens a second) of a streamed LLM call", "process", TPOT_BUCKETS),
     Metric("drover_gen_ai_client_token_usage", "counter", (*GENAI, "gen_ai_token_type"),
            "gen_ai.client.token.usage summed: tokens of finished LLM calls by type (input = "
            "uncached input, output, cache_read, cache_write = cache creation; "
-           "unanswered_input, unanswered_output = the estimate of calls sent whose answer "
-           "never came back, which the provider bills)", "process"),
+           "unanswered_input, unanswered_output = calls sent whose answer never came back, "
+           "which the provider bills: what their stream had generated, or the estimate)", "process"),
     Metric("drover_llm_calls", "counter", ("scope", "outcome"),
            "LLM calls by outcome: ok, 429, 529, 5xx, 4xx, connection (incl. timeouts), "
            "cancelled (the job was cancelled or ran out of time before the send), unanswered "

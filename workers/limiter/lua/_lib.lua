@@ -32,7 +32,8 @@ local DIMS = {'r', 'i', 'o'}
 local DIM = {r = 1, i = 2, o = 3}
 local LIMITS = {'rpm', 'itpm', 'otpm'}
 local STAT_FIELDS = {'requests', 'input_tokens', 'output_tokens', 'waits', 'wait_ms',
-                     'cache_read', 'cache_write', 'uncached', 'short_prefix'}
+                     'cache_read', 'cache_write', 'uncached', 'short_prefix', 'streamed',
+                     'ttft_ms', 'gen_ms', 'gen_tokens'}
 
 local function num(x)
   return string.format('%.17g', x)

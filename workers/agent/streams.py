@@ -1,0 +1,104 @@
+"""One realtime Messages call as a stream (the SDK's ``messages.stream``), judged by the gap
+between its events, never by a total time.
+
+A call that is making progress is never abandoned: the stream is closed only when no event
+(a ``ping`` included) came for ``DROVER_STREAM_IDLE_S`` (an APITimeoutError, retried like a
+timeout), when the connection drops or an ``error`` event arrives mid-answer (retried like a
+5xx / 529), or when the caller cancels it (a job cancel or deadline: ``llm.race`` cancels the
+task, which closes the stream at once). ``Seen`` keeps what had arrived, so a stream that
+ends early still counts what it cost: the input from ``message_start`` and the output
+generated until then (the last usage seen, or the characters received / 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+from anthropic.types import Message
+
+CHARS_PER_TOKEN = 4.0
+
+
+@dataclass
+class Seen:
+    """What a stream delivered so far."""
+
+    opened: float = field(default_factory=time.monotonic)
+    headers: Any = None  # the response's headers (the limiter reads its rate-limit headers)
+    started: bool = False  # message_start arrived: the provider admitted the request
+    input_tokens: int = 0  # message_start's usage (input, cache creation and reads)
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    output_tokens: int = 0  # the output count message_delta said
+    chars: int = 0  # characters of content received (text, tool input, thinking)
+    first_token_s: float | None = None  # from the send to the first content delta
+    last_event_s: float = 0.0  # from the send to the last event
+
+    def on(self, event: Any) -> None:
+        now = time.monotonic() - self.opened
+        self.last_event_s = now
+        kind = event.type
+        if kind == "message_start":
+            self.started = True
+            usage = event.message.usage
+            self.input_tokens = usage.input_tokens or 0
+            self.cache_creation_input_tokens = usage.cache_creation_input_tokens or 0
+            self.cache_read_input_tokens = usage.cache_read_input_tokens or 0
+            # (its output count, 1 or so, is not taken: nothing is generated before content)
+        elif kind == "content_block_delta":
+            delta = event.delta
+            text = (getattr(delta, "text", None) or getattr(delta, "partial_json", None)
+                    or getattr(delta, "thinking", None) or "")
+            if text and self.first_token_s is None:
+                self.first_token_s = now
+            self.chars += len(text)
+        elif kind == "message_delta":
+            self.output_tokens = max(self.output_tokens, event.usage.output_tokens or 0)
+
+    def partial_output(self) -> int:
+        """Output tokens generated so far: the stream's own count, or estimated from the
+        characters received."""
+        return max(self.output_tokens, math.ceil(self.chars / CHARS_PER_TOKEN))
+
+    def partial_input(self, cache_reads_count: bool) -> int:
+        total = self.input_tokens + self.cache_creation_input_tokens
+        return total + (self.cache_read_input_tokens if cache_reads_count else 0)
+
+    def counts(self, output_tokens: int) -> dict[str, int]:
+        """The limiter's speed counters of this answer (STAT_FIELDS), for ``drover stats``."""
+        if self.first_token_s is None:
+            return {}
+        gen_s = max(0.0, self.last_event_s - self.first_token_s)
+        return {"streamed": 1, "ttft_ms": round(self.first_token_s * 1000),
+                "gen_ms": round(gen_s * 1000), "gen_tokens": output_tokens}
+
+    def output_per_s(self, output_tokens: int) -> float | None:
+        """Output tokens a second after the first token (None: too short to say)."""
+        if self.first_token_s is None:
+            return None
+        span = self.last_event_s - self.first_token_s
+        return output_tokens / span if span > 0.05 and output_tokens > 1 else None
+
+
+async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
+                         idle_s: float) -> Message:
+    """Send one turn as a stream and return the final message; raises the SDK's errors
+    (APITimeoutError when no event came for ``idle_s``)."""
+    async with client.messages.stream(**params) as stream:
+        seen.headers = stream.response.headers
+        events = stream.__aiter__()
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    event = await events.__anext__()
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise anthropic.APITimeoutError(request=stream.response.request) from None
+            seen.on(event)
+        return await stream.get_final_message()
