@@ -282,6 +282,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 _CONFIG: dict[str, pytest.Config] = {}
 
+# --- four test processes by default -------------------------------------------------------
+
+WORKERS = 4  # most tests wait (latency, limits, sweeps): four share two cores well
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``-n 4 --dist loadgroup`` unless the command line says ``-n`` itself (``-n 0``: one
+    process). Here rather than in pyproject's addopts so that a checkout whose environment
+    has not installed the test extra's pytest-xdist yet still runs its tests (in one
+    process) instead of refusing ``-n``. Runs before xdist's own hook, which reads these."""
+    if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", 0) is not None:
+        return
+    if config.option.collectonly:
+        return
+    config.option.numprocesses = WORKERS
+    if config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
