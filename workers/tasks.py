@@ -85,7 +85,11 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     except RetryLater as later:
         window_op(job_id, "defer", index)  # its slot is free while it waits
         raise retry(self, later, (job_id, index, run.token)) from None
-    refill(rt.store, job_id, cancelled=outcome.status == "cancelled", done=run.records_in)
+    # A failed sub-agent may have ended its job (its only key refused, all_or_nothing): the
+    # job is then cancelled too, and its sub-agents never published need the join sent.
+    ended = outcome.status == "cancelled" or (
+        outcome.status == "failed" and bool(rt.store.meta(job_id).get("cancelled")))
+    refill(rt.store, job_id, cancelled=ended, done=run.records_in)
     return subagent_task_result(outcome)
 
 

@@ -115,3 +115,57 @@ def test_a_python_wait_with_no_worker_warns_naming_the_queue_and_keeps_waiting(
     worker(concurrency=2)
     waiting.join(timeout=120)
     assert results and results[0].counts.get("ok") == 1, results
+
+
+def test_a_pool_key_revoked_mid_job_takes_at_most_three_more_sends(
+        sim, drover_env, monkeypatch, spawn_worker):
+    """Grants queued ahead on the revoked key, on every worker, are held back before their
+    send once one worker has disabled it: the simulator counts each 401 it answers."""
+    import json
+
+    from bench.workload import MAX_TOKENS, MODEL, QUICK, SYSTEM, TOOL_NAMES
+    from drover import JobSpec, submit
+    from tests.helpers import configure
+
+    tag = drover_env["DROVER_KEY_ALIAS"]
+    org = QUICK.limits
+    shares = {"a": 0.5, "b": 0.4, "c": 0.3}
+    pool = [{"alias": f"{alias}-{tag}", "api_key": f"sk-sim-{tag}-{alias}",
+             **{dim: round(value * share) for dim, value in org.items()}}
+            for alias, share in shares.items()]
+    sim.configure(**QUICK.sim_config(overload_rate=0.0, pool=pool).to_dict())
+    configure(monkeypatch, drover_env, model=MODEL, keys=json.dumps(pool),
+              limit_groups=json.dumps({f"cls-{tag}": [MODEL]}),
+              **{dim: f"{v:g}" for dim, v in org.items()})
+    for _ in range(2):
+        spawn_worker(concurrency=8)
+    handle = submit(JobSpec(subtasks=QUICK.tasks, system=SYSTEM, tools=TOOL_NAMES,
+                            max_tokens=MAX_TOKENS, model=MODEL, max_turns=10))
+    b = pool[1]["alias"]
+    wait_until("key b to serve some calls",
+               lambda: sim.stats()["per_key"].get(b, {}).get("accepted", 0) >= 5, 120)
+    sim.configure(revoked=[b])
+    result = handle.wait(timeout=300)
+    per_key = sim.stats()["per_key"]
+    assert result.counts["ok"] == QUICK.subagents, result.counts
+    # its first 401, and at most 3 more sends (those already on the wire)
+    assert 1 <= per_key[b]["n401"] <= 4, per_key
+
+
+def test_the_only_key_refused_ends_a_paced_job_at_once_with_its_cause_once(
+        sim, drover_env, monkeypatch, spawn_worker):
+    """30 sub-agents at the default 50 RPM: most wait in the fair-share line, unpublished.
+    The first 401 records them all failed and the join goes out (it used to wait for ever
+    for members never published), with one send to the provider."""
+    from drover import JobSpec, submit
+    from tests.helpers import configure, wait_for_workers
+
+    sim.configure(pool=[{"alias": "only", "api_key": drover_env["ANTHROPIC_API_KEY"],
+                         "revoke_after_s": 0}])
+    configure(monkeypatch, drover_env, rpm=50, itpm=30000, otpm=8000)
+    spawn_worker(concurrency=8)
+    wait_for_workers(1)
+    result = submit(JobSpec(subtasks=[f"task {i}" for i in range(30)])).wait(timeout=30)
+    assert result.status == "failed" and result.counts["failed"] == 30, result.counts
+    assert {r.error for r in result.results} == {result.reason}
+    assert sim.stats()["per_key"]["only"]["n401"] <= 3, sim.stats()["per_key"]

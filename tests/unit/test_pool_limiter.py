@@ -212,3 +212,31 @@ def test_no_redis_key_and_no_log_line_holds_a_key(redis_url, key_prefix, lim, ca
         dump = str(client.hgetall(k)) if kind == "hash" else str(client.dump(k))
         assert SECRET not in dump and SECRET not in k.decode()
     client.close()
+
+
+def test_a_grant_on_a_key_disabled_while_it_waited_is_held_back_not_sent(
+        monkeypatch, redis_url, key_prefix):
+    """The disable reaches a call granted before it, right before its send (hold_back.lua):
+    a key refused on one worker costs no further send of grants other workers hold."""
+    monkeypatch.setenv("DROVER_KEYS", _keys({"alias": "a", "itpm": 30_000},
+                                            {"alias": "b", "itpm": 30_000}))
+    settings = load_settings(itpm=90_000, rpm=1000, key_prefix=key_prefix)
+
+    async def run() -> tuple[float, float, str | None]:
+        client = aredis.Redis.from_url(redis_url)
+        limiter = AsyncLimiter(client, prefix=key_prefix)
+        route = Route(settings, settings.model, None, Pool(settings.keys, {"a": 1, "b": 2}))
+        grant = await route.acquire(limiter, input_tokens=10, output_tokens=10,
+                                    lease_ttl_s=60, prefer=None)
+        other = next(k.alias for k in settings.keys if k.alias != grant.key)
+        before = await route.hold_back(limiter, grant)
+        await limiter.disable_key(grant.key, why="401 authentication_error: test")
+        after = await route.hold_back(limiter, grant)
+        moved = await route.acquire(limiter, input_tokens=10, output_tokens=10,
+                                    lease_ttl_s=60, prefer=grant.key)
+        await client.aclose()
+        assert moved.key == other
+        return before, after, moved.key
+
+    before, after, _ = asyncio.run(run())
+    assert before == 0 and after > 3600, (before, after)

@@ -215,7 +215,9 @@ class LimiterCore:
         if not grant.granted or grant.lease_id is None:
             return None
         keys = [key for scope in scopes for key in self.keys(scope)[:2]]
-        return self._call("hold_back", keys, {"lease": grant.lease_id},
+        if grant.key is not None:  # a pool's: a key disabled since the grant holds it too
+            keys.append(self._off_keys()[0])
+        return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key},
                           lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
