@@ -67,13 +67,17 @@ def shell_env(tmp_path: Path, **values: str) -> dict[str, str]:
     return env
 
 
-def end_group(pgid: int, timeout: float = 30) -> None:
+def end_group(leader: subprocess.Popen, timeout: float = 30) -> None:
     """SIGTERM every process the script left running (the simulator, the workers), then
-    SIGKILL what lingers."""
+    SIGKILL what lingers. The group's leader is our child: reaped here as soon as it ends
+    (a zombie still counts as a member of its group, so an unreaped leader kept the group
+    alive for the whole timeout: 30 s of every test's call and of its teardown)."""
+    pgid = leader.pid
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        leader.poll()
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -90,7 +94,7 @@ def run_script(script: str, cwd: Path, env: dict[str, str], log: Path) -> int:
     try:
         return proc.wait(timeout=BOUND_S)
     finally:
-        end_group(proc.pid)
+        end_group(proc)
         proc.wait()
 
 
@@ -121,7 +125,7 @@ def readme_redis(tmp_path: Path) -> Iterator[tuple[int, str]]:
         yield port, "redis-password"
     finally:
         client.close()
-        end_group(proc.pid)
+        end_group(proc)
         proc.wait()
 
 
