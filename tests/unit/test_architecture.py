@@ -99,3 +99,14 @@ def test_dependencies_point_one_way():
     # The job store knows neither the scheduler nor recovery; the scheduler not recovery.
     assert not edges.get("workers.jobs", set()) & {"workers.fairshare", "workers.recovery"}
     assert "workers.recovery" not in edges.get("workers.fairshare", set())
+
+
+def test_every_test_file_name_is_unique_across_the_tiers():
+    """The test folders are no packages, so pytest imports each test file by its bare name:
+    two files of one name in two tiers stop the whole suite at collection ("import file
+    mismatch"), which running one tier alone (landing's unit tier) never shows."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(tests.rglob("test_*.py")):
+        seen[path.name].append(str(path.relative_to(tests)))
+    assert not {name: where for name, where in seen.items() if len(where) > 1}
