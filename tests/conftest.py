@@ -282,6 +282,28 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 _CONFIG: dict[str, pytest.Config] = {}
 
+# --- the longest tests first ----------------------------------------------------------------
+
+# Files whose tests take a minute or more each on a loaded 2-core box (--durations).
+LONG_POLES = ("tests/system/test_worker_loss.py", "tests/system/test_first_hour.py",
+              "tests/system/test_limiter_e2e.py", "tests/integration/test_bench_smoke.py",
+              "tests/system/test_wait_in_line.py")
+TIERS = ("tests/system/", "tests/integration/", "tests/unit/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the long tests first: pytest-xdist hands tests out in this order, so a minute-long
+    test collected last (the system tier sorts last by name) would run alone at the end while
+    the other processes idle. The order is the same in every process (xdist checks)."""
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        tier = next((i for i, prefix in enumerate(TIERS) if path.startswith(prefix)),
+                    len(TIERS))
+        return (0 if path in LONG_POLES else 1, tier)
+
+    items.sort(key=rank)  # stable: within a rank, the order of collection
+
+
 # --- four test processes by default -------------------------------------------------------
 
 WORKERS = 4  # most tests wait (latency, limits, sweeps): four share two cores well
