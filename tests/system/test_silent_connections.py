@@ -89,3 +89,39 @@ def test_connections_that_go_silent_mid_job_cost_seconds(proxies, sim, drover_en
         assert stats["duplicate_accepted"] <= TWICE_AT_MOST
     finally:
         fleet.close()
+
+
+def test_a_worker_whose_event_loop_is_stuck_is_not_alive_and_its_sub_agents_move_on(
+        sim, drover_env, spawn_worker, monkeypatch):
+    """Liveness means progress: the victim's heartbeat thread reaches Redis well, but its event
+    loop is held by a blocking call (a tool's, as a client stuck on a dead connection would
+    hold it). Its heartbeat stops after DROVER_PROGRESS_STALE_S and the sweep sends its
+    sub-agents to the other worker, as for a killed one; the victim process stays up."""
+    configure(monkeypatch, drover_env, socket_timeout_s=2, progress_stale_s=5,
+              tool_modules='["drover.workers.demo_tools", "tests.helpers.fault_tools"]')
+    sim.configure(**{**SIM, "tool_turns": 1})
+    n = 12
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Weigh container {i}" for i in range(n)], tools=["fault_blocks_the_loop"],
+        max_tokens=60))
+    fleet = Fleet(drover_env)
+    try:
+        victim = spawn_worker(concurrency=4, FAULT_BLOCK_LOOP_S="600")
+        victim_id = fleet.wait_for(victim)[0]
+        wait_until("the victim holding sub-agents", lambda: fleet.held(victim_id), 60)
+        survivor = spawn_worker(concurrency=4)
+        fleet.wait_for(survivor)
+        held = fleet.held(victim_id)
+        wait_until("the stuck victim's heartbeat gone", lambda: fleet.worker_of(victim) is None,
+                   BOUND_S)
+        assert victim.poll() is None  # its process runs, its heartbeat thread too
+        result = fleet.wait(handle, n, BOUND_S)
+        print(f"\nstuck event loop: {len(held)} sub-agents of the victim moved on; "
+              f"turns sent twice: {sim.stats()['duplicate_accepted']}")
+        assert result.counts["ok"] == n, [(r.index, r.error) for r in result.results
+                                          if r.status != "ok"]
+        written = fleet.records_written(result.job_id)
+        assert sorted(written) == list(range(n)) and set(written.values()) == {1}
+        assert sim.stats()["duplicate_accepted"] <= TWICE_AT_MOST
+    finally:
+        fleet.close()

@@ -173,15 +173,16 @@ class Runtime:
         loop blocked for DROVER_PROGRESS_STALE_S stops the heartbeat, so the sub-agents it
         runs are sent again elsewhere."""
         heartbeat = None
+        part = f"{LOOP_PART} {id(self):x}"  # a process can hold more than one runtime
         try:
             while True:
                 heartbeat = services(self.settings).worker_heartbeat or heartbeat
                 if heartbeat is not None:
-                    heartbeat.pulse(LOOP_PART)
+                    heartbeat.pulse(part)
                 await asyncio.sleep(self.settings.heartbeat_s)
         finally:
             if heartbeat is not None:  # closed on purpose: not a lack of progress
-                heartbeat.unwatch(LOOP_PART)
+                heartbeat.unwatch(part)
 
     async def _listen_for_cancels(self) -> None:
         channel = self.store.cancel_channel
