@@ -29,6 +29,7 @@ import redis
 import redis.asyncio
 
 from drover.workers.limiter import AsyncLimiter, Limiter, ScopeLimits
+from drover.workers.providers import ANTHROPIC
 
 # Limits high enough that nothing waits: we measure the decision, not the queue.
 LIMITS = ScopeLimits(rpm=1e9, itpm=1e12, otpm=1e12, max_in_flight=10**9)
@@ -41,6 +42,7 @@ HEADERS = {
     "anthropic-ratelimit-output-tokens-limit": "400000",
     "anthropic-ratelimit-output-tokens-remaining": "399800",
 }
+READINGS = ANTHROPIC.read_limits(HEADERS)
 
 
 def _median_us(samples: list[int]) -> float:
@@ -61,7 +63,7 @@ def _breakdown(client: redis.Redis, lim: Limiter, scope: str,
     for _ in range(n):
         for name in names:
             g = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
-            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, headers=HEADERS)
+            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, readings=READINGS)
             call = lim._acquire(scope, LIMITS, 1000, 200, 180.0)
             script = at_once if name == names[0] else lim._scripts["acquire"]
             t0 = clock()
@@ -98,7 +100,7 @@ async def _worker_path(url: str, prefix: str, n: int) -> tuple[float, float, flo
             g = await lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
             t2 = clock()
             await lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150,
-                             headers=HEADERS)
+                             readings=READINGS)
             t3 = clock()
             if i >= 500:
                 ping.append(t1 - t0)
@@ -127,7 +129,7 @@ def main() -> None:
         for _ in range(500):  # warm up: scripts loaded, connection open
             client.ping()
             g = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
-            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, headers=HEADERS)
+            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, readings=READINGS)
 
         ping, acq, settle, pair = [], [], [], []
         clock = time.perf_counter_ns
@@ -138,7 +140,7 @@ def main() -> None:
             t1 = clock()
             g = lim.acquire(scope, LIMITS, input_tokens=1000, output_tokens=200)
             t2 = clock()
-            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, headers=HEADERS)
+            lim.settle(scope, LIMITS, g, input_tokens=900, output_tokens=150, readings=READINGS)
             t3 = clock()
             ping.append(t1 - t0)
             acq.append(t2 - t1)

@@ -25,7 +25,7 @@ from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
-from drover.workers.agent.warmup import warm_up
+from drover.workers.providers.warmup import warm_up
 from drover.workers.fairshare import start_pump
 from drover.workers.jobs import TOKEN_HEADER
 from drover.workers.recovery import start_sweeper
@@ -49,7 +49,7 @@ def import_tool_modules() -> None:
 def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
     # The SDK's first call in a process is slow (lazy imports): made here, to a local one-shot
-    # server, so a job's first granted sends are not late (agent/warmup.py).
+    # server, so a job's first granted sends are not late (providers/warmup.py).
     get_runtime().run(warm_up())
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     settings = get_settings()

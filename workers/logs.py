@@ -74,7 +74,7 @@ _once_per_job = OncePerJob()
 
 
 def configure_logging(settings: Any = None) -> None:
-    import anthropic  # noqa: F401  its import applies ANTHROPIC_LOG; ours must come after
+    import drover.workers.providers  # noqa: F401  the SDKs apply ANTHROPIC_LOG on import; ours after
 
     bodies = bool(getattr(settings, "log_http_bodies", False))
     for name in QUIET:

@@ -101,6 +101,39 @@ def test_dependencies_point_one_way():
     assert "workers.recovery" not in edges.get("workers.fairshare", set())
 
 
+PROVIDER_SDKS = ("anthropic", "openai")
+
+
+def test_only_the_providers_room_imports_a_provider_sdk():
+    """Anthropic's and OpenAI's SDKs live behind the provider seam (workers/providers/): any
+    import of one elsewhere in the package, at module level, in a function or for type
+    checking only, is a provider's specifics leaking out of its room."""
+    leaks = []
+    for path in sorted(p for room in ROOMS for p in (ROOT / room).rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[:2] == ("workers", "providers") or rel.parts[0] == "simulator":
+            continue  # the simulator stands alone and speaks the providers' wire shapes
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            leaks += [f"{rel}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[0] in PROVIDER_SDKS]
+    assert not leaks, leaks
+
+
+def test_the_providers_room_builds_on_nothing_of_drover_but_config():
+    """The seam is the bottom of the call path: agent code asks it, it asks nobody."""
+    assert not edges_of("workers.providers") - {"config"}
+
+
+def edges_of(room: str) -> set[str]:
+    return room_graph().get(room, set())
+
+
 def test_every_test_file_name_is_unique_across_the_tiers():
     """The test folders are no packages, so pytest imports each test file by its bare name:
     two files of one name in two tiers stop the whole suite at collection ("import file

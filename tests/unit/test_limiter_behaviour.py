@@ -17,10 +17,15 @@ from drover.workers.limiter import (
     Limiter,
     ScopeLimits,
     llm_scope,
-    parse_ratelimit_headers,
     tool_scope,
 )
+from drover.workers.providers import ANTHROPIC
 from tests.helpers.limiter_model import T0, Clock
+
+
+def read(headers):
+    """What the Anthropic provider reads from these headers (the limiter folds readings)."""
+    return ANTHROPIC.read_limits(headers)
 
 
 def clocked(cls, client, key_prefix, **kw):
@@ -221,12 +226,12 @@ def test_sync_headers_lowers_but_never_raises(lim):
     scope, limits = "llm:k:sync", ScopeLimits(rpm=600, itpm=60_000, otpm=6_000)
     at(lim, 0)
     lim.acquire(scope, limits, input_tokens=100)
-    lim.sync_headers(scope, limits, {
+    lim.sync_headers(scope, limits, read({
         "anthropic-ratelimit-requests-remaining": "1000",     # above: ignored
         "anthropic-ratelimit-input-tokens-remaining": "0",    # below: lowers
         "anthropic-ratelimit-output-tokens-remaining": "42",  # below capacity 100: lowers
         "anthropic-ratelimit-requests-limit": "5",            # configured: not learned
-    })
+    }))
     s = lim.state(scope, limits)
     assert s["requests"]["level"] == 9
     assert s["input_tokens"]["level"] == 0
@@ -239,14 +244,14 @@ def test_sync_headers_fills_limits_that_were_not_configured(lim):
     limits = ScopeLimits(rpm=600, learned_utilization=0.5)  # token limits unknown
     at(lim, 0)
     assert lim.acquire(scope, limits, input_tokens=10**6).wait_s == 0  # nothing to limit yet
-    lim.sync_headers(scope, limits, {"Anthropic-RateLimit-Input-Tokens-Limit": "120000",
-                                     "anthropic-ratelimit-input-tokens-remaining": "garbage"})
+    lim.sync_headers(scope, limits, read({"Anthropic-RateLimit-Input-Tokens-Limit": "120000",
+                                          "anthropic-ratelimit-input-tokens-remaining": "garbage"}))
     s = lim.state(scope, limits)
     assert s["learned"]["itpm"] == 120_000
     assert s["input_tokens"]["limit_per_min"] == 60_000  # raw x learned_utilization
     g = lim.acquire(scope, limits, input_tokens=2000)  # 1000 tok/s, capacity 1000
     assert g.granted and g.wait_s == pytest.approx(1.0)
-    assert parse_ratelimit_headers({"anthropic-ratelimit-requests-remaining": "-1"})[0][0] is None
+    assert read({"anthropic-ratelimit-requests-remaining": "-1"}) is None
 
 
 def test_settle_with_headers_is_settle_then_sync_in_one_call(redis_url, key_prefix):
@@ -261,9 +266,9 @@ def test_settle_with_headers_is_settle_then_sync_in_one_call(redis_url, key_pref
         at(lim, 0.5)
         if lim is two_calls:
             lim.settle(scope, limits, g, input_tokens=250, output_tokens=80)
-            lim.sync_headers(scope, limits, headers)
+            lim.sync_headers(scope, limits, read(headers))
         else:
-            lim.settle(scope, limits, g, input_tokens=250, output_tokens=80, headers=headers)
+            lim.settle(scope, limits, g, input_tokens=250, output_tokens=80, readings=read(headers))
         states.append(lim.state(scope, limits))
     client.close()
     assert states[0] == states[1]
@@ -283,7 +288,7 @@ def test_tool_scope_limits_requests_per_second(lim):
 def test_keys_share_one_hash_tag_and_expire(lim, redis_client, key_prefix):
     scope, limits = llm_scope("alias", "model"), ScopeLimits(rpm=60, itpm=600, otpm=60)
     lim.acquire(scope, limits, input_tokens=5, output_tokens=5)
-    lim.sync_headers(scope, ScopeLimits(), {"anthropic-ratelimit-requests-limit": "50"})
+    lim.sync_headers(scope, ScopeLimits(), read({"anthropic-ratelimit-requests-limit": "50"}))
     lim.record(scope, uncached=1)
     keys = sorted(redis_client.scan_iter(match=f"{key_prefix}:*"))
     scoped = [k for k in keys if k != f"{key_prefix}:scopes"]
@@ -305,11 +310,11 @@ def test_the_learned_share_keeps_its_own_named_state_under_the_scopes_tag(
                "anthropic-ratelimit-input-tokens-limit": "60000"}
     at(lim, 0)
     g = lim.acquire(scope, limits, input_tokens=100)
-    lim.settle(scope, limits, g, input_tokens=100, output_tokens=0, headers=headers)
+    lim.settle(scope, limits, g, input_tokens=100, output_tokens=0, readings=read(headers))
     for second, remaining in ((3, "20000"), (6, "10000"), (9, "5000")):  # someone else too
         at(lim, second)
-        lim.sync_headers(scope, limits, {
-            **headers, "anthropic-ratelimit-input-tokens-remaining": remaining})
+        lim.sync_headers(scope, limits, read({
+            **headers, "anthropic-ratelimit-input-tokens-remaining": remaining}))
     bucket, *_, share = lim.keys(scope)
     assert set(redis_client.hkeys(bucket)) <= {
         "r", "i", "o", "Lr", "Li", "Lo", "burst", "cd", "lx"}
@@ -439,13 +444,13 @@ def test_fakeredis_runs_the_scripts_exactly_like_redis(redis_url, key_prefix):
                 out.append((g.granted, g.reason, g.wait_s, g.retry_after_s, g.send_us))
             elif op == "settle":
                 lim.settle(scope, limits, grants[0], input_tokens=a[0], output_tokens=a[1],
-                           headers=a[2])
+                           readings=read(a[2]))
             elif op == "release":
                 lim.release(scope, grants[-1])
             elif op == "cooldown":
                 out.append(lim.cooldown(scope, limits, a[0]))
             elif op == "sync":
-                lim.sync_headers(scope, limits, a[0])
+                lim.sync_headers(scope, limits, read(a[0]))
             else:
                 lim.record(scope, requests=2)
             out.append(lim.state(scope, limits))
@@ -468,7 +473,7 @@ def test_fakeredis_runs_the_production_scripts_on_its_own_clock():
     assert first.granted and first.wait_s == 0 and 0 < second.wait_s <= 1.0
     assert second.send_at - first.send_at == pytest.approx(1.0, abs=1e-6)
     lim.settle("llm:k:demo", limits, first, input_tokens=40, output_tokens=3,
-               headers={"anthropic-ratelimit-output-tokens-limit": "600"})
+               readings=read({"anthropic-ratelimit-output-tokens-limit": "600"}))
     state = lim.state("llm:k:demo")
     assert state["leases"] == 1 and state["learned"]["otpm"] == 600
     assert sum(r["requests"] for r in lim.usage("llm:k:demo", 5)) == 1

@@ -23,7 +23,13 @@ from drover.simulator.buckets import KeyBuckets
 from drover.simulator.engine import lognormal_params
 from drover.simulator.responses import ratelimit_headers
 from drover.workers.limiter import Limiter, ScopeLimits
+from drover.workers.providers import ANTHROPIC
 from tests.helpers.limiter_model import T0, Clock
+
+
+def read(headers):
+    """What the Anthropic provider reads from these headers (the limiter folds readings)."""
+    return ANTHROPIC.read_limits(headers)
 
 
 @dataclass
@@ -69,7 +75,7 @@ class Callers:
                 self.sim.settle_output(cost[1], 0, t)
                 headers = ratelimit_headers(self.sim, t, t, round_tokens=True)
                 self.lim.settle(self.scope, self.limits, grant, input_tokens=cost[0],
-                                output_tokens=cost[1], headers=headers)
+                                output_tokens=cost[1], readings=read(headers))
                 self.done, self.last_done = self.done + 1, t
                 self._later(t, "acquire")
 

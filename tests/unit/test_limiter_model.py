@@ -26,8 +26,14 @@ from hypothesis.stateful import (
 )
 
 from drover.workers.limiter import Limiter, ScopeLimits
+from drover.workers.providers import ANTHROPIC
 from tests.helpers import EXAMPLES
 from tests.helpers.limiter_model import T0, Clock, ScopeModel, Send, window_violations
+
+
+def read(headers):
+    """What the Anthropic provider reads from these headers (the limiter folds readings)."""
+    return ANTHROPIC.read_limits(headers)
 
 limits_strategy = st.builds(
     ScopeLimits,
@@ -124,7 +130,7 @@ def make_machine(client, prefix: str):
             g, sends = item
             remaining, learn = headers
             self.lim.settle(self.scope, self.limits, g, input_tokens=actual_in,
-                            output_tokens=actual_out, headers=self._headers(remaining, learn))
+                            output_tokens=actual_out, readings=read(self._headers(remaining, learn)))
             self.model.settle(self.clock.us, self.limits, g.lease_id, True,
                               (g.input_tokens, g.output_tokens), (actual_in, actual_out))
             self._model_sync(remaining, learn)
@@ -173,7 +179,7 @@ def make_machine(client, prefix: str):
         def sync(self, headers):
             self.step += 1
             remaining, learn = headers
-            self.lim.sync_headers(self.scope, self.limits, self._headers(remaining, learn))
+            self.lim.sync_headers(self.scope, self.limits, read(self._headers(remaining, learn)))
             self._model_sync(remaining, learn)
 
         @invariant()

@@ -12,7 +12,8 @@ import redis.asyncio as aredis
 from redis.cluster import key_slot
 
 from drover.config import SettingsError, load_settings
-from drover.workers.agent.routes import Pool, Route, levels_of_429, split_headers
+from drover.workers.agent.routes import Pool, Route, levels_of_429, split_readings
+from drover.workers.providers import ANTHROPIC
 from drover.workers.limiter import AsyncLimiter, Limiter, ScopeLimits, org_scope, pool_scope
 
 SECRET = "sk-ant-very-secret-value"
@@ -156,13 +157,14 @@ def _headers(limit: float, remaining: float) -> dict[str, str]:
 def test_each_level_folds_in_only_the_headers_about_it():
     org = load_settings(itpm=90_000, rpm=1000).limits_for(load_settings().model)
     key = org.model_copy(update={"itpm": 30_000, "rpm": None})
-    org_h, key_h = split_headers(_headers(30_000, 0), org, key)
-    assert "anthropic-ratelimit-input-tokens-remaining" in key_h
-    assert "anthropic-ratelimit-input-tokens-remaining" not in org_h
-    assert "anthropic-ratelimit-requests-remaining" in org_h
-    assert levels_of_429(_headers(30_000, 0), org, key) == ["key"]
-    assert levels_of_429(_headers(90_000, 0), org, key) == ["org"]
-    assert levels_of_429({}, org, key) == ["key", "org"]
+    read = ANTHROPIC.read_limits
+    org_h, key_h = split_readings(read(_headers(30_000, 0)), org, key)
+    assert "input" in key_h["remaining"]
+    assert "input" not in org_h["remaining"]
+    assert "requests" in org_h["remaining"]
+    assert levels_of_429(read(_headers(30_000, 0)), org, key) == ["key"]
+    assert levels_of_429(read(_headers(90_000, 0)), org, key) == ["org"]
+    assert levels_of_429(read({}), org, key) == ["key", "org"]
 
 
 def test_a_429_cools_down_the_level_whose_limit_it_hit(monkeypatch, redis_url, key_prefix):

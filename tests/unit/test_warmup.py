@@ -1,4 +1,4 @@
-"""The worker's SDK warm-up (workers/agent/warmup.py): one call through the SDK, answered by
+"""The worker's SDK warm-up (workers/providers/warmup.py): one call through the SDK, answered by
 a server of its own in this process, never the configured provider."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from drover.workers.agent.warmup import warm_up
+from drover.workers.providers.warmup import warm_up
 
 
 def test_the_warm_up_call_is_answered_locally_and_never_reaches_the_configured_provider(

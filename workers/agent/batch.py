@@ -47,11 +47,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import anthropic
-import httpx2
-from anthropic.types import Message
-from anthropic.types.messages import MessageBatchIndividualResponse
-
 from drover.config import Settings
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from drover.workers.agent.limits import bucket_seconds
@@ -63,6 +58,13 @@ from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import ACTIVE, JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
+from drover.workers.providers import (
+    ANTHROPIC,
+    ConnectionFailed,
+    Message,
+    MessageBatchIndividualResponse,
+    StatusError,
+)
 from drover.workers.services import services
 
 __all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
@@ -197,13 +199,11 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
                                          "outside drover; sent again"))
 
 
-def _status_error(rt: Runtime, body: dict[str, Any]) -> anthropic.APIStatusError:
+def _status_error(rt: Runtime, body: dict[str, Any]) -> BaseException:
     """The SDK exception a realtime call would have raised for this error body."""
     inner = body.get("error") if isinstance(body.get("error"), dict) else body
     status = ERROR_STATUS.get(str(inner.get("type")), 500)
-    request = httpx2.Request("POST", "https://batch.invalid/v1/messages")
-    response = httpx2.Response(status, json=body, request=request)
-    return rt.client._make_status_error_from_response(response)
+    return ANTHROPIC.status_error(rt.client, status, body)
 
 
 # --- the batcher ---------------------------------------------------------------------------
@@ -271,7 +271,7 @@ class Batcher:
         try:
             self.sent = True  # the call went out (whatever comes back)
             return await call()
-        except anthropic.APIStatusError as error:
+        except StatusError as error:
             decision = classify(error, attempt=0, base_s=1.0, cap_s=60.0)
             if decision.cooldown_s is not None:  # every host backs off the batches endpoints
                 await limiter.cooldown(self.api_scope, self.api_limits, decision.cooldown_s)
@@ -280,7 +280,7 @@ class Batcher:
             if decision.action == "fail" and what == "create":
                 raise
             return None
-        except anthropic.APIConnectionError as error:
+        except ConnectionFailed as error:
             log.warning("batch %s failed: %s", what, type(error).__name__)
             return None
         finally:
@@ -411,7 +411,7 @@ class Batcher:
         try:
             made = await self._call("create", lambda: self.rt.batch_client.messages.batches.create(
                 requests=requests))
-        except anthropic.APIStatusError as error:
+        except StatusError as error:
             # The provider will not take these requests (e.g. 413): their owners fail with it.
             await _io(self.store.drop_intent, intent)
             await self._release(leases)

@@ -30,9 +30,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-import anthropic
 import redis
-from anthropic.types import Message
 
 from drover.workers.agent.caching import cache_counts
 from drover.workers.agent.errors import (
@@ -55,10 +53,10 @@ from drover.workers.agent.retry import (
 )
 from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
-from drover.workers.agent.streams import Seen, stream_message
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.jobs.records import Usage
 from drover.workers.limiter import Grant, ScopeLimits
+from drover.workers.providers import Seen
 from drover.workers.telemetry import acquire_wait, llm_call, stream_timing
 
 log = logging.getLogger(__name__)
@@ -87,24 +85,6 @@ class CallContext:
     # Told of a call that was sent and never answered, with its input and output estimates.
     unanswered: Callable[[int, int], Awaitable[None]] | None = None
     key: str | None = None  # a pool: the key of this sub-agent's last call (sticky routing)
-
-
-# The SDK's HTTP client's errors raised before the request could reach the provider (by
-# name: the SDK's own httpx fork is not ours to import); any other transport error (a read
-# timeout, a dropped connection) came after the send, so the provider may have taken it.
-_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
-                       "ProxyError"})
-
-
-def sent_unanswered(error: BaseException) -> bool:
-    """True for an SDK error that means the request went out and its answer was lost."""
-    if isinstance(error, anthropic.APIStatusError):  # the provider answered (with an error)
-        return False
-    if isinstance(error, anthropic.APIConnectionError):  # APITimeoutError is one too
-        cause = error.__cause__ or error.__context__
-        return cause is not None and not any(
-            kind.__name__ in _NOT_SENT for kind in type(cause).__mro__)
-    return False
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -272,7 +252,7 @@ async def release_tenant_budget(rt: Runtime, held: Held, spent: int | None = Non
 
 
 @llm_call
-async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Message:
+async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Any:
     """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled.
 
     With a pool of keys, a key refused (401/403) is disabled fleet-wide and the call moves to
@@ -309,7 +289,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
 
 async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallContext,
                 est: tuple[int, int], est_out: int, cache_reads_count: bool,
-                budget_wait: float, spent: list[int | None]) -> Message | None:
+                budget_wait: float, spent: list[int | None]) -> Any | None:
     """One try on one key; None when a pool's key was refused and disabled, or a cooldown
     began while the call waited for its send (try again). ``est``: the input estimate and
     what the limiter reserves for it. ``spent[0]``: what the tenant's budget pays for this
@@ -325,7 +305,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     started = time.monotonic()
     in_flight = False  # the request may be on the wire: only a cancel can tell us it went out
     seen = Seen()  # what the stream delivered (a stream that ends early still costs that)
-    message: Message | None = None
+    message: Any = None
     try:
         waited = max(grant.wait_s, budget_wait)
         await wait_or_cancel(waited, ctx.cancel)
@@ -336,13 +316,13 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         in_flight = True
         client = key.client if route.pooled else rt.client  # the one key: the runtime's own
         seen.opened = time.monotonic()
-        message = await race(stream_message(client, params, seen, settings.stream_idle_s),
-                             ctx.cancel)
-    except anthropic.APIError as error:
+        message = await race(rt.provider.stream_turn(client, params, seen,
+                                                     settings.stream_idle_s), ctx.cancel)
+    except rt.provider.api_error as error:
         # The request reached the provider (or tried to): it stays counted; its tokens too
         # when it went out and the answer was lost (the provider bills it): a stream that
         # had begun is billed what it had generated.
-        lost = seen.headers is not None or sent_unanswered(error)
+        lost = seen.headers is not None or rt.provider.sent_unanswered(error)
         lost_in, lost_out = _lost_usage(seen, est_in, est_out, cache_reads_count)
         await route.settle(rt.limiter, grant, input_tokens=lost_in if lost else 0,
                            output_tokens=lost_out if lost and seen.started else 0)

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Literal
 
-import anthropic
+from drover.workers.providers import describe
 
 RETRYABLE_STATUS = {408, 409, 500, 502, 503, 504, 529}
 # The status an `error` event of a stream stands for (the stream answered 200 before it).
@@ -38,8 +36,6 @@ STREAM_ERROR_STATUS = {"overloaded_error": 529, "api_error": 500, "rate_limit_er
                        "authentication_error": 401, "permission_error": 403,
                        "not_found_error": 404, "request_too_large": 413}
 AUTHENTICATION_ERROR = "authentication_error"
-# The monthly spend limit: no retry-after would help (it lifts at the start of next month).
-SPEND_CAP_CODE = "enforced_spend_limit_reached"
 
 
 @dataclass(frozen=True)
@@ -108,52 +104,6 @@ def poll_wait(retry_after_s: float, rng: random.Random | None = None) -> float:
     return retry_after_s * rng.uniform(1.0, 1.5)
 
 
-def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:
-    value = error.response.headers.get("x-should-retry")
-    return {"true": True, "false": False}.get(value) if value is not None else None
-
-
-def _retry_after(error: anthropic.APIStatusError) -> float | None:
-    headers = error.response.headers
-    value = headers.get("retry-after-ms")
-    if value is not None:
-        try:
-            return float(value) / 1000.0
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:  # the header may also be an HTTP date
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
-    except (TypeError, ValueError):
-        return None
-
-
-def _error_code(error: anthropic.APIStatusError) -> str | None:
-    body = error.body if isinstance(error.body, dict) else {}
-    inner = body.get("error", body)
-    details = inner.get("details") if isinstance(inner, dict) else None
-    code = details.get("error_code") if isinstance(details, dict) else None
-    return str(code) if code else None
-
-
-def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
-    body = error.body if isinstance(error.body, dict) else {}
-    inner = body.get("error", body)
-    inner = inner if isinstance(inner, dict) else {}
-    kind = inner.get("type") or type(error).__name__
-    message = inner.get("message") or str(error)
-    code = _error_code(error)
-    if code:
-        message = f"{message} ({code})"
-    return str(kind), str(message)[:500]
-
-
 KEY_REFUSED = {401, 403}  # authentication_error, permission_error: the key itself is refused
 
 
@@ -172,9 +122,10 @@ def missing_credentials(error: BaseException) -> bool:
 def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
              rng: random.Random | None = None) -> Decision:
     """Decide about one failed call; ``attempt`` counts the failures so far (0 for the first)."""
-    if isinstance(error, anthropic.APIStatusError):
-        code = error.status_code
-        kind, message = _error_fields(error)
+    failure = describe(error)  # the provider's error, in drover's words
+    if failure is not None and failure.status_code is not None:
+        code = failure.status_code
+        kind, message = failure.kind, failure.message
         if code < 400:
             # An `error` event in a stream that had begun (its HTTP status was 200): judged
             # as the status its type stands for (overloaded_error: a 529), retried alike.
@@ -182,20 +133,19 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
         if code == 401:  # a proxy's bare 401 has no body type: name it the way the API does
             kind = AUTHENTICATION_ERROR
         # The SDK's order: the server's explicit word first, then the status.
-        should_retry = _should_retry_header(error)
+        should_retry = failure.should_retry
         if should_retry is None:
             should_retry = (code in RETRYABLE_STATUS or code == 429 or code >= 500) and not (
-                code == 429 and _error_code(error) == SPEND_CAP_CODE)
+                code == 429 and failure.spend_cap)
         if not should_retry:
             return Decision("fail", kind, message, code)
-        retry_after = _retry_after(error) if code == 429 else None
+        retry_after = failure.retry_after_s if code == 429 else None
         if retry_after is not None:
             countdown = min(cap_s, retry_after + retry_after_jitter(retry_after, rng))
             return Decision("retry", kind, message, code, countdown, cooldown_s=retry_after)
         return Decision("retry", kind, message, code, full_jitter(attempt, base_s, cap_s, rng))
-    if isinstance(error, anthropic.APIConnectionError):
-        kind = "timeout" if isinstance(error, anthropic.APITimeoutError) else "connection_error"
-        return Decision("retry", kind, str(error)[:500], None,
+    if failure is not None:  # no answer: a connection error or a timeout
+        return Decision("retry", failure.kind, failure.message, None,
                         full_jitter(attempt, base_s, cap_s, rng))
     if missing_credentials(error):
         return Decision("fail", AUTHENTICATION_ERROR, "no API key: set ANTHROPIC_API_KEY on "

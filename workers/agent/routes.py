@@ -28,14 +28,15 @@ from drover.workers.limiter import (
     ScopeLimits,
     llm_scope,
     org_scope,
-    parse_ratelimit_headers,
     pool_scope,
 )
+from drover.workers.providers import ANTHROPIC, LimitReadings, Provider
 
-__all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_headers"]
+__all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_readings"]
 
 log = logging.getLogger(__name__)
-_DIMS = (("requests", "rpm"), ("input-tokens", "itpm"), ("output-tokens", "otpm"))
+# A dimension of the limits -> the limit setting that configures it.
+_SETTING = {"requests": "rpm", "input": "itpm", "output": "otpm"}
 
 
 @dataclass
@@ -53,8 +54,9 @@ class Route:
     """One call's limits: the one key's scope, or a pool's organisation and keys."""
 
     def __init__(self, settings: Settings, model: str, client: Any,
-                 pool: Pool | None = None) -> None:
+                 pool: Pool | None = None, provider: Provider = ANTHROPIC) -> None:
         self.settings = settings
+        self.provider = provider
         self.model_class = settings.limit_class(model)
         self.limits = llm_limits(settings, model)
         self.org_raw = settings.limits_for(model)
@@ -100,16 +102,18 @@ class Route:
         """True up each level; ``counts`` (the answer's cache figures) go to each level's
         counters, as its tokens do."""
         key = self.key(grant)
+        readings = None if headers is None else self.provider.read_limits(headers)
         if self.pool is None:
             await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
-                                 output_tokens=output_tokens, headers=headers, counts=counts)
+                                 output_tokens=output_tokens, readings=readings,
+                                 counts=counts)
             return
-        org_h, key_h = (None, None) if headers is None else split_headers(
-            headers, self.org_raw, key.raw)
+        org_h, key_h = (None, None) if readings is None else split_readings(
+            readings, self.org_raw, key.raw)
         await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
-                             output_tokens=output_tokens, headers=org_h, counts=counts)
+                             output_tokens=output_tokens, readings=org_h, counts=counts)
         await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
-                             output_tokens=output_tokens, headers=key_h, counts=counts)
+                             output_tokens=output_tokens, readings=key_h, counts=counts)
 
     async def hold_back(self, limiter: Any, grant: Grant) -> float:
         """Seconds a cooldown still holds on a level the grant reserved in (0.0: none, send
@@ -131,7 +135,7 @@ class Route:
             await limiter.cooldown(self.scope, self.limits, retry_after_s)
             return
         key = self.key(grant)
-        for level in levels_of_429(headers, self.org_raw, key.raw):
+        for level in levels_of_429(self.provider.read_limits(headers), self.org_raw, key.raw):
             scope, limits = (self.scope, self.limits) if level == "org" else (key.scope,
                                                                               key.limits)
             await limiter.cooldown(scope, limits, retry_after_s)
@@ -154,14 +158,15 @@ def _matches(value: float | None, limit: float | None) -> bool:
     return value is not None and limit is not None and abs(value - limit) <= 0.01 * limit
 
 
-def levels_of_headers(headers: Mapping[str, str], org: ModelLimits | None,
-                      key: ModelLimits | None) -> dict[str, str]:
+def levels_of_readings(readings: LimitReadings | None, org: ModelLimits | None,
+                       key: ModelLimits | None) -> dict[str, str]:
     """Per dimension ('requests', ...) the level its headers describe: 'key' when the
     ``-limit`` is the key's own limit, 'org' when it is the organisation's, else the level
     that configures no limit of that dimension ('key' if neither does: a learned limit)."""
-    _, limit = parse_ratelimit_headers(headers)
+    limit = (readings or {}).get("limit") or {}
     out: dict[str, str] = {}
-    for (dim, attr), seen in zip(_DIMS, limit, strict=True):
+    for dim, attr in _SETTING.items():
+        seen = limit.get(dim)
         k = getattr(key, attr) if key is not None else None
         o = getattr(org, attr) if org is not None else None
         if _matches(seen, k) and not _matches(seen, o):
@@ -177,36 +182,34 @@ def levels_of_headers(headers: Mapping[str, str], org: ModelLimits | None,
     return out
 
 
-def split_headers(headers: Mapping[str, str], org: ModelLimits | None,
-                  key: ModelLimits | None) -> tuple[dict[str, str], dict[str, str]]:
-    """The ``anthropic-ratelimit-*`` headers each level folds in (see levels_of_headers)."""
-    levels = levels_of_headers(headers, org, key)
-    org_h: dict[str, str] = {}
-    key_h: dict[str, str] = {}
-    lower = {str(k).lower(): v for k, v in headers.items()}
-    for dim, level in levels.items():
-        for part in ("remaining", "limit"):
-            name = f"anthropic-ratelimit-{dim}-{part}"
-            if name in lower:
-                if level in ("org", "both"):
-                    org_h[name] = lower[name]
-                if level in ("key", "both"):
-                    key_h[name] = lower[name]
-    return org_h, key_h
+def split_readings(readings: LimitReadings, org: ModelLimits | None, key: ModelLimits | None
+                   ) -> tuple[LimitReadings, LimitReadings]:
+    """What each level folds in of the headers' readings (see levels_of_readings)."""
+    levels = levels_of_readings(readings, org, key)
+    org_r: LimitReadings = {"remaining": {}, "limit": {}}
+    key_r: LimitReadings = {"remaining": {}, "limit": {}}
+    for part in ("remaining", "limit"):
+        for dim, value in (readings.get(part) or {}).items():
+            level = levels.get(dim, "key")
+            if level in ("org", "both"):
+                org_r[part][dim] = value
+            if level in ("key", "both"):
+                key_r[part][dim] = value
+    return org_r, key_r
 
 
-def levels_of_429(headers: Mapping[str, str], org: ModelLimits | None,
+def levels_of_429(readings: LimitReadings | None, org: ModelLimits | None,
                   key: ModelLimits | None) -> list[str]:
     """The level(s) a 429 hit: those described by the dimensions whose ``-remaining`` is
     lowest relative to their limit (an exhausted bucket); both when the headers say nothing."""
-    remaining, limit = parse_ratelimit_headers(headers)
-    levels = levels_of_headers(headers, org, key)
-    fractions = [(r / lim, dim) for (dim, _), r, lim in zip(_DIMS, remaining, limit, strict=True)
-                 if r is not None and lim]
+    remaining = (readings or {}).get("remaining") or {}
+    limit = (readings or {}).get("limit") or {}
+    levels = levels_of_readings(readings, org, key)
+    fractions = [(r / limit[dim], dim) for dim, r in remaining.items() if limit.get(dim)]
     if not fractions:
         return ["key", "org"]
     low = min(f for f, _ in fractions)
-    hit = {levels[dim] for f, dim in fractions if f <= low + 1e-9}
+    hit = {levels.get(dim, "key") for f, dim in fractions if f <= low + 1e-9}
     out = sorted({"org", "key"} if "both" in hit else hit)
     return out or ["key", "org"]
 

@@ -5,7 +5,7 @@ from outside the thread that waits on it (cancel, deadlines). Each Celery task (
 the ``threads`` pool, or a prefork child's main thread) hands its sub-agent to this process's
 loop and waits for the outcome. On the loop:
 
-- one ``AsyncAnthropic`` client per process, so HTTP connections are pooled across tasks;
+- one provider client (``drover.workers.providers``) per process, so HTTP connections are pooled across tasks;
 - the ``AsyncLimiter`` over ``redis.asyncio``;
 - a listener on the job-cancel pub/sub channel that sets an ``asyncio.Event`` per job, and
   every HTTP call and limiter wait races against that event, so a cancel aborts the request
@@ -27,12 +27,11 @@ import traceback
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-import anthropic
-
 from drover.config import Settings, get_settings
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
 from drover.workers.limiter import AsyncLimiter
+from drover.workers.providers import ANTHROPIC, Provider
 from drover.workers.redis_clients import async_redis, client_settings
 from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
@@ -46,6 +45,7 @@ _POLL_S = 1.0  # how long the cancel listener waits for a message before it look
 class Runtime:
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.provider: Provider = ANTHROPIC  # the one provider until issue 38's next steps
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         # The job store is sync and reached through asyncio.to_thread: every sub-agent on the
@@ -76,43 +76,37 @@ class Runtime:
                                     horizon_s=self.settings.horizon_s,
                                     stats_window_s=self.settings.stats_window_s)
         key = self.settings.anthropic_api_key
-        # No key but a base URL: a proxy that may need none. The SDK would
-        # refuse to send without a credential unless the header is omitted on purpose.
-        keyless = (not key and self.settings.anthropic_base_url
-                   and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
-        self.client = anthropic.AsyncAnthropic(
-            api_key=key.get_secret_value() if key else None,
-            base_url=self.settings.anthropic_base_url,
-            default_headers={"Authorization": anthropic.omit} if keyless else None,
-            max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
-            timeout=self.call_timeouts(),
-        )
+        # No key but a base URL: a proxy that may need none (the client omits the header).
+        keyless = bool(not key and self.settings.anthropic_base_url
+                       and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+        self.client = self.build_client(key.get_secret_value() if key else None,
+                                        self.settings.anthropic_base_url, keyless=keyless)
         # The Message Batches API's calls are short requests: a total timeout, as before.
         self.batch_client = self.client.with_options(timeout=self.settings.call_timeout_s)
         # A pool (DROVER_KEYS): one client per key, each with the key's own endpoint.
-        self.pool = Pool(self.settings.keys, {k.alias: anthropic.AsyncAnthropic(
-            api_key=k.api_key.get_secret_value(),
-            base_url=k.base_url or self.settings.anthropic_base_url, max_retries=0,
-            timeout=self.call_timeouts()) for k in self.settings.keys}
-        ) if self.settings.pooled else None
+        self.pool = Pool(self.settings.keys, {k.alias: self.build_client(
+            k.api_key.get_secret_value(), k.base_url or self.settings.anthropic_base_url)
+            for k in self.settings.keys}) if self.settings.pooled else None
         self._routes: dict[str, Route] = {}
         self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
         self._pulse = asyncio.create_task(self._pulse_forever())
         self._ready.set_result(None)
 
-    def call_timeouts(self) -> anthropic.Timeout:
-        """Every realtime call streams: a connect timeout and the gap between reads (the
-        stream's idle limit), never a total. The batch API's calls are short requests."""
-        idle = self.settings.stream_idle_s
-        return anthropic.Timeout(idle, connect=self.settings.connect_timeout_s, read=idle,
-                             write=idle, pool=self.settings.connect_timeout_s)
+    def build_client(self, api_key: str | None, base_url: str | None, *,
+                     keyless: bool = False) -> Any:
+        """The provider's client: every realtime call streams, so a connect timeout and the
+        gap between reads (the stream's idle limit), never a total."""
+        return self.provider.build_client(api_key=api_key, base_url=base_url,
+                                          connect_s=self.settings.connect_timeout_s,
+                                          idle_s=self.settings.stream_idle_s, keyless=keyless)
 
     def route(self, model: str) -> Route:
         """Where calls to ``model`` reserve: the one key's scope, or the pool's levels."""
         route = self._routes.get(model)
         if route is None:
-            route = self._routes[model] = Route(self.settings, model, self.client, self.pool)
+            route = self._routes[model] = Route(self.settings, model, self.client, self.pool,
+                                                    self.provider)
         return route
 
     # --- running coroutines from Celery's threads ----------------------------------------

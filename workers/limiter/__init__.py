@@ -18,7 +18,7 @@ counters live)::
         acquire again                                     # grant is spent, not sent
     response = call the API        # on a 429: limiter.cooldown(scope, limits, retry_after)
     limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
-                   headers=response.headers)    # or limiter.release(scope, grant) if unsent
+                   readings=provider.read_limits(response.headers))  # or release if unsent
 
 **State: GCRA, one number per dimension.** A bucket is kept as its theoretical arrival time
 (``tat``, microseconds of Redis ``TIME``): the instant at which it is full again with every
@@ -69,8 +69,8 @@ Decisions worth knowing:
   ``drover_llm_calls``, not the limiter's.
 """
 
-from drover.workers.limiter._headers import parse_ratelimit_headers
 from drover.workers.limiter._limiter import AsyncLimiter, Limiter
+from drover.workers.limiter._scripts import Readings
 from drover.workers.limiter._scopes import (
     ORG,
     POOL_TAG,
@@ -85,5 +85,5 @@ from drover.workers.limiter._scopes import (
 )
 
 __all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "AsyncLimiter", "Grant", "Limiter", "ScopeLimits",
-           "llm_scope", "org_scope", "parse_ratelimit_headers", "pool_scope", "split_llm_scope",
+           "Readings", "llm_scope", "org_scope", "pool_scope", "split_llm_scope",
            "tool_scope"]

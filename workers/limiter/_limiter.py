@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drover.workers.limiter._scopes import Grant, ScopeLimits
-from drover.workers.limiter._scripts import LimiterCore, _Call
+from drover.workers.limiter._scripts import LimiterCore, Readings, _Call
 
 __all__ = ["AsyncLimiter", "Limiter"]
 
@@ -28,12 +28,13 @@ class Limiter(LimiterCore):
                                        lease_ttl_s))
 
     def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
-               output_tokens: int, headers: Mapping[str, str] | None = None,
+               output_tokens: int, readings: Readings | None = None,
                counts: Mapping[str, int] | None = None) -> None:
-        """True the grant up to what the call used; with the response's ``headers``, also
+        """True the grant up to what the call used; with the ``readings`` of the response's
+        limit headers (read by its provider), also
         what ``sync_headers`` would do, and with ``counts`` (STAT_FIELDS names) what
         ``record`` would, in the same round trip."""
-        self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens, headers,
+        self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens, readings,
                                counts))
 
     def release(self, scope: str, grant: Grant) -> None:
@@ -51,8 +52,9 @@ class Limiter(LimiterCore):
         (see hold_back.lua). A pool's scopes share a hash tag: one call asks both levels."""
         return self._run(self._hold_back(grant, list(scopes))) or 0.0
 
-    def sync_headers(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> None:
-        self._run(self._sync(scope, limits, headers))
+    def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> None:
+        """Fold in what an answer's limit headers said (``Provider.read_limits``)."""
+        self._run(self._sync(scope, limits, readings))
 
     def record(self, scope: str, **counts: int) -> None:
         self._run(self._record(scope, counts))
@@ -119,10 +121,10 @@ class AsyncLimiter(LimiterCore):
                                              int(output_tokens), lease_ttl_s))
 
     async def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
-                     output_tokens: int, headers: Mapping[str, str] | None = None,
+                     output_tokens: int, readings: Readings | None = None,
                      counts: Mapping[str, int] | None = None) -> None:
         await self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens,
-                                     headers, counts))
+                                     readings, counts))
 
     async def release(self, scope: str, grant: Grant) -> None:
         await self._run(self._settle(scope, None, grant, False, 0, 0, None))
@@ -133,9 +135,8 @@ class AsyncLimiter(LimiterCore):
     async def hold_back(self, grant: Grant, *scopes: str) -> float:
         return await self._run(self._hold_back(grant, list(scopes))) or 0.0
 
-    async def sync_headers(self, scope: str, limits: ScopeLimits,
-                           headers: Mapping[str, str]) -> None:
-        await self._run(self._sync(scope, limits, headers))
+    async def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> None:
+        await self._run(self._sync(scope, limits, readings))
 
     async def record(self, scope: str, **counts: int) -> None:
         await self._run(self._record(scope, counts))

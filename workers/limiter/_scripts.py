@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any, NamedTuple
 
-from drover.workers.limiter._headers import header_args
 from drover.workers.limiter._scopes import (
     POOL_TAG,
     STAT_FIELDS,
@@ -21,7 +20,22 @@ from drover.workers.limiter._scopes import (
     pool_scope,
 )
 
-__all__ = ["Clock", "LimiterCore"]
+__all__ = ["Clock", "LimiterCore", "Readings"]
+
+# What an answer's limit headers said, read by its provider (drover.workers.providers):
+# {"remaining": {dimension: n}, "limit": {dimension: n}}. The scripts count three
+# dimensions, by letter; a provider's dimension the scripts do not count is left out.
+Readings = Mapping[str, Mapping[str, float]]
+_LETTERS = {"requests": "r", "input": "i", "output": "o"}
+
+
+def reading_args(readings: Readings | None) -> dict[str, dict[str, float]] | None:
+    """The scripts' ``headers`` argument ({remaining: {r, i, o}, limit: {r, i, o}})."""
+    if not readings:
+        return None
+    out = {part: {_LETTERS[d]: float(v) for d, v in (readings.get(part) or {}).items()
+                  if d in _LETTERS} for part in ("remaining", "limit")}
+    return out if out["remaining"] or out["limit"] else None
 
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
@@ -186,7 +200,7 @@ class LimiterCore:
 
     def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
                 input_tokens: int, output_tokens: int,
-                headers: Mapping[str, str] | None,
+                readings: Readings | None,
                 counts: Mapping[str, int] | None = None) -> _Call | None:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token counts must be >= 0")
@@ -199,7 +213,7 @@ class LimiterCore:
             "used": {"input": int(input_tokens), "output": int(output_tokens)},
             "lease": grant.lease_id, "acquired_s": grant.acquired_s, "send_us": grant.send_us,
             "wait_s": grant.wait_s, "stats_window_s": self.stats_window_s,
-            "headers": None if headers is None or limits is None else header_args(headers),
+            "headers": None if limits is None else reading_args(readings),
             "counts": extra})
 
     def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Call:
@@ -220,8 +234,8 @@ class LimiterCore:
         return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key},
                           lambda reply: float(_s(reply)))
 
-    def _sync(self, scope: str, limits: ScopeLimits, headers: Mapping[str, str]) -> _Call | None:
-        folded = header_args(headers)
+    def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> _Call | None:
+        folded = reading_args(readings)
         if folded is None:
             return None
         return self._call("sync", self.keys(scope), {"limits": _limits(limits),

@@ -1,0 +1,47 @@
+"""The LLM APIs drover calls, each behind one small interface (``Provider``, in ``_base``).
+
+Only this room imports a provider SDK. ``provider(name)`` is the one for a name;
+``describe(error)`` asks each provider whether ``error`` is one of its SDK's errors.
+Message Batches are Anthropic's only: the batcher uses the Anthropic names exported here
+(``Message``, ``MessageBatchIndividualResponse``, ``StatusError``, ``ConnectionFailed``).
+docs/providers.md tells how a provider is added.
+"""
+
+from __future__ import annotations
+
+from drover.workers.providers._anthropic import (
+    ANTHROPIC,
+    ConnectionFailed,
+    Message,
+    MessageBatchIndividualResponse,
+    StatusError,
+)
+from drover.workers.providers._base import Failure, LimitReadings, Provider
+from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
+
+__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "PROVIDERS", "ConnectionFailed", "Failure",
+           "LimitReadings", "Message", "MessageBatchIndividualResponse", "Provider", "Seen",
+           "StatusError", "api_errors", "describe", "provider"]
+
+PROVIDERS: dict[str, Provider] = {ANTHROPIC.name: ANTHROPIC}
+
+
+def provider(name: str) -> Provider:
+    try:
+        return PROVIDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown provider {name!r}: one of {', '.join(PROVIDERS)}") from None
+
+
+def describe(error: BaseException) -> Failure | None:
+    """``error`` as a Failure, by the provider whose SDK raised it (None: no provider's)."""
+    for each in PROVIDERS.values():
+        failure = each.describe(error)
+        if failure is not None:
+            return failure
+    return None
+
+
+def api_errors() -> tuple[type[BaseException], ...]:
+    """The base error class of every provider's SDK (for an ``except``)."""
+    return tuple(each.api_error for each in PROVIDERS.values())

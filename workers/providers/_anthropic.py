@@ -1,0 +1,164 @@
+"""Anthropic's Messages API behind the seam (``_base.Provider``).
+
+Its limits have three dimensions (requests, input tokens, output tokens), told by the
+``anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining}`` headers; its
+errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "message"}}``, with
+``retry-after`` / ``retry-after-ms`` / ``x-should-retry``) or ``APIConnectionError``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import anthropic
+import httpx2
+from anthropic.types import Message
+from anthropic.types.messages import MessageBatchIndividualResponse
+
+from drover.workers.providers._base import Failure, LimitReadings, Provider
+from drover.workers.providers.streams import stream_message
+
+__all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse"]
+
+# The monthly spend limit: no retry-after would help (it lifts at the start of next month).
+SPEND_CAP_CODE = "enforced_spend_limit_reached"
+# drover's dimension -> the header's name for it.
+_HEADER_DIMS = {"requests": "requests", "input": "input-tokens", "output": "output-tokens"}
+# The SDK's HTTP client's errors raised before the request could reach the provider (by
+# name: the SDK's own httpx fork is not ours to import); any other transport error (a read
+# timeout, a dropped connection) came after the send, so the provider may have taken it.
+_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
+                       "ProxyError"})
+
+# The SDK's error classes, for the few places (the batcher) that tell them apart.
+StatusError = anthropic.APIStatusError
+ConnectionFailed = anthropic.APIConnectionError
+
+
+class Anthropic(Provider):
+    name = "anthropic"
+    dimensions = ("requests", "input", "output")
+    api_error = anthropic.APIError
+
+    def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
+                     idle_s: float, keyless: bool = False) -> anthropic.AsyncAnthropic:
+        # Every realtime call streams: a connect timeout and the gap between reads (the
+        # stream's idle limit), never a total.
+        return anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=base_url,
+            # No key but a base URL: a proxy that may need none. The SDK would refuse to send
+            # without a credential unless the header is omitted on purpose.
+            default_headers={"Authorization": anthropic.omit} if keyless else None,
+            max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
+            timeout=anthropic.Timeout(idle_s, connect=connect_s, read=idle_s, write=idle_s,
+                                      pool=connect_s))
+
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
+                          idle_s: float) -> Message:
+        return await stream_message(client, params, seen, idle_s)
+
+    def describe(self, error: BaseException) -> Failure | None:
+        if isinstance(error, anthropic.APIStatusError):
+            kind, message = _error_fields(error)
+            code = _error_code(error)
+            return Failure(kind, message, error.status_code, code,
+                           retry_after_s=_retry_after(error.response.headers),
+                           should_retry=_should_retry_header(error),
+                           spend_cap=code == SPEND_CAP_CODE)
+        if isinstance(error, anthropic.APIConnectionError):
+            timeout = isinstance(error, anthropic.APITimeoutError)
+            return Failure("timeout" if timeout else "connection_error", str(error)[:500],
+                           timeout=timeout)
+        return None
+
+    def sent_unanswered(self, error: BaseException) -> bool:
+        if isinstance(error, anthropic.APIStatusError):  # the provider answered (with an error)
+            return False
+        if isinstance(error, anthropic.APIConnectionError):  # APITimeoutError is one too
+            cause = error.__cause__ or error.__context__
+            return cause is not None and not any(
+                kind.__name__ in _NOT_SENT for kind in type(cause).__mro__)
+        return False
+
+    def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
+        """{remaining: {dim: n}, limit: {dim: n}} from ``anthropic-ratelimit-*`` (a -limit of
+        0 is none); None when the answer had none at all."""
+        lower = {str(k).lower(): v for k, v in headers.items()}
+        out: LimitReadings = {"remaining": {}, "limit": {}}
+        for dim, name in _HEADER_DIMS.items():
+            remaining = _number(lower.get(f"anthropic-ratelimit-{name}-remaining"))
+            limit = _number(lower.get(f"anthropic-ratelimit-{name}-limit"))
+            if remaining is not None:
+                out["remaining"][dim] = remaining
+            if limit:
+                out["limit"][dim] = limit
+        return out if out["remaining"] or out["limit"] else None
+
+    def status_error(self, client: Any, status: int, body: dict[str, Any]) -> BaseException:
+        """The SDK exception a realtime call would have raised for this error body (a
+        Message Batch's errored result, judged like a realtime answer)."""
+        request = httpx2.Request("POST", "https://batch.invalid/v1/messages")
+        response = httpx2.Response(status, json=body, request=request)
+        return client._make_status_error_from_response(response)
+
+
+def _number(raw: str | bytes | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw.decode() if isinstance(raw, bytes) else raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:
+    value = error.response.headers.get("x-should-retry")
+    return {"true": True, "false": False}.get(value) if value is not None else None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # the header may also be an HTTP date
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+def _error_code(error: anthropic.APIStatusError) -> str | None:
+    body = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error", body)
+    details = inner.get("details") if isinstance(inner, dict) else None
+    code = details.get("error_code") if isinstance(details, dict) else None
+    return str(code) if code else None
+
+
+def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
+    body = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error", body)
+    inner = inner if isinstance(inner, dict) else {}
+    kind = inner.get("type") or type(error).__name__
+    message = inner.get("message") or str(error)
+    code = _error_code(error)
+    if code:
+        message = f"{message} ({code})"
+    return str(kind), str(message)[:500]
+
+
+ANTHROPIC = Anthropic()

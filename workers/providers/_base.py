@@ -1,0 +1,76 @@
+"""What drover asks of a provider: the seam between drover and one LLM API.
+
+A provider is a small object (one per API, built once per process) that
+
+- builds its SDK's async client from a key, an endpoint and the stream timeouts;
+- sends one turn as a stream (``stream_turn``), filling a ``Seen`` as events arrive;
+- describes its SDK's errors as a ``Failure`` (status, type, message, retry-after), which
+  ``drover.workers.agent.retry`` turns into drover's outcomes (rate limited with a wait,
+  overloaded, server error, key refused, too large, bad request);
+- reads its limit headers into drover's dimensions (``read_limits``) and names the dimensions
+  its limits have (``dimensions``);
+- converts drover's conversation and tool calls to and from its wire shape (``to_wire``,
+  ``from_wire``; drover's own shape is the Messages API's, so Anthropic's are the identity).
+
+Only this room imports a provider SDK (tests/unit/test_architecture.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = ["Failure", "LimitReadings", "Provider"]
+
+# What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
+# each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
+LimitReadings = dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A provider's error, in drover's words (``retry.classify`` decides what to do)."""
+
+    kind: str  # the error type the provider named (or the exception's class name)
+    message: str
+    status_code: int | None = None  # None: no HTTP answer (connection error, timeout)
+    code: str | None = None  # a finer code (e.g. a spend cap), when the body has one
+    retry_after_s: float | None = None  # retry-after(-ms), when given
+    should_retry: bool | None = None  # the server's explicit word (x-should-retry), if any
+    timeout: bool = False  # no answer in time (else: the connection failed)
+    spend_cap: bool = False  # a 429 that retrying cannot help (no credit, a spend limit)
+
+
+class Provider:
+    """One LLM API behind the seam; see the module docstring."""
+
+    name: ClassVar[str]
+    dimensions: ClassVar[tuple[str, ...]]  # what its limits count, e.g. requests, input, output
+    api_error: ClassVar[type[BaseException]]  # the base of its SDK's errors
+
+    def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
+                     idle_s: float, keyless: bool = False) -> Any:
+        raise NotImplementedError
+
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
+                          idle_s: float) -> Any:
+        raise NotImplementedError
+
+    def describe(self, error: BaseException) -> Failure | None:
+        """``error`` as a Failure, or None when it is not this provider's."""
+        raise NotImplementedError
+
+    def sent_unanswered(self, error: BaseException) -> bool:
+        """True for an error that means the request went out and its answer was lost."""
+        raise NotImplementedError
+
+    def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
+        """The limit headers of an answer (or a 429) in ``dimensions``; None if it had none."""
+        raise NotImplementedError
+
+    def to_wire(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def from_wire(self, answer: Any) -> Any:
+        return answer
