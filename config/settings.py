@@ -163,9 +163,12 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
         given = value.partition("//")[2].partition("/")[0].rpartition("@")[2].rpartition(":")[2]
         raise ValueError(f"the port {given!r} is not a number from 1 to 65535; expected "
                          f"{forms}") from None
+    if "://" not in value:  # host:port parses as a scheme 'host': say what is missing
+        raise ValueError(f"the URL has no scheme: write it as {schemes[0]}://{value}; "
+                         f"expected {forms}")
     if parts.scheme not in schemes:
-        shown = f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
-        raise ValueError(f"{shown} is not one drover can use here; expected {forms}")
+        raise ValueError(f"the scheme {parts.scheme!r} is not one drover can use here; "
+                         f"expected {forms}")
     if port == 0:
         raise ValueError(f"port 0 is not a port a server listens on; expected {forms}")
     if parts.scheme == "unix":

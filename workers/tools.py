@@ -150,10 +150,14 @@ def tool(name: Any = None, *, description: str | None = None, kind: ToolKind = "
 def get_tools(names: list[str]) -> list[Tool]:
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
+        import difflib
+
         known = ", ".join(sorted(REGISTRY)) or "none"
-        raise ValueError(f"unknown tool(s) {', '.join(unknown)}; registered tools: {known} "
-                         "(register with @drover.workers.tools.tool in a module named in "
-                         "DROVER_TOOL_MODULES)")
+        close = [f"{n} (did you mean {match[0]}?)" if (match := difflib.get_close_matches(
+            n, list(REGISTRY), n=1)) else n for n in unknown]
+        raise ValueError(f"unknown tool(s) {', '.join(close)}; registered tools: {known}. "
+                         "A tool is a function decorated with @tool (`from drover import "
+                         "tool`) in a module named in DROVER_TOOL_MODULES")
     return [REGISTRY[n] for n in names]
 
 

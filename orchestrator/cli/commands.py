@@ -331,7 +331,9 @@ def _print_result(result: Any, handle: Any = None) -> int:
     for column in columns:
         table.add_column(column, no_wrap=column != "error / summary")
     for r in result.results:
-        note = f"{r.status_code or ''} {r.error_type}: {r.error}" if r.error else r.summary
+        # A job ended as a whole (its key refused) gives every record its reason: said once.
+        error = "the job's reason, above" if r.error and r.error == result.reason else r.error
+        note = f"{r.status_code or ''} {r.error_type}: {error}" if r.error else r.summary
         lost = (str(r.usage.unanswered_calls),) if unanswered else ()
         table.add_row(str(r.index), r.status, str(r.usage.calls), *lost,
                       str(r.usage.input_tokens), str(r.usage.output_tokens), str(r.attempts),

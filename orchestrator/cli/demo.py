@@ -149,7 +149,8 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
         stats = sim.stats()
         console.print(_table(result, stats, wall, _counted(settings)))
         if result.synthesis:
-            console.print("\n[bold]Synthesis[/] (first lines):")
+            console.print("\n[bold]Synthesis[/] (first lines; simulated: the simulator's "
+                          "made-up text, not a model's answer):")
             console.print("\n".join(result.synthesis.splitlines()[:4]))
         _usage(settings, config.plot, console, keeps=redis.kind == "existing" and config.keep)
         return 0 if result.counts.get("ok") == len(result.results) else 1

@@ -70,6 +70,8 @@ def render() -> str:
                 text = cli.worker_parser().format_help()
             elif name == "sim":
                 text = build_parser(prog="drover sim").format_help()
+            elif name == "flower":  # its options are Flower's: drover's rules are its HELP
+                from drover.orchestrator.ops.flower import HELP as text
             else:
                 text = sub.format_help()
             lines += _section(f"drover {name}", text)

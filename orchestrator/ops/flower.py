@@ -62,6 +62,9 @@ drover's rules:
                    setting). On loopback without a password, set it to script against the
                    API, e.g. FLOWER_UNAUTHENTICATED_API=true drover flower; with a password,
                    use curl -u user:password http://HOST:5555/api/workers.
+  what it knows    only the tasks it saw live (the workers' events, kept in its memory): a
+                   job that ran before Flower started or while it was down is not there;
+                   drover result JOB and drover watch JOB read the job from Redis.
 
 drover's defaults (each yields to a FLOWER_* variable, flowerconfig.py or the command line):
   --tasks_columns={TASK_COLUMNS}

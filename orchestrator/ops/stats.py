@@ -285,6 +285,25 @@ def speed_lines(usages: list[ScopeUsage], window_s: int) -> list[str]:
     return lines
 
 
+def burst_lines(usages: list[ScopeUsage], settings: Settings) -> list[str]:
+    """Why a scope shows many waits at a low use of its limit: the bucket holds only
+    DROVER_BURST_SECONDS of refill, so calls sent together beyond it wait their turn."""
+    lines = []
+    for u in usages:
+        last = u.last(60)
+        waits, sent = last.get("waits", 0), last.get("requests", 0)
+        target = u.targets.get("requests")
+        if not target or waits < 5 or sent / target >= 0.5:
+            continue
+        room = target / 60 * settings.burst_seconds
+        lines.append(f"{u.scope}: {waits} waits at {sent / target:.0%} of the request limit: "
+                     f"the limiter's bucket holds DROVER_BURST_SECONDS={settings.burst_seconds:g} "
+                     f"s of refill (about {room:.1f} requests), so calls that arrive together "
+                     "beyond it wait for the refill (the provider, too, enforces its "
+                     "per-minute limit over short intervals): pacing, not a shortage")
+    return lines
+
+
 def print_stats(console: Console, plot: Path | None = None, *,
                 settings: Settings | None = None) -> int:
     """``drover stats [--plot FILE]``: the table, and the plot when asked for."""
@@ -299,7 +318,8 @@ def print_stats(console: Console, plot: Path | None = None, *,
     else:
         console.print(limits_table(usages, window))
         console.print(events_table(usages))
-        for line in cache_lines(usages, window) + speed_lines(usages, window):
+        for line in (cache_lines(usages, window) + speed_lines(usages, window)
+                     + burst_lines(usages, settings)):
             console.print(line, markup=False, highlight=False)
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")

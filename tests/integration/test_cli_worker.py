@@ -62,6 +62,8 @@ def test_a_keyless_worker_starts_with_a_warning_and_every_subagent_fails_once_pe
     assert proc.stdout.count("authentication_error") == 5, proc.stdout
     assert "failed (no API key" in proc.stdout and "ANTHROPIC_API_KEY=sk-sim" in proc.stdout
     assert "failed=4" in proc.stdout
+    assert proc.stdout.count("ANTHROPIC_API_KEY=sk-sim") == 1, proc.stdout  # the advice once
+    assert proc.stdout.count("the job's reason, above") == 4, proc.stdout
     assert "warning: no ANTHROPIC_API_KEY" in text
     auth_lines = [line for line in text.splitlines() if "type=authentication_error" in line]
     assert len(auth_lines) == 1, auth_lines  # one line for the job, not one per sub-agent

@@ -70,7 +70,7 @@ def test_demo_runs_forty_subagents_and_leaves_nothing_in_a_redis_it_did_not_star
     assert _row(out, "sub-agents ok") == "40"
     assert _row(out, "429s seen by the provider") == "0"
     assert int(_row(out, "cache reads (tokens)").replace(",", "")) > 0
-    assert "Synthesis" in out
+    assert "Synthesis" in out and "simulated" in out
     assert (tmp_path / "usage.png").stat().st_size > 0
 
     # The result table and the stats table agree: the same definition, the same number.

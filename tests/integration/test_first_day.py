@@ -169,3 +169,26 @@ def test_the_only_key_refused_ends_a_paced_job_at_once_with_its_cause_once(
     assert result.status == "failed" and result.counts["failed"] == 30, result.counts
     assert {r.error for r in result.results} == {result.reason}
     assert sim.stats()["per_key"]["only"]["n401"] <= 3, sim.stats()["per_key"]
+
+
+def test_drover_stats_explains_many_waits_at_low_use_by_the_burst(sim, worker, drover_env,
+                                                                   monkeypatch):
+    """20 calls at once against 600 RPM: a few percent of the minute's limit, yet most wait,
+    since the bucket holds a second of refill (about 8 requests)."""
+    from rich.console import Console
+
+    from drover import JobSpec, submit
+    from drover.config import get_settings
+    from drover.orchestrator.ops.stats import print_stats
+    from tests.helpers import configure
+
+    configure(monkeypatch, drover_env, rpm=600)
+    worker(concurrency=20)
+    result = submit(JobSpec(subtasks=[f"task {i}" for i in range(20)],
+                            max_tokens=16)).wait(timeout=120)
+    assert result.counts["ok"] == 20
+    console = Console(record=True, width=250)
+    assert print_stats(console, settings=get_settings()) == 0
+    text = console.export_text()
+    assert "of the request limit: the limiter's bucket holds DROVER_BURST_SECONDS=1 s" in text, \
+        text

@@ -13,7 +13,8 @@ from drover.config import SettingsError, load_settings
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"subtasks": []}, "needs subtasks"),
+    ({"subtasks": []}, "subtasks is an empty list"),
+    ({}, "needs subtasks"),
     ({"subtasks": ["a"], "goal": "b"}, "not both"),
     ({"subtasks": ["a"], "max_tokens": 0}, "greater than or equal to 1"),
     ({"subtasks": ["   "]}, "at least 1 character"),
@@ -31,7 +32,8 @@ def test_invalid_specs_are_refused_with_a_clear_message(spec, message):
     ({"DROVER_RPM": "-5"}, ["DROVER_RPM"]),
     ({"DROVER_TARGET_UTILIZATION": "1.5"}, ["DROVER_TARGET_UTILIZATION"]),
     ({"DROVER_TARGET_UTILIZATION": "0"}, ["DROVER_TARGET_UTILIZATION"]),
-    ({"DROVER_REDIS_URL": "localhost:6379"}, ["DROVER_REDIS_URL", "redis://"]),
+    ({"DROVER_REDIS_URL": "localhost:6379"}, ["DROVER_REDIS_URL", "no scheme: write it as "
+                                                "redis://localhost:6379"]),
     ({"DROVER_ANTHROPIC_BASE_URL": "ftp://x"}, ["DROVER_ANTHROPIC_BASE_URL", "http"]),
     ({"DROVER_VISIBILITY_TIMEOUT_S": "100"}, ["DROVER_VISIBILITY_TIMEOUT_S", "twice"]),
 ])
@@ -106,3 +108,14 @@ def test_a_workers_start_lines_name_each_limits_source_and_never_a_key():
     assert "rpm 50 (DROVER_LIMITS), itpm unknown until a response's -limit headers" in text
     assert "rpm 10 (DROVER_KEYS)" in text and "http://u:***@proxy:8080" in text
     assert "sk-secret-eu" not in text and "pw@" not in text
+
+
+def test_an_unknown_tool_says_how_tools_are_made_and_which_one_was_meant():
+    from drover.workers import demo_tools  # noqa: F401  (registers calculator, ...)
+    from drover.workers.tools import get_tools
+
+    with pytest.raises(ValueError) as raised:
+        get_tools(["calculater", "zzz"])
+    said = str(raised.value)
+    assert "calculater (did you mean calculator?)" in said and "zzz;" in said, said
+    assert "from drover import tool" in said and "DROVER_TOOL_MODULES" in said

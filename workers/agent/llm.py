@@ -435,6 +435,9 @@ def _only_key_refused(settings: Any, decision: Decision) -> Decision:
         message = (f"no API key (DROVER_KEY_ALIAS={settings.key_alias}){said}: set "
                    "ANTHROPIC_API_KEY on every worker's host and restart the workers (a "
                    "simulator takes any non-empty key: ANTHROPIC_API_KEY=sk-sim)")
+    if decision.message.count("ANTHROPIC_API_KEY=sk-sim"):  # the simulator's 401 said it
+        message = message.replace(" (a simulator takes any non-empty key: "
+                                  "ANTHROPIC_API_KEY=sk-sim)", "")
     return replace(decision, message=message, job_wide=True)
 
 

@@ -84,6 +84,9 @@ class JobSpec(BaseModel):
         if self.subtasks and self.goal:
             raise ValueError("give either subtasks or a goal to plan from, not both")
         if not self.subtasks and not self.goal:
+            if "subtasks" in self.model_fields_set:
+                raise ValueError("subtasks is an empty list: give at least one subtask (a "
+                                 "string, one sub-agent's task), or a goal to plan from")
             raise ValueError("a job needs subtasks (a list of strings) or a goal to plan from")
         if self.thinking is not None and self.thinking >= self.max_tokens:
             raise ValueError(f"thinking ({self.thinking}) must be below max_tokens "
