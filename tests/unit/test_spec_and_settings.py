@@ -119,3 +119,23 @@ def test_an_unknown_tool_says_how_tools_are_made_and_which_one_was_meant():
     said = str(raised.value)
     assert "calculater (did you mean calculator?)" in said and "zzz;" in said, said
     assert "from drover import tool" in said and "DROVER_TOOL_MODULES" in said
+
+
+def test_every_drover_variable_the_code_reads_is_a_setting_or_known_elsewhere():
+    """A variable read with os.environ / getenv outside Settings would be reported as a
+    typo at every start: it belongs in READ_ELSEWHERE (or, better, in Settings)."""
+    import re
+
+    from drover.config.settings import READ_ELSEWHERE, setting_names
+    from tests.helpers import ROOT
+
+    read = set()
+    for path in ROOT.rglob("*.py"):
+        if any(part in (".git", "node_modules") or part.startswith(".venv")
+               for part in path.parts):
+            continue
+        read |= set(re.findall(r"""(?:environ(?:\.get)?[\[(]|getenv\()\s*["'](DROVER_\w+)""",
+                               path.read_text(errors="replace")))
+    assert read, "the scan found no read at all"
+    assert read <= setting_names() | READ_ELSEWHERE, sorted(read - setting_names()
+                                                            - READ_ELSEWHERE)
