@@ -61,7 +61,9 @@ class Fleet:
     def records_written(self, job_id: str) -> collections.Counter:
         entries = self.r.xrange(f"{self.prefix}:job:{job_id}:events")
         import json
-        return collections.Counter(json.loads(fields["record"])["index"]
+        # An entry names its record by index ("i"); older entries carried the record.
+        return collections.Counter(int(fields["i"]) if "i" in fields
+                                   else json.loads(fields["record"])["index"]
                                    for _id, fields in entries)
 
     def explain(self, job_id: str, n: int) -> str:

@@ -51,3 +51,16 @@ def test_acquire_cost_runs_both_paths_and_the_breakdown_and_leaves_no_key(redis_
     # Its own keys only: another benchmark may be running on the same Redis.
     [prefix] = re.findall(r"^keys under (drover-bench-\w+): \d+ deleted$", out, re.M)
     assert not list(redis_client.scan_iter(match=f"{prefix}:*"))
+
+
+def test_memory_quick_measures_a_job_and_leaves_no_key(redis_url, redis_client):
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    proc = subprocess.run([sys.executable, "-m", "bench.memory", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| 50 | 20 (20) |"))
+    assert int(row.split("|")[4].replace(",", "")) > 0  # peak bytes per sub-agent
+    assert "at rest, bytes per sub-agent by key: " in proc.stdout
+    [prefix] = re.findall(r"^keys under (drover-bench-mem-\w+): deleted$", proc.stdout, re.M)
+    assert not list(redis_client.scan_iter(match=f"{prefix}:*", count=1000))

@@ -42,8 +42,9 @@ def records_written(env: dict[str, str], job_id: str) -> collections.Counter:
                         decode_responses=True)
     entries = client.xrange(f"{env['DROVER_KEY_PREFIX']}:job:{job_id}:events")
     client.close()
-    return collections.Counter(json.loads(fields["record"])["index"] for _id, fields in entries
-                               if "record" in fields)
+    return collections.Counter(int(fields["i"]) if "i" in fields
+                               else json.loads(fields["record"])["index"]
+                               for _id, fields in entries if "i" in fields or "record" in fields)
 
 
 def run_through_a_failover(sim, drover_env, spawn_worker, monkeypatch, sentinel_set,

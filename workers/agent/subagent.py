@@ -39,7 +39,6 @@ from drover.workers.jobs.claims import ClaimLost
 from drover.workers.jobs.records import (
     SUMMARY_CHARS,
     Checkpoint,
-    SubagentReport,
     SubagentResult,
     budget_tokens,
 )
@@ -69,10 +68,6 @@ def request_params(spec: JobSpec, model: str, tools: list[Tool],
         definitions[-1] = {**definitions[-1], "cache_control": CACHE}
         params["tools"] = definitions
     return params
-
-
-def _text(content: list[dict[str, Any]]) -> str:
-    return "\n".join(b.get("text", "") for b in content if b.get("type") == "text").strip()
 
 
 class SubagentRun:
@@ -308,19 +303,16 @@ class SubagentRun:
     async def _finish(self, state: Checkpoint, status: str, *, error: str | None = None,
                       error_type: str | None = None, status_code: int | None = None
                       ) -> SubagentResult:
-        # The latest thing the model said: its answer, or for a sub-agent stopped mid-way
-        # (a budget, a cancel) its partial summary so far.
-        findings = next((text for m in reversed(state.messages) if m["role"] == "assistant"
-                         and (text := _text(m["content"]))), "")
+        findings = state.findings()
         result = SubagentResult(
             job_id=self.job_id, index=self.index, status=status,  # type: ignore[arg-type]
             summary=findings[:SUMMARY_CHARS], usage=state.usage,
             turns=state.turns,
             attempts=state.failures + (0 if status == "failed" else 1), error_type=error_type,
             status_code=status_code, error=error, finished_at=time.time())
-        report = SubagentReport(findings=findings, tried=state.tried, failed=state.failed)
+        # The report is not stored apart: it is read from the final state (state.report()).
         stored, self.records_in = await self._io(partial(
-            self.store.finish_counted, result, report, token=self.token,
+            self.store.finish_counted, result, None, token=self.token,
             worker=self.worker or "", checkpoint=state))
         return stored
 

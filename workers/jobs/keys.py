@@ -3,7 +3,9 @@ queue and recovery's bookkeeping. The one place that spells them; everything els
 ``JobKeys``. (The limiter's, the fair-share window's and telemetry's keys are their rooms'
 own, each under ``{prefix}:`` too.)
 
-    {p}:job:{id}:{part}      a job: spec, tasks, meta, records, events, claims, ckpt:{i}, ...
+    {p}:job:{id}:{part}      a job: spec, tasks, meta, records, events (record indexes),
+                             final (each finished sub-agent's last state: the one full copy
+                             of its answer), claims, ckpt:{i} (while it runs), ...
     {p}:jobs                 every job by creation time (drover jobs, the stalled scan)
     {p}:cancel               the cancel channel (pub/sub)
     {p}:fence                the fencing-token counter and its epoch

@@ -122,6 +122,21 @@ class Checkpoint(BaseModel):
         """The state of a sub-agent that has not started: its task as the first message."""
         return cls(messages=[{"role": "user", "content": task}])
 
+    def findings(self) -> str:
+        """The latest thing the model said: its answer, or for a sub-agent stopped mid-way
+        (a budget, a cancel) its partial summary so far."""
+        for message in reversed(self.messages):
+            if message["role"] == "assistant" and isinstance(message["content"], list):
+                text = "\n".join(b.get("text", "") for b in message["content"]
+                                 if b.get("type") == "text").strip()
+                if text:
+                    return text
+        return ""
+
+    def report(self) -> SubagentReport:
+        """The sub-agent's report, read from its final state (the one copy of its answer)."""
+        return SubagentReport(findings=self.findings(), tried=self.tried, failed=self.failed)
+
     def pending_tool_calls(self) -> list[dict[str, Any]]:
         """The tool calls of the model's last reply that still need their results."""
         last = self.messages[-1]
@@ -151,7 +166,8 @@ class SubagentResult(BaseModel):
 
 
 class SubagentReport(BaseModel):
-    """The structured report of one sub-agent, kept in Redis (not in the chord message)."""
+    """The structured report of one sub-agent: not stored apart, but read from its final
+    state (``Checkpoint.report``), which holds the one full copy of its answer."""
 
     findings: str = ""
     tried: list[str] = Field(default_factory=list)
@@ -175,6 +191,9 @@ class JobResult(BaseModel):
     wall_s: float
     synthesis: str | None = None
     record_chars: int = SUMMARY_CHARS
+    # As stored: True when ``results`` is left out, to be read from the job's records
+    # (JobStore.result does, so a caller never sees it True).
+    by_reference: bool = False
 
     def by_status(self, status: Status) -> list[SubagentResult]:
         return [r for r in self.results if r.status == status]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +31,37 @@ from drover.workers.jobs.records import (
     SubagentReport,
     SubagentResult,
     Usage,
+    compact,
     status_counts,
 )
 from drover.workers.jobs.spec import JobSpec
 
 ACTIVE = ("queued", "planning", "running")
+PACK_FROM = 512  # bytes of a final state's JSON past which it is stored compressed
 PAGE = 500  # records read or written per round trip when a job's records are walked in bulk
+
+
+def compact_json(model: Any) -> str:
+    """A record or state as stored: its JSON without the fields at their defaults (a record's
+    dozen zero usage counters are most of a short one's size)."""
+    return model.model_dump_json(exclude_defaults=True)
+
+
+def pack_final(state: Checkpoint) -> bytes:
+    """A sub-agent's final state as the job's ``final`` hash keeps it: its JSON, compressed
+    (zlib) once past ``PACK_FROM`` bytes (answers are text: a 2,000-token one takes a third)."""
+    data = compact_json(state).encode()
+    return zlib.compress(data, 6) if len(data) > PACK_FROM else data
+
+
+def unpack_final(raw: bytes | str) -> Checkpoint:
+    if isinstance(raw, bytes) and raw[:1] != b"{":
+        raw = zlib.decompress(raw)
+    return Checkpoint.model_validate_json(raw)
+
+
+def _field(fields: dict[Any, Any], name: str) -> Any:
+    return fields.get(name.encode(), fields.get(name))
 
 
 class JobNotFound(LookupError):
@@ -258,13 +284,12 @@ class JobStore:
             raws = {}
             for i, ckpt in todo.items():
                 state = Checkpoint.model_validate_json(ckpt) if ckpt else None
-                raws[i] = SubagentResult(
+                raws[i] = compact_json(SubagentResult(
                     job_id=job_id, index=i, status=status,  # type: ignore[arg-type]
                     attempts=0 if state is None else state.failures,
                     usage=state.usage if state is not None else Usage(),
                     turns=state.turns if state is not None else 0, error=reason,
-                    error_type=error_type, status_code=status_code, finished_at=now
-                ).model_dump_json()
+                    error_type=error_type, status_code=status_code, finished_at=now))
             pipe = self.r.pipeline(transaction=False)
             for index, raw in raws.items():
                 pipe.hsetnx(records, str(index), raw)
@@ -273,7 +298,7 @@ class JobStore:
                 continue
             pipe = self.r.pipeline(transaction=False)
             for index in firsts:
-                pipe.xadd(events, {"record": raws[index]})
+                pipe.xadd(events, {"i": index, "s": status})
             pipe.hincrby(self.key(job_id, "counts"), status, len(firsts))
             for key in (records, events, self.key(job_id, "counts")):
                 pipe.expire(key, self.ttl_s)
@@ -374,8 +399,12 @@ class JobStore:
         return _s(reply[1])
 
     def load_checkpoint(self, job_id: str, index: int) -> Checkpoint | None:
+        """The running checkpoint, or once the sub-agent finished its final state."""
         raw = self.r.get(self.key(job_id, "ckpt", index))
-        return Checkpoint.model_validate_json(raw) if raw else None
+        if raw is not None:
+            return Checkpoint.model_validate_json(raw)
+        raw = self.r.hget(self.key(job_id, "final"), str(index))
+        return unpack_final(raw) if raw else None
 
     def save_checkpoint(self, job_id: str, index: int, state: Checkpoint,
                         token: int = 0) -> None:
@@ -532,17 +561,22 @@ class JobStore:
         transcript, ``JobHandle.transcript``: the last reply is saved nowhere else).
         """
         job_id, index = result.job_id, result.index
-        raw = result.model_dump_json()
+        raw = compact_json(result)
+        if checkpoint is None and report is not None:  # a report with no state: kept as one
+            checkpoint = Checkpoint(messages=[{"role": "assistant", "content": [
+                {"type": "text", "text": report.findings}]}], tried=report.tried,
+                failed=report.failed)
         # One script (lua/record.lua): the record, the claim let go, the status counters,
-        # the report and the stream's entry, all or nothing, in one round trip.
+        # the final state (the one full copy of the answer), the stream's entry (the index
+        # only) and the running checkpoint dropped, all or nothing, in one round trip.
         stored = int(self._record(
             keys=[self.key(job_id, "claims"), self.key(job_id, "records"),
                   self.claims.worker_key(worker), self.key(job_id, "counts"),
-                  self.key(job_id, "events"), self.key(job_id, "report", index),
-                  self.key(job_id, "ckpt", index)],
+                  self.key(job_id, "events"), self.key(job_id, "final"),
+                  self.key(job_id, "ckpt", index), self.key(job_id, "tools", index),
+                  self.key(job_id, "sent")],
             args=[str(index), token, raw, job_id, self.ttl_s, result.status,
-                  report.model_dump_json() if report is not None else "",
-                  checkpoint.model_dump_json() if checkpoint is not None else ""]))
+                  pack_final(checkpoint) if checkpoint is not None else ""]))
         if stored < 0:
             raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
         if not stored:
@@ -589,7 +623,11 @@ class JobStore:
         return int(self.r.hlen(self.key(job_id, "records")))
 
     def report(self, job_id: str, index: int) -> SubagentReport | None:
-        raw = self.r.get(self.key(job_id, "report", index))
+        """The sub-agent's report, read from its final state (None before it finished)."""
+        raw = self.r.hget(self.key(job_id, "final"), str(index))
+        if raw:
+            return unpack_final(raw).report()
+        raw = self.r.get(self.key(job_id, "report", index))  # written before 'final' existed
         return SubagentReport.model_validate_json(raw) if raw else None
 
     def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None,
@@ -597,9 +635,16 @@ class JobStore:
         """Records from the job's stream after the entry id ``after``, oldest first."""
         reply = self.r.xread({self.key(job_id, "events"): after}, count=count, block=block_ms)
         for _stream, entries in reply or []:
-            for entry_id, fields in entries:
-                raw = fields.get(b"record") or fields.get("record")
-                yield _s(entry_id), SubagentResult.model_validate_json(raw)
+            # An entry names the record (its index); the record itself is read from the
+            # records hash, a page of entries in one round trip.
+            parts = [_s(_field(fields, "i") or "") for _id, fields in entries]
+            wanted = [p for p in parts if p]
+            found = dict(zip(wanted, self.r.hmget(self.key(job_id, "records"), wanted),
+                             strict=True)) if wanted else {}
+            for (entry_id, fields), part in zip(entries, parts, strict=True):
+                raw = found.get(part) if part else _field(fields, "record")
+                if raw:
+                    yield _s(entry_id), SubagentResult.model_validate_json(raw)
 
     def metas(self, job_ids: list[str], *fields: str) -> list[list[str | None]]:
         """Some meta fields of many jobs in one round trip (None where a job or field is gone)."""
@@ -622,20 +667,40 @@ class JobStore:
         for stream, entries in self.r.xread(streams, count=count) or []:
             rows = found.setdefault(jobs[_s(stream)], [])
             for entry_id, fields in entries:
-                raw = fields.get(b"record") or fields.get("record")
-                try:
-                    rows.append((_s(entry_id), json.loads(raw)["status"]))
+                status = _field(fields, "s")
+                if status is not None:
+                    rows.append((_s(entry_id), _s(status)))
+                    continue
+                try:  # an entry written before entries named their record
+                    rows.append((_s(entry_id), json.loads(_field(fields, "record"))["status"]))
                 except (TypeError, ValueError, KeyError):
                     rows.append((_s(entry_id), ""))
         return found
 
     def save_result(self, result: JobResult) -> None:
+        """Store the job's result without its records (``result`` reads them from the records
+        hash, by reference: the answers are not stored twice)."""
+        stored = result.model_copy(update={"results": [], "by_reference": True})
         pipe = self.r.pipeline()
-        pipe.set(self.key(result.job_id, "result"), result.model_dump_json(), ex=self.ttl_s)
+        pipe.set(self.key(result.job_id, "result"), stored.model_dump_json(), ex=self.ttl_s)
         pipe.hset(self.key(result.job_id, "meta"),
                   mapping={"status": result.status, "finished": time.time()})
         pipe.execute()
 
-    def result(self, job_id: str) -> JobResult | None:
+    def result(self, job_id: str, *, records: bool = True) -> JobResult | None:
+        """The job's result, its records read a page at a time from the records hash and cut
+        to its ``record_chars`` (``records=False``: without them, one read)."""
         raw = self.r.get(self.key(job_id, "result"))
-        return JobResult.model_validate_json(raw) if raw else None
+        if not raw:
+            return None
+        result = JobResult.model_validate_json(raw)
+        if result.by_reference:
+            result.by_reference = False
+            if records:
+                n = int(self.r.hget(self.key(job_id, "meta"), "n") or 0)
+                result.results = [compact(r, result.record_chars)
+                                  for _, r in self.iter_records(job_id, n) if r is not None]
+        return result
+
+    def has_result(self, job_id: str) -> bool:
+        return bool(self.r.exists(self.key(job_id, "result")))

@@ -242,7 +242,7 @@ def join_recovered_jobs(store: JobStore, send: Send) -> list[tuple[str, Part]]:
     sent: list[tuple[str, Part]] = []
     for job_id in [_s(j) for j in r.smembers(key)]:
         meta = _meta(store, job_id)
-        if meta.get("status") not in ACTIVE or store.result(job_id) is not None:
+        if meta.get("status") not in ACTIVE or store.has_result(job_id):
             r.srem(key, job_id)
             continue
         if store.record_count(job_id) < int(meta.get("n", 0)):
@@ -289,7 +289,7 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
         if not _stalled(store, job_id, done, now, after_s or settings.resend_after_s):
             continue
         if done >= n:
-            if store.result(job_id) is None and _send_join(store, send, queue, job_id):
+            if not store.has_result(job_id) and _send_join(store, send, queue, job_id):
                 sent.append((job_id, "join"))
             continue
         # Sub-agents the fair-share window has not published yet are not lost, only waiting.
