@@ -13,6 +13,11 @@ from .engine import Engine
 from .server import make_app, start_runner
 
 _HELP = {
+    "provider": "the API it speaks: anthropic (/v1/messages) or openai (/v1/chat/completions, "
+                "limits --rpm and --tpm)",
+    "tpm": "openai: tokens per minute per API key (input + max tokens, charged at admission)",
+    "retry_after_headers": "openai: what a 429 carries: retry-after (seconds), retry-after-ms "
+                           "(ms), both or none",
     "rpm": "requests per minute per API key",
     "itpm": "input tokens per minute per API key",
     "otpm": "output tokens per minute per API key",
@@ -38,7 +43,8 @@ _HELP = {
 def build_parser(prog: str = "python -m drover.simulator") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Anthropic-compatible Messages API simulator with real rate limits.")
+        description="Anthropic-compatible Messages API simulator with real rate limits "
+                    "(--provider openai: OpenAI's Chat Completions and its limits).")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080,
@@ -55,6 +61,12 @@ def build_parser(prog: str = "python -m drover.simulator") -> argparse.ArgumentP
         elif f.name == "otpm_mode":
             parser.add_argument(flag, dest=f.name, choices=["generated", "max_tokens"],
                                 default=default, help=help_text)
+        elif f.name == "provider":
+            parser.add_argument(flag, dest=f.name, choices=["anthropic", "openai"],
+                                default=default, help=help_text)
+        elif f.name == "retry_after_headers":
+            parser.add_argument(flag, dest=f.name, choices=["seconds", "ms", "both", "none"],
+                                default=default, help=help_text)
         elif f.name == "other_model":
             parser.add_argument(flag, dest=f.name, choices=["refill", "draws"],
                                 default=default, help=help_text)
@@ -69,9 +81,14 @@ async def _serve(config: SimConfig, host: str, port: int) -> None:
     runner, bound = await start_runner(make_app(engine=Engine(config)), host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     reach = "<this host's address>" if host in ("0.0.0.0", "") else host
-    print(f"simulator listening on http://{shown}:{bound} (it takes any API key: on the "
-          f"workers, DROVER_ANTHROPIC_BASE_URL=http://{reach}:{bound} ANTHROPIC_API_KEY=sk-sim)",
-          flush=True)
+    if config.provider == "openai":
+        print(f"simulator (OpenAI Chat Completions) listening on http://{shown}:{bound} (it "
+              f"takes any API key: the OpenAI SDK with "
+              f"OPENAI_BASE_URL=http://{reach}:{bound}/v1 OPENAI_API_KEY=sk-sim)", flush=True)
+    else:
+        print(f"simulator listening on http://{shown}:{bound} (it takes any API key: on the "
+              f"workers, DROVER_ANTHROPIC_BASE_URL=http://{reach}:{bound} "
+              "ANTHROPIC_API_KEY=sk-sim)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

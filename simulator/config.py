@@ -16,13 +16,23 @@ OtpmMode = Literal["generated", "max_tokens"]
 OtherModel = Literal["refill", "draws"]
 
 # Changing one of these rebuilds the rate-limit buckets (they start full again).
-LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "burst_s", "otpm_mode", "pool",
-                          "model_classes", "refuse_oversized"})
+LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "tpm", "burst_s", "otpm_mode", "pool",
+                          "model_classes", "refuse_oversized", "provider"})
+Provider = Literal["anthropic", "openai"]
+RetryAfterHeaders = Literal["seconds", "ms", "both", "none"]
 _POOL_ENTRY = {"alias", "api_key", "rpm", "itpm", "otpm", "revoke_after_s"}
 
 
 @dataclass(frozen=True)
 class SimConfig:
+    # Which API it speaks: "anthropic" (Messages, /v1/messages) or "openai" (Chat
+    # Completions, /v1/chat/completions: simulator/openai.py). OpenAI's limits are rpm and
+    # tpm, one tokens bucket charged input + max_completion_tokens at admission, nothing
+    # given back within the minute (../shared/openai-api.md); itpm/otpm are Anthropic's.
+    provider: Provider = "anthropic"
+    tpm: float | None = None
+    # OpenAI's 429s: which retry headers they carry (retry-after, retry-after-ms, both, none).
+    retry_after_headers: RetryAfterHeaders = "seconds"
     # Per-minute limits per API key; None = unlimited (no bucket, no headers).
     rpm: float | None = None
     itpm: float | None = None
@@ -108,7 +118,12 @@ class SimConfig:
     batch_create_drop: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("rpm", "itpm", "otpm"):
+        if self.provider not in ("anthropic", "openai"):
+            raise ValueError(f"provider must be 'anthropic' or 'openai', got {self.provider!r}")
+        if self.retry_after_headers not in ("seconds", "ms", "both", "none"):
+            raise ValueError("retry_after_headers must be seconds, ms, both or none, got "
+                             f"{self.retry_after_headers!r}")
+        for name in ("rpm", "itpm", "otpm", "tpm"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 or None (unlimited), got {value!r}")
@@ -186,7 +201,7 @@ class SimConfig:
         return dataclasses.asdict(self)
 
 
-_FLOAT_OR_NONE = {"rpm", "itpm", "otpm", "batch_rpm"}
+_FLOAT_OR_NONE = {"rpm", "itpm", "otpm", "tpm", "batch_rpm"}
 _INT_OR_NONE = {"batch_queue_cap"}
 _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_429_rate",
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import generate, responses, streaming, triggers
+from . import generate, openai, responses, streaming, triggers
 from .buckets import KeyBuckets, NestedBuckets, Rejection
 from .cache import PromptCache
 from .config import LIMIT_FIELDS, SimConfig
@@ -71,6 +71,7 @@ class Streamed:
     sent: Callable[[int], None]  # told of the output tokens each write adds
     cut_after: int | None = None
     cut_mode: str = "drop"
+    error_data: bytes = b""  # the error frame of cut_mode "error" (empty: Messages' own)
 
 
 def canonical_digest(body: dict[str, Any]) -> bytes:
@@ -165,6 +166,9 @@ class Engine:
                     ) -> KeyBuckets:
         buckets = self._buckets.get(name)
         if buckets is None:
+            if limits is None and self.config.provider == "openai":
+                # OpenAI's structure: requests and one tokens bucket (input + max tokens).
+                limits = (self.config.rpm, self.config.tpm, None)
             buckets = self._buckets[name] = KeyBuckets(self.config, now, limits)
         return buckets
 
@@ -203,7 +207,9 @@ class Engine:
     def _headers(self, req_id: str, buckets: KeyBuckets | NestedBuckets | None, now: float
                  ) -> dict[str, str]:
         headers = {"Content-Type": _JSON, "request-id": req_id}
-        if buckets is not None:
+        if buckets is not None and self.config.provider == "openai":
+            headers.update(openai.ratelimit_headers(buckets, now))
+        elif buckets is not None:
             headers.update(responses.ratelimit_headers(buckets, now, time.time(),
                                                        self.config.round_token_headers))
         return headers
@@ -211,9 +217,11 @@ class Engine:
     def _error(self, status: int, error_type: str, message: str, req_id: str,
                buckets: KeyBuckets | NestedBuckets | None, now: float,
                details: dict[str, Any] | None = None,
-               retry_after: int | None = None) -> Reply:
+               retry_after: int | None = None, limit_name: str | None = None) -> Reply:
         headers = self._headers(req_id, buckets, now)
-        if retry_after is not None:
+        if retry_after is not None and self.config.provider == "openai":
+            headers.update(openai.retry_headers(self.config.retry_after_headers, retry_after))
+        elif retry_after is not None:
             headers["retry-after"] = str(retry_after)
         stats = self.stats
         if status == 429:
@@ -227,6 +235,9 @@ class Engine:
             stats.errors_5xx += 1
         else:
             stats.errors_4xx += 1
+        if self.config.provider == "openai":
+            status, body = openai.error_reply(status, error_type, message, details, limit_name)
+            return Reply(status, body, headers)
         return Reply(status, responses.error_body(error_type, message, req_id, details), headers)
 
     def _parse(self, headers: Mapping[str, str], raw: bytes, req_id: str, now: float,
@@ -254,6 +265,8 @@ class Engine:
         model = body.get("model") if isinstance(body, dict) else None
         buckets = self._buckets_for(api_key, now, model if isinstance(model, str) else None)
         try:
+            if self.config.provider == "openai":
+                body = openai.to_messages(body)  # judged as the Messages request it stands for
             validate(body, need_max_tokens=need_max_tokens)
         except InvalidRequest as exc:
             return self._error(400, "invalid_request_error", str(exc), req_id, buckets, now)
@@ -360,7 +373,10 @@ class Engine:
         input_tokens = total - cache_read - cache_creation
         counted_input = input_tokens + cache_creation + (cache_read if cfg.cache_reads_count else 0)
 
-        rejection = buckets.try_admit(counted_input, max_tokens, now)
+        if cfg.provider == "openai":  # one tokens bucket: input and max tokens, at admission
+            rejection = buckets.try_admit(counted_input + max_tokens, 0, now)
+        else:
+            rejection = buckets.try_admit(counted_input, max_tokens, now)
         if rejection is not None:
             if alias is not None:
                 self.stats.key_event(alias, "n429", level=rejection.level)
@@ -399,11 +415,14 @@ class Engine:
 
             chunk = max(3, math.ceil(tps * 0.1)) if tps > 0 else 256
             cut = first_only.get("cut_error", first_only.get("cut"))
+            make = openai.chunk_events if cfg.provider == "openai" else streaming.events
             streamed = Streamed(self._headers(req_id, buckets, now) | {
                 "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
-                streaming.events(model, generated.content, generated.stop_reason, usage, chunk),
+                make(model, generated.content, generated.stop_reason, usage, chunk),
                 first_s, tps, close, self.stats.stream_sent, None if cut is None else max(1, int(cut)),
-                "error" if "cut_error" in first_only else "drop")
+                "error" if "cut_error" in first_only else "drop",
+                openai.error_frame("The server is overloaded") if cfg.provider == "openai"
+                else b"")
             return Pending(0.0, lambda: Reply(500, b"", {}), out_tokens, streamed)
 
         if tps > 0:
@@ -415,8 +434,8 @@ class Engine:
             done = time.monotonic()
             buckets.settle_output(generated.output_tokens, max_tokens, done)
             self.stats.generated(done, generated.output_tokens)
-            return Reply(200, responses.message_body(model, generated.content,
-                                                     generated.stop_reason, usage),
+            shape = openai.completion_body if cfg.provider == "openai" else responses.message_body
+            return Reply(200, shape(model, generated.content, generated.stop_reason, usage),
                          self._headers(req_id, buckets, done))
 
         return Pending(delay, finish, generated.output_tokens)
@@ -455,6 +474,13 @@ class Engine:
         message = (f"This request would exceed {whose} rate limit of "
                    f"{int(rejection.limit):,} {rejection.limit_name} per minute "
                    f"(model: {model}). {_RATE_LIMIT_DOCS} {advice}")
+        if self.config.provider == "openai":
+            what = "requests" if rejection.limit_name == "requests" else "tokens"
+            short = "RPM" if what == "requests" else "TPM"
+            message = (f"Rate limit reached for {model} on {what} per min ({short}): Limit "
+                       f"{int(rejection.limit)}. Please try again in {rejection.retry_after_s}s.")
+            return self._error(429, "rate_limit_error", message, req_id, buckets, now,
+                               retry_after=rejection.retry_after_s, limit_name=what)
         return self._error(429, "rate_limit_error", message, req_id, buckets, now,
                            retry_after=rejection.retry_after_s)
 

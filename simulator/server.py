@@ -90,7 +90,8 @@ async def _stream(request: web.Request, streamed: Streamed) -> web.StreamRespons
             if streamed.cut_after is not None and i >= streamed.cut_after:
                 how = "cut"
                 if streamed.cut_mode == "error":
-                    await response.write(error_frame("overloaded_error", "Overloaded"))
+                    await response.write(streamed.error_data
+                                         or error_frame("overloaded_error", "Overloaded"))
                 if request.transport is not None:
                     request.transport.close()  # the connection drops mid-answer
                 return response
@@ -203,6 +204,7 @@ def make_app(config: SimConfig | None = None, engine: Engine | None = None,
     app[ENGINE_KEY] = engine or Engine(config or SimConfig())
     app[BATCHES_KEY] = batches or Batches(app[ENGINE_KEY])
     app.router.add_post("/v1/messages", _messages)
+    app.router.add_post("/v1/chat/completions", _messages)  # SimConfig.provider="openai"
     app.router.add_post("/v1/messages/count_tokens", _count_tokens)
     app.router.add_post("/v1/messages/batches", _batch_route("create"))
     app.router.add_get("/v1/messages/batches", _batch_route("list"))
