@@ -58,6 +58,12 @@ def rabbitmq_config(settings: Settings) -> dict[str, Any]:
         "task_default_delivery_mode": "persistent",
         # A killed worker's connection is noticed within seconds, not minutes.
         "broker_heartbeat": settings.broker_heartbeat_s,
+        # A worker that replaces a silent connection declares its remote-control (pidbox) and
+        # event queues again before RabbitMQ has closed the old connection: an exclusive queue
+        # is still locked by it then (RESOURCE_LOCKED, which Celery treats as unrecoverable:
+        # the worker exited). Non-exclusive, they still go when unused (auto-delete, expiry).
+        "control_queue_exclusive": False,
+        "event_queue_exclusive": False,
     }
 
 

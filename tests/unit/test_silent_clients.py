@@ -86,6 +86,9 @@ def test_every_client_has_a_timeout_keepalive_and_health_checks(redis_url):
     assert rabbit["broker_heartbeat"] == 3
     assert rabbit["broker_transport_options"]["read_timeout"] == 7
     assert rabbit["broker_transport_options"]["write_timeout"] == 7
+    # A worker replacing a silent connection declares these again while RabbitMQ still holds
+    # the old one: exclusive, they would be locked by it, and Celery exits on that.
+    assert rabbit["control_queue_exclusive"] is False and rabbit["event_queue_exclusive"] is False
 
 
 def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_once_it_moves(
