@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from bench.contenders.common import delete_prefix
+from bench.recovery import kill_workers
 from drover.simulator import SimConfig, SimulatorServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,12 +121,7 @@ def one_run(kind: str, n: int, wait_in_line: bool, redis_url: str,
                     "accepted": stats["accepted"]}
         finally:
             stop.set()
-            for proc in workers:
-                try:
-                    os.killpg(proc.pid, 9)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+            kill_workers(workers)
             delete_prefix(redis_url, prefix)
 
 

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.recovery import spawn_worker
+from bench.recovery import kill_workers, spawn_worker
 from drover.simulator import SimConfig, SimulatorServer
 
 
@@ -39,6 +39,9 @@ def run(n: int, tps: float, max_tokens: int, for_s: float, call_timeout_s: float
            "DROVER_BACKOFF_BASE_S": "0.5"}
     os.environ.update(env)
     from drover import JobSpec, submit  # with the environment above
+    from drover.config import get_settings
+
+    get_settings.cache_clear()  # this run's prefix and queue, not the last run's
 
     workers = [spawn_worker(env, f"long{i}-{tag}", threads=2) for i in range(2)]
     try:
@@ -68,12 +71,7 @@ def run(n: int, tps: float, max_tokens: int, for_s: float, call_timeout_s: float
                 "billed_output_tokens": stats["billed"]["output_tokens"],
                 "delivered_output_tokens": stats["output_tokens"], "job_usage": usage}
     finally:
-        for proc in workers:
-            try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+        kill_workers(workers)
         sim.stop()
 
 

@@ -118,6 +118,16 @@ def spawn_worker(env: dict[str, str], name: str, threads: int = THREADS) -> subp
         start_new_session=True)
 
 
+def kill_workers(workers: list[subprocess.Popen]) -> None:
+    """SIGKILL each worker's process group and reap it."""
+    for proc in workers:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 def submit(env: dict[str, str], n: int) -> str:
     from drover import JobSpec
 

@@ -21,13 +21,17 @@ PLAIN_EVERY_S = 5.0
 
 
 def progress_line(handle: JobHandle, started: float) -> str:
-    """``progress: 12/30 finished (ok=11 failed=1), 18 pending, 42 s`` (one Redis read)."""
+    """``progress: 12/30 finished (ok=11 failed=1), 18 pending (3 generating), 42 s``: a
+    sub-agent is generating while its answer streams in."""
     counts = handle.progress()
+    generating = handle.generating() if counts["pending"] else 0
     finished = counts["total"] - counts["pending"]
     ended = " ".join(f"{k}={v}" for k, v in counts.items()
                      if k not in ("total", "pending") and v)
     return (f"progress: {finished}/{counts['total']} finished" + (f" ({ended})" if ended else "")
-            + f", {counts['pending']} pending, {time.monotonic() - started:.0f} s")
+            + f", {counts['pending']} pending"
+            + (f" ({generating} generating)" if generating else "")
+            + f", {time.monotonic() - started:.0f} s")
 
 
 @contextmanager

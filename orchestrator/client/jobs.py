@@ -170,6 +170,10 @@ class JobHandle:
         counts["pending"] = total - sum(counts[s] for s in STATUSES)
         return counts
 
+    def generating(self) -> int:
+        """How many sub-agents' answers are streaming in now (their first token came)."""
+        return self.store.generating_count(self.id)
+
     def record(self, index: int) -> SubagentResult | None:
         """Sub-agent ``index``'s full record (a JobResult's copy may have its text cut)."""
         return self.store.record(self.id, index)

@@ -15,7 +15,7 @@ from tests.helpers import ROOT, stop_process_group
 
 LINE = re.compile(r"llm call (outcome=\S+(?: [a-z_]+=\S+)+)$")
 KEYS_OK = ["outcome", "scope", "status", "job", "sub", "wait_s", "call_s", "in", "out",
-           "cache_read", "est_in", "reserved_in", "reserved_out"]
+           "cache_read", "est_in", "reserved_in", "reserved_out", "ttft_s", "out_per_s"]
 KEYS_FAILED = ["outcome", "scope", "status", "type", "job", "sub", "wait_s", "call_s", "in",
                "out", "next", "countdown"]
 

@@ -76,11 +76,13 @@ def test_a_cancel_mid_stream_closes_it_and_counts_what_it_generated(
                             max_tokens=8000))
     wait_until("the stream to be generating",
                lambda: sim.stats()["streams"]["tokens_sent"] >= 500, timeout=60)
+    wait_until("drover watch's count of it", lambda: handle.generating() == 1, timeout=10)
     assert handle.cancel()
     result = handle.wait(timeout=60)
     wait_until("the stream closed", lambda: sim.stats()["in_flight"] == 0, timeout=10)
     stats = sim.stats()
     assert result.results[0].status == "cancelled"
+    assert handle.generating() == 0  # its stream is closed
     assert (stats["streams"]["begun"], stats["streams"]["abandoned"]) == (1, 1)
     # Closed early: the provider billed part of the answer, and the job counts about that.
     billed = stats["billed"]["output_tokens"]
@@ -109,3 +111,21 @@ def test_tool_turns_with_thinking_stream_and_pass_the_thinking_back_unchanged(
     # The transcript keeps the thinking's place, not its text (DROVER_RECORD_THINKING is off).
     transcript = json.dumps(handle.transcript(0))
     assert '"thinking"' in transcript and "considering" not in transcript
+
+
+def test_a_stream_silent_for_the_idle_limit_is_closed_and_retried(
+        sim, spawn_worker, drover_env, monkeypatch):
+    # The first attempt's stream says message_start and ping, then nothing for 4 s: past
+    # DROVER_STREAM_IDLE_S (1 s) it is closed, counted unanswered, and the turn retried.
+    sim.configure(tool_turns=0)
+    configure(monkeypatch, drover_env, stream_idle_s=1)
+    spawn_worker(concurrency=2)
+    wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=["Write the report [[sim:stall=4]]"]))
+    result = handle.wait(timeout=120)
+    stats = sim.stats()
+    assert result.counts["ok"] == 1
+    assert stats["accepted"] == 2 and stats["duplicate_accepted"] == 1
+    assert stats["streams"]["abandoned"] == 1
+    assert result.usage.unanswered_calls == 1 and result.usage.calls == 1
+    assert result.usage.unanswered_output_tokens == 0  # nothing generated before the silence

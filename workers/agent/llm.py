@@ -1,15 +1,17 @@
 """One LLM call through the global limiter: acquire -> wait -> call -> reconcile.
 
-- The input tokens are estimated locally and an output estimate reserved; both are trued up
-  from the response's ``usage`` (counting only after the call is how limiters overshoot).
+- The input tokens are estimated locally and reserved, with one output token (the provider
+  admits a request while its output bucket has room and counts output as generated); both
+  are trued up from the stream's final ``usage`` (the answer's output debited then).
 - A reservation further ahead than the horizon is not waited for in the worker slot: the
   caller gets ``RetryLater`` and turns it into a Celery retry with that countdown.
 - The HTTP call races the job's cancel event and is aborted at the transport when it fires;
   the lease is released and the unused reservation refunded on every path out.
 - A call that went out and got no answer (aborted by a cancel or deadline, timed out, the
   connection cut after the send) is still billed by the provider: it is reported to the
-  caller (``CallContext.unanswered``) at its reservation (input as estimated, output as
-  reserved), spends that from the tenant's budget, and counts as outcome ``unanswered``.
+  caller (``CallContext.unanswered``) at what it cost (once its stream began: the input it
+  said and the output received; before: the input estimate and the scope's mean answer),
+  spends that from the tenant's budget, and counts as outcome ``unanswered``.
 - Errors are classified by ``drover.workers.agent.retry``; a 429 with retry-after also starts
   a cooldown of the whole scope, so every worker on every host backs off, not only this one.
   That includes the calls already granted and waiting for their planned send: a call that
@@ -61,6 +63,7 @@ from drover.workers.telemetry import acquire_wait, llm_call, stream_timing
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
+OUTPUT_AT_START = 1  # output tokens reserved when a call starts (see _send)
 LEARNED_TTL_S = 10.0  # how long a process trusts the learned limits it read (learned_limits)
 
 
@@ -85,6 +88,9 @@ class CallContext:
     # Told of a call that was sent and never answered, with its input and output estimates.
     unanswered: Callable[[int, int], Awaitable[None]] | None = None
     key: str | None = None  # a pool: the key of this sub-agent's last call (sticky routing)
+    # Told True when the call's answer starts streaming in (its first token), False when that
+    # stream ends, however it ends (``drover watch`` shows sub-agents generating).
+    generating: Callable[[bool], Awaitable[None]] | None = None
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -296,8 +302,11 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     try (None: nothing went out)."""
     settings = rt.settings
     est_in, res_in = est
+    # The provider counts output as it is generated: it admits a request while its output
+    # bucket has room, and debits the answer as it comes. So the limiter reserves one token
+    # of output (the call waits while the bucket is in debt) and the settle debits the answer.
     grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=res_in,
-                          output_tokens=est_out, route=route)
+                          output_tokens=OUTPUT_AT_START, route=route)
     key = route.key(grant)
     scope = key.scope
     if route.pooled:
@@ -317,7 +326,8 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         client = key.client if route.pooled else rt.client  # the one key: the runtime's own
         seen.opened = time.monotonic()
         message = await race(rt.provider.stream_turn(client, params, seen,
-                                                     settings.stream_idle_s), ctx.cancel)
+                                                     settings.stream_idle_s, ctx.generating),
+                             ctx.cancel)
     except rt.provider.api_error as error:
         # The request reached the provider (or tried to): it stays counted; its tokens too
         # when it went out and the answer was lost (the provider bills it): a stream that

@@ -108,7 +108,7 @@ class SubagentRun:
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
                               tenant=spec.tenant, check=self._check,
-                              unanswered=self._unanswered)
+                              unanswered=self._unanswered, generating=self._generating)
             return await self._run(spec, state, ctx)
 
     async def _check(self, est_in: int, est_out: int) -> None:
@@ -120,6 +120,15 @@ class SubagentRun:
         if await self._io(self.store.before_send, self.job_id, self.index, self.token, mark):
             raise Cancelled()
         self.state.sends = seq  # its outcome (answer, error or loss) is this state's from now
+
+    async def _generating(self, on: bool) -> None:
+        """Its answer is streaming in, or no longer (``drover watch``); a lost write costs
+        only the display."""
+        try:
+            await self._io(self.store.generating, self.job_id, self.index, on)
+        except Exception as problem:
+            log.debug("generating mark of %s/%d not written (%s)", self.job_id, self.index,
+                      type(problem).__name__)
 
     async def _unanswered(self, est_in: int, est_out: int) -> None:
         """A call of this delivery went out and its answer never came: billed, so counted."""

@@ -499,6 +499,21 @@ class JobStore:
         if fields:
             pipe.expire(key, self.ttl_s)
 
+    def generating(self, job_id: str, index: int, on: bool) -> None:
+        """Sub-agent ``index``'s answer is streaming in (its first token came), or no longer;
+        ``drover watch`` shows how many are (``generating_count``)."""
+        key = self.key(job_id, "generating")
+        if not on:
+            self.r.hdel(key, str(index))
+            return
+        pipe = self.r.pipeline()
+        pipe.hset(key, str(index), "1")
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def generating_count(self, job_id: str) -> int:
+        return int(self.r.hlen(self.key(job_id, "generating")))
+
     def mark_job_send(self, job_id: str, part: str, est_in: int, est_out: int) -> None:
         """Right before a job-level call goes out: its mark, with its estimates, until its
         answer is counted (``add_job_usage(settles=part)``) or it is known unsent

@@ -58,8 +58,8 @@ class Anthropic(Provider):
                                       pool=connect_s))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          idle_s: float) -> Message:
-        return await stream_message(client, params, seen, idle_s)
+                          idle_s: float, generating: Any = None) -> Message:
+        return await stream_message(client, params, seen, idle_s, generating)
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, anthropic.APIStatusError):

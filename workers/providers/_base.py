@@ -54,7 +54,9 @@ class Provider:
         raise NotImplementedError
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          idle_s: float) -> Any:
+                          idle_s: float, generating: Any = None) -> Any:
+        """One turn as a stream, recording what came in ``seen``; ``generating`` (an async
+        callable) is told True at the first token and False when the stream ends."""
         raise NotImplementedError
 
     def describe(self, error: BaseException) -> Failure | None:

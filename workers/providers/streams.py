@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,19 +87,30 @@ class Seen:
 
 
 async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
-                         idle_s: float) -> Message:
+                         idle_s: float,
+                         generating: Callable[[bool], Awaitable[None]] | None = None
+                         ) -> Message:
     """Send one turn as a stream and return the final message; raises the SDK's errors
-    (APITimeoutError when no event came for ``idle_s``)."""
-    async with client.messages.stream(**params) as stream:
-        seen.headers = stream.response.headers
-        events = stream.__aiter__()
-        while True:
-            try:
-                async with asyncio.timeout(idle_s):
-                    event = await events.__anext__()
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise anthropic.APITimeoutError(request=stream.response.request) from None
-            seen.on(event)
-        return await stream.get_final_message()
+    (APITimeoutError when no event came for ``idle_s``). ``generating`` is told True at the
+    first token and False when the stream ends."""
+    told = False
+    try:
+        async with client.messages.stream(**params) as stream:
+            seen.headers = stream.response.headers
+            events = stream.__aiter__()
+            while True:
+                try:
+                    async with asyncio.timeout(idle_s):
+                        event = await events.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise anthropic.APITimeoutError(request=stream.response.request) from None
+                seen.on(event)
+                if not told and generating is not None and seen.first_token_s is not None:
+                    told = True
+                    await generating(True)
+            return await stream.get_final_message()
+    finally:
+        if told and generating is not None:
+            await asyncio.shield(generating(False))
