@@ -2,8 +2,10 @@
 
 Records are read from Redis, not only from the chord's header results: a header task that was
 delivered twice is stored once (first write wins), and the join is idempotent. They are read
-a page at a time and kept in compact form, so the join of 10,000 sub-agents holds 10,000
-small records, not 10,000 full ones.
+a page at a time; a join that synthesises keeps them in compact form (the join of 10,000
+sub-agents holds 10,000 small records, not 10,000 full ones), any other keeps only the ones
+that did not end ok (their errors, no answer): the answers stay in Redis, and the stored
+JobResult reads them from there (JobStore.result).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     stored = await asyncio.to_thread(store.record_count, job_id)
     if stored < n:  # the join came early (one read, before walking any page)
         raise Incomplete(f"{n - stored} sub-agents have no record yet")
-    tally = await asyncio.to_thread(collect, store, job_id, n)
+    tally = await asyncio.to_thread(partial(collect, store, job_id, n,
+                                            keep_ok=bool(spec.synthesize)))
     results, counts = tally.results, tally.counts
     cancel_reason = meta.get("cancelled")
     status, reason = "done", None
@@ -113,8 +116,10 @@ class Tally:
     chars: int
 
 
-def collect(store: JobStore, job_id: str, n: int, page: int = PAGE) -> Tally:
-    """Read the job's records a page at a time and keep only their compact form.
+def collect(store: JobStore, job_id: str, n: int, page: int = PAGE, *,
+            keep_ok: bool = True) -> Tally:
+    """Read the job's records a page at a time and keep only their compact form (with
+    ``keep_ok`` false, only those not ok: the answers are counted, not held).
 
     What the join holds is bounded by n times a compact record (``record_chars``), whatever
     the stored records weigh; raises ``Incomplete`` at the first sub-agent with no record.
@@ -133,7 +138,8 @@ def collect(store: JobStore, job_id: str, n: int, page: int = PAGE) -> Tally:
         record = compact(record, chars)
         if first_failure is None and record.status == "failed":
             first_failure = record
-        results.append(record)
+        if keep_ok or record.status != "ok":
+            results.append(record)
     return Tally(results, counts, usage, first_failure, chars)
 
 
