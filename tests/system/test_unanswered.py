@@ -101,6 +101,17 @@ def test_a_worker_killed_mid_call_counts_the_lost_call_once_and_its_redo_as_answ
     assert 0 < record.usage.unanswered_output_tokens <= 100
 
 
+def _crash_and_redo(sim, victim, spawn_worker, handle):  # noqa: ANN001, ANN202
+    """SIGKILL the worker (a crash: nothing saved, nothing acked); a new worker, on a provider
+    that now answers at once, redoes the lost part once the dead one's heartbeat ends."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    sim.configure(latency_mean_s=0.05, latency_p95_s=0.1)
+    spawn_worker(concurrency=2)
+    return handle.wait(timeout=120)
+
+
 def test_a_worker_killed_mid_planning_counts_the_lost_planning_call_once(
         sim, spawn_worker, drover_env):
     """The job's own calls are marked before they go out too: the planning call a killed
@@ -112,12 +123,7 @@ def test_a_worker_killed_mid_planning_counts_the_lost_planning_call_once(
     handle = submit(JobSpec(goal="Inspect two depots", max_subtasks=2, max_tokens=100))
     wait_until("the planning call on its way to the provider",
                lambda: sim.stats()["in_flight"] == 1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait()
-    sim.configure(latency_mean_s=0.05, latency_p95_s=0.1)
-    spawn_worker(concurrency=2)
-    result = handle.wait(timeout=120)
+    result = _crash_and_redo(sim, victim, spawn_worker, handle)
 
     stats = sim.stats()
     assert result.status == "done" and result.counts["ok"] == 2, result.counts
@@ -144,12 +150,7 @@ def test_a_worker_killed_mid_synthesis_counts_the_lost_synthesis_call_once(
     sim.configure(latency_mean_s=60, latency_p95_s=60)
     wait_until("the synthesis call on its way to the provider",
                lambda: (lambda s: s["accepted"] == 2 and s["in_flight"] == 1)(sim.stats()))
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait()
-    sim.configure(latency_mean_s=0.05, latency_p95_s=0.1)
-    spawn_worker(concurrency=2)
-    result = handle.wait(timeout=120)
+    result = _crash_and_redo(sim, victim, spawn_worker, handle)
 
     stats = sim.stats()
     assert result.status == "done" and result.counts["ok"] == 1, result.counts
