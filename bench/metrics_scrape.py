@@ -151,9 +151,11 @@ def main() -> None:
         for rec in recorders:
             rec.close()
         client = sync_redis(args.redis)
+        deleted = 0
         for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            client.delete(key)
+            deleted += client.delete(key)
         client.close()
+        print(f"keys under {prefix}: {deleted} deleted")
 
 
 if __name__ == "__main__":
