@@ -287,7 +287,8 @@ _CONFIG: dict[str, pytest.Config] = {}
 # Files whose tests take a minute or more each on a loaded 2-core box (--durations).
 LONG_POLES = ("tests/system/test_worker_loss.py", "tests/system/test_first_hour.py",
               "tests/system/test_limiter_e2e.py", "tests/integration/test_bench_smoke.py",
-              "tests/system/test_wait_in_line.py")
+              "tests/system/test_wait_in_line.py", "tests/system/test_silent_connections.py",
+              "tests/system/test_long_answers.py")
 TIERS = ("tests/system/", "tests/integration/", "tests/unit/")
 
 
