@@ -15,7 +15,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -232,6 +232,22 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("ANTHROPIC_API_KEY", "DROVER_ANTHROPIC_API_KEY"),
         description="The API key, needed by workers only; never logged, never in a task "
         "message.")
+    provider: Literal["anthropic", "openai"] = Field(
+        default="anthropic",
+        description="The API the workers call: `anthropic` (Messages) or `openai` (Chat "
+        "Completions, also Azure OpenAI and OpenAI-compatible servers; its key and endpoint are "
+        "the SDK's own `OPENAI_API_KEY` and `OPENAI_BASE_URL`, its limits `DROVER_RPM` and "
+        "`DROVER_TPM`). docs/providers.md.")
+    openai_base_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OPENAI_BASE_URL", "DROVER_OPENAI_BASE_URL"),
+        description="With `DROVER_PROVIDER=openai`: where calls go (ends in `/v1`); the SDK's "
+        "default (the real API) when unset.")
+    openai_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OPENAI_API_KEY", "DROVER_OPENAI_API_KEY"),
+        description="With `DROVER_PROVIDER=openai`: the API key, needed by workers only; never "
+        "logged, never in a task message.")
     key_alias: str = Field(
         default="default", pattern=r"^[A-Za-z0-9_.-]+$",
         description="Names the API key in the limiter's scopes (two keys: two aliases).")
@@ -253,6 +269,10 @@ class Settings(BaseSettings):
         default=30_000, description="The default model's input tokens per minute.")
     otpm: PositiveRate = Field(
         default=8_000, description="The default model's output tokens per minute.")
+    tpm: PositiveRate | None = Field(
+        default=None, description="With `DROVER_PROVIDER=openai`: the default model's tokens "
+        "per minute (one bucket: each call's input estimate plus its max tokens at admission, "
+        "settled to what it used); DROVER_ITPM and DROVER_OTPM are Anthropic's.")
     limits: dict[str, ModelLimits] = Field(
         default_factory=dict,
         description="Other models' limits, JSON: `{\"claude-haiku-4-5\": {\"rpm\": 50, "
@@ -663,6 +683,10 @@ class Settings(BaseSettings):
         for name in (cls, model):
             if name in self.limits:
                 return self.limits[name]
+        if cls == self.limit_class(self.model) and self.provider == "openai":
+            # OpenAI's one tokens bucket, kept in the limiter's input dimension; no output one.
+            return ModelLimits(rpm=self.rpm, itpm=self.tpm, otpm=None,
+                               cache_reads_count=True)
         if cls == self.limit_class(self.model):
             return ModelLimits(
                 rpm=self.rpm, itpm=self.itpm, otpm=self.otpm,
@@ -697,7 +721,8 @@ def _explain(error: ValidationError) -> str:
         if len(loc) > 1:  # inside a JSON value, e.g. DROVER_LIMITS
             name += f" ({'.'.join(loc[1:])})"
         # A key's value, or a DROVER_KEYS entry written as a bare string, is never echoed.
-        secret = loc == ["anthropic_api_key"] or (bool(loc) and loc[0] == "keys")
+        secret = loc in (["anthropic_api_key"], ["openai_api_key"]) or (
+            bool(loc) and loc[0] == "keys")
         if loc == ["anthropic_api_key"]:
             name = "ANTHROPIC_API_KEY"
         message = item["msg"].removeprefix("Value error, ")

@@ -52,6 +52,11 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Refuse, with a message that says what to fix, what the workers would fail on later."""
     import_tool_modules(settings)  # from the working folder too, as the worker does
     tools = get_tools(spec.tools) if spec.tools else []  # ValueError naming unknown tools
+    if spec.delivery == "batch" and settings.provider != "anthropic":
+        raise ValueError(f"delivery='batch' goes through Anthropic's Message Batches API, and "
+                         f"the model {spec.model or settings.model!r} is served by "
+                         f"{settings.provider} (DROVER_PROVIDER={settings.provider}): send the "
+                         "job with delivery='realtime'")
     if len(spec.subtasks) > settings.max_fanout:
         raise ValueError(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")

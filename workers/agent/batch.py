@@ -91,7 +91,10 @@ class Parked(LimiterSaysLater):
 
 
 def uses_batch(spec: JobSpec, settings: Settings) -> bool:
-    """Whether this job's turns go through the Message Batches API."""
+    """Whether this job's turns go through the Message Batches API (Anthropic's only: on
+    another provider "auto" is realtime, and "batch" was refused at submit)."""
+    if settings.provider != "anthropic":
+        return False
     delivery = getattr(spec, "delivery", "realtime")
     if delivery == "auto":
         return spec.deadline_s is None or spec.deadline_s >= settings.batch_auto_min_deadline_s

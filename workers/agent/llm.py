@@ -274,7 +274,9 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     # The limiter reserves more than the estimate until this scope's answers calibrate it
     # (estimate.UNCALIBRATED); the estimate is what an unanswered call counts.
     res_in = rt.calibration.input_reservation(route.scope, est_in)
-    est_out = rt.calibration.output_tokens(route.scope, params["max_tokens"])
+    # A provider that counts max tokens at admission (OpenAI) is reserved that much.
+    est_out = (params["max_tokens"] if rt.provider.one_tokens_bucket
+               else rt.calibration.output_tokens(route.scope, params["max_tokens"]))
     await refuse_if_never_fits(rt, model, route.scope, ctx, est_in)
 
     budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
@@ -436,18 +438,22 @@ def _lost_usage(seen: Seen, est_in: int, est_out: int, cache_reads_count: bool
 def _only_key_refused(settings: Any, decision: Decision) -> Decision:
     """The fleet's only key was refused (or there is none): no call of the job can succeed."""
     what = " ".join(str(p) for p in (decision.status_code, decision.error_type) if p)
+    openai = settings.provider == "openai"
+    var = "OPENAI_API_KEY" if openai else "ANTHROPIC_API_KEY"
+    key = settings.openai_api_key if openai else settings.anthropic_api_key
+    console = "the provider's console" if openai else "the Anthropic console"
     message = (f"the API key DROVER_KEY_ALIAS={settings.key_alias} was refused ({what}: "
-               f"{decision.message}). Check the key in the Anthropic console, set "
-               "ANTHROPIC_API_KEY to a valid key on every worker's host and restart the "
-               "workers (a simulator takes any non-empty key: ANTHROPIC_API_KEY=sk-sim)")
-    if decision.status_code is None or settings.anthropic_api_key is None:  # no key at all
+               f"{decision.message}). Check the key in {console}, set "
+               f"{var} to a valid key on every worker's host and restart the "
+               f"workers (a simulator takes any non-empty key: {var}=sk-sim)")
+    if decision.status_code is None or key is None:  # no key at all
         said = f" ({what}: {decision.message})" if decision.status_code else ""
         message = (f"no API key (DROVER_KEY_ALIAS={settings.key_alias}){said}: set "
-                   "ANTHROPIC_API_KEY on every worker's host and restart the workers (a "
-                   "simulator takes any non-empty key: ANTHROPIC_API_KEY=sk-sim)")
-    if decision.message.count("ANTHROPIC_API_KEY=sk-sim"):  # the simulator's 401 said it
+                   f"{var} on every worker's host and restart the workers (a "
+                   f"simulator takes any non-empty key: {var}=sk-sim)")
+    if decision.message.count(f"{var}=sk-sim"):  # the simulator's 401 said it
         message = message.replace(" (a simulator takes any non-empty key: "
-                                  "ANTHROPIC_API_KEY=sk-sim)", "")
+                                  f"{var}=sk-sim)", "")
     return replace(decision, message=message, job_wide=True)
 
 

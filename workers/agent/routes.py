@@ -36,7 +36,7 @@ __all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_readi
 
 log = logging.getLogger(__name__)
 # A dimension of the limits -> the limit setting that configures it.
-_SETTING = {"requests": "rpm", "input": "itpm", "output": "otpm"}
+_SETTING = {"requests": "rpm", "input": "itpm", "output": "otpm", "tokens": "itpm"}
 
 
 @dataclass
@@ -86,8 +86,16 @@ class Route:
             return self.one
         return next(k for k in self.keys if k.alias == grant.key)
 
+    def _fold(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
+        """A provider of one tokens bucket (OpenAI) counts input and output in it (kept in
+        the limiter's input dimension)."""
+        if self.provider.one_tokens_bucket:
+            return input_tokens + output_tokens, 0
+        return input_tokens, output_tokens
+
     async def acquire(self, limiter: Any, *, input_tokens: int, output_tokens: int,
                       lease_ttl_s: float, prefer: str | None) -> Grant:
+        input_tokens, output_tokens = self._fold(input_tokens, output_tokens)
         if self.pool is None:
             return await limiter.acquire(self.scope, self.limits, input_tokens=input_tokens,
                                          output_tokens=output_tokens, lease_ttl_s=lease_ttl_s)
@@ -102,6 +110,7 @@ class Route:
         """True up each level; ``counts`` (the answer's cache figures) go to each level's
         counters, as its tokens do."""
         key = self.key(grant)
+        input_tokens, output_tokens = self._fold(input_tokens, output_tokens)
         readings = None if headers is None else self.provider.read_limits(headers)
         if self.pool is None:
             await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,

@@ -5,7 +5,8 @@ from outside the thread that waits on it (cancel, deadlines). Each Celery task (
 the ``threads`` pool, or a prefork child's main thread) hands its sub-agent to this process's
 loop and waits for the outcome. On the loop:
 
-- one provider client (``drover.workers.providers``) per process, so HTTP connections are pooled across tasks;
+- one provider client (``drover.workers.providers``) per process, so HTTP connections
+  are pooled across tasks;
 - the ``AsyncLimiter`` over ``redis.asyncio``;
 - a listener on the job-cancel pub/sub channel that sets an ``asyncio.Event`` per job, and
   every HTTP call and limiter wait races against that event, so a cancel aborts the request
@@ -31,7 +32,7 @@ from drover.config import Settings, get_settings
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
 from drover.workers.limiter import AsyncLimiter
-from drover.workers.providers import ANTHROPIC, Provider
+from drover.workers.providers import Provider, provider
 from drover.workers.redis_clients import async_redis, client_settings
 from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
@@ -45,7 +46,7 @@ _POLL_S = 1.0  # how long the cancel listener waits for a message before it look
 class Runtime:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.provider: Provider = ANTHROPIC  # the one provider until issue 38's next steps
+        self.provider: Provider = provider(settings.provider)  # DROVER_PROVIDER
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         # The job store is sync and reached through asyncio.to_thread: every sub-agent on the
@@ -75,17 +76,19 @@ class Runtime:
         self.limiter = AsyncLimiter(self.aredis, prefix=self.settings.key_prefix,
                                     horizon_s=self.settings.horizon_s,
                                     stats_window_s=self.settings.stats_window_s)
-        key = self.settings.anthropic_api_key
+        openai = self.settings.provider == "openai"
+        key = self.settings.openai_api_key if openai else self.settings.anthropic_api_key
+        base_url = self.settings.openai_base_url if openai else self.settings.anthropic_base_url
         # No key but a base URL: a proxy that may need none (the client omits the header).
-        keyless = bool(not key and self.settings.anthropic_base_url
+        keyless = bool(not key and base_url and not openai
                        and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
-        self.client = self.build_client(key.get_secret_value() if key else None,
-                                        self.settings.anthropic_base_url, keyless=keyless)
+        self.client = self.build_client(key.get_secret_value() if key else None, base_url,
+                                        keyless=keyless)
         # The Message Batches API's calls are short requests: a total timeout, as before.
         self.batch_client = self.client.with_options(timeout=self.settings.call_timeout_s)
         # A pool (DROVER_KEYS): one client per key, each with the key's own endpoint.
         self.pool = Pool(self.settings.keys, {k.alias: self.build_client(
-            k.api_key.get_secret_value(), k.base_url or self.settings.anthropic_base_url)
+            k.api_key.get_secret_value(), k.base_url or base_url)
             for k in self.settings.keys}) if self.settings.pooled else None
         self._routes: dict[str, Route] = {}
         self._closing = False

@@ -25,8 +25,10 @@ __all__ = ["Clock", "LimiterCore", "Readings"]
 # What an answer's limit headers said, read by its provider (drover.workers.providers):
 # {"remaining": {dimension: n}, "limit": {dimension: n}}. The scripts count three
 # dimensions, by letter; a provider's dimension the scripts do not count is left out.
+# (The dimensions are not yet data: issue 38.)
 Readings = Mapping[str, Mapping[str, float]]
-_LETTERS = {"requests": "r", "input": "i", "output": "o"}
+# OpenAI's one tokens bucket is kept where input tokens go (see workers/providers/_openai.py).
+_LETTERS = {"requests": "r", "input": "i", "output": "o", "tokens": "i"}
 
 
 def reading_args(readings: Readings | None) -> dict[str, dict[str, float]] | None:

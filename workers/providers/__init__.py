@@ -17,13 +17,14 @@ from drover.workers.providers._anthropic import (
     StatusError,
 )
 from drover.workers.providers._base import Failure, LimitReadings, Provider
+from drover.workers.providers._openai import OPENAI
 from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
 
-__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "PROVIDERS", "ConnectionFailed", "Failure",
+__all__ = ["ANTHROPIC", "OPENAI", "CHARS_PER_TOKEN", "PROVIDERS", "ConnectionFailed", "Failure",
            "LimitReadings", "Message", "MessageBatchIndividualResponse", "Provider", "Seen",
            "StatusError", "api_errors", "describe", "provider"]
 
-PROVIDERS: dict[str, Provider] = {ANTHROPIC.name: ANTHROPIC}
+PROVIDERS: dict[str, Provider] = {ANTHROPIC.name: ANTHROPIC, OPENAI.name: OPENAI}
 
 
 def provider(name: str) -> Provider:

@@ -8,7 +8,6 @@ errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "messag
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -19,7 +18,7 @@ import httpx2
 from anthropic.types import Message
 from anthropic.types.messages import MessageBatchIndividualResponse
 
-from drover.workers.providers._base import Failure, LimitReadings, Provider
+from drover.workers.providers._base import Failure, LimitReadings, Provider, read_limit_headers
 from drover.workers.providers.streams import stream_message
 
 __all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse"]
@@ -27,7 +26,10 @@ __all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse"
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
 # drover's dimension -> the header's name for it.
-_HEADER_DIMS = {"requests": "requests", "input": "input-tokens", "output": "output-tokens"}
+_HEADER_NAMES = {dim: (f"anthropic-ratelimit-{name}-remaining",
+                       f"anthropic-ratelimit-{name}-limit")
+                 for dim, name in (("requests", "requests"), ("input", "input-tokens"),
+                                   ("output", "output-tokens"))}
 # The SDK's HTTP client's errors raised before the request could reach the provider (by
 # name: the SDK's own httpx fork is not ours to import); any other transport error (a read
 # timeout, a dropped connection) came after the send, so the provider may have taken it.
@@ -85,18 +87,8 @@ class Anthropic(Provider):
         return False
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
-        """{remaining: {dim: n}, limit: {dim: n}} from ``anthropic-ratelimit-*`` (a -limit of
-        0 is none); None when the answer had none at all."""
-        lower = {str(k).lower(): v for k, v in headers.items()}
-        out: LimitReadings = {"remaining": {}, "limit": {}}
-        for dim, name in _HEADER_DIMS.items():
-            remaining = _number(lower.get(f"anthropic-ratelimit-{name}-remaining"))
-            limit = _number(lower.get(f"anthropic-ratelimit-{name}-limit"))
-            if remaining is not None:
-                out["remaining"][dim] = remaining
-            if limit:
-                out["limit"][dim] = limit
-        return out if out["remaining"] or out["limit"] else None
+        """{remaining: {dim: n}, limit: {dim: n}} from ``anthropic-ratelimit-*``."""
+        return read_limit_headers(headers, _HEADER_NAMES)
 
     def status_error(self, client: Any, status: int, body: dict[str, Any]) -> BaseException:
         """The SDK exception a realtime call would have raised for this error body (a
@@ -104,16 +96,6 @@ class Anthropic(Provider):
         request = httpx2.Request("POST", "https://batch.invalid/v1/messages")
         response = httpx2.Response(status, json=body, request=request)
         return client._make_status_error_from_response(response)
-
-
-def _number(raw: str | bytes | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        value = float(raw.decode() if isinstance(raw, bytes) else raw)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:

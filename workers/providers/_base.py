@@ -17,15 +17,41 @@ Only this room imports a provider SDK (tests/unit/test_architecture.py checks it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Failure", "LimitReadings", "Provider"]
+__all__ = ["Failure", "LimitReadings", "Provider", "read_limit_headers"]
 
 # What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
 # each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
 LimitReadings = dict[str, dict[str, float]]
+
+
+def read_limit_headers(headers: Mapping[str, str | bytes],
+                       names: Mapping[str, tuple[str, str]]) -> LimitReadings | None:
+    """Readings from ``headers``: per dimension, ``names[dim]`` = (its -remaining header, its
+    -limit header); a bad or negative value is none, and so is a -limit of 0."""
+    lower = {str(k).lower(): v for k, v in headers.items()}
+    out: LimitReadings = {"remaining": {}, "limit": {}}
+    for dim, (remaining_name, limit_name) in names.items():
+        remaining, limit = _number(lower.get(remaining_name)), _number(lower.get(limit_name))
+        if remaining is not None:
+            out["remaining"][dim] = remaining
+        if limit:
+            out["limit"][dim] = limit
+    return out if out["remaining"] or out["limit"] else None
+
+
+def _number(raw: str | bytes | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw.decode() if isinstance(raw, bytes) else raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -48,6 +74,9 @@ class Provider:
     name: ClassVar[str]
     dimensions: ClassVar[tuple[str, ...]]  # what its limits count, e.g. requests, input, output
     api_error: ClassVar[type[BaseException]]  # the base of its SDK's errors
+    # Input and output share one tokens bucket that counts a call's max tokens at admission
+    # (OpenAI): the call reserves input + max tokens there and settles input + output.
+    one_tokens_bucket: ClassVar[bool] = False
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> Any:

@@ -1,0 +1,68 @@
+"""drover on OpenAI (DROVER_PROVIDER=openai): real workers, the openai SDK over HTTP to the
+simulator in its OpenAI mode (Chat Completions, requests and one tokens bucket)."""
+
+from __future__ import annotations
+
+import pytest
+
+from drover import JobSpec, submit
+from tests.helpers import configure
+
+MODEL = "gpt-sim-1"
+
+
+@pytest.fixture
+def on_openai(monkeypatch, drover_env, sim_factory):
+    def start(**sim_config):
+        sim = sim_factory(provider="openai", seed=1, **sim_config)
+        configure(monkeypatch, drover_env, provider="openai", openai_base_url=sim.url + "/v1",
+                  openai_api_key="sk-sim", model=MODEL, rpm=sim_config.get("rpm", 6000),
+                  tpm=sim_config.get("tpm", 10_000_000))
+        return sim
+    return start
+
+
+def test_tool_turns_answer_every_call_and_end_ok(on_openai, worker):
+    sim = on_openai(tool_turns=2, tools_per_turn=2)
+    worker(concurrency=4)
+    result = submit(JobSpec(subtasks=[f"Look up fact {i}" for i in range(6)],
+                            tools=["lookup_fact"], max_tokens=300)).wait(timeout=120)
+    assert result.counts["ok"] == 6
+    assert all(r.turns == 3 for r in result.results)  # two tool turns, then the answer
+    stats = sim.stats()
+    assert stats["errors_4xx"] == 0  # no protocol error: every tool call answered
+    assert stats["accepted"] == 18
+
+
+def test_a_binding_tpm_is_kept_without_a_429(on_openai, worker):
+    # 12 calls of about 60 input + 400 max tokens each at 6,000 TPM: the limiter paces them.
+    sim = on_openai(tpm=6000, rpm=600, burst_s=10)
+    worker(concurrency=8)
+    result = submit(JobSpec(subtasks=[f"Summarise item {i}" for i in range(12)],
+                            max_tokens=400)).wait(timeout=240)
+    assert result.counts["ok"] == 12
+    assert sim.stats()["rejected_429"] == 0
+
+
+@pytest.mark.parametrize("headers", ["seconds", "ms", "none"])
+def test_a_429_storm_is_retried_with_or_without_retry_headers(on_openai, worker, headers):
+    sim = on_openai(inject_429_rate=0.3, inject_429_retry_after=1, retry_after_headers=headers)
+    worker(concurrency=4)
+    result = submit(JobSpec(subtasks=[f"Task {i}" for i in range(6)],
+                            max_tokens=200)).wait(timeout=180)
+    assert result.counts["ok"] == 6
+    assert sim.stats()["rejected_429"] > 0
+
+
+def test_a_refused_key_fails_the_job_at_once_saying_which_variable(on_openai, worker):
+    on_openai(pool=[{"alias": "gone", "api_key": "sk-sim", "revoke_after_s": 0}])
+    worker(concurrency=2)
+    result = submit(JobSpec(subtasks=["a", "b"], max_tokens=100)).wait(timeout=60)
+    assert result.counts["failed"] == 2
+    assert "OPENAI_API_KEY" in result.results[0].error
+
+
+def test_a_batch_job_is_refused_at_submit_saying_why(on_openai):
+    on_openai()
+    with pytest.raises(ValueError, match="Message Batches"):
+        submit(JobSpec(subtasks=["a"], delivery="batch"))

@@ -1,0 +1,227 @@
+"""OpenAI's Chat Completions behind the seam (also Azure OpenAI and OpenAI-compatible servers:
+vLLM, Ollama, LM Studio). ../shared/openai-api.md has the shapes.
+
+Its limits have two dimensions: requests and one tokens bucket (input and output together),
+which counts a call's input estimate plus its max tokens at admission. drover keeps that
+bucket in the limiter's input dimension (``dimensions`` says "tokens"; the limiter's scripts
+store it where Anthropic's input tokens go) and reserves a call's input + max tokens there.
+
+drover's conversation is the Messages shape; ``to_wire`` turns it into Chat Completions
+(``tool_use`` blocks -> the assistant's ``tool_calls``, each ``tool_result`` -> a ``tool``
+message, so every call is answered before the next turn; an error result is sent as
+``error: ...``), and the streamed answer is gathered back into a Messages ``Message``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import openai
+from anthropic.types import Message
+
+from drover.workers.providers._anthropic import _NOT_SENT, _retry_after
+from drover.workers.providers._base import Failure, LimitReadings, Provider, read_limit_headers
+
+__all__ = ["OPENAI", "OpenAI"]
+
+_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_use",
+         "length": "max_tokens", "content_filter": "refusal"}
+QUOTA_CODE = "insufficient_quota"  # a 429 that is no rate limit: no credit left
+
+
+class OpenAI(Provider):
+    name = "openai"
+    dimensions = ("requests", "tokens")
+    api_error = openai.APIError
+    one_tokens_bucket = True  # input and output share one bucket, charged at admission
+
+    def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
+                     idle_s: float, keyless: bool = False) -> openai.AsyncOpenAI:
+        # Without a key the SDK refuses to build a client: send an empty bearer (a server
+        # that needs a key answers 401 and the call fails saying to set OPENAI_API_KEY).
+        return openai.AsyncOpenAI(
+            api_key=api_key or "", base_url=base_url, max_retries=0,
+            timeout=openai.Timeout(idle_s, connect=connect_s, read=idle_s, write=idle_s,
+                                   pool=connect_s))
+
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
+                          idle_s: float) -> Message:
+        wire = self.to_wire(params)
+        raw = await client.chat.completions.with_raw_response.create(
+            **wire, stream=True, stream_options={"include_usage": True})
+        seen.headers = raw.headers
+        stream = raw.parse()  # an AsyncStream (parse is synchronous here)
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        usage: Any = None
+        chunks = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(idle_s):
+                        chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise openai.APITimeoutError(request=raw.http_request) from None
+                now = time.monotonic() - seen.opened
+                seen.last_event_s = now
+                seen.started = True
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    piece = delta.content or ""
+                    for call in delta.tool_calls or []:
+                        entry = calls.setdefault(call.index, {"id": None, "name": "",
+                                                              "arguments": ""})
+                        if call.id:
+                            entry["id"] = call.id
+                        if call.function is not None:
+                            entry["name"] += call.function.name or ""
+                            piece += call.function.arguments or ""
+                            entry["arguments"] += call.function.arguments or ""
+                    text.append(delta.content or "")
+                    if piece and seen.first_token_s is None:
+                        seen.first_token_s = now
+                    seen.chars += len(piece)
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+        finally:
+            await stream.close()
+        cached = _cached(usage)
+        prompt = (usage.prompt_tokens or 0) if usage is not None else 0
+        completion = (usage.completion_tokens or 0) if usage is not None else 0
+        seen.input_tokens, seen.cache_read_input_tokens = prompt - cached, cached
+        seen.output_tokens = completion
+        content: list[dict[str, Any]] = []
+        if "".join(text):
+            content.append({"type": "text", "text": "".join(text)})
+        for index in sorted(calls):
+            call = calls[index]
+            content.append({"type": "tool_use", "id": call["id"] or f"call_{index}",
+                            "name": call["name"], "input": _arguments(call["arguments"])})
+        return Message.model_validate({
+            "id": "openai", "type": "message", "role": "assistant", "model": wire["model"],
+            "content": content, "stop_reason": _STOP.get(finish or "stop", "end_turn"),
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt - cached, "output_tokens": completion,
+                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}})
+
+    def describe(self, error: BaseException) -> Failure | None:
+        if isinstance(error, openai.APIStatusError):
+            body = error.body if isinstance(error.body, dict) else {}
+            inner = body.get("error", body) if isinstance(body.get("error"), dict) else body
+            code = inner.get("code")
+            kind = str(inner.get("type") or type(error).__name__)
+            message = str(inner.get("message") or error.message)[:500]
+            return Failure(kind, message, error.status_code, str(code) if code else None,
+                           retry_after_s=_retry_after(error.response.headers),
+                           spend_cap=code == QUOTA_CODE)
+        if isinstance(error, openai.APIConnectionError):
+            timeout = isinstance(error, openai.APITimeoutError)
+            return Failure("timeout" if timeout else "connection_error", str(error)[:500],
+                           timeout=timeout)
+        if isinstance(error, openai.APIError):  # an error sent inside a stream that began
+            return Failure("api_error", str(error)[:500], 500)
+        return None
+
+    def sent_unanswered(self, error: BaseException) -> bool:
+        if isinstance(error, openai.APIStatusError):
+            return False
+        if isinstance(error, openai.APIConnectionError):
+            cause = error.__cause__ or error.__context__
+            return cause is not None and not any(
+                kind.__name__ in _NOT_SENT for kind in type(cause).__mro__)
+        return isinstance(error, openai.APIError)  # a stream that failed mid-answer
+
+    def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
+        """x-ratelimit-{remaining,limit}-{requests,tokens}."""
+        return read_limit_headers(headers, {dim: (f"x-ratelimit-remaining-{dim}",
+                                                  f"x-ratelimit-limit-{dim}")
+                                            for dim in self.dimensions})
+
+    def to_wire(self, params: dict[str, Any]) -> dict[str, Any]:
+        """drover's (Messages-shaped) request as a Chat Completions request."""
+        messages: list[dict[str, Any]] = []
+        system = params.get("system")
+        if system:
+            messages.append({"role": "system", "content": _text(system)})
+        for message in params["messages"]:
+            content = message["content"]
+            if isinstance(content, str):
+                messages.append({"role": message["role"], "content": content})
+                continue
+            blocks = [b if isinstance(b, dict) else b.model_dump() for b in content]
+            if message["role"] == "assistant":
+                calls = [{"id": b["id"], "type": "function", "function": {
+                    "name": b["name"], "arguments": json.dumps(b.get("input") or {})}}
+                    for b in blocks if b.get("type") == "tool_use"]
+                said = _text([b for b in blocks if b.get("type") == "text"])
+                out: dict[str, Any] = {"role": "assistant", "content": said or None}
+                if calls:
+                    out["tool_calls"] = calls
+                messages.append(out)
+                continue
+            for b in blocks:  # every tool call answered first, then what the user says
+                if b.get("type") == "tool_result":
+                    result = _text(b.get("content") or "")
+                    messages.append({"role": "tool", "tool_call_id": b["tool_use_id"],
+                                     "content": f"error: {result}" if b.get("is_error")
+                                     else result or " "})
+            said = _text([b for b in blocks if b.get("type") == "text"])
+            if said:
+                messages.append({"role": "user", "content": said})
+        wire: dict[str, Any] = {"model": params["model"], "messages": messages,
+                                "max_completion_tokens": params["max_tokens"]}
+        tools = params.get("tools")
+        if tools:
+            wire["tools"] = [{"type": "function", "function": {
+                "name": t["name"], "description": t.get("description", ""),
+                "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}}
+                for t in tools]
+            choice = params.get("tool_choice") or {}
+            kind = choice.get("type")
+            if kind == "tool":
+                wire["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+            elif kind == "any":
+                wire["tool_choice"] = "required"
+            elif kind == "none":
+                wire["tool_choice"] = "none"
+            if choice.get("disable_parallel_tool_use"):
+                wire["parallel_tool_calls"] = False
+        return wire
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content or []:
+        block = block if isinstance(block, dict) else block.model_dump()
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+    return "".join(parts)
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    """A call's arguments; a model can emit invalid JSON there: the tool then gets none and
+    its answer says so (an error result, not a protocol error)."""
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {"_invalid_arguments": raw[:2000]}
+    return value if isinstance(value, dict) else {"_invalid_arguments": raw[:2000]}
+
+
+def _cached(usage: Any) -> int:
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+    return int(getattr(details, "cached_tokens", 0) or 0)
+
+
+OPENAI = OpenAI()
