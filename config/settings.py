@@ -447,7 +447,7 @@ class Settings(BaseSettings):
         description="Modules whose `@tool` functions workers register and `submit` checks "
         "against: a JSON list or plain comma-separated module names.")
     max_fanout: int = Field(
-        default=10_000, ge=1,
+        default=100_000, ge=1,
         description="The most sub-agents one job may have (also caps planning).")
     max_spec_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024,
