@@ -138,6 +138,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "redis_socket_connect_timeout": redis_socket_options(settings)["socket_connect_timeout"],
         "redis_backend_health_check_interval": settings.health_check_s,
         "redis_retry_on_timeout": True,
+        # A task's result stored while Redis is away (paused, failing over, silent) waits for
+        # it: redis-py's own retries of the backend's client give up within about 40 s, and a
+        # store that fails marks the sub-agent's task FAILURE, which fails its chord (the
+        # sweep then joins the job two minutes later, with a traceback per task).
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 20,
         "redis_socket_keepalive": True,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,

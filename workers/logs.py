@@ -26,6 +26,12 @@ add noise or leak content, at every level, DEBUG too:
 - A refused API key (401 ``authentication_error``) is the same cause for every sub-agent of
   a job: the first failed call's line says so and what to check, later ones of the same job
   are not logged (each sub-agent still ends with a ``failed`` record).
+- An ack the broker did not take (its connection lost, or silent past
+  ``DROVER_SOCKET_TIMEOUT_S``) is logged by kombu as CRITICAL with a chained traceback per
+  task. It is an expected failure with a known end: the message stays unacked, the broker
+  hands it out again (Redis: after its visibility timeout; RabbitMQ: when the connection is
+  gone), and that copy stops at the sub-agent's claim or finished record. One WARNING line
+  says so, without the traceback.
 """
 
 from __future__ import annotations
@@ -36,11 +42,30 @@ from typing import Any
 
 from celery.app import trace
 
-__all__ = ["QUIET", "OncePerJob", "configure_logging"]
+__all__ = ["QUIET", "AckNotTaken", "OncePerJob", "configure_logging"]
 
 # Loggers whose lines repeat ours or carry request bodies and headers.
 QUIET = ("anthropic", "httpx", "httpx2", "httpcore")
 SUCCESS_LINE = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"
+
+
+class AckNotTaken(logging.Filter):
+    """Turn kombu's "Couldn't ack" CRITICAL-with-traceback into one WARNING line that says
+    what follows (the module docstring says why)."""
+
+    PREFIX = "Couldn't ack"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIX)):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        record.msg = ("the broker did not take the ack of task message %r (%s: %s): it hands "
+                      "the message out again, and that copy stops at the sub-agent's claim or "
+                      "record")
+        record.args = (*(record.args or ())[:1], type(error).__name__, error)
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 class OncePerJob(logging.Filter):
@@ -71,6 +96,7 @@ class OncePerJob(logging.Filter):
 
 
 _once_per_job = OncePerJob()
+_ack_not_taken = AckNotTaken()
 
 
 def configure_logging(settings: Any = None) -> None:
@@ -82,5 +108,8 @@ def configure_logging(settings: Any = None) -> None:
     llm = logging.getLogger("drover.workers.agent.llm")
     if _once_per_job not in llm.filters:
         llm.addFilter(_once_per_job)
+    request = logging.getLogger("celery.worker.request")  # where Celery acks a task
+    if _ack_not_taken not in request.filters:
+        request.addFilter(_ack_not_taken)
     # Celery reads this module global when it logs a success.
     trace.LOG_SUCCESS = SUCCESS_LINE
