@@ -154,9 +154,19 @@ def minted(store: JobStore, job_id: str, part: int | str) -> int:
     return token
 
 
+# The sweep re-sends a part missing for DROVER_RESEND_AFTER_S. The tests' own steps between two
+# sweeps must take less than that, or a sweep meant to only notice already re-sends: 0.2 s was
+# exceeded beside a busy test run (the part given up on one round early). 1 s is far beyond
+# those steps' time and keeps each test a few seconds long.
+RESEND_S = 1.0
+
+
 def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_the_end(
         redis_url, key_prefix):
-    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2,
+    """The sweep leaves a queued and an unacked message alone, re-sends a lost one with a new
+    claim token, re-sends it once more when lost again, and gives it up (a failed record)
+    after DROVER_MAX_ATTEMPTS: what it proved with 0.2 s, with RESEND_S."""
+    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=RESEND_S,
                              max_attempts=2)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
     job_id = "sweepjob"
@@ -173,7 +183,7 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
     def sweep_after_a_stall() -> list:
         unlock(store)  # the locks of the previous sweep
         first = sweep(store, settings, lambda *args: sent.append(args))
-        time.sleep(0.3)  # past DROVER_RESEND_AFTER_S (0.2 s): still missing, the message is lost
+        time.sleep(RESEND_S + 0.2)  # past DROVER_RESEND_AFTER_S: still missing, so lost
         unlock(store)
         return first + sweep(store, settings, lambda *args: sent.append(args))
 
@@ -197,7 +207,7 @@ def unlock(store: JobStore) -> None:
 
 
 def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, key_prefix):
-    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=0.2)
+    settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=RESEND_S)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
     # joinjob runs on another queue of this deployment: its join goes to its own queue.
     store.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="other-queue")
@@ -208,7 +218,7 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
         store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
     sent: list[tuple[str, str, int | None]] = []
     sweep(store, settings, lambda *args: sent.append(args))
-    time.sleep(0.3)  # past DROVER_RESEND_AFTER_S (0.2 s), when the sweep sends what is due
+    time.sleep(RESEND_S + 0.2)  # past DROVER_RESEND_AFTER_S, when the sweep sends what is due
     unlock(store)
     sweep(store, settings, lambda *args: sent.append(args))
     assert sorted(sent) == [("other-queue", "joinjob", "join", minted(store, "joinjob", "join")),
