@@ -49,7 +49,17 @@ class OpenAI(Provider):
                                    pool=connect_s))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          idle_s: float) -> Message:
+                          idle_s: float, generating: Any = None) -> Message:
+        """``generating`` is told True at the first token and False when the stream ends."""
+        told: list[bool] = []
+        try:
+            return await self._stream(client, params, seen, idle_s, generating, told)
+        finally:
+            if told:
+                await asyncio.shield(generating(False))
+
+    async def _stream(self, client: Any, params: dict[str, Any], seen: Any, idle_s: float,
+                      generating: Any, told: list[bool]) -> Message:
         wire = self.to_wire(params)
         raw = await client.chat.completions.with_raw_response.create(
             **wire, stream=True, stream_options={"include_usage": True})
@@ -89,6 +99,9 @@ class OpenAI(Provider):
                     text.append(delta.content or "")
                     if piece and seen.first_token_s is None:
                         seen.first_token_s = now
+                        if generating is not None:
+                            told.append(True)
+                            await generating(True)
                     seen.chars += len(piece)
                     if choice.finish_reason:
                         finish = choice.finish_reason
