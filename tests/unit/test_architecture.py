@@ -32,6 +32,17 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
     return lines
 
 
+def _imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """Every absolute import in ``tree`` (at module level or in a function): line, module."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return found
+
+
 def room_graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = defaultdict(set)
     for path in sorted(p for room in ROOMS for p in (ROOT / room).rglob("*.py")):
@@ -39,19 +50,10 @@ def room_graph() -> dict[str, set[str]]:
         source = _room("drover." + ".".join(parts).removesuffix(".__init__"))
         tree = ast.parse(path.read_text(), str(path))
         skip = _type_checking_only(tree)
-        for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in skip:
-                continue
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for name in names:
-                target = _room(name)
-                if target is not None and target != source:
-                    edges[source].add(target)
+        for lineno, name in _imports(tree):
+            target = _room(name)
+            if lineno not in skip and target is not None and target != source:
+                edges[source].add(target)
     return edges
 
 
@@ -113,15 +115,9 @@ def test_only_the_providers_room_imports_a_provider_sdk():
         rel = path.relative_to(ROOT)
         if rel.parts[:2] == ("workers", "providers") or rel.parts[0] == "simulator":
             continue  # the simulator stands alone and speaks the providers' wire shapes
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            leaks += [f"{rel}:{node.lineno} imports {name}" for name in names
-                      if name.split(".")[0] in PROVIDER_SDKS]
+        leaks += [f"{rel}:{lineno} imports {name}"
+                  for lineno, name in _imports(ast.parse(path.read_text(), str(path)))
+                  if name.split(".")[0] in PROVIDER_SDKS]
     assert not leaks, leaks
 
 
