@@ -64,6 +64,7 @@ from drover.workers.providers import (
     Message,
     MessageBatchIndividualResponse,
     StatusError,
+    batch_results_text,
 )
 from drover.workers.services import services
 
@@ -486,11 +487,9 @@ class Batcher:
 
         ``batches.results(id)`` would retrieve the batch first: two calls back to back, which
         the endpoints' RPM can refuse every time (the second one) when it is tight."""
-        response = await self.rt.batch_client.get(
-            batch.results_url, cast_to=httpx2.Response,
-            options={"headers": {"Accept": "application/binary"}})
+        text = await batch_results_text(self.rt.batch_client, batch.results_url)
         out: dict[str, dict[str, Any]] = {}
-        for raw in response.text.splitlines():
+        for raw in text.splitlines():
             if raw.strip():
                 line = MessageBatchIndividualResponse.model_validate_json(raw)
                 out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)

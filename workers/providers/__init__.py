@@ -3,7 +3,8 @@
 Only this room imports a provider SDK. ``provider(name)`` is the one for a name;
 ``describe(error)`` asks each provider whether ``error`` is one of its SDK's errors.
 Message Batches are Anthropic's only: the batcher uses the Anthropic names exported here
-(``Message``, ``MessageBatchIndividualResponse``, ``StatusError``, ``ConnectionFailed``).
+(``Message``, ``MessageBatchIndividualResponse``, ``StatusError``, ``ConnectionFailed``,
+``batch_results_text``).
 docs/providers.md tells how a provider is added.
 """
 
@@ -15,6 +16,7 @@ from drover.workers.providers._anthropic import (
     Message,
     MessageBatchIndividualResponse,
     StatusError,
+    batch_results_text,
 )
 from drover.workers.providers._base import Failure, LimitReadings, Provider
 from drover.workers.providers._openai import OPENAI
@@ -22,7 +24,7 @@ from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
 
 __all__ = ["ANTHROPIC", "OPENAI", "CHARS_PER_TOKEN", "PROVIDERS", "ConnectionFailed", "Failure",
            "LimitReadings", "Message", "MessageBatchIndividualResponse", "Provider", "Seen",
-           "StatusError", "api_errors", "describe", "provider"]
+           "StatusError", "api_errors", "batch_results_text", "describe", "provider"]
 
 PROVIDERS: dict[str, Provider] = {ANTHROPIC.name: ANTHROPIC, OPENAI.name: OPENAI}
 

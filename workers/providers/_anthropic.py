@@ -21,7 +21,8 @@ from anthropic.types.messages import MessageBatchIndividualResponse
 from drover.workers.providers._base import Failure, LimitReadings, Provider, read_limit_headers
 from drover.workers.providers.streams import stream_message
 
-__all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse"]
+__all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse",
+           "batch_results_text"]
 
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
@@ -35,6 +36,14 @@ _HEADER_NAMES = {dim: (f"anthropic-ratelimit-{name}-remaining",
 # timeout, a dropped connection) came after the send, so the provider may have taken it.
 _NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
                        "ProxyError"})
+
+async def batch_results_text(client: anthropic.AsyncAnthropic, url: str) -> str:
+    """A Message Batch's results (JSONL) at ``url``, in one call: ``batches.results(id)``
+    retrieves the batch first, two calls back to back that a tight batches RPM refuses."""
+    response = await client.get(url, cast_to=httpx2.Response,
+                                options={"headers": {"Accept": "application/binary"}})
+    return response.text
+
 
 # The SDK's error classes, for the few places (the batcher) that tell them apart.
 StatusError = anthropic.APIStatusError
