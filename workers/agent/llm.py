@@ -1,8 +1,10 @@
 """One LLM call through the global limiter: acquire -> wait -> call -> reconcile.
 
-- The input tokens are estimated locally and reserved, with one output token (the provider
-  admits a request while its output bucket has room and counts output as generated); both
-  are trued up from the stream's final ``usage`` (the answer's output debited then).
+- The input tokens are estimated locally and an output estimate reserved (the running mean
+  of the scope's answers); both are trued up from the stream's final ``usage``. The output
+  estimate is held while the answer generates: the provider debits output as it comes, so
+  a limiter that debited it only at the end would run behind the provider by every answer
+  in flight.
 - A reservation further ahead than the horizon is not waited for in the worker slot: the
   caller gets ``RetryLater`` and turns it into a Celery retry with that countdown.
 - The HTTP call races the job's cancel event and is aborted at the transport when it fires;
@@ -63,7 +65,6 @@ from drover.workers.telemetry import acquire_wait, llm_call, stream_timing
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
-OUTPUT_AT_START = 1  # output tokens reserved when a call starts (see _send)
 LEARNED_TTL_S = 10.0  # how long a process trusts the learned limits it read (learned_limits)
 
 
@@ -304,11 +305,10 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     try (None: nothing went out)."""
     settings = rt.settings
     est_in, res_in = est
-    # The provider counts output as it is generated: it admits a request while its output
-    # bucket has room, and debits the answer as it comes. So the limiter reserves one token
-    # of output (the call waits while the bucket is in debt) and the settle debits the answer.
+    # The output estimate is reserved at the start (the module docstring says why; reserving
+    # one token instead drew 429s at the limits: docs/limits.md).
     grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=res_in,
-                          output_tokens=OUTPUT_AT_START, route=route)
+                          output_tokens=est_out, route=route)
     key = route.key(grant)
     scope = key.scope
     if route.pooled:
