@@ -100,7 +100,10 @@ def test_list_pages_newest_first_and_cancel_keeps_finished_requests(
 
 def test_batch_limits_are_their_own_rpm_and_queue_cap(
         sim_factory: Callable[..., SimulatorServer]) -> None:
-    sim = sim_factory(batch_processing_s=30.0, batch_queue_cap=3, batch_rpm=120, burst_s=1.0,
+    # batch_rpm 12 with a 10 s burst: two calls at once, then one every 5 s, so a loaded box's
+    # gaps between the three calls cannot refill the bucket (at 120 RPM with a 1 s burst a
+    # 0.5 s gap did, in a fresh-clone run beside a CPU hog).
+    sim = sim_factory(batch_processing_s=30.0, batch_queue_cap=3, batch_rpm=12, burst_s=10.0,
                       rpm=1)
     client = client_for(sim)
     client.messages.batches.create(requests=[request(f"r{i}", "x") for i in range(3)])
@@ -108,7 +111,7 @@ def test_batch_limits_are_their_own_rpm_and_queue_cap(
         client.messages.batches.create(requests=[request("one-more", "x")])
     assert "waiting to be processed" in refused.value.message
     assert int(refused.value.response.headers["retry-after"]) >= 1
-    # The realtime RPM of 1 is untouched by batch calls; the batch RPM (2 a second here)
+    # The realtime RPM of 1 is untouched by batch calls; the batch RPM (its two calls spent)
     # refuses the next call with a retry-after of its own.
     with pytest.raises(anthropic.RateLimitError) as busy:
         client.messages.batches.list()
