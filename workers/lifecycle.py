@@ -133,9 +133,13 @@ def start_batcher() -> None:
     and polls as one. Its runtime is its own: it outlives no worker and shares no state
     with the sub-agents' runtime."""
     global _batcher
-    if _batcher is not None:
+    settings = get_settings()
+    # Message Batches are Anthropic's only (a batch job on OpenAI is refused at submit): a
+    # worker on another provider has no batches to poll, and its client has no
+    # ``messages`` (every tick would fail and log it, once a second).
+    if _batcher is not None or settings.provider != "anthropic":
         return
-    rt = Runtime(get_settings())
+    rt = Runtime(settings)
 
     async def start() -> asyncio.Task[None]:
         return asyncio.create_task(Batcher(rt, resume_parked).run_forever(), name="batcher")

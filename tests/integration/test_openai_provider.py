@@ -6,19 +6,13 @@ from __future__ import annotations
 import pytest
 
 from drover import JobSpec, submit
-from tests.helpers import configure
-
-MODEL = "gpt-sim-1"
+from tests.helpers.openai import on_openai as use_openai
 
 
 @pytest.fixture
 def on_openai(monkeypatch, drover_env, sim_factory):
     def start(**sim_config):
-        sim = sim_factory(provider="openai", seed=1, **sim_config)
-        configure(monkeypatch, drover_env, provider="openai", openai_base_url=sim.url + "/v1",
-                  openai_api_key="sk-sim", model=MODEL, rpm=sim_config.get("rpm", 6000),
-                  tpm=sim_config.get("tpm", 10_000_000))
-        return sim
+        return use_openai(monkeypatch, drover_env, sim_factory, **sim_config)
     return start
 
 
