@@ -7,6 +7,9 @@ The public API::
     handle = submit(JobSpec(subtasks=["...", "..."], tools=["lookup_fact"]))
     result = handle.wait(timeout=600)
 
+Every exception drover raises for a user descends from ``drover.DroverError`` (the tree is in
+``drover/errors.py``); each keeps its standard parent too (``JobNotFound`` is a LookupError).
+
 This file is the repository's root: ``pyproject.toml`` maps the package ``drover`` to it, so
 ``config/``, ``workers/``, ``orchestrator/`` and ``simulator/`` install as ``drover.config``,
 ``drover.workers``, ``drover.orchestrator`` and ``drover.simulator`` and nothing else takes a
@@ -25,7 +28,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from celery import Celery
 
-    from drover.orchestrator.client.jobs import JobHandle, JobNotFound, Unreachable, submit
+    from drover.errors import (
+        AgentError,
+        CallFailed,
+        Cancelled,
+        DroverError,
+        JobNotFound,
+        JobRefused,
+        NeverFits,
+        PlanningFailed,
+        SettingsError,
+        Unreachable,
+        WaitTimeout,
+        WorkerCannotStart,
+    )
+    from drover.orchestrator.client.jobs import JobHandle, submit
     from drover.orchestrator.client.planning import plan
     from drover.workers.jobs.records import JobResult, SubagentResult, Usage
     from drover.workers.jobs.spec import JobSpec
@@ -33,18 +50,24 @@ if TYPE_CHECKING:
 
     app: Celery
 
-__all__ = ["JobHandle", "JobNotFound", "JobResult", "JobSpec", "SubagentResult", "Usage",
-           "Unreachable", "app", "plan", "submit", "tool"]
+_ERRORS = ("AgentError", "CallFailed", "Cancelled", "DroverError", "JobNotFound", "JobRefused",
+           "NeverFits", "PlanningFailed", "SettingsError", "Unreachable", "WaitTimeout",
+           "WorkerCannotStart")
+
+__all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "JobHandle", "JobNotFound",
+           "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed", "SettingsError",
+           "SubagentResult", "Unreachable", "Usage", "WaitTimeout", "WorkerCannotStart", "app",
+           "plan", "submit", "tool"]
 
 _WHERE = {"JobHandle": "drover.orchestrator.client.jobs",
-          "JobNotFound": "drover.orchestrator.client.jobs",
-          "Unreachable": "drover.orchestrator.client.jobs",
           "submit": "drover.orchestrator.client.jobs",
           "plan": "drover.orchestrator.client.planning",
           "JobResult": "drover.workers.jobs.records",
           "SubagentResult": "drover.workers.jobs.records", "Usage": "drover.workers.jobs.records",
           "JobSpec": "drover.workers.jobs.spec", "tool": "drover.workers.tools",
-          "app": "drover.workers.app"}
+          "app": "drover.workers.app",
+          # The exception tree (drover/errors.py) imports nothing, so it costs nothing.
+          **dict.fromkeys(_ERRORS, "drover.errors")}
 
 
 def __getattr__(name: str) -> Any:

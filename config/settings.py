@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from drover.config.sentinel import parse_sentinel
+from drover.errors import SettingsError
 
 PositiveRate = Annotated[float, Field(gt=0)]
 ORG_ALIAS = "org"  # the organisation's level of a pool, in scope names
@@ -110,10 +111,6 @@ class TenantBudget(BaseModel):
     per_day: PositiveRate | None = Field(
         default=None,
         description="Tokens per day (a bucket holding a day's worth, refilled continuously).")
-
-
-class SettingsError(ValueError):
-    """Raised instead of pydantic's ValidationError so the message tells the user what to fix."""
 
 
 # What each kind of URL looks like, for the error message.

@@ -25,6 +25,7 @@ from redis.retry import Retry
 from drover.config import Settings
 from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
 from drover.config.settings import mask_url
+from drover.errors import Unreachable, WorkerCannotStart
 from drover.workers.redis_clients import sync_redis
 
 __all__ = ["FIRST_CONTACT_TIMEOUT_S", "Unreachable", "WorkerCannotStart", "broker_problem",
@@ -35,10 +36,6 @@ __all__ = ["FIRST_CONTACT_TIMEOUT_S", "Unreachable", "WorkerCannotStart", "broke
 # One attempt, this long, for the first contact: long enough for a Redis across a WAN, short
 # enough that a typo in a URL is reported at once.
 FIRST_CONTACT_TIMEOUT_S = 3.0
-
-
-class Unreachable(RuntimeError):
-    """A service drover needs did not answer; the message says what to do."""
 
 
 def _sentinels_problem(target: SentinelTarget, timeout: float) -> str | None:
@@ -155,14 +152,6 @@ def check_services(settings: Settings, *, broker: bool = True) -> None:
         if problem is not None:
             raise _unreachable("Redis" if variable == "DROVER_REDIS_URL" else what, variable,
                                url, problem)
-
-
-class WorkerCannotStart(RuntimeError):
-    """Why this worker would fail every sub-agent; ``exit_code`` 2 (settings) or 3 (services)."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def has_credentials(settings: Settings) -> bool:

@@ -37,6 +37,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from drover.errors import JobRefused
 from drover.workers.telemetry import tool_call
 
 ToolKind = Literal["read", "write"]
@@ -155,7 +156,7 @@ def get_tools(names: list[str]) -> list[Tool]:
         known = ", ".join(sorted(REGISTRY)) or "none"
         close = [f"{n} (did you mean {match[0]}?)" if (match := difflib.get_close_matches(
             n, list(REGISTRY), n=1)) else n for n in unknown]
-        raise ValueError(f"unknown tool(s) {', '.join(close)}; registered tools: {known}. "
+        raise JobRefused(f"unknown tool(s) {', '.join(close)}; registered tools: {known}. "
                          "A tool is a function decorated with @tool (`from drover import "
                          "tool`) in a module named in DROVER_TOOL_MODULES")
     return [REGISTRY[n] for n in names]

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from drover._signals import Refused
 from drover.config import SettingsError
 
 OK, NOT_ALL_OK, USAGE, UNREACHABLE, NOT_FINISHED, INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -44,14 +45,6 @@ def make_console(*, stderr: bool = False) -> Console:
 
 
 console = make_console()
-
-
-class Refused(Exception):
-    """An expected failure: ``message`` is what to tell the user, ``code`` the exit status."""
-
-    def __init__(self, message: str, code: int = USAGE):
-        super().__init__(message)
-        self.code = code
 
 
 def _settings() -> Any:

@@ -18,13 +18,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from drover.config import Settings, get_settings
+from drover.errors import JobNotFound, JobRefused, Unreachable, WaitTimeout
 from drover.orchestrator.client.workers import WorkerWatch, workers_line
 from drover.workers.agent.caching import prefix_tokens
 from drover.workers.agent.fits import spec_never_fits
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec
-from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
-from drover.workers.preflight import Unreachable, check_services, import_tool_modules
+from drover.workers.jobs.store import ACTIVE, JobStore
+from drover.workers.preflight import check_services, import_tool_modules
 from drover.workers.services import services
 from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
@@ -51,25 +52,25 @@ def _first_contact(settings: Settings) -> None:
 def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Refuse, with a message that says what to fix, what the workers would fail on later."""
     import_tool_modules(settings)  # from the working folder too, as the worker does
-    tools = get_tools(spec.tools) if spec.tools else []  # ValueError naming unknown tools
+    tools = get_tools(spec.tools) if spec.tools else []  # JobRefused naming unknown tools
     if spec.delivery == "batch" and settings.provider != "anthropic":
-        raise ValueError(f"delivery='batch' goes through Anthropic's Message Batches API, and "
+        raise JobRefused(f"delivery='batch' goes through Anthropic's Message Batches API, and "
                          f"the model {spec.model or settings.model!r} is served by "
                          f"{settings.provider} (DROVER_PROVIDER={settings.provider}): send the "
                          "job with delivery='realtime'")
     if len(spec.subtasks) > settings.max_fanout:
-        raise ValueError(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
+        raise JobRefused(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")
     size = spec_bytes(spec)
     if size > settings.max_spec_bytes:
-        raise ValueError(f"the job spec is {size:,} bytes, over the cap of "
+        raise JobRefused(f"the job spec is {size:,} bytes, over the cap of "
                          f"{settings.max_spec_bytes:,} (DROVER_MAX_SPEC_BYTES); send fewer or "
                          "shorter subtasks (or a smaller system prompt), or split the job")
     tool_chars = sum(len(json.dumps(t.definition())) for t in tools)
     never = spec_never_fits(settings, spec.model or settings.model,
                             prefix_tokens(spec, tool_chars))
     if never is not None:
-        raise ValueError(never)
+        raise JobRefused(never)
 
 
 def spec_bytes(spec: JobSpec) -> int:
@@ -83,10 +84,10 @@ def spec_bytes(spec: JobSpec) -> int:
 def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) -> JobHandle:
     """Validate ``spec``, store it and start the job; returns at once with a handle.
 
-    Raises pydantic's ValidationError for a bad spec, ValueError for a job the workers would
-    refuse (an unknown tool, too many subtasks) or whose calls no limit could admit (max_tokens
-    over a whole minute of the output-token limit), ``Unreachable`` within a few seconds when
-    Redis or the broker does not answer; nothing is enqueued then.
+    Raises pydantic's ValidationError for a bad spec, ``JobRefused`` (a ValueError) for a job
+    the workers would refuse (an unknown tool, too many subtasks) or whose calls no limit could
+    admit (max_tokens over a whole minute of the output-token limit), ``Unreachable`` within a
+    few seconds when Redis or the broker does not answer; nothing is enqueued then.
     """
     from drover.workers.tasks import launch, plan_job  # the Celery app is built only when needed
 
@@ -145,7 +146,8 @@ class JobHandle:
         return self.store.result(self.id)
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> JobResult:
-        """Block until the join has stored the JobResult; TimeoutError after ``timeout``.
+        """Block until the join has stored the JobResult; ``WaitTimeout`` (a TimeoutError) after
+        ``timeout``.
 
         When nothing finishes for a few seconds and no worker consumes the job's queue, a
         warning says so (and how to start one); the wait goes on."""
@@ -156,13 +158,13 @@ class JobHandle:
             if result is not None:
                 return result
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id} not finished after {timeout:g} s: "
+                raise WaitTimeout(f"job {self.id} not finished after {timeout:g} s: "
                                    f"{self._stalled(watch)}")
             watch.check(self.store.record_count(self.id))
             time.sleep(poll_s)
 
     def _stalled(self, watch: WorkerWatch) -> str:
-        """What a TimeoutError says: how many sub-agents are pending, whether workers live."""
+        """What a WaitTimeout says: how many sub-agents are pending, whether workers live."""
         progress = self.progress()
         return (f"{progress['pending']} of {progress['total']} sub-agents pending; "
                 f"{watch.hint or workers_line(self.store.r, self.settings)}")
@@ -195,7 +197,7 @@ class JobHandle:
         """Yield each sub-agent's record as it finishes (each once), until all are in.
 
         Like ``asyncio.as_completed``: the order is the order of finishing, and ``timeout``
-        bounds the whole iteration (TimeoutError). A cancelled job's stream ends too, once
+        bounds the whole iteration (WaitTimeout). A cancelled job's stream ends too, once
         every sub-agent has its record. Resumable: the handle remembers the last stream entry
         it yielded (``last_event``), and any handle, in any process, continues from one with
         ``after=``.
@@ -222,7 +224,7 @@ class JobHandle:
             if (all_in or meta.get("status") not in ACTIVE) and self._caught_up():
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id}: not every record arrived within {timeout:g} s "
+                raise WaitTimeout(f"job {self.id}: not every record arrived within {timeout:g} s "
                                    f"({self._stalled(watch)}); resume with "
                                    f"after={self._last_event!r}")
             watch.check(len(seen))

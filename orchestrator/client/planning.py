@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from drover.errors import PlanningFailed
 from drover.workers.agent import RetryLater
 from drover.workers.agent.planning import plan_goal
 from drover.workers.agent.runtime import get_runtime
@@ -22,4 +23,4 @@ def plan(goal: str, max_subtasks: int = 8, *, model: str | None = None,
             return rt.run(plan_goal(rt, goal, max_subtasks, model=model, system=system))
         except RetryLater as later:  # no Celery here to retry for us: wait in this thread
             time.sleep(later.countdown)
-    raise RuntimeError(f"planning gave up after {rt.settings.max_attempts} attempts")
+    raise PlanningFailed(f"planning gave up after {rt.settings.max_attempts} attempts")

@@ -31,6 +31,8 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from drover._signals import FlowerRefused
+
 AUTH_ENV = "DROVER_FLOWER_BASIC_AUTH"
 DEFAULT_ADDRESS = "127.0.0.1"
 # args are ``job=<id> sub=<i>/<n>``, result starts with the sub-agent's status, exception is
@@ -78,10 +80,6 @@ port is taken; 3 the broker does not answer; otherwise Flower's. Flower's own op
 
 __all__ = ["AUTH_ENV", "FlowerArgs", "FlowerRefused", "default_environment", "flower_defaults",
            "is_loopback", "parse_args", "run_flower"]
-
-
-class FlowerRefused(ValueError):
-    """What is wrong with the options, said so the user knows what to set."""
 
 
 @dataclass

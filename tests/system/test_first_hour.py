@@ -194,7 +194,7 @@ def test_python_submit_with_nothing_at_the_redis_url_raises_drovers_own_error(tm
         proc.stdout + proc.stderr)
     assert "Start Redis there, or set DROVER_REDIS_URL" in proc.stdout
     last = proc.stderr.strip().splitlines()
-    assert last[-2].startswith("drover.workers.preflight.Unreachable: cannot reach Redis"), last
+    assert last[-2].startswith("drover.errors.Unreachable: cannot reach Redis"), last
     assert len(last) < 25, proc.stderr  # not the redis client's 54 lines
 
 

@@ -5,6 +5,8 @@ rooms. Read from the source with ``ast``, so a lazy import inside a function cou
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,9 +45,18 @@ def _imports(tree: ast.Module) -> list[tuple[int, str]]:
     return found
 
 
+# The package root's own modules below every room: the exception tree and the signals.
+ROOT_MODULES = ("errors.py", "_signals.py")
+
+
+def _sources() -> list[Path]:
+    return sorted([p for room in ROOMS for p in (ROOT / room).rglob("*.py")]
+                  + [ROOT / name for name in ROOT_MODULES])
+
+
 def room_graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = defaultdict(set)
-    for path in sorted(p for room in ROOMS for p in (ROOT / room).rglob("*.py")):
+    for path in _sources():
         parts = path.relative_to(ROOT).with_suffix("").parts
         source = _room("drover." + ".".join(parts).removesuffix(".__init__"))
         tree = ast.parse(path.read_text(), str(path))
@@ -85,7 +96,10 @@ def test_no_import_closes_a_cycle_between_rooms():
 
 def test_dependencies_point_one_way():
     edges = room_graph()
-    assert not edges.get("config"), f"config imports {sorted(edges['config'])}"
+    # The exception tree imports nothing of drover, the signals only the tree, config only it.
+    assert not edges.get("errors"), f"errors.py imports {sorted(edges['errors'])}"
+    assert not edges.get("_signals", set()) - {"errors"}, sorted(edges["_signals"])
+    assert not edges.get("config", set()) - {"errors"}, f"config imports {sorted(edges['config'])}"
     assert not edges.get("simulator"), f"the simulator imports {sorted(edges['simulator'])}"
     upward = {(room, target) for room, targets in edges.items() if room.startswith("workers")
               for target in targets if target.startswith("orchestrator")}
@@ -139,3 +153,75 @@ def test_every_test_file_name_is_unique_across_the_tiers():
     for path in sorted(tests.rglob("test_*.py")):
         seen[path.name].append(str(path.relative_to(tests)))
     assert not {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def _exception_classes() -> dict[str, list[str]]:
+    """Every exception class defined in the package (the simulator aside: it stands alone and
+    its errors become HTTP answers), by the file that defines it. Read with ``ast``: a class
+    is an exception when a base is a built-in exception or, transitively, one of these."""
+    defined: list[tuple[str, str, set[str]]] = []
+    for path in _sources():
+        if path.relative_to(ROOT).parts[0] == "simulator":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                         if isinstance(b, ast.Name | ast.Attribute)}
+                defined.append((str(path.relative_to(ROOT)), node.name, bases))
+    known = {name for name, value in vars(builtins).items()
+             if isinstance(value, type) and issubclass(value, BaseException)}
+    found: dict[str, list[str]] = defaultdict(list)
+    grew = True
+    while grew:
+        grew = False
+        for where, name, bases in defined:
+            if bases & known and name not in found[where]:
+                found[where].append(name)
+                known.add(name)
+                grew = True
+    return {where: names for where, names in found.items() if names}
+
+
+def test_every_exception_is_in_the_tree_or_among_the_signals():
+    """A user's exceptions are in drover/errors.py, the internal control-flow signals in
+    drover/_signals.py; an exception class anywhere else is one a reader cannot place."""
+    elsewhere = {where: names for where, names in _exception_classes().items()
+                 if where not in ROOT_MODULES}
+    assert not elsewhere, elsewhere
+
+
+def test_every_public_exception_descends_from_drover_error_and_is_exported():
+    import drover
+    import drover.errors as errors
+
+    defined = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, BaseException)
+               and value.__module__ == errors.__name__}
+    assert defined == set(errors.__all__)
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.DroverError), name
+        assert name in drover.__all__ and getattr(drover, name) is cls, name
+
+
+def test_each_error_keeps_its_standard_parent():
+    """So ``except LookupError`` and the like, written before the tree, still catch them."""
+    import drover
+
+    assert issubclass(drover.JobNotFound, LookupError)
+    assert issubclass(drover.Unreachable, RuntimeError)
+    assert issubclass(drover.SettingsError, ValueError)
+    assert issubclass(drover.JobRefused, ValueError)
+    assert issubclass(drover.WaitTimeout, TimeoutError)
+    assert issubclass(drover.NeverFits, drover.CallFailed)
+
+
+def test_every_signal_is_private_and_says_why_it_is_an_exception():
+    signals = importlib.import_module("drover._signals")
+    import drover
+
+    for name in signals.__all__:
+        cls = getattr(signals, name)
+        assert name not in drover.__all__, name
+        why = " ".join((cls.__doc__ or "").lower().split())
+        assert "an exception because" in why or "an exception for" in why, name

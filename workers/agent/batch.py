@@ -47,8 +47,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from drover._signals import Parked
 from drover.config import Settings
-from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.errors import CallFailed, Cancelled, RetryableFailure
 from drover.workers.agent.limits import bucket_seconds
 from drover.workers.agent.llm import CallContext, counted_input
 from drover.workers.agent.retry import Decision, classify
@@ -82,13 +83,6 @@ QUEUE_LEASE_S = 25 * 3600  # a batch ends within 24 h; a lease outlives it by a 
 # An intent's batch is looked for among the provider's batches created this long before and
 # after it was recorded (the provider's clock against Redis's, and a slow create call).
 ADOPT_BEFORE_S, ADOPT_AFTER_S = 120.0, 900.0
-
-
-class Parked(LimiterSaysLater):
-    """The turn's request waits in a Message Batch: free the worker slot until it is back."""
-
-    def __init__(self, reason: str = "waiting for its Message Batch"):
-        super().__init__(0.0, reason)
 
 
 def uses_batch(spec: JobSpec, settings: Settings) -> bool:

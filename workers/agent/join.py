@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+from drover._signals import Incomplete
 from drover.workers.agent.batch import SYNTHESIS_PART, Parked, job_batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, RetryLater
 from drover.workers.agent.llm import (
@@ -43,10 +44,6 @@ SYNTHESIS_PROMPT = (
     "answer that combines their findings. Say plainly which parts are missing because a "
     "sub-agent failed or was cancelled; do not invent their findings."
 )
-
-
-class Incomplete(Exception):
-    """Some sub-agents have no record yet (the join came early); try again shortly."""
 
 
 def synthesis_request(spec: JobSpec, model: str, results: list[SubagentResult],

@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 
+from drover._signals import HeldBack
 from drover.workers.agent.caching import cache_counts
 from drover.workers.agent.errors import (
     CallFailed,
@@ -66,10 +67,6 @@ from drover.workers.telemetry import acquire_wait, llm_call, stream_timing
 log = logging.getLogger(__name__)
 POLL_S = 0.05
 LEARNED_TTL_S = 10.0  # how long a process trusts the learned limits it read (learned_limits)
-
-
-class _HeldBack(Exception):
-    """A cooldown began while a granted call waited for its send: plan it again."""
 
 
 @dataclass
@@ -321,7 +318,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         waited = max(grant.wait_s, budget_wait)
         await wait_or_cancel(waited, ctx.cancel)
         if waited > 0 and await route.hold_back(rt.limiter, grant) > 0:
-            raise _HeldBack()  # a 429 came while this call waited: the provider's bucket is empty
+            raise HeldBack()  # a 429 came while this call waited: the provider's bucket is empty
         if ctx.check is not None:  # after every wait, right before the send
             await ctx.check(est_in, est_out)
         in_flight = True
@@ -362,7 +359,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         if lost:
             failure.unanswered = (lost_in, lost_out)  # type: ignore[attr-defined]  # telemetry
         raise failure from None
-    except _HeldBack:
+    except HeldBack:
         # Planned before the 429 that emptied the provider's bucket: its lease is gone, its
         # reservation stays spent, and the call plans again behind the cooldown and the
         # calls granted before it.

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import redis
 
+from drover._signals import ClaimLost
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.keys import JobKeys
 
@@ -58,10 +59,6 @@ __all__ = ["ClaimLost", "Claims", "Held", "part_name"]
 
 LUA = Path(__file__).with_name("lua")
 TOKEN_HEADER = "drover_token"
-
-
-class ClaimLost(Exception):
-    """Another delivery holds this part's claim (or it finished): stop, make no call."""
 
 
 def part_name(part: int | str) -> str:

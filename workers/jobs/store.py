@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from drover.errors import JobNotFound
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.claims import LUA, ClaimLost, Claims
 from drover.workers.jobs.keys import JobKeys
@@ -62,10 +63,6 @@ def unpack_final(raw: bytes | str) -> Checkpoint:
 
 def _field(fields: dict[Any, Any], name: str) -> Any:
     return fields.get(name.encode(), fields.get(name))
-
-
-class JobNotFound(LookupError):
-    pass
 
 
 @dataclass
