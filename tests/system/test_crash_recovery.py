@@ -14,8 +14,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +23,6 @@ import redis
 
 from drover import JobSpec, submit
 from drover.config import load_settings
-from drover.orchestrator.ops.services import free_port, redis_answers
 from drover.workers.jobs.claims import token_of
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import JobStore
@@ -33,6 +30,7 @@ from drover.workers.recovery import subagent_of, subagents_in_broker, sweep
 from drover.workers.redis_clients import sync_redis
 from tests.helpers import configure, wait_until
 from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S, submit_elsewhere
+from tests.helpers.private_redis import PrivateRedis
 
 # Time for the rest of a job after the tasks come back, generous for a busy 2-core machine.
 MARGIN_S = 75
@@ -63,35 +61,6 @@ def test_a_task_message_the_broker_lost_is_sent_again(sim, drover_env, spawn_wor
     assert client.hget(f"{prefix}:job:{handle.id}:claims", "4") is None  # its claim ended
     assert sim.stats()["accepted"] == 10  # nothing else ran twice
     client.close()
-
-
-class PrivateRedis:
-    """A redis-server of this test's own on a fixed port, with an append-only file fsynced on
-    every write, so it can be killed and started again with its data (like a production Redis
-    with AOF)."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.skip("redis-server is not on PATH")
-        self.proc = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--logfile", str(self.workdir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(f"redis-server on port {self.port}", lambda: redis_answers(self.url), 20)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()  # SIGKILL: a crash, not a shutdown that saves
-            self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture

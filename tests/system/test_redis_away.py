@@ -17,7 +17,7 @@ from pathlib import Path
 from drover import JobSpec
 from tests.helpers import ROOT, configure, wait_until
 from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, Fleet, submit_elsewhere
-from tests.system.test_crash_recovery import PrivateRedis
+from tests.helpers.private_redis import PrivateRedis
 
 PAUSE_S = 30  # how long Redis is away: what the issue asks the workers to ride out
 SUBAGENTS = 40
