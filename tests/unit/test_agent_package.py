@@ -36,5 +36,7 @@ def test_join_stays_the_function_when_its_submodule_is_imported_first():
 def test_every_exported_name_resolves():
     import drover.workers.agent as agent
 
-    for name in agent.__all__:
-        assert getattr(agent, name).__module__.startswith("drover.workers.agent."), name
+    for name in agent.__all__:  # the exceptions live in the tree or among the signals
+        home = getattr(agent, name).__module__
+        assert home.startswith("drover.workers.agent.") or home in (
+            "drover.errors", "drover._signals"), name
