@@ -68,7 +68,10 @@ class PoolKey(BaseModel):
     ``rpm``/``itpm``/``otpm`` are the key's limits for the default model (``DROVER_MODEL``)'s
     class, ``limits`` those of other models or classes, in the form ``DROVER_LIMITS`` uses;
     a dimension left out is limited by the organisation's limit only. ``base_url``: this key's
-    endpoint (a proxy in front of part of the traffic), else ``DROVER_ANTHROPIC_BASE_URL``.
+    endpoint (a proxy in front of part of the traffic), else its provider's
+    (``DROVER_ANTHROPIC_BASE_URL`` or ``OPENAI_BASE_URL``). ``provider``: the API the key is
+    for, else ``DROVER_PROVIDER``; a call goes to a key of its model's provider
+    (``DROVER_MODEL_PROVIDERS``), so one fleet serves models of both.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -76,7 +79,11 @@ class PoolKey(BaseModel):
     alias: str = Field(pattern=_NAME, description="The key's name in logs, stats and metrics.")
     api_key: SecretStr = Field(description="The API key (never logged or shown).")
     base_url: str | None = Field(
-        default=None, description="This key's endpoint; else DROVER_ANTHROPIC_BASE_URL.")
+        default=None, description="This key's endpoint; else its provider's "
+        "(DROVER_ANTHROPIC_BASE_URL or OPENAI_BASE_URL).")
+    provider: Literal["anthropic", "openai"] | None = Field(
+        default=None, description="The API this key is for; else DROVER_PROVIDER. A call goes "
+        "to a key of its model's provider (DROVER_MODEL_PROVIDERS).")
     rpm: PositiveRate | None = Field(
         default=None, description="The key's requests per minute (the default model's class).")
     itpm: PositiveRate | None = Field(
@@ -284,6 +291,13 @@ class Settings(BaseSettings):
         description="Model classes, JSON: `{\"claude-sonnet-4\": [\"claude-sonnet-4-5\", "
         "\"claude-sonnet-4-6\"]}`: the models of a class share one set of limits (the class's "
         "entry in DROVER_LIMITS, or DROVER_RPM/ITPM/OTPM when DROVER_MODEL is one of them).")
+    model_providers: dict[str, Literal["anthropic", "openai"]] = Field(
+        default_factory=dict,
+        description="Models (or model classes) served by another API than DROVER_PROVIDER, "
+        "JSON: `{\"gpt-4o\": \"openai\"}`. Needs a pool (DROVER_KEYS) holding a key of each "
+        "provider named; a job's model then picks a key of its provider, so one fleet serves "
+        "both. An OpenAI model's limits go in DROVER_LIMITS with `itpm` as its one tokens per "
+        "minute (and no `otpm`). docs/providers.md.")
     keys: list[PoolKey] = Field(
         default_factory=list,
         description="A pool of keys, JSON: `[{\"alias\": \"eu\", \"api_key\": \"sk-...\", "
@@ -616,7 +630,53 @@ class Settings(BaseSettings):
                                      f"and {name!r}); a model shares one class's limit")
                 seen[model] = name
         self._classes = seen
+        self._check_providers()
         return self
+
+    def _check_providers(self) -> None:
+        """Every provider a model is on has a key to call it with (see model_providers)."""
+        others = sorted({p for p in self.model_providers.values() if p != self.provider})
+        if others and not self.keys:
+            raise ValueError(
+                f"DROVER_MODEL_PROVIDERS puts models on {', '.join(others)}, but without a pool "
+                f"the one key is DROVER_PROVIDER's ({self.provider}): set DROVER_KEYS with a "
+                f"key of each provider (\"provider\": \"{others[0]}\" in its entry), or set "
+                f"DROVER_PROVIDER={others[0]} and name no models")
+        for name, entry in self.limits.items():
+            if entry.otpm is not None and self.provider_of(name) == "openai":
+                raise ValueError(
+                    f"DROVER_LIMITS[{name!r}] has an otpm, but {name} is on openai, whose "
+                    "limit is one tokens bucket (input + max tokens): give it as itpm and "
+                    "leave otpm out")
+        if not self.keys:
+            return
+        needed = {self.provider_of(self.model), *self.model_providers.values()}
+        have = {self.key_provider(k) for k in self.keys}
+        for name in sorted(needed - have):
+            models = sorted(m for m, p in self.model_providers.items() if p == name)
+            whose = (f"the models {', '.join(models)} are" if models
+                     else f"DROVER_MODEL={self.model} is")
+            raise ValueError(
+                f"{whose} on {name}, but no key of DROVER_KEYS is: add one with "
+                f"\"provider\": \"{name}\" (a key without \"provider\" is "
+                f"DROVER_PROVIDER's, {self.provider})")
+        unused = sorted(have - needed)
+        if unused:
+            aliases = [k.alias for k in self.keys if self.key_provider(k) in unused]
+            raise ValueError(
+                f"DROVER_KEYS: the key(s) {', '.join(aliases)} are for {', '.join(unused)}, "
+                "but no model is: name its models in DROVER_MODEL_PROVIDERS (JSON: "
+                f"{{\"MODEL\": \"{unused[0]}\"}}), or remove the keys")
+
+    def provider_of(self, model: str) -> str:
+        """The API that serves ``model``: DROVER_MODEL_PROVIDERS by model or by its class,
+        else DROVER_PROVIDER."""
+        return (self.model_providers.get(model)
+                or self.model_providers.get(self.limit_class(model)) or self.provider)
+
+    def key_provider(self, key: PoolKey) -> str:
+        """The API a pool key is for: its own ``provider``, else DROVER_PROVIDER."""
+        return key.provider or self.provider
 
     @model_validator(mode="after")
     def _countdowns_fit_the_broker(self) -> Settings:
@@ -679,8 +739,10 @@ class Settings(BaseSettings):
         cls = self.limit_class(model)
         for name in (cls, model):
             if name in self.limits:
+                if self.provider_of(model) == "openai":  # cached input counts in its bucket
+                    return self.limits[name].model_copy(update={"cache_reads_count": True})
                 return self.limits[name]
-        if cls == self.limit_class(self.model) and self.provider == "openai":
+        if cls == self.limit_class(self.model) and self.provider_of(self.model) == "openai":
             # OpenAI's one tokens bucket, kept in the limiter's input dimension; no output one.
             return ModelLimits(rpm=self.rpm, itpm=self.tpm, otpm=None,
                                cache_reads_count=True)
@@ -697,7 +759,10 @@ class Settings(BaseSettings):
         return bool(self.keys)
 
     def key_limits_for(self, key: PoolKey, model: str) -> ModelLimits | None:
-        """One pool key's own limits for ``model``'s class (None: only the organisation's)."""
+        """One pool key's own limits for ``model``'s class (None: only the organisation's,
+        or a key of another provider, which never serves ``model``)."""
+        if self.key_provider(key) != self.provider_of(model):
+            return None
         cls = self.limit_class(model)
         for name in (cls, model):
             if name in key.limits:

@@ -53,11 +53,18 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Refuse, with a message that says what to fix, what the workers would fail on later."""
     import_tool_modules(settings)  # from the working folder too, as the worker does
     tools = get_tools(spec.tools) if spec.tools else []  # JobRefused naming unknown tools
-    if spec.delivery == "batch" and settings.provider != "anthropic":
+    model = spec.model or settings.model
+    on = settings.provider_of(model)
+    if spec.delivery == "batch" and "openai" in (on, settings.provider):
+        # The batcher runs on workers whose DROVER_PROVIDER is anthropic only.
+        why = (f"the model {model!r} is served by {on} (DROVER_MODEL_PROVIDERS)"
+               if on != settings.provider else
+               f"the model {model!r} is served by {on} (DROVER_PROVIDER={settings.provider})")
+        if on == "anthropic":
+            why = (f"the workers' DROVER_PROVIDER is {settings.provider}, and only a worker "
+                   "on anthropic runs the batcher")
         raise JobRefused(f"delivery='batch' goes through Anthropic's Message Batches API, and "
-                         f"the model {spec.model or settings.model!r} is served by "
-                         f"{settings.provider} (DROVER_PROVIDER={settings.provider}): send the "
-                         "job with delivery='realtime'")
+                         f"{why}: send the job with delivery='realtime'")
     if len(spec.subtasks) > settings.max_fanout:
         raise JobRefused(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")

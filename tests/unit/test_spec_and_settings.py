@@ -3,6 +3,7 @@ enqueued) and settings (at start-up, naming the variable, never showing the API 
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -65,6 +66,39 @@ def test_bad_json_settings_name_the_variable_and_the_entry(monkeypatch, value, n
     monkeypatch.setenv("DROVER_LIMITS", value)
     with pytest.raises(SettingsError, match=re.escape(name)):
         load_settings()
+
+
+_ANT = {"alias": "ant", "api_key": "sk-a"}
+_OAI = {"alias": "oai", "api_key": "sk-o", "provider": "openai"}
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"DROVER_MODEL_PROVIDERS": '{"gpt-4o": "openai"}'},
+     "without a pool the one key is DROVER_PROVIDER's (anthropic)"),
+    ({"DROVER_MODEL_PROVIDERS": '{"gpt-4o": "openai"}', "DROVER_KEYS": json.dumps([_ANT])},
+     "the models gpt-4o are on openai, but no key of DROVER_KEYS is"),
+    ({"DROVER_KEYS": json.dumps([_ANT, _OAI])},
+     "the key(s) oai are for openai, but no model is"),
+    ({"DROVER_MODEL_PROVIDERS": '{"gpt-4o": "azure"}'}, "DROVER_MODEL_PROVIDERS"),
+    ({"DROVER_KEYS": json.dumps([{**_OAI, "provider": "azure"}])}, "DROVER_KEYS"),
+    ({"DROVER_PROVIDER": "openai", "DROVER_LIMITS": '{"gpt-4o": {"rpm": 5, "otpm": 9}}'},
+     "leave otpm out"),
+])
+def test_providers_of_models_and_keys_are_checked_at_start_up(monkeypatch, env, says):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError, match=re.escape(says)):
+        load_settings()
+
+
+def test_a_model_picks_its_providers_keys(monkeypatch):
+    monkeypatch.setenv("DROVER_KEYS", json.dumps([_ANT, {**_OAI, "rpm": 10}]))
+    monkeypatch.setenv("DROVER_MODEL_PROVIDERS", '{"gpt-4o": "openai"}')
+    s = load_settings()
+    assert s.provider_of("gpt-4o") == "openai" and s.provider_of(s.model) == "anthropic"
+    assert [s.key_provider(k) for k in s.keys] == ["anthropic", "openai"]
+    # A key's limits apply to its own provider's models only.
+    assert s.key_limits_for(s.keys[1], s.model) is None
 
 
 def test_tool_modules_take_a_json_list_or_comma_separated_names(monkeypatch):

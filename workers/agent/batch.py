@@ -88,7 +88,8 @@ ADOPT_BEFORE_S, ADOPT_AFTER_S = 120.0, 900.0
 def uses_batch(spec: JobSpec, settings: Settings) -> bool:
     """Whether this job's turns go through the Message Batches API (Anthropic's only: on
     another provider "auto" is realtime, and "batch" was refused at submit)."""
-    if settings.provider != "anthropic":
+    model = getattr(spec, "model", None) or settings.model
+    if settings.provider != "anthropic" or settings.provider_of(model) != "anthropic":
         return False
     delivery = getattr(spec, "delivery", "realtime")
     if delivery == "auto":

@@ -273,7 +273,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     # (estimate.UNCALIBRATED); the estimate is what an unanswered call counts.
     res_in = rt.calibration.input_reservation(route.scope, est_in)
     # A provider that counts max tokens at admission (OpenAI) is reserved that much.
-    est_out = (params["max_tokens"] if rt.provider.one_tokens_bucket
+    est_out = (params["max_tokens"] if route.provider.one_tokens_bucket
                else rt.calibration.output_tokens(route.scope, params["max_tokens"]))
     await refuse_if_never_fits(rt, model, route.scope, ctx, est_in)
 
@@ -324,14 +324,14 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         in_flight = True
         client = key.client if route.pooled else rt.client  # the one key: the runtime's own
         seen.opened = time.monotonic()
-        message = await race(rt.provider.stream_turn(client, params, seen,
+        message = await race(route.provider.stream_turn(client, params, seen,
                                                      settings.stream_idle_s, ctx.generating),
                              ctx.cancel)
-    except rt.provider.api_error as error:
+    except route.provider.api_error as error:
         # The request reached the provider (or tried to): it stays counted; its tokens too
         # when it went out and the answer was lost (the provider bills it): a stream that
         # had begun is billed what it had generated.
-        lost = seen.headers is not None or rt.provider.sent_unanswered(error)
+        lost = seen.headers is not None or route.provider.sent_unanswered(error)
         lost_in, lost_out = _lost_usage(seen, est_in, est_out, cache_reads_count)
         await route.settle(rt.limiter, grant, input_tokens=lost_in if lost else 0,
                            output_tokens=lost_out if lost and seen.started else 0)

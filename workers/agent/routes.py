@@ -71,7 +71,8 @@ class Route:
                                   scaled_limits(settings, settings.key_limits_for(k, model),
                                                 max_in_flight=None),
                                   settings.key_limits_for(k, model), pool.clients[k.alias])
-                         for k in pool.keys]
+                         # Only the keys of the model's provider can serve it.
+                         for k in pool.keys if settings.key_provider(k) == provider.name]
 
     @property
     def pooled(self) -> bool:

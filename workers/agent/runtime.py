@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-from drover.config import Settings, get_settings
+from drover.config import PoolKey, Settings, get_settings
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
 from drover.workers.limiter import AsyncLimiter
@@ -86,10 +86,11 @@ class Runtime:
                                         keyless=keyless)
         # The Message Batches API's calls are short requests: a total timeout, as before.
         self.batch_client = self.client.with_options(timeout=self.settings.call_timeout_s)
-        # A pool (DROVER_KEYS): one client per key, each with the key's own endpoint.
-        self.pool = Pool(self.settings.keys, {k.alias: self.build_client(
-            k.api_key.get_secret_value(), k.base_url or base_url)
-            for k in self.settings.keys}) if self.settings.pooled else None
+        # A pool (DROVER_KEYS): one client per key, of the key's provider, each with the
+        # key's own endpoint (else its provider's).
+        self.pool = Pool(self.settings.keys, {k.alias: self._key_client(k)
+                                              for k in self.settings.keys}
+                         ) if self.settings.pooled else None
         self._routes: dict[str, Route] = {}
         self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
@@ -97,19 +98,27 @@ class Runtime:
         self._ready.set_result(None)
 
     def build_client(self, api_key: str | None, base_url: str | None, *,
-                     keyless: bool = False) -> Any:
-        """The provider's client: every realtime call streams, so a connect timeout and the
-        gap between reads (the stream's idle limit), never a total."""
-        return self.provider.build_client(api_key=api_key, base_url=base_url,
-                                          connect_s=self.settings.connect_timeout_s,
-                                          idle_s=self.settings.stream_idle_s, keyless=keyless)
+                     keyless: bool = False, of: Provider | None = None) -> Any:
+        """The provider's client (``of``, else DROVER_PROVIDER's): every realtime call
+        streams, so a connect timeout and the gap between reads (the stream's idle limit),
+        never a total."""
+        return (of or self.provider).build_client(
+            api_key=api_key, base_url=base_url, connect_s=self.settings.connect_timeout_s,
+            idle_s=self.settings.stream_idle_s, keyless=keyless)
+
+    def _key_client(self, key: PoolKey) -> Any:
+        name = self.settings.key_provider(key)
+        base_url = key.base_url or (self.settings.openai_base_url if name == "openai"
+                                    else self.settings.anthropic_base_url)
+        return self.build_client(key.api_key.get_secret_value(), base_url, of=provider(name))
 
     def route(self, model: str) -> Route:
         """Where calls to ``model`` reserve: the one key's scope, or the pool's levels."""
         route = self._routes.get(model)
         if route is None:
+            # The model's provider (DROVER_MODEL_PROVIDERS): a pool's keys of it serve it.
             route = self._routes[model] = Route(self.settings, model, self.client, self.pool,
-                                                    self.provider)
+                                                provider(self.settings.provider_of(model)))
         return route
 
     # --- running coroutines from Celery's threads ----------------------------------------
