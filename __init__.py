@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         JobRefused,
         NeverFits,
         PlanningFailed,
+        ResultsStoreError,
         SettingsError,
         Unreachable,
         WaitTimeout,
@@ -51,11 +52,12 @@ if TYPE_CHECKING:
     app: Celery
 
 _ERRORS = ("AgentError", "CallFailed", "Cancelled", "DroverError", "JobNotFound", "JobRefused",
-           "NeverFits", "PlanningFailed", "SettingsError", "Unreachable", "WaitTimeout",
-           "WorkerCannotStart")
+           "NeverFits", "PlanningFailed", "ResultsStoreError", "SettingsError", "Unreachable",
+           "WaitTimeout", "WorkerCannotStart")
 
 __all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "JobHandle", "JobNotFound",
-           "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed", "SettingsError",
+           "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed",
+           "ResultsStoreError", "SettingsError",
            "SubagentResult", "Unreachable", "Usage", "WaitTimeout", "WorkerCannotStart", "app",
            "plan", "submit", "tool"]
 

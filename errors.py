@@ -10,6 +10,7 @@ TimeoutError`` (``JobHandle.wait``) go on working::
     ├── JobNotFound (LookupError)        no job of that id (or it expired)
     ├── WaitTimeout (TimeoutError)       JobHandle.wait / as_completed ran out of time
     ├── Unreachable (RuntimeError)       Redis or the broker did not answer
+    ├── ResultsStoreError (RuntimeError) the results store (PostgreSQL) did not answer
     ├── WorkerCannotStart (RuntimeError) this worker would fail every sub-agent
     ├── PlanningFailed (RuntimeError)    plan() used up its attempts
     └── AgentError                       an agent step ended early
@@ -33,8 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "JobNotFound", "JobRefused",
-           "NeverFits", "PlanningFailed", "SettingsError", "Unreachable", "WaitTimeout",
-           "WorkerCannotStart"]
+           "NeverFits", "PlanningFailed", "ResultsStoreError", "SettingsError", "Unreachable",
+           "WaitTimeout", "WorkerCannotStart"]
 
 
 class DroverError(Exception):
@@ -60,6 +61,11 @@ class WaitTimeout(DroverError, TimeoutError):
 
 class Unreachable(DroverError, RuntimeError):
     """A service drover needs did not answer; the message says what to do."""
+
+
+class ResultsStoreError(DroverError, RuntimeError):
+    """The results store (``DROVER_RESULTS_URL``, PostgreSQL) did not answer or refused a
+    statement; the message names the URL with its password masked."""
 
 
 class WorkerCannotStart(DroverError, RuntimeError):

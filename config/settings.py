@@ -227,6 +227,14 @@ class Settings(BaseSettings):
         default=None,
         description="The sentinels' own password where they have one (the master's is the one "
         "in the `sentinel://` list).")
+    results_url: SecretStr | None = Field(
+        default=None,
+        description="The durable results store (docs/results-store.md): "
+        "`postgresql://USER:PASSWORD@HOST:PORT/DATABASE`. Each sub-agent's record is copied "
+        "there as Redis stores it, and each job's spec, usage and result when it ends; "
+        "`drover result`, `drover jobs` and `JobHandle` read a job from there once Redis no "
+        "longer has it. Needs the `postgres` extra (`pip install 'drover[postgres]'`). Unset: "
+        "results live in Redis only, for DROVER_RESULT_TTL_S.")
     anthropic_base_url: str | None = Field(
         default=None,
         description="Where API calls go (the simulator, a proxy); the SDK's default (the real "
@@ -568,6 +576,22 @@ class Settings(BaseSettings):
         if value is None:
             return None
         return _check_url(value, ("redis", "rediss", "unix", "sentinel"))
+
+    @field_validator("results_url")
+    @classmethod
+    def _postgres_like(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        url = value.get_secret_value().strip()
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in ("postgresql", "postgres"):
+            raise ValueError("expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+        try:
+            urlsplit(url).port  # noqa: B018  (a port that is not a number raises)
+        except ValueError:
+            raise ValueError("the port is not a number from 1 to 65535; expected "
+                             "postgresql://USER:PASSWORD@HOST:PORT/DATABASE") from None
+        return SecretStr(url)
 
     @field_validator("broker_url")
     @classmethod

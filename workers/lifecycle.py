@@ -30,7 +30,7 @@ from drover.workers.fairshare import start_pump
 from drover.workers.jobs import TOKEN_HEADER
 from drover.workers.recovery import start_sweeper
 from drover.workers.services import services, stop_worker
-from drover.workers.startup import log_start
+from drover.workers.startup import check_results_store, log_start
 from drover.workers.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
 
@@ -174,3 +174,4 @@ def _on_worker_ready(**_: Any) -> None:
     # After Celery's banner: what this worker loaded and where it sends (workers/startup.py).
     settings = get_settings()
     log_start(settings, services(settings).limiter)
+    check_results_store(services(settings).results)

@@ -33,6 +33,7 @@ from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.liveness import Heartbeat
+from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter
 from drover.workers.redis_clients import client_settings, sync_redis
@@ -67,7 +68,14 @@ class Services:
     @cached_property
     def store(self) -> JobStore:
         return JobStore(self.redis, prefix=self.settings.key_prefix,
-                        ttl_s=self.settings.result_ttl_s)
+                        ttl_s=self.settings.result_ttl_s, results=self.results)
+
+    @cached_property
+    def results(self) -> ResultsStore | None:
+        """The durable results store (DROVER_RESULTS_URL), or None when it is not set. It
+        connects on first use."""
+        url = self.settings.results_url
+        return ResultsStore(url.get_secret_value()) if url is not None else None
 
     @cached_property
     def batches(self) -> BatchStore:
@@ -122,6 +130,8 @@ class Services:
     def close(self) -> None:
         if "redis" in self.__dict__:
             self.redis.close()
+        if self.__dict__.get("results") is not None:
+            self.results.close()
 
 
 def _identity(settings: Settings) -> tuple[int, str, str]:

@@ -100,3 +100,23 @@ def start_lines(settings: Settings, limiter: Limiter) -> list[str]:
 def log_start(settings: Settings, limiter: Any) -> None:
     for line in start_lines(settings, limiter):
         log.info("drover: %s", line)
+
+
+def check_results_store(results: Any) -> None:
+    """Say in one line whether the results store (DROVER_RESULTS_URL) answers. The worker
+    runs either way: records always land in Redis first, and a job's end copies to the store
+    whatever it missed (docs/results-store.md)."""
+    if results is None:
+        return
+    from drover.errors import ResultsStoreError
+
+    try:
+        results.check()
+    except ResultsStoreError as error:
+        log.warning("drover: %s: the worker runs on; records stay in Redis and are copied "
+                    "to the results store when their job ends, once it answers", error)
+    else:
+        log.info("drover: results store %s (schema version %d)", results.where,
+                 results.schema_version())
+    finally:
+        results.close()  # a prefork parent's socket is not for its children; reconnects on use

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +413,8 @@ def _jobs(args: argparse.Namespace) -> int:
     shared = services(settings)
     fs = shared.fairshare()
     active = active_jobs(settings, fs)
+    if args.finished:
+        _print_finished(shared, args.finished)
     if not active:
         console.print(f"no active jobs on queue {settings.queue!r} (DROVER_QUEUE)")
         return OK
@@ -420,6 +423,34 @@ def _jobs(args: argparse.Namespace) -> int:
     if settings.pooled:  # what the jobs' calls can go out on
         from drover.orchestrator.ops.stats import print_keys
         print_keys(console, settings)
+    return OK
+
+
+def _print_finished(shared: Any, limit: int) -> None:
+    """The latest finished jobs of the results store (a job Redis has dropped is there)."""
+    from drover.errors import ResultsStoreError
+
+    if shared.results is None:
+        raise Refused("drover jobs --finished reads the results store: set DROVER_RESULTS_URL "
+                      "(docs/results-store.md)", code=2)
+    try:
+        rows = shared.results.jobs(limit)
+    except ResultsStoreError as error:
+        raise Refused(str(error), code=UNREACHABLE) from None
+    table = Table(title=f"finished jobs (results store {shared.results.where})")
+    for column in ("job", "status", "sub-agents", "ok", "failed", "finished (UTC)"):
+        table.add_column(column)
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["finished_at"]))
+        table.add_row(row["job_id"], row["status"], str(row["n"]),
+                      str(row["counts"].get("ok", 0)), str(row["counts"].get("failed", 0)), when)
+    console.print(table)
+
+
+def _results_schema(args: argparse.Namespace) -> int:
+    from drover.workers.jobs.results_db import SCHEMA_SQL
+
+    print(SCHEMA_SQL, end="")
     return OK
 
 
@@ -599,7 +630,17 @@ def parser() -> argparse.ArgumentParser:
                "List the active jobs on DROVER_QUEUE with tenant, priority, progress and their "
                "share of the fleet, then the tenants' shares.",
                "Exit status: 0; 2 bad setting; 3 Redis does not answer.")
+    jobs.add_argument("--finished", type=int, default=0, metavar="N",
+                      help="also list the N latest finished jobs of the results store "
+                      "(DROVER_RESULTS_URL)")
     jobs.set_defaults(fn=_jobs)
+
+    schema = add("results-schema", "print the results store's SQL schema",
+                 "Print the SQL that makes the results store's tables (DROVER_RESULTS_URL, "
+                 "docs/results-store.md), to run against an existing database by hand: "
+                 "`drover results-schema | psql DATABASE`. Workers make it on first use "
+                 "otherwise; it is safe to run again.", "Exit status: 0.")
+    schema.set_defaults(fn=_results_schema)
 
     keys = add("keys", "a pool's keys: list them, enable or disable one fleet-wide",
                "List the keys of the pool (DROVER_KEYS) and which are disabled (a 401/403 "

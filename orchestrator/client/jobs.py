@@ -247,11 +247,13 @@ class JobHandle:
         return self.store.report(self.id, index)
 
     def transcript(self, index: int) -> list[dict[str, Any]]:
-        """The sub-agent's full conversation (for debugging), while the job's records live.
+        """The sub-agent's full conversation (for debugging), while the job's records live
+        (in Redis, or in the results store: docs/results-store.md).
 
         Extended thinking's blocks are shown only with DROVER_RECORD_THINKING; otherwise
         each says how long it was."""
-        state = self.store.load_checkpoint(self.id, index)
+        state = (self.store.load_checkpoint(self.id, index)
+                 or self.store.archived_state(self.id, index))
         messages = state.messages if state else []
         if self.settings.record_thinking:
             return messages

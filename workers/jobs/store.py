@@ -12,6 +12,7 @@ one implementation beats keeping a sync and an async copy in step).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from typing import Any
 
 import redis
 
-from drover.errors import JobNotFound
+from drover.errors import JobNotFound, ResultsStoreError
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.claims import LUA, ClaimLost, Claims
 from drover.workers.jobs.keys import JobKeys
@@ -35,7 +36,10 @@ from drover.workers.jobs.records import (
     compact,
     status_counts,
 )
+from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "planning", "running")
 PACK_FROM = 512  # bytes of a final state's JSON past which it is stored compressed
@@ -63,6 +67,17 @@ def unpack_final(raw: bytes | str) -> Checkpoint:
 
 def _field(fields: dict[Any, Any], name: str) -> Any:
     return fields.get(name.encode(), fields.get(name))
+
+
+_warned = [0.0]
+
+
+def _warn(message: str) -> None:
+    """One warning line (no traceback), at most once a minute per process."""
+    now = time.monotonic()
+    if now - _warned[0] >= 60 or not _warned[0]:
+        _warned[0] = now
+        log.warning("drover: %s", message)
 
 
 @dataclass
@@ -99,8 +114,12 @@ def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, *, prefix: str = "drover", ttl_s: int = 604800):
+    def __init__(self, client: redis.Redis, *, prefix: str = "drover", ttl_s: int = 604800,
+                 results: ResultsStore | None = None):
         self.r = client
+        # The durable results store (DROVER_RESULTS_URL), or None: records and finished jobs
+        # are copied there, and a job Redis no longer has is read from there.
+        self.results = results
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.keys = JobKeys(prefix)
@@ -108,7 +127,28 @@ class JobStore:
         self._record = client.register_script((LUA / "record.lua").read_text())
         self._send = client.register_script((LUA / "send.lua").read_text())
 
-    # --- keys ---------------------------------------------------------------------------
+    # --- the durable results store (results_db.py) ----------------------------------------
+    def _gone(self, job_id: str) -> bool:
+        """True when a results store is set and Redis no longer has the job (read it there)."""
+        return self.results is not None and not self.r.exists(self.key(job_id, "meta"))
+
+    def _archived(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            return self.results.job(job_id)  # type: ignore[union-attr]
+        except ResultsStoreError as error:
+            raise JobNotFound(f"no job {job_id!r} in Redis, and {error}") from None
+
+    def _keep(self, rows: list[tuple[SubagentResult, bytes | None]]) -> None:
+        """Copy records Redis has just stored into the results store. Should it not answer,
+        the records stay in Redis (nothing is lost) and the job's end copies them
+        (``save_result``); one warning line says so, at most once a minute."""
+        if self.results is None or not rows:
+            return
+        try:
+            self.results.put_records(rows)
+        except ResultsStoreError as error:
+            _warn(f"{error}; the records stay in Redis and are copied when the job ends")
+
     def key(self, job_id: str, *parts: object) -> str:
         return self.keys.job(job_id, *parts)
 
@@ -146,6 +186,10 @@ class JobStore:
 
     def spec(self, job_id: str) -> JobSpec:
         raw = self.r.get(self.key(job_id, "spec"))
+        if raw is None and self._gone(job_id):
+            row = self.results.job(job_id)  # type: ignore[union-attr]
+            if row is not None and row["spec"] is not None:
+                return JobSpec.model_construct(**row["spec"])
         if raw is None:
             raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
         # Validated at submit; stored without its subtasks (those live in a list of their own,
@@ -158,6 +202,12 @@ class JobStore:
 
     def meta(self, job_id: str) -> dict[str, str]:
         raw = self.r.hgetall(self.key(job_id, "meta"))
+        if not raw and self.results is not None:
+            row = self._archived(job_id)
+            if row is not None:
+                return {"status": row["status"], "n": str(row["n"]),
+                        "created": str(row["created_at"] or ""),
+                        "finished": str(row["finished_at"]), "archived": "1"}
         if not raw:
             raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
         return {_s(k): _s(v) for k, v in raw.items()}
@@ -291,6 +341,7 @@ class JobStore:
             for index, raw in raws.items():
                 pipe.hsetnx(records, str(index), raw)
             firsts = [i for i, first in zip(raws, pipe.execute(), strict=True) if first]
+            self._keep([(SubagentResult.model_validate_json(raws[i]), None) for i in firsts])
             if not firsts:
                 continue
             pipe = self.r.pipeline(transaction=False)
@@ -402,6 +453,13 @@ class JobStore:
             return Checkpoint.model_validate_json(raw)
         raw = self.r.hget(self.key(job_id, "final"), str(index))
         return unpack_final(raw) if raw else None
+
+    def archived_state(self, job_id: str, index: int) -> Checkpoint | None:
+        """A finished sub-agent's final state from the results store, once Redis has no job."""
+        if not self._gone(job_id):
+            return None
+        packed = self.results.final(job_id, index)  # type: ignore[union-attr]
+        return unpack_final(packed) if packed else None
 
     def save_checkpoint(self, job_id: str, index: int, state: Checkpoint,
                         token: int = 0) -> None:
@@ -593,15 +651,22 @@ class JobStore:
             raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
         if not stored:
             return self.record(job_id, index) or result, None
+        # Only the record Redis's fenced write stored goes to the results store (a refused
+        # duplicate or stale one never does); its primary key keeps a retry's second write out.
+        self._keep([(result, pack_final(checkpoint) if checkpoint is not None else None)])
         return result, stored
 
     def record(self, job_id: str, index: int) -> SubagentResult | None:
         raw = self.r.hget(self.key(job_id, "records"), str(index))
+        if raw is None and self._gone(job_id):
+            return self.results.records_page(job_id, index, index + 1)[0]  # type: ignore[union-attr]
         return SubagentResult.model_validate_json(raw) if raw else None
 
     def records(self, job_id: str) -> dict[int, SubagentResult]:
         """Every record at once: for small jobs and tests; large ones use ``iter_records``."""
         raw = self.r.hgetall(self.key(job_id, "records"))
+        if not raw and self._gone(job_id):
+            return {r.index: r for r in self.results.iter_records(job_id)}  # type: ignore[union-attr]
         return {int(k): SubagentResult.model_validate_json(v) for k, v in raw.items()}
 
     def records_page(self, job_id: str, start: int, stop: int) -> list[SubagentResult | None]:
@@ -609,6 +674,8 @@ class JobStore:
         if stop <= start:
             return []
         raws = self.r.hmget(self.key(job_id, "records"), [str(i) for i in range(start, stop)])
+        if not any(raws) and self._gone(job_id):
+            return self.results.records_page(job_id, start, stop)  # type: ignore[union-attr]
         return [SubagentResult.model_validate_json(raw) if raw else None for raw in raws]
 
     def iter_records(self, job_id: str, n: int, page: int = PAGE
@@ -625,6 +692,8 @@ class JobStore:
         pipe.hgetall(self.key(job_id, "counts"))
         pipe.hlen(self.key(job_id, "records"))
         raw, stored = pipe.execute()
+        if not stored and self._gone(job_id):
+            return self.results.status_counts(job_id)  # type: ignore[union-attr]
         if stored and not raw:  # records written before the counters existed
             return status_counts([r for _, r in self.iter_records(job_id, n) if r is not None])
         counts = dict.fromkeys(STATUSES, 0)
@@ -632,13 +701,19 @@ class JobStore:
         return counts
 
     def record_count(self, job_id: str) -> int:
-        return int(self.r.hlen(self.key(job_id, "records")))
+        n = int(self.r.hlen(self.key(job_id, "records")))
+        if not n and self._gone(job_id):
+            return self.results.record_count(job_id)  # type: ignore[union-attr]
+        return n
 
     def report(self, job_id: str, index: int) -> SubagentReport | None:
         """The sub-agent's report, read from its final state (None before it finished)."""
         raw = self.r.hget(self.key(job_id, "final"), str(index))
         if raw:
             return unpack_final(raw).report()
+        if self._gone(job_id):
+            state = self.archived_state(job_id, index)
+            return state.report() if state is not None else None
         raw = self.r.get(self.key(job_id, "report", index))  # written before 'final' existed
         return SubagentReport.model_validate_json(raw) if raw else None
 
@@ -698,11 +773,46 @@ class JobStore:
         pipe.hset(self.key(result.job_id, "meta"),
                   mapping={"status": result.status, "finished": time.time()})
         pipe.execute()
+        if self.results is not None:
+            try:
+                self._keep_job(result)
+            except ResultsStoreError as error:
+                _warn(f"{error}; job {result.job_id} stays in Redis only (until its TTL)")
+
+    def _keep_job(self, result: JobResult) -> None:
+        """The job's end in the results store: first every record Redis holds that is not
+        there yet (one written while the store did not answer, or lost with a worker killed
+        between its two writes), then the job's spec, usage and result."""
+        assert self.results is not None
+        job_id = result.job_id
+        meta = {_s(k): _s(v) for k, v in self.r.hgetall(self.key(job_id, "meta")).items()}
+        n = int(meta.get("n") or 0)
+        if self.results.record_count(job_id) < self.record_count(job_id):
+            for start in range(0, n, PAGE):
+                stop = min(n, start + PAGE)
+                indexes = [str(i) for i in range(start, stop)]
+                raws = self.r.hmget(self.key(job_id, "records"), indexes)
+                finals = self.r.hmget(self.key(job_id, "final"), indexes)
+                self.results.put_records(
+                    (SubagentResult.model_validate_json(raw),
+                     final if isinstance(final, bytes) else (final.encode() if final else None))
+                    for raw, final in zip(raws, finals, strict=True) if raw)
+        spec = self.r.get(self.key(job_id, "spec"))
+        self.results.put_job(result, spec=_s(spec) if spec else None,
+                             subtasks=self.subtasks(job_id), n=n,
+                             created=float(meta["created"]) if meta.get("created") else None,
+                             finished=time.time())
 
     def result(self, job_id: str, *, records: bool = True) -> JobResult | None:
         """The job's result, its records read a page at a time from the records hash and cut
         to its ``record_chars`` (``records=False``: without them, one read)."""
         raw = self.r.get(self.key(job_id, "result"))
+        if not raw and self._gone(job_id):
+            archived = self.results.result(job_id)  # type: ignore[union-attr]
+            if archived is not None and records:
+                archived.results = [compact(r, archived.record_chars)
+                                    for r in self.results.iter_records(job_id)]  # type: ignore[union-attr]
+            return archived
         if not raw:
             return None
         result = JobResult.model_validate_json(raw)
@@ -715,4 +825,6 @@ class JobStore:
         return result
 
     def has_result(self, job_id: str) -> bool:
-        return bool(self.r.exists(self.key(job_id, "result")))
+        if self.r.exists(self.key(job_id, "result")):
+            return True
+        return self._gone(job_id) and self.results.job(job_id) is not None  # type: ignore[union-attr]

@@ -1,0 +1,220 @@
+"""The durable results store (DROVER_RESULTS_URL): real worker processes, a real PostgreSQL
+(a database of the test's own), the simulator over HTTP.
+
+Each record reaches PostgreSQL once, even with a worker killed -9 mid-job; a job whose Redis
+keys are gone answers from PostgreSQL as it did from Redis (``JobHandle``, ``drover result``,
+``drover jobs --finished``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from drover import JobHandle, JobSpec
+from drover.errors import ResultsStoreError
+from drover.workers.jobs.results_db import SCHEMA_VERSION, ResultsStore
+from tests.helpers import ROOT, configure, wait_until
+from tests.helpers.fleet import Fleet, submit_elsewhere
+from tests.helpers.postgres import own_database
+from tests.system.test_worker_loss import kill_group
+
+THREADS = 8
+
+
+@pytest.fixture
+def results_url(drover_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    with own_database() as url:
+        configure(monkeypatch, drover_env, results_url=url)
+        yield url
+
+
+@pytest.fixture
+def fleet(drover_env: dict[str, str]) -> Iterator[Fleet]:
+    f = Fleet(drover_env)
+    yield f
+    f.close()
+
+
+def rows(url: str, sql: str, *args: object) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def drover(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", *args],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env},
+                          timeout=60)
+
+
+def test_records_reach_postgres_once_each_after_a_worker_is_killed_mid_job(
+        sim, drover_env, results_url, spawn_worker, monkeypatch, fleet):
+    configure(monkeypatch, drover_env, max_attempts=15, countdown_cap_s=5)
+    sim.configure(latency_mean_s=0.5, latency_p95_s=1.0, output_tokens_mean=20, tool_turns=2,
+                  tools_per_turn=1)
+    n = 60
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Inspect pier {i}" for i in range(n)], tools=["lookup_fact"], max_tokens=60))
+    victim = spawn_worker(concurrency=THREADS)
+    survivor = spawn_worker(concurrency=THREADS)
+    victim_id, _ = fleet.wait_for(victim, survivor)
+    wait_until("the job under way and the victim busy", lambda: handle.progress()["ok"] >= 3
+               and len(fleet.held(victim_id)) >= 4, 120)
+    kill_group(victim)  # SIGKILL: mid-job, between any two writes
+    victim.wait()
+    result = fleet.wait(handle, n, timeout=120)
+    assert result.status == "done" and result.counts["ok"] == n
+
+    redis_records = {r.index: r for r in handle.records()}
+    assert sorted(redis_records) == list(range(n))
+    stored = rows(results_url, "SELECT idx, record FROM drover_records WHERE job_id = %s "
+                  "ORDER BY idx", handle.id)
+    assert [idx for idx, _ in stored] == list(range(n))  # once each: (job_id, idx) is the key
+    for idx, record in stored:
+        assert type(redis_records[idx]).model_validate(record) == redis_records[idx]
+    (job,) = rows(results_url, "SELECT status, n, usage, spec FROM drover_jobs WHERE "
+                  "job_id = %s", handle.id)
+    assert job[:2] == ("done", n)
+    assert job[2] == json.loads(result.usage.model_dump_json())
+    assert job[3]["tools"] == ["lookup_fact"]
+
+
+def test_a_job_reads_back_from_postgres_after_its_redis_keys_are_gone(
+        sim, drover_env, results_url, spawn_worker, fleet):
+    n = 12
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Name harbour {i}" for i in range(n)], max_tokens=60))
+    spawn_worker(concurrency=THREADS)
+    before = fleet.wait(handle, n, timeout=120)
+    report = handle.report(3)
+    transcript = handle.transcript(3)
+    cli_before = drover(drover_env, "result", handle.id, "--json")
+    assert cli_before.returncode == 0, cli_before.stderr
+
+    keys = list(fleet.r.scan_iter(f"{fleet.prefix}:job:{handle.id}:*", count=1000))
+    assert keys
+    fleet.r.delete(*keys)  # what the TTL does a week later
+    assert not fleet.r.exists(f"{fleet.prefix}:job:{handle.id}:meta")
+
+    old = JobHandle.attach(handle.id)
+    assert old.status == "done"
+    assert old.result() == before
+    assert old.wait(timeout=5) == before
+    assert list(old.records()) == before.results
+    assert old.record(5) == before.results[5]
+    assert old.report(3) == report and report.findings
+    assert old.transcript(3) == transcript
+    assert old.progress()["ok"] == n and old.progress()["pending"] == 0
+
+    cli_after = drover(drover_env, "result", handle.id, "--json")
+    assert cli_after.returncode == 0, cli_after.stderr
+    assert json.loads(cli_after.stdout) == json.loads(cli_before.stdout)
+    listed = drover(drover_env, "jobs", "--finished", "5")
+    assert listed.returncode == 0, listed.stderr
+    assert handle.id in listed.stdout
+
+
+def test_a_refused_duplicate_record_is_not_written(drover_env, results_url):
+    from drover.workers.jobs.records import SubagentResult
+    from drover.workers.services import services
+
+    store = services().store
+    job_id = f"dup-{time.time_ns()}"
+    first = SubagentResult(job_id=job_id, index=0, status="ok", summary="first")
+    second = SubagentResult(job_id=job_id, index=0, status="failed", summary="second")
+    assert store.finish(first) == first
+    assert store.finish(second) == first  # Redis refuses it: the first record stays
+    assert rows(results_url, "SELECT status, record->>'summary' FROM drover_records "
+                "WHERE job_id = %s", job_id) == [("ok", "first")]
+    store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
+
+
+def test_the_schema_is_versioned_and_runs_again_from_the_cli(drover_env, results_url):
+    store = ResultsStore(results_url)
+    store.check()
+    assert store.schema_version() == SCHEMA_VERSION
+    store.close()
+    printed = drover(drover_env, "results-schema")
+    assert printed.returncode == 0 and "drover_schema_version" in printed.stdout
+    import psycopg
+
+    with psycopg.connect(results_url, autocommit=True) as conn:
+        conn.execute(printed.stdout)  # again, on a database that has it: a no-op
+        assert conn.execute("SELECT version FROM drover_schema_version").fetchall() == [
+            (SCHEMA_VERSION,)]
+
+
+def test_a_results_store_that_does_not_answer_never_shows_its_password(drover_env):
+    store = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/results",
+                         connect_timeout_s=1)
+    with pytest.raises(ResultsStoreError) as caught:
+        store.check()
+    assert "s3cret-pw" not in str(caught.value) and "***" in str(caught.value)
+    assert "s3cret-pw" not in repr(store)
+
+
+def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, results_url, caplog):
+    """A record written while PostgreSQL did not answer stays in Redis, with one warning
+    line, and the job's end copies it."""
+    from drover.workers.jobs.records import JobResult, SubagentResult, Usage, status_counts
+    from drover.workers.services import services
+
+    store = services().store
+    live = store.results
+    live.check()  # the schema made, as a worker's start does
+    job_id = f"late-{time.time_ns()}"
+    store.create(job_id, JobSpec(subtasks=["a", "b"]), ["a", "b"], status="running",
+                 queue="q")
+    store.results = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/x",
+                                 connect_timeout_s=1)
+    try:
+        records = [SubagentResult(job_id=job_id, index=i, status="ok", summary=f"r{i}")
+                   for i in range(2)]
+        with caplog.at_level("WARNING", logger="drover.workers.jobs.store"):
+            for record in records:
+                store.finish(record)
+        assert store.records(job_id) == {0: records[0], 1: records[1]}  # in Redis: not lost
+        assert "s3cret-pw" not in caplog.text and "stay in Redis" in caplog.text
+    finally:
+        store.results = live
+    assert rows(results_url, "SELECT count(*) FROM drover_records WHERE job_id = %s",
+                job_id) == [(0,)]
+    store.save_result(JobResult(job_id=job_id, status="done", results=records,
+                                counts=status_counts(records), usage=Usage(), wall_s=1.0))
+    assert rows(results_url, "SELECT idx FROM drover_records WHERE job_id = %s ORDER BY idx",
+                job_id) == [(0,), (1,)]
+    assert rows(results_url, "SELECT status, n FROM drover_jobs WHERE job_id = %s",
+                job_id) == [("done", 2)]
+    store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
+
+
+def test_a_worker_whose_store_does_not_answer_says_so_in_one_line_and_runs_on(
+        sim, drover_env, fleet):
+    env = {**os.environ, **drover_env,
+           "DROVER_RESULTS_URL": "postgresql://drover:s3cret-pw@127.0.0.1:1/results"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool",
+         "threads", "--concurrency", "4", "--queues", env["DROVER_QUEUE"], "--loglevel", "INFO",
+         "--without-gossip", "--without-mingle", "-n", f"pg-{time.time_ns()}@%h"],
+        cwd=ROOT, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        handle = submit_elsewhere(drover_env, JobSpec(subtasks=["one", "two", "three"],
+                                                      max_tokens=40))
+        result = fleet.wait(handle, 3, timeout=120)
+        assert result.status == "done" and result.counts["ok"] == 3  # in Redis as ever
+    finally:
+        kill_group(proc)
+        log = proc.stderr.read()
+        proc.wait()
+    said = [line for line in log.splitlines() if "results store" in line]
+    assert len([line for line in said if "runs on" in line]) == 1, said
+    assert "s3cret-pw" not in log and "Traceback" not in log
+    assert "postgresql://drover:***@127.0.0.1:1/results" in said[0]
