@@ -14,7 +14,7 @@ import pytest
 __all__ = ["ADMIN_URL", "own_database"]
 
 # The server's maintenance database, where CREATE/DROP DATABASE run (trust auth on CI).
-ADMIN_URL = os.environ.get("DROVER_TEST_POSTGRES_URL",
+ADMIN_URL = os.environ.get("TEST_POSTGRES_URL",
                            "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
