@@ -148,20 +148,24 @@ class JobHandle:
     def status(self) -> str:
         return self.store.meta(self.id).get("status", "unknown")
 
-    def result(self) -> JobResult | None:
-        """The JobResult once the join has run, else None."""
-        return self.store.result(self.id)
+    def result(self, *, records: bool = True) -> JobResult | None:
+        """The JobResult once the join has run, else None. ``records=False``: without its
+        records (``results`` empty; status, counts, usage and synthesis in one read), for a
+        large job whose records are then read a page at a time with ``records()``."""
+        return self.store.result(self.id, records=records)
 
-    def wait(self, timeout: float | None = None, poll_s: float = 0.2) -> JobResult:
+    def wait(self, timeout: float | None = None, poll_s: float = 0.2, *,
+             records: bool = True) -> JobResult:
         """Block until the join has stored the JobResult; ``WaitTimeout`` (a TimeoutError) after
-        ``timeout``.
+        ``timeout``. ``records=False`` as for ``result()``: the handle then holds no record,
+        and ``records()`` pages through them (what a job of 100,000 wants).
 
         When nothing finishes for a few seconds and no worker consumes the job's queue, a
         warning says so (and how to start one); the wait goes on."""
         deadline = None if timeout is None else time.monotonic() + timeout
         watch = WorkerWatch(self.id, self.settings.queue, self.store.record_count(self.id))
         while True:
-            result = self.store.result(self.id)
+            result = self.store.result(self.id, records=records)
             if result is not None:
                 return result
             if deadline is not None and time.monotonic() >= deadline:

@@ -94,6 +94,9 @@ def test_a_job_reads_back_from_postgres_after_its_redis_keys_are_gone(
         subtasks=[f"Name harbour {i}" for i in range(n)], max_tokens=60))
     spawn_worker(concurrency=THREADS)
     before = fleet.wait(handle, n, timeout=120)
+    bare = handle.wait(timeout=5, records=False)  # the handle holds no record: it pages
+    assert bare.results == [] and bare.counts == before.counts and bare.usage == before.usage
+    assert list(handle.records()) == before.results
     report = handle.report(3)
     transcript = handle.transcript(3)
     cli_before = drover(drover_env, "result", handle.id, "--json")
@@ -108,6 +111,7 @@ def test_a_job_reads_back_from_postgres_after_its_redis_keys_are_gone(
     assert old.status == "done"
     assert old.result() == before
     assert old.wait(timeout=5) == before
+    assert old.wait(timeout=5, records=False) == bare
     assert list(old.records()) == before.results
     assert old.record(5) == before.results[5]
     assert old.report(3) == report and report.findings
