@@ -482,7 +482,7 @@ def test_fakeredis_runs_the_production_scripts_on_its_own_clock():
 def test_the_lua_library_counts_the_same_fields_as_python():
     from importlib import resources
 
-    lib = (resources.files("drover.workers.limiter") / "lua" / "_lib.lua").read_text()
+    lib = (resources.files("drover.workers.limiter") / "lua" / "_stats.lua").read_text()
     listed = lib.split("STAT_FIELDS = {", 1)[1].split("}", 1)[0]
     assert tuple(f.strip().strip("'") for f in listed.split(",")) == STAT_FIELDS
 

@@ -71,7 +71,7 @@ class Limiter(LimiterCore):
         """Levels at now (``limits`` None: those of the last write)."""
         return self._run(self._state(scope, limits))
 
-    # --- a pool of keys (see pool_acquire.lua) --------------------------------------------
+    # --- a pool of keys (see acquire.lua) ------------------------------------------------
     def acquire_pool(self, model_class: str, org_limits: ScopeLimits,
                      keys: Sequence[tuple[str, ScopeLimits]], *, input_tokens: int = 0,
                      output_tokens: int = 0, prefer: str | None = None, sticky_s: float = 0.0,
@@ -80,9 +80,9 @@ class Limiter(LimiterCore):
         the key, of ``keys`` (alias, its limits), whose grant comes first; ``Grant.key``
         names it. Settle, release and cool down each level as a scope of its own
         (``org_scope``, ``pool_scope``). Reason ``disabled``: every key is disabled."""
-        return self._run(self._pool_acquire(model_class, org_limits, list(keys),
-                                            int(input_tokens), int(output_tokens), prefer,
-                                            sticky_s, lease_ttl_s))
+        return self._run(self._acquire(model_class, org_limits, int(input_tokens),
+                                       int(output_tokens), lease_ttl_s, list(keys), prefer,
+                                       sticky_s))
 
     def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> bool:
         """Take a pool's key out of every acquire, fleet-wide (``for_s`` 0: until enabled);
@@ -156,9 +156,9 @@ class AsyncLimiter(LimiterCore):
                            keys: Sequence[tuple[str, ScopeLimits]], *, input_tokens: int = 0,
                            output_tokens: int = 0, prefer: str | None = None,
                            sticky_s: float = 0.0, lease_ttl_s: float = 180.0) -> Grant:
-        return await self._run(self._pool_acquire(model_class, org_limits, list(keys),
-                                                  int(input_tokens), int(output_tokens),
-                                                  prefer, sticky_s, lease_ttl_s))
+        return await self._run(self._acquire(model_class, org_limits, int(input_tokens),
+                                             int(output_tokens), lease_ttl_s, list(keys),
+                                             prefer, sticky_s))
 
     async def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> bool:
         return await self._run(self._disable(alias, for_s, why))

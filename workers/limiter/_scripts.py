@@ -6,6 +6,7 @@ differ in how they run one."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from importlib import resources
@@ -43,16 +44,19 @@ Clock = Callable[[], int]  # Redis-like time in microseconds
 
 _LUA = resources.files("drover.workers.limiter") / "lua"
 _SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "record",
-            "usage", "pool_acquire", "pool_disable")
+            "usage", "pool_disable")
 # With an injected clock (tests) the scripts get the time as their last argument (after the
 # JSON one) instead of from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
 
 
 def _source(name: str, clock: Clock | None) -> str:
+    """The script after its preamble: the clock, _lib.lua and the parts its header names."""
+    text = (_LUA / f"{name}.lua").read_text()
+    named = re.search(r"^-- Preamble: (.+)$", text, re.MULTILINE)
+    parts = ["_lib", *(named.group(1).split(", ") if named else ())]
     head = _INJECTED_CLOCK if clock is not None else (_LUA / "_clock.lua").read_text()
-    return head + "".join((_LUA / f"{part}.lua").read_text()
-                          for part in ("_lib", "_share", name))
+    return head + "".join((_LUA / f"{part}.lua").read_text() for part in parts) + text
 
 
 def _s(value: Any) -> str:
@@ -68,8 +72,8 @@ def _limits(limits: ScopeLimits | None) -> dict[str, Any] | None:
     """The scripts' ``limits`` argument (see _lib.lua); None: the last write's."""
     if limits is None:
         return None
-    dims = {"rpm": limits.rpm, "itpm": limits.itpm, "otpm": limits.otpm}
-    return {**{name: float(v) for name, v in dims.items() if v is not None},
+    dims = {"r": limits.rpm, "i": limits.itpm, "o": limits.otpm}
+    return {"per_min": {d: float(v) for d, v in dims.items() if v is not None},
             "burst_s": float(limits.burst_s),
             "learned_utilization": float(limits.learned_utilization),
             "learn_share": limits.learn_share}
@@ -130,38 +134,6 @@ class LimiterCore:
             args.append(str(int(self._clock())))
         return _Call(script, keys, args, finish)
 
-    # --- a pool of keys -----------------------------------------------------------------------
-    def _pool_acquire(self, model_class: str, org_limits: ScopeLimits,
-                      keys: list[tuple[str, ScopeLimits]], input_tokens: int,
-                      output_tokens: int, prefer: str | None, sticky_s: float,
-                      lease_ttl_s: float) -> _Call:
-        if input_tokens < 0 or output_tokens < 0:
-            raise ValueError("token estimates must be >= 0")
-        if not keys:
-            raise ValueError("a pool needs at least one key")
-        lease = uuid.uuid4().hex
-        aliases = [alias for alias, _ in keys]
-        redis_keys = [*self.keys(org_scope(model_class)), self._off_keys()[0]]
-        for alias, _ in keys:
-            redis_keys += self.keys(pool_scope(alias, model_class))
-        arg = {"limits": _limits(org_limits), "input_tokens": input_tokens,
-               "output_tokens": output_tokens, "horizon_s": self.horizon_s,
-               "max_in_flight": org_limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
-               "lease": lease, "sticky_s": float(sticky_s),
-               "prefer": aliases.index(prefer) + 1 if prefer in aliases else None,
-               "candidates": [{"alias": alias, "limits": _limits(limits)}
-                              for alias, limits in keys]}
-
-        def finish(reply: Any) -> Grant:
-            reason, seconds, now_us, chosen = (_s(x) for x in reply)
-            ok = reason == "ok"
-            key = aliases[int(chosen) - 1] if int(chosen) else None
-            return Grant(ok, float(seconds) if ok else 0.0, 0.0 if ok else float(seconds),
-                         lease if ok else None, reason, input_tokens, output_tokens,
-                         float(now_us), key)
-
-        return self._call("pool_acquire", redis_keys, arg, finish)
-
     def _disable(self, alias: str, for_s: float, why: str) -> _Call:
         return self._call("pool_disable", self._off_keys(),
                           {"alias": alias, "for_s": float(for_s), "why": why},
@@ -182,23 +154,37 @@ class LimiterCore:
 
     # --- the operations ---------------------------------------------------------------------
     def _acquire(self, scope: str, limits: ScopeLimits, input_tokens: int, output_tokens: int,
-                 lease_ttl_s: float) -> _Call:
+                 lease_ttl_s: float, pool: list[tuple[str, ScopeLimits]] | None = None,
+                 prefer: str | None = None, sticky_s: float = 0.0) -> _Call:
+        """One scope's acquire; with ``pool`` (alias, limits) of a model class (``scope``),
+        the organisation's and the first key's (acquire.lua)."""
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token estimates must be >= 0")
         lease = uuid.uuid4().hex
+        arg = {"limits": _limits(limits), "input_tokens": input_tokens,
+               "output_tokens": output_tokens, "horizon_s": self.horizon_s,
+               "max_in_flight": limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
+               "lease": lease}
+        aliases = [alias for alias, _ in pool or ()]
+        keys = self.keys(scope)
+        if pool is not None:
+            if not pool:
+                raise ValueError("a pool needs at least one key")
+            keys = [*self.keys(org_scope(scope)), self._off_keys()[0]]
+            for alias in aliases:
+                keys += self.keys(pool_scope(alias, scope))
+            arg |= {"sticky_s": float(sticky_s), "candidates": [
+                {"alias": alias, "limits": _limits(key_limits)} for alias, key_limits in pool],
+                "prefer": aliases.index(prefer) + 1 if prefer in aliases else None}
 
         def finish(reply: Any) -> Grant:
-            reason, seconds, now_us = (_s(x) for x in reply)
+            reason, seconds, now_us, chosen = (_s(x) for x in reply)
             ok = reason == "ok"
             return Grant(ok, float(seconds) if ok else 0.0, 0.0 if ok else float(seconds),
                          lease if ok else None, reason, input_tokens, output_tokens,
-                         float(now_us))
+                         float(now_us), aliases[int(chosen) - 1] if int(chosen) else None)
 
-        return self._call("acquire", self.keys(scope), {
-            "limits": _limits(limits), "input_tokens": input_tokens,
-            "output_tokens": output_tokens, "horizon_s": self.horizon_s,
-            "max_in_flight": limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
-            "lease": lease}, finish)
+        return self._call("acquire", keys, arg, finish)
 
     def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
                 input_tokens: int, output_tokens: int,
@@ -282,16 +268,19 @@ class LimiterCore:
 
     def _state(self, scope: str, limits: ScopeLimits | None) -> _Call:
         def finish(reply: Any) -> dict[str, Any]:
-            r = [_s(x) for x in reply]
-            out: dict[str, Any] = {"now": float(r[0]) / 1e6, "cooldown_s": float(r[1]),
-                                   "leases": int(r[2]), "burst_s": float(r[3])}
-            for k, name in enumerate(("requests", "input_tokens", "output_tokens")):
-                lim, cap, level, share = (_f(v) for v in r[4 + 4 * k: 8 + 4 * k])
-                out[name] = None if lim is None else {  # rate and capacity: with the share
-                    "limit_per_min": lim, "share": share, "rate_per_s": lim * share / 60,
-                    "capacity": cap, "level": level}
-            out["learned"] = dict(zip(("rpm", "itpm", "otpm"), (_f(v) for v in r[16:19]),
-                                      strict=True))
+            r = json.loads(_s(reply))
+            out: dict[str, Any] = {"now": float(r["now_us"]) / 1e6,
+                                   "cooldown_s": float(r["cooldown_s"]),
+                                   "leases": int(r["leases"]), "burst_s": float(r["burst_s"])}
+            for d, name in (("r", "requests"), ("i", "input_tokens"), ("o", "output_tokens")):
+                dim = {k: float(v) for k, v in r.get(d, {}).items()}
+                out[name] = dim and {  # rate and capacity: with the share
+                    "limit_per_min": dim["limit"], "share": dim["share"],
+                    "rate_per_s": dim["limit"] * dim["share"] / 60,
+                    "capacity": dim["capacity"], "level": dim["level"]} or None
+            learned = r["learned"] or {}  # an empty table may come back as a JSON list
+            out["learned"] = {lim: _f(learned.get(d, "")) for d, lim in
+                              (("r", "rpm"), ("i", "itpm"), ("o", "otpm"))}
             return out
 
         return self._call("state", self.keys(scope), {"limits": _limits(limits)}, finish)

@@ -1,9 +1,9 @@
 -- _share.lua: learning which share of each limit is ours when other software uses the key
--- too (limits.learn_share); prepended after _lib.lua to every script. Its state is the
--- scope's share hash (_lib.lua: load_share, save_share), b.sh once loaded: per dimension
--- b.sh[k] (k = 1, 2, 3: requests, input, output tokens)
+-- too (limits.learn_share); prepended after _bucket.lua to the scripts that name it. Its
+-- state is the scope's share hash (_bucket.lua: load_share, save_share), b.sh once loaded:
+-- per dimension d (r, i, o) b.sh[d]
 --   share           the share of the key's limit that is ours (absent = 1), which
---                   multiplies the bucket's limit (_lib.lua: load)
+--                   multiplies the bucket's limit (_bucket.lua: load)
 --   r0, t0, u0, x0  the previous window: the -remaining r0 at its start t0 (us), what our
 --                   calls sent in it used (u0) and the highest -remaining in it (x0)
 --   r1, t1, u1, x1  the current window, the same
@@ -31,66 +31,63 @@
 local SHARE_MIN, SHARE_WINDOW_US, SHARE_CALLS, SHARE_LATE = 0.05, 2e6, 5, 4
 local SHARE_GAIN, SHARE_NOISE, SHARE_CUT = 0.5, 0.03, 0.9
 
-local function judge_window(d, limit)
-  local left = (d.r1 - d.r0 + d.u0) / (d.t1 - d.t0) / (limit / 60e6)
-  local share = d.share
-  if d.x0 >= 0.9 * d.top then
-    share = math.max(share + (d.t1 - d.t0) / 60e6, left)
-  elseif left > share or left < share - SHARE_NOISE then
-    share = share + SHARE_GAIN * (left - share)
+local function judge_window(w, limit)
+  local left = (w.r1 - w.r0 + w.u0) / (w.t1 - w.t0) / (limit / 60e6)
+  if w.x0 >= 0.9 * w.top then return math.max(w.share + (w.t1 - w.t0) / 60e6, left) end
+  if left > w.share or left < w.share - SHARE_NOISE then
+    return w.share + SHARE_GAIN * (left - w.share)
   end
-  return share
+  return w.share
 end
 
 -- A response's headers: its -remaining against the key's -limit, per dimension.
 local function learn_share(b, headers, now)
   if not b.learning then return end
   local lat = b.sh.lt or 0
-  for k = 1, 3 do
-    local d = b.sh[k]
-    local rem, limit = headers.remaining[DIMS[k]], headers.limit[DIMS[k]]
-    if b.per[k] and rem and limit and limit > 0 then
+  for _, d in ipairs(DIMS) do
+    local w, rem, limit = b.sh[d], headers.remaining[d], headers.limit[d]
+    if b.per[d] and rem and limit and limit > 0 then
       b.sh.changed = true
       -- full: the most seen, and at least our own burst's worth of the key's limit
-      d.top = math.max(d.top or limit / 60 * b.burst_s, rem)
-      if not d.t1 or now < d.t1 then  -- a first header
-        d.r0, d.t0, d.u0, d.x0 = nil, nil, nil, nil
-        d.r1, d.t1, d.u1, d.x1 = rem, now, 0, rem
+      w.top = math.max(w.top or limit / 60 * b.burst_s, rem)
+      if not w.t1 or now < w.t1 then  -- a first header
+        w.r0, w.t0, w.u0, w.x0 = nil, nil, nil, nil
+        w.r1, w.t1, w.u1, w.x1 = rem, now, 0, rem
       else
-        local share = d.share
-        d.x1 = math.max(d.x1, rem)
-        if d.t0 and now - d.t1 >= SHARE_LATE * lat then
-          share = judge_window(d, limit)
-          d.r0, d.t0, d.u0, d.x0 = nil, nil, nil, nil
+        local share = w.share
+        w.x1 = math.max(w.x1, rem)
+        if w.t0 and now - w.t1 >= SHARE_LATE * lat then
+          share = judge_window(w, limit)
+          w.r0, w.t0, w.u0, w.x0 = nil, nil, nil, nil
         end
-        if now - d.t1 >= math.max(SHARE_WINDOW_US, SHARE_CALLS * lat) then
-          share = math.max(share, (rem - d.r1 + d.u1) / (now - d.t1) / (limit / 60e6))
-          d.r0, d.t0, d.u0, d.x0 = d.r1, d.t1, d.u1, d.x1
-          d.r1, d.t1, d.u1, d.x1 = rem, now, 0, rem
+        if now - w.t1 >= math.max(SHARE_WINDOW_US, SHARE_CALLS * lat) then
+          share = math.max(share, (rem - w.r1 + w.u1) / (now - w.t1) / (limit / 60e6))
+          w.r0, w.t0, w.u0, w.x0 = w.r1, w.t1, w.u1, w.x1
+          w.r1, w.t1, w.u1, w.x1 = rem, now, 0, rem
         end
-        d.share = math.min(1, math.max(SHARE_MIN, share))
-        set_limit(b, k, b.base[k] * d.share)
+        w.share = math.min(1, math.max(SHARE_MIN, share))
+        set_limit(b, d, b.base[d] * w.share)
       end
     end
   end
 end
 
--- A settled call: what the provider admitted of it counts in the window it was sent in (a
--- call that used no tokens was refused; one sent before the first window began is in its
--- -remaining already), and its time from send to settle in the mean, which sets how long a
--- window lasts.
+-- A settled call: what the provider admitted of it (`used`, by dimension) counts in the
+-- window it was sent in (a call that used no tokens was refused; one sent before the first
+-- window began is in its -remaining already), and its time from send to settle in the
+-- mean, which sets how long a window lasts.
 local function count_use(b, sent_at, used, now)
-  if not b.learning or used[2] + used[3] == 0 then return end
+  if not b.learning or used.i + used.o == 0 then return end
   local s = b.sh
   local took = math.max(0, now - sent_at)
   s.lt = s.lt and s.lt + 0.1 * (took - s.lt) or took
   s.changed = true
-  for k = 1, 3 do
-    local d = s[k]
-    if b.per[k] and d.t1 and sent_at >= d.t1 then
-      d.u1 = d.u1 + used[k]
-    elseif b.per[k] and d.t0 and sent_at >= d.t0 then
-      d.u0 = d.u0 + used[k]
+  for _, d in ipairs(DIMS) do
+    local w = s[d]
+    if b.per[d] and w.t1 and sent_at >= w.t1 then
+      w.u1 = w.u1 + used[d]
+    elseif b.per[d] and w.t0 and sent_at >= w.t0 then
+      w.u0 = w.u0 + used[d]
     end
   end
 end
@@ -98,11 +95,35 @@ end
 -- A 429: the provider refused what we planned with, so our share was less.
 local function cut_share(b)
   if not b.learning then return end
-  for k = 1, 3 do
-    if b.tat[k] then
-      b.sh[k].share = math.max(SHARE_MIN, b.sh[k].share * SHARE_CUT)
-      set_limit(b, k, b.base[k] * b.sh[k].share)
+  for _, d in ipairs(DIMS) do
+    if b.tat[d] then
+      b.sh[d].share = math.max(SHARE_MIN, b.sh[d].share * SHARE_CUT)
+      set_limit(b, d, b.base[d] * b.sh[d].share)
       b.sh.changed = true
     end
   end
+end
+
+-- A response's headers: the -limit ones are kept for 24 h for the dimensions `limits` gives
+-- no limit for (a configured limit always wins); then the bucket is loaded, and after the
+-- share learns from them the -remaining ones only
+-- ever lower a level. Returns the bucket, not yet saved.
+local function fold_headers(keys, limits, headers, now)
+  local set = {}
+  for _, d in ipairs(DIMS) do
+    if limits.per_min[d] == nil and headers.limit[d] then put(set, d, headers.limit[d]) end
+  end
+  if #set > 0 then
+    redis.call('HSET', keys.learned, unpack(set))
+    redis.call('PEXPIRE', keys.learned, 24 * 3600 * 1000)
+  end
+  local b = load(keys, limits, now)
+  learn_share(b, headers, now)
+  for _, d in ipairs(DIMS) do
+    local remaining = headers.remaining[d]
+    if b.per[d] and remaining then
+      b.tat[d] = math.max(b.tat[d], now + b.burst - remaining * b.per[d])
+    end
+  end
+  return b
 end

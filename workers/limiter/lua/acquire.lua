@@ -1,27 +1,78 @@
 -- acquire.lua: reserve one request and its token estimate in every dimension of a scope, at
--- once.
--- KEYS[1..6]  the scope's (see _lib.lua)
--- ARGV[1]     {limits, input_tokens, output_tokens, horizon_s, max_in_flight (absent = no
---             cap), lease_ttl_s, lease: the lease id}
--- Returns {reason, seconds, now_us}. reason ok: granted, send after `seconds`;
--- horizon | cooldown | in_flight: nothing was debited, come back after `seconds`.
+-- once; for a pool of keys, in the buckets of an organisation (a model class's limits over
+-- every key) and of one key of its pool (that key's workspace's limits), choosing the key
+-- whose grant comes first.
+-- Preamble: _bucket
+-- KEYS[1..6]               the scope's, or a pool's organisation's (see _lib.lua)
+-- KEYS[7]                  a pool's disabled keys: hash alias -> disabled until (us); past
+--                          = enabled
+-- KEYS[8 + 6 (i - 1) ..]   a pool's candidate key i's scope (six keys)
+-- ARGV[1]  {limits, input_tokens, output_tokens, horizon_s, max_in_flight (over the pool;
+--          absent = no cap), lease_ttl_s, lease: the lease id; a pool's also candidates:
+--          [{alias, limits}, ...], prefer: the index of the key of the caller's earlier
+--          turns (absent = none), sticky_s: the preferred key wins while its send comes at
+--          most this late (and at most half the organisation's burst_s)}
+-- Returns {reason, seconds, now_us, chosen candidate (0: none)}. reason ok: granted (in
+-- both levels), send after `seconds`; horizon | cooldown | in_flight: nothing was debited,
+-- come back after `seconds`; disabled: every candidate is disabled.
 --
 -- The send is planned at the earliest instant at which every limited dimension with a cost
--- holds it (_lib.lua: plan), after any cooldown, and debited there (reserve).
+-- holds it (_bucket.lua: plan), after any cooldown, and debited there (reserve). In a pool
+-- a candidate's send is the later of its own and the organisation's. The first send wins;
+-- ties (within a millisecond) go to the emptiest key (the highest lowest level as a
+-- fraction of capacity), so idle keys fill evenly.
 
 local now = now_us()
-local b = load(scope_keys(1), A.limits, now)
-local cost = {1, A.input_tokens, A.output_tokens}
+local cost = {r = 1, i = A.input_tokens, o = A.output_tokens}
 local horizon = A.horizon_s * 1e6
 
-local function later(reason, us)
-  return {reason, num(math.max(us / 1e6, 0.05)), num(now)}
+local function later(reason, us, chosen)
+  return {reason, num(math.max(us / 1e6, 0.05)), num(now), tostring(chosen or 0)}
 end
 
-if b.cd - now > horizon then return later('cooldown', b.cd - now - horizon) end
-local poll = leases_full(b.keys, A.max_in_flight, now)
-if poll then return {'in_flight', num(poll), num(now)} end
-local send, judged = plan(b, cost, math.max(now, b.cd), math.max(now, b.cd))
-if judged - now > horizon then return later('horizon', judged - now - horizon) end
-reserve(b, cost, send, A.lease, send + A.lease_ttl_s * 1e6, now)
-return {'ok', num((send - now) / 1e6), num(now)}
+local function fullness(b)
+  local least = 1
+  for _, d in ipairs(DIMS) do
+    if b.per[d] then least = math.min(least, 1 - (b.tat[d] - now) / b.per[d] / b.cap[d]) end
+  end
+  return least
+end
+
+local top = load(scope_keys(1), A.limits, now)
+if top.cd - now > horizon then return later('cooldown', top.cd - now - horizon) end
+local poll = leases_full(top.keys, A.max_in_flight, now)
+if poll then return {'in_flight', num(poll), num(now), '0'} end
+local best = {i = 0, cd = top.cd}
+best.send, best.judged = plan(top, cost, math.max(now, top.cd), math.max(now, top.cd))
+
+if A.candidates then
+  local disabled, pick, org = hash(KEYS[7]), {}, best
+  best = nil
+  for i, candidate in ipairs(A.candidates) do
+    if not (disabled[candidate.alias] and disabled[candidate.alias] > now) then
+      local b = load(scope_keys(8 + 6 * (i - 1)), candidate.limits, now)
+      local c = {i = i, b = b, cd = math.max(top.cd, b.cd), full = fullness(b)}
+      c.send, c.judged = plan(b, cost, math.max(org.send, b.cd), math.max(org.judged, b.cd))
+      pick[i] = c
+      if not best or c.send < best.send - 1000
+          or (c.send <= best.send + 1000 and c.full > best.full) then
+        best = c
+      end
+    end
+  end
+  if not best then return {'disabled', '0', num(now), '0'} end
+  -- A send later than the organisation's own earliest moves its level down to that instant
+  -- (one arrival time cannot hold a debit in the future): capping the stickiness at half
+  -- the organisation's burst keeps that from ever delaying another key's grant.
+  local mine = A.prefer and pick[A.prefer]
+  if mine and mine.send <= best.send + math.min(A.sticky_s * 1e6, top.burst / 2) then
+    best = mine
+  end
+end
+
+if best.cd - now > horizon then return later('cooldown', best.cd - now - horizon, best.i) end
+if best.judged - now > horizon then return later('horizon', best.judged - now - horizon, best.i) end
+local expiry = best.send + A.lease_ttl_s * 1e6
+reserve(top, cost, best.send, A.lease, expiry, now)
+if best.b then reserve(best.b, cost, best.send, A.lease, expiry, now) end
+return {'ok', num((best.send - now) / 1e6), num(now), tostring(best.i)}

@@ -1,4 +1,5 @@
 -- cooldown.lua: a 429 said "retry after R seconds".
+-- Preamble: _bucket, _share
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {limits, retry_after_s: R}
 -- Returns the seconds the cooldown holds from now. (The 429 itself is counted by telemetry:
@@ -11,9 +12,7 @@
 local now = now_us()
 local b = load(scope_keys(1), A.limits, now)
 b.cd = math.max(b.cd, now + A.retry_after_s * 1e6)
-for k = 1, 3 do
-  if b.tat[k] then b.tat[k] = math.max(b.tat[k], b.cd + b.burst) end
-end
+for d in pairs(b.tat) do b.tat[d] = math.max(b.tat[d], b.cd + b.burst) end
 cut_share(b)
 save(b, now)
 return num((b.cd - now) / 1e6)

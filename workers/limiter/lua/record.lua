@@ -1,10 +1,8 @@
 -- record.lua: add to this second's counters of a scope (e.g. the requests of a batch).
+-- Preamble: _stats
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {stats_window_s, counts: {STAT_FIELDS name = count}}
 
 local now = now_us()
-local keys = scope_keys(1)
-for field, n in pairs(A.counts) do
-  stat_add(keys, A.stats_window_s, now, math.floor(now / 1e6), field, n)
-end
+stat_add(scope_keys(1), A.stats_window_s, now, math.floor(now / 1e6), A.counts)
 return 1

@@ -1,4 +1,5 @@
 -- settle.lua: a granted call ended (settle) or never went out (release).
+-- Preamble: _bucket, _share, _stats
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {limits (absent for a release: the last write's), sent: false for a release
 --             (the request is refunded too), reserved: {input, output} tokens, used:
@@ -18,36 +19,29 @@
 local now = now_us()
 local keys = scope_keys(1)
 local b = load(keys, A.limits, now)
-local reserved = {1, A.reserved.input, A.reserved.output}
-local used = {A.sent and 1 or 0, A.used.input, A.used.output}
+local reserved = {r = 1, i = A.reserved.input, o = A.reserved.output}
+local used = {r = A.sent and 1 or 0, i = A.used.input, o = A.used.output}
 local held = redis.call('ZREM', keys.leases, A.lease)
-for k = 1, 3 do
-  local per = b.per[k]
-  if per and used[k] > reserved[k] then
-    b.tat[k] = b.tat[k] + (used[k] - reserved[k]) * per
-  elseif per and used[k] < reserved[k] then
-    local credit = math.min(reserved[k] * per, b.burst) - math.min(used[k] * per, b.burst)
-    local floor = math.max(now, b.cd + b.burst)
-    b.tat[k] = math.min(b.tat[k], math.max(floor, b.tat[k] - credit))
+for d, per in pairs(b.per) do
+  if used[d] > reserved[d] then
+    b.tat[d] = b.tat[d] + (used[d] - reserved[d]) * per
+  elseif used[d] < reserved[d] then
+    local credit = math.min(reserved[d] * per, b.burst) - math.min(used[d] * per, b.burst)
+    b.tat[d] = math.min(b.tat[d], math.max(now, b.cd + b.burst, b.tat[d] - credit))
   end
 end
 count_use(b, A.send_us, used, now)
 save(b, now)
-if A.headers then
-  learn(keys, A.limits, A.headers)
-  b = load(keys, A.limits, now)
-  learn_share(b, A.headers, now)
-  lower(b, A.headers, now)
-  save(b, now)
-end
+if A.headers then save(fold_headers(keys, A.limits, A.headers, now), now) end
 
-local window, sec = A.stats_window_s, math.floor(now / 1e6)
-stat_add(keys, window, now, sec, 'input_tokens', used[2])
-stat_add(keys, window, now, sec, 'output_tokens', used[3])
-if A.sent then stat_add(keys, window, now, math.floor(A.send_us / 1e6), 'requests', 1) end
-for field, n in pairs(A.counts) do stat_add(keys, window, now, sec, field, n) end
+local window = A.stats_window_s
+local counts = A.counts
+counts.input_tokens = (counts.input_tokens or 0) + used.i
+counts.output_tokens = (counts.output_tokens or 0) + used.o
+stat_add(keys, window, now, math.floor(now / 1e6), counts)
+if A.sent then stat_add(keys, window, now, math.floor(A.send_us / 1e6), {requests = 1}) end
 if A.wait_s > 0 then
-  stat_add(keys, window, now, A.acquired_s, 'waits', 1)
-  stat_add(keys, window, now, A.acquired_s, 'wait_ms', math.floor(A.wait_s * 1000 + 0.5))
+  stat_add(keys, window, now, A.acquired_s,
+           {waits = 1, wait_ms = math.floor(A.wait_s * 1000 + 0.5)})
 end
 return held

@@ -1,23 +1,20 @@
 -- state.lua: a read-only view of a scope at now.
+-- Preamble: _bucket
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {limits (absent: the last write's)}
--- Returns {now_us, cooldown_s, live leases, burst_s, then per dimension r, i, o: limit per
--- minute (before our share), capacity, level, our share of the key ('' x 4 when not
--- limited), then the learned raw limits r, i, o}.
+-- Returns JSON: {now_us, cooldown_s, leases (live), burst_s, learned = {d = the learned raw
+-- limit}, and per limited dimension d = {limit (per minute, before our share), capacity,
+-- level, share (ours of the key)}}, every number a string.
 
 local now = now_us()
 local b = load(scope_keys(1), A.limits, now)
-local out = {num(now), num(math.max(0, b.cd - now) / 1e6),
-             redis.call('ZCOUNT', b.keys.leases, '(' .. num(now), '+inf'), num(b.burst_s)}
-for k = 1, 3 do
-  if b.per[k] then
-    table.insert(out, num(b.base[k])); table.insert(out, num(b.cap[k]))
-    table.insert(out, num(b.cap[k] - (b.tat[k] - now) / b.per[k]))
-    table.insert(out, num(b.sh and b.sh[k].share or 1))
-  else
-    table.insert(out, ''); table.insert(out, ''); table.insert(out, ''); table.insert(out, '')
-  end
+local out = {now_us = num(now), cooldown_s = num(math.max(0, b.cd - now) / 1e6),
+             leases = redis.call('ZCOUNT', b.keys.leases, '(' .. num(now), '+inf'),
+             burst_s = num(b.burst_s), learned = {}}
+for d, learned in pairs(hash(b.keys.learned)) do out.learned[d] = num(learned) end
+for d, per in pairs(b.per) do
+  out[d] = {limit = num(b.base[d]), capacity = num(b.cap[d]),
+            level = num(b.cap[d] - (b.tat[d] - now) / per),
+            share = num(b.sh and b.sh[d].share or 1)}
 end
-local learned = redis.call('HMGET', b.keys.learned, 'r', 'i', 'o')
-for k = 1, 3 do table.insert(out, learned[k] or '') end
-return out
+return cjson.encode(out)

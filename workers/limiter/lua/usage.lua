@@ -1,4 +1,5 @@
 -- usage.lua: a scope's counters of its last N seconds, oldest first.
+-- Preamble: _stats
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {seconds: N}
 -- Returns {first second, then per second one value per STAT_FIELDS entry ('' = 0)}.

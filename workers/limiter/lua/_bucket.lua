@@ -1,0 +1,123 @@
+-- _bucket.lua: a scope's buckets (the bucket, leases, learned and share keys, _lib.lua) and
+-- the GCRA arithmetic on them. A dimension's bucket holds capacity = limit / 60 x burst_s.
+-- The scripts count in time: per = us of refill per unit, burst = us of refill the bucket
+-- holds; level(t) = capacity - (tat - t) / per.
+
+-- The share hash: "<d>.<name>" (e.g. "r.share", "i.t0") per dimension d, and "lt".
+local function load_share(key)
+  local s = {r = {}, i = {}, o = {}}
+  for field, value in pairs(hash(key)) do
+    local d, name = string.match(field, '^(%a)%.(.+)$')
+    if d then s[d][name] = value else s[field] = value end
+  end
+  for _, d in ipairs(DIMS) do s[d].share = s[d].share or 1 end
+  return s
+end
+
+-- Kept a minute past its last write: the share a key's other user left, a minute ago, is
+-- whole again by now (see _share.lua).
+local function save_share(key, s)
+  local set = {}
+  for _, d in ipairs(DIMS) do
+    for name, value in pairs(s[d]) do
+      if name ~= 'share' or value ~= 1 then put(set, d .. '.' .. name, value) end
+    end
+  end
+  if s.lt then put(set, 'lt', s.lt) end
+  redis.call('DEL', key)
+  if #set > 0 then
+    redis.call('HSET', key, unpack(set))
+    redis.call('PEXPIRE', key, 65000)
+  end
+end
+
+local function set_limit(b, d, lim)
+  b.lim[d], b.per[d], b.cap[d] = lim, 60e6 / lim, lim / 60 * b.burst_s
+end
+
+-- The bucket brought to `now`, per limited dimension d: tat[d] (>= now), per[d], cap[d] and
+-- lim[d] = base[d] (the limit `limits` gives, or the last write's) x our share of the key
+-- when learning it (b.sh, the share hash, read then and with the last write's limits).
+local function load(keys, limits, now)
+  local f = hash(keys.bucket)
+  local stored = limits == nil
+  limits = limits or {per_min = {}}
+  local burst_s = (stored and f.burst or limits.burst_s) or 1
+  local b = {keys = keys, tat = {}, per = {}, cap = {}, lim = {}, base = {}, burst_s = burst_s,
+             burst = burst_s * 1e6, cd = f.cd or 0, lx = f.lx or 0,
+             learning = limits.learn_share == true, was = f}
+  if stored or b.learning then b.sh = load_share(keys.share) end
+  local learned
+  for _, d in ipairs(DIMS) do
+    local lim = stored and f['L' .. d] or limits.per_min[d]
+    if not stored and not lim then
+      learned = learned or hash(keys.learned)
+      lim = learned[d] and learned[d] * limits.learned_utilization
+    end
+    if lim and lim > 0 then
+      b.base[d] = lim
+      set_limit(b, d, b.sh and lim * b.sh[d].share or lim)
+      b.tat[d] = math.max(now, f[d] or now)
+    end
+  end
+  return b
+end
+
+-- Write the bucket back; it expires once every dimension is full, no cooldown holds and no
+-- lease is left (an expired bucket is a full one). The share hash too, if it changed.
+local function save(b, now)
+  local set, gone = {}, {}
+  put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx)
+  local needed = math.max(b.cd, b.lx)
+  for _, d in ipairs(DIMS) do
+    if b.tat[d] then
+      put(set, d, b.tat[d]); put(set, 'L' .. d, b.base[d])
+      needed = math.max(needed, b.tat[d])
+    elseif b.was[d] or b.was['L' .. d] then  -- no longer limited: its state goes
+      table.insert(gone, d); table.insert(gone, 'L' .. d)
+    end
+  end
+  redis.call('HSET', b.keys.bucket, unpack(set))
+  if #gone > 0 then redis.call('HDEL', b.keys.bucket, unpack(gone)) end
+  redis.call('PEXPIRE', b.keys.bucket,
+             string.format('%d', math.ceil((needed - now) / 1000) + 5000))
+  if b.sh and b.sh.changed then save_share(b.keys.share, b.sh) end
+end
+
+-- The earliest send from `send` on at which every limited dimension with a cost (requests
+-- always: theirs is 1) holds it, reservations already made included; and `judged`, the same
+-- with each cost capped at the bucket's capacity, for the horizon (so an oversized request
+-- is not refused for ever: it is debited as the capacity but waits for all of it).
+local function plan(b, cost, send, judged)
+  for _, d in ipairs(DIMS) do
+    if b.per[d] and cost[d] > 0 then
+      send = math.max(send, b.tat[d] + cost[d] * b.per[d] - b.burst)
+      judged = math.max(judged, b.tat[d] + math.min(cost[d] * b.per[d], b.burst) - b.burst)
+    end
+  end
+  return send, judged
+end
+
+-- Debit `cost` for a send at `send` (each tat moves to max(tat, send) + cost x per), take
+-- the lease until `expiry` and write the bucket.
+local function reserve(b, cost, send, lease, expiry, now)
+  for _, d in ipairs(DIMS) do
+    if b.per[d] and cost[d] > 0 then
+      b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * b.per[d], b.burst)
+    end
+  end
+  redis.call('ZADD', b.keys.leases, num(expiry), lease)
+  b.lx = math.max(b.lx, expiry)
+  redis.call('PEXPIRE', b.keys.leases, string.format('%d', math.ceil((b.lx - now) / 1000) + 1000))
+  save(b, now)
+end
+
+-- nil while fewer than max_in_flight leases live (nil: no cap), else the seconds after which
+-- to look again (the first lease's expiry, between 5 and 100 ms).
+local function leases_full(keys, max_in_flight, now)
+  if not max_in_flight then return nil end
+  redis.call('ZREMRANGEBYSCORE', keys.leases, '-inf', num(now))  -- leases of dead workers
+  if redis.call('ZCARD', keys.leases) < max_in_flight then return nil end
+  local first = redis.call('ZRANGE', keys.leases, 0, 0, 'WITHSCORES')
+  return math.max(0.005, math.min(0.1, (tonumber(first[2]) - now) / 1e6))
+end
