@@ -3,7 +3,7 @@
 With one key (no ``DROVER_KEYS``) a call reserves in the scope ``llm:{DROVER_KEY_ALIAS}:{model
 class}``, exactly as before pools existed. With a pool, one script reserves in the
 organisation's buckets of the model class and in those of the key whose grant comes first
-(``pool_acquire.lua``); a sub-agent's later turns prefer the key of its earlier ones (its
+(``acquire.lua``); a sub-agent's later turns prefer the key of its earlier ones (its
 prompt cache lives in that key's workspace) while that key's grant comes at most
 ``DROVER_KEY_STICKY_S`` later. Each level is then a scope of its own: settled, released and
 cooled down on its own.

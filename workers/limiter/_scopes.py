@@ -13,14 +13,14 @@ __all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope"
 POOL_TAG = "pool"
 ORG = "org"  # the organisation's level, where a key's alias would be
 
-# The per-second counters of a scope, in the order the Lua library lists them (_lib.lua):
+# The per-second counters of a scope, in the order the Lua library lists them (_stats.lua):
 # what the limiter planned and what the answers used. Then four of the answers' prompt
 # cache, for ``drover stats``: tokens read from and written to the cache, calls that did
 # neither, and those of them whose shared prefix was below the model's minimum cacheable
 # length (the caller judges that; the limiter adds). The last four are the streams' speed:
 # answers streamed with a first token, the sum of their times to first token (ms), of their
-# generation times after it (ms) and of the output tokens generated then. Calls by outcome (429, 529, ...) are
-# telemetry's ``drover_llm_calls``, not counted here.
+# generation times after it (ms) and of the output tokens generated then. Calls by outcome
+# (429, 529, ...) are telemetry's ``drover_llm_calls``, not counted here.
 STAT_FIELDS = ("requests", "input_tokens", "output_tokens", "waits", "wait_ms", "cache_read",
                "cache_write", "uncached", "short_prefix", "streamed", "ttft_ms", "gen_ms",
                "gen_tokens")

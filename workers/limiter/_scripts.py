@@ -1,7 +1,5 @@
-"""What the sync and the async limiter share: the Lua scripts, the keys of a scope, the
-arguments of each operation and the reading of its reply. An operation is a ``_Call``
-(script, keys, its one JSON argument, and what to make of the reply); the two limiters only
-differ in how they run one."""
+"""The Lua scripts, a scope's keys, and each operation as a ``_Call``: its script, keys, one
+JSON argument and what to make of the reply (the two limiters differ only in running it)."""
 
 from __future__ import annotations
 
@@ -30,6 +28,8 @@ __all__ = ["Clock", "LimiterCore", "Readings"]
 Readings = Mapping[str, Mapping[str, float]]
 # OpenAI's one tokens bucket is kept where input tokens go (see workers/providers/_openai.py).
 _LETTERS = {"requests": "r", "input": "i", "output": "o", "tokens": "i"}
+# The scripts' dimensions by letter, with their names in ``state`` and in ``ScopeLimits``.
+_DIMS = (("r", "requests", "rpm"), ("i", "input_tokens", "itpm"), ("o", "output_tokens", "otpm"))
 
 
 def reading_args(readings: Readings | None) -> dict[str, dict[str, float]] | None:
@@ -63,17 +63,12 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _f(value: Any) -> float | None:
-    text = _s(value)
-    return float(text) if text else None
-
-
 def _limits(limits: ScopeLimits | None) -> dict[str, Any] | None:
     """The scripts' ``limits`` argument (see _lib.lua); None: the last write's."""
     if limits is None:
         return None
-    dims = {"r": limits.rpm, "i": limits.itpm, "o": limits.otpm}
-    return {"per_min": {d: float(v) for d, v in dims.items() if v is not None},
+    per_min = {d: getattr(limits, lim) for d, _, lim in _DIMS}
+    return {"per_min": {d: float(v) for d, v in per_min.items() if v is not None},
             "burst_s": float(limits.burst_s),
             "learned_utilization": float(limits.learned_utilization),
             "learn_share": limits.learn_share}
@@ -140,9 +135,10 @@ class LimiterCore:
                           lambda reply: bool(int(reply)))
 
     @staticmethod
-    def _disabled_from(until: dict[Any, Any], why: dict[Any, Any], now: float
+    def _disabled_from(until: dict[Any, Any], why: dict[Any, Any], time: tuple[int, int]
                        ) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+        """``disabled_keys`` from HGETALL of the two hashes and Redis TIME."""
+        now, out = time[0] + time[1] / 1e6, {}
         for alias, value in until.items():
             until_s = float(_s(value)) / 1e6
             if until_s <= now:
@@ -224,16 +220,12 @@ class LimiterCore:
 
     def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> _Call | None:
         folded = reading_args(readings)
-        if folded is None:
-            return None
-        return self._call("sync", self.keys(scope), {"limits": _limits(limits),
-                                                     "headers": folded})
+        return folded and self._call("sync", self.keys(scope), {"limits": _limits(limits),
+                                                                "headers": folded})
 
-    def _record(self, scope: str, counts: Mapping[str, int]) -> _Call | None:
-        added = _counts(counts)
-        if not added:
-            return None
-        return self._call("record", self.keys(scope), {
+    def _record(self, scope: str, counts: Mapping[str, int]) -> _Call | dict[str, int]:
+        added = _counts(counts)  # nothing to add: no call
+        return added and self._call("record", self.keys(scope), {
             "stats_window_s": self.stats_window_s, "counts": added})
 
     def _usage(self, scope: str, seconds: int) -> _Call:
@@ -258,29 +250,23 @@ class LimiterCore:
         start = len(self.prefix) + 2  # past "{prefix}:{"
         names = set()
         for key in keys:
-            text = _s(key)[start:-2]  # without the ":b" or ":s"
-            tag, _, rest = text.partition("}")
-            if rest == "":
-                names.add(tag)
-            elif rest.startswith("/"):
-                names.add(f"{tag}{rest}")
+            tag, _, rest = _s(key)[start:-2].partition("}")  # without the ":b" or ":s"
+            if rest == "" or rest.startswith("/"):
+                names.add(tag + rest)
         return sorted(names)
 
     def _state(self, scope: str, limits: ScopeLimits | None) -> _Call:
         def finish(reply: Any) -> dict[str, Any]:
             r = json.loads(_s(reply))
-            out: dict[str, Any] = {"now": float(r["now_us"]) / 1e6,
-                                   "cooldown_s": float(r["cooldown_s"]),
-                                   "leases": int(r["leases"]), "burst_s": float(r["burst_s"])}
-            for d, name in (("r", "requests"), ("i", "input_tokens"), ("o", "output_tokens")):
+            got = r["learned"] or {}  # an empty table may come back as a JSON list
+            out: dict[str, Any] = {
+                "now": float(r["now_us"]) / 1e6, "cooldown_s": float(r["cooldown_s"]),
+                "leases": int(r["leases"]), "burst_s": float(r["burst_s"]),
+                "learned": {lim: float(got[d]) if d in got else None for d, _, lim in _DIMS}}
+            for d, name, _ in _DIMS:  # rate and capacity: with the share
                 dim = {k: float(v) for k, v in r.get(d, {}).items()}
-                out[name] = dim and {  # rate and capacity: with the share
-                    "limit_per_min": dim["limit"], "share": dim["share"],
-                    "rate_per_s": dim["limit"] * dim["share"] / 60,
-                    "capacity": dim["capacity"], "level": dim["level"]} or None
-            learned = r["learned"] or {}  # an empty table may come back as a JSON list
-            out["learned"] = {lim: _f(learned.get(d, "")) for d, lim in
-                              (("r", "rpm"), ("i", "itpm"), ("o", "otpm"))}
+                out[name] = {**dim, "rate_per_s": dim["limit_per_min"] * dim["share"] / 60
+                             } if dim else None
             return out
 
         return self._call("state", self.keys(scope), {"limits": _limits(limits)}, finish)

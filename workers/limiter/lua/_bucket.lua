@@ -5,12 +5,11 @@
 
 -- The share hash: "<d>.<name>" (e.g. "r.share", "i.t0") per dimension d, and "lt".
 local function load_share(key)
-  local s = {r = {}, i = {}, o = {}}
+  local s = {r = {share = 1}, i = {share = 1}, o = {share = 1}}
   for field, value in pairs(hash(key)) do
     local d, name = string.match(field, '^(%a)%.(.+)$')
     if d then s[d][name] = value else s[field] = value end
   end
-  for _, d in ipairs(DIMS) do s[d].share = s[d].share or 1 end
   return s
 end
 
@@ -25,10 +24,7 @@ local function save_share(key, s)
   end
   if s.lt then put(set, 'lt', s.lt) end
   redis.call('DEL', key)
-  if #set > 0 then
-    redis.call('HSET', key, unpack(set))
-    redis.call('PEXPIRE', key, 65000)
-  end
+  if #set > 0 then redis.call('HSET', key, unpack(set)); redis.call('PEXPIRE', key, 65000) end
 end
 
 local function set_limit(b, d, lim)
@@ -39,8 +35,7 @@ end
 -- lim[d] = base[d] (the limit `limits` gives, or the last write's) x our share of the key
 -- when learning it (b.sh, the share hash, read then and with the last write's limits).
 local function load(keys, limits, now)
-  local f = hash(keys.bucket)
-  local stored = limits == nil
+  local f, stored = hash(keys.bucket), limits == nil
   limits = limits or {per_min = {}}
   local burst_s = (stored and f.burst or limits.burst_s) or 1
   local b = {keys = keys, tat = {}, per = {}, cap = {}, lim = {}, base = {}, burst_s = burst_s,
@@ -66,9 +61,8 @@ end
 -- Write the bucket back; it expires once every dimension is full, no cooldown holds and no
 -- lease is left (an expired bucket is a full one). The share hash too, if it changed.
 local function save(b, now)
-  local set, gone = {}, {}
+  local set, gone, needed = {}, {}, math.max(b.cd, b.lx)
   put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx)
-  local needed = math.max(b.cd, b.lx)
   for _, d in ipairs(DIMS) do
     if b.tat[d] then
       put(set, d, b.tat[d]); put(set, 'L' .. d, b.base[d])
@@ -79,8 +73,7 @@ local function save(b, now)
   end
   redis.call('HSET', b.keys.bucket, unpack(set))
   if #gone > 0 then redis.call('HDEL', b.keys.bucket, unpack(gone)) end
-  redis.call('PEXPIRE', b.keys.bucket,
-             string.format('%d', math.ceil((needed - now) / 1000) + 5000))
+  redis.call('PEXPIRE', b.keys.bucket, string.format('%d', math.ceil((needed - now) / 1000) + 5000))
   if b.sh and b.sh.changed then save_share(b.keys.share, b.sh) end
 end
 
@@ -89,10 +82,10 @@ end
 -- with each cost capped at the bucket's capacity, for the horizon (so an oversized request
 -- is not refused for ever: it is debited as the capacity but waits for all of it).
 local function plan(b, cost, send, judged)
-  for _, d in ipairs(DIMS) do
-    if b.per[d] and cost[d] > 0 then
-      send = math.max(send, b.tat[d] + cost[d] * b.per[d] - b.burst)
-      judged = math.max(judged, b.tat[d] + math.min(cost[d] * b.per[d], b.burst) - b.burst)
+  for d, per in pairs(b.per) do
+    if cost[d] > 0 then
+      send = math.max(send, b.tat[d] + cost[d] * per - b.burst)
+      judged = math.max(judged, b.tat[d] + math.min(cost[d] * per, b.burst) - b.burst)
     end
   end
   return send, judged
@@ -101,9 +94,9 @@ end
 -- Debit `cost` for a send at `send` (each tat moves to max(tat, send) + cost x per), take
 -- the lease until `expiry` and write the bucket.
 local function reserve(b, cost, send, lease, expiry, now)
-  for _, d in ipairs(DIMS) do
-    if b.per[d] and cost[d] > 0 then
-      b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * b.per[d], b.burst)
+  for d, per in pairs(b.per) do
+    if cost[d] > 0 then
+      b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * per, b.burst)
     end
   end
   redis.call('ZADD', b.keys.leases, num(expiry), lease)

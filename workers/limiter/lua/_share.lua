@@ -82,25 +82,20 @@ local function count_use(b, sent_at, used, now)
   local took = math.max(0, now - sent_at)
   s.lt = s.lt and s.lt + 0.1 * (took - s.lt) or took
   s.changed = true
-  for _, d in ipairs(DIMS) do
+  for d in pairs(b.per) do
     local w = s[d]
-    if b.per[d] and w.t1 and sent_at >= w.t1 then
-      w.u1 = w.u1 + used[d]
-    elseif b.per[d] and w.t0 and sent_at >= w.t0 then
-      w.u0 = w.u0 + used[d]
-    end
+    if w.t1 and sent_at >= w.t1 then w.u1 = w.u1 + used[d]
+    elseif w.t0 and sent_at >= w.t0 then w.u0 = w.u0 + used[d] end
   end
 end
 
 -- A 429: the provider refused what we planned with, so our share was less.
 local function cut_share(b)
   if not b.learning then return end
-  for _, d in ipairs(DIMS) do
-    if b.tat[d] then
-      b.sh[d].share = math.max(SHARE_MIN, b.sh[d].share * SHARE_CUT)
-      set_limit(b, d, b.base[d] * b.sh[d].share)
-      b.sh.changed = true
-    end
+  for d in pairs(b.tat) do
+    b.sh[d].share = math.max(SHARE_MIN, b.sh[d].share * SHARE_CUT)
+    set_limit(b, d, b.base[d] * b.sh[d].share)
+    b.sh.changed = true
   end
 end
 

@@ -30,11 +30,9 @@ local function later(reason, us, chosen)
   return {reason, num(math.max(us / 1e6, 0.05)), num(now), tostring(chosen or 0)}
 end
 
-local function fullness(b)
+local function fullness(b)  -- the lowest level, as a fraction of capacity
   local least = 1
-  for _, d in ipairs(DIMS) do
-    if b.per[d] then least = math.min(least, 1 - (b.tat[d] - now) / b.per[d] / b.cap[d]) end
-  end
+  for d, per in pairs(b.per) do least = math.min(least, 1 - (b.tat[d] - now) / per / b.cap[d]) end
   return least
 end
 

@@ -11,22 +11,21 @@
 -- the same way, for good: the call moves to another key instead of being refused too.
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
--- KEYS[last], odd count   a pool's disabled keys (hash alias -> until, us), with ARGV's key
+-- KEYS[last]              with ARGV's key (a pool's): the pool's disabled keys (hash alias
+--                         -> until, us)
 -- ARGV[1]                 {lease: the grant's lease id, key: the pool key's alias (a pool's)}
 -- Returns the seconds (a string) the longest of those cooldowns still holds, a day for a
 -- disabled key; '0': none, and the grant stands.
 
 local now = now_us()
-local until_us = now
-local pairs_end = #KEYS % 2 == 1 and #KEYS - 1 or #KEYS
-for i = 1, pairs_end, 2 do
+local until_us, scopes = now, A.key and #KEYS - 1 or #KEYS
+for i = 1, scopes, 2 do
   until_us = math.max(until_us, tonumber(redis.call('HGET', KEYS[i], 'cd') or '0'))
 end
-if pairs_end < #KEYS and A.key
-    and tonumber(redis.call('HGET', KEYS[#KEYS], A.key) or '0') > now then
+if A.key and tonumber(redis.call('HGET', KEYS[#KEYS], A.key) or '0') > now then
   until_us = math.max(until_us, now + 86400 * 1e6)
 end
 if until_us > now then
-  for i = 2, pairs_end, 2 do redis.call('ZREM', KEYS[i], A.lease) end
+  for i = 2, scopes, 2 do redis.call('ZREM', KEYS[i], A.lease) end
 end
 return num((until_us - now) / 1e6)

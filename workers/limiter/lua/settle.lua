@@ -34,8 +34,7 @@ count_use(b, A.send_us, used, now)
 save(b, now)
 if A.headers then save(fold_headers(keys, A.limits, A.headers, now), now) end
 
-local window = A.stats_window_s
-local counts = A.counts
+local window, counts = A.stats_window_s, A.counts
 counts.input_tokens = (counts.input_tokens or 0) + used.i
 counts.output_tokens = (counts.output_tokens or 0) + used.o
 stat_add(keys, window, now, math.floor(now / 1e6), counts)
