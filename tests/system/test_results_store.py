@@ -188,7 +188,7 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
         assert store.records(job_id) == {0: records[0], 1: records[1]}  # in Redis: not lost
         assert "s3cret-pw" not in caplog.text and "stay in Redis" in caplog.text
     finally:
-        store.results = live
+        store.results, store._results_down_until = live, 0.0
     assert rows(results_url, "SELECT count(*) FROM drover_records WHERE job_id = %s",
                 job_id) == [(0,)]
     store.save_result(JobResult(job_id=job_id, status="done", results=records,

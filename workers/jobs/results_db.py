@@ -105,8 +105,9 @@ class ResultsStore:
 
         with self._lock:
             for attempt in (0, 1):
+                fresh = self._conn is None or self._conn.closed
                 try:
-                    if self._conn is None or self._conn.closed:
+                    if fresh:
                         self._conn = psycopg.connect(self._url, autocommit=True,
                                                      connect_timeout=self._timeout)
                     if not self._schema_ok:
@@ -115,7 +116,9 @@ class ResultsStore:
                         return work(cur)
                 except psycopg.OperationalError as error:
                     self._drop()
-                    if attempt:
+                    # Once more only when a connection that had worked dropped (a restart):
+                    # a server that refuses a new one is not asked twice.
+                    if attempt or fresh:
                         raise self._error(error) from None
                 except psycopg.Error as error:
                     raise self._error(error) from None

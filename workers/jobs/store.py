@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "planning", "running")
 PACK_FROM = 512  # bytes of a final state's JSON past which it is stored compressed
+RESULTS_RETRY_S = 30.0  # how long records skip a results store that did not answer
 PAGE = 500  # records read or written per round trip when a job's records are walked in bulk
 
 
@@ -120,6 +121,7 @@ class JobStore:
         # The durable results store (DROVER_RESULTS_URL), or None: records and finished jobs
         # are copied there, and a job Redis no longer has is read from there.
         self.results = results
+        self._results_down_until = 0.0  # records skip the store until then (``_keep``)
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.keys = JobKeys(prefix)
@@ -142,11 +144,14 @@ class JobStore:
         """Copy records Redis has just stored into the results store. Should it not answer,
         the records stay in Redis (nothing is lost) and the job's end copies them
         (``save_result``); one warning line says so, at most once a minute."""
-        if self.results is None or not rows:
+        if self.results is None or not rows or time.monotonic() < self._results_down_until:
             return
         try:
             self.results.put_records(rows)
         except ResultsStoreError as error:
+            # Not asked again for a while: each try may wait out a connect timeout, and a
+            # sub-agent's record must not wait on a store that is away.
+            self._results_down_until = time.monotonic() + RESULTS_RETRY_S
             _warn(f"{error}; the records stay in Redis and are copied when the job ends")
 
     def key(self, job_id: str, *parts: object) -> str:
