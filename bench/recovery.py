@@ -109,11 +109,14 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("redis-server did not start")
 
 
-def spawn_worker(env: dict[str, str], name: str, threads: int = THREADS) -> subprocess.Popen:
+def spawn_worker(env: dict[str, str], name: str, threads: int = THREADS,
+                 events: bool = False) -> subprocess.Popen:
+    """``events``: the worker sends Celery's task events (-E), for a bench that counts them."""
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool", "threads",
          "--concurrency", str(threads), "--queues", env["DROVER_QUEUE"], "--loglevel", "ERROR",
-         "--without-gossip", "--without-mingle", "-n", f"{name}@%h"],
+         "--without-gossip", "--without-mingle", *(["-E"] if events else []),
+         "-n", f"{name}@%h"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True)
 

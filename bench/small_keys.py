@@ -7,7 +7,8 @@ processes (4 threads each) against the simulator enforcing those limits (output 
 generated). Per run it prints: sub-agents ok, the simulator's 429s, the wall time from submit
 to the last record, the busy time (the simulator's first acceptance to its last answer) and
 its ratio to the lower bound that the limits set: max(requests / RPM, counted input / ITPM,
-output / OTPM) minutes, less the 1 s burst.
+output / OTPM) minutes, less the 1 s burst; and the task messages per sub-agent (Celery's
+``task-received`` events of the run's workers: one per delivery, limiter retries included).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 import uuid
 from typing import Any
 
+from bench._binding import _events
 from bench.recovery import kill_workers, spawn_worker
 from drover.simulator import SimConfig, SimulatorServer
 
@@ -41,13 +44,21 @@ def run(n: int) -> dict[str, Any]:
 
     get_settings.cache_clear()  # this run's prefix and queue, not the last run's
 
-    workers = [spawn_worker(env, f"small{i}-{tag}", threads=4) for i in range(2)]
+    names = {f"small{i}-{tag}" for i in range(2)}
+    stop, counts = threading.Event(), {}
+    listener = threading.Thread(target=_events, daemon=True, args=(
+        get_settings().broker_url or get_settings().redis_url, env["DROVER_KEY_PREFIX"], names,
+        stop, counts))
+    listener.start()
+    time.sleep(1.0)  # bound to the events exchange before the workers start
+    workers = [spawn_worker(env, name, threads=4, events=True) for name in sorted(names)]
     try:
         time.sleep(3)  # the workers come up
         started = time.monotonic()
         handle = submit(JobSpec(subtasks=[f"Summarise account {i} in a few lines"
                                           for i in range(n)], max_tokens=400))
         result = handle.wait(timeout=600)
+        time.sleep(2.0)  # the last events arrive
         wall = max(r.finished_at for r in result.results) - (time.time() - (
             time.monotonic() - started))
         stats = sim.stats()
@@ -62,8 +73,10 @@ def run(n: int) -> dict[str, Any]:
                 "output_tokens": out, "wall_s": round(wall, 1), "busy_s": round(busy, 1),
                 "bound_s": round(bound, 1),
                 "ratio": round(busy / bound, 3) if bound > 0 else None,
+                "messages_per_subagent": round(counts.get("task-received", 0) / n, 2),
                 "load": round(os.getloadavg()[0], 1)}
     finally:
+        stop.set()
         kill_workers(workers)
         sim.stop()
 

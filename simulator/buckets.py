@@ -171,8 +171,19 @@ class KeyBuckets:
         if self.output is not None and self.reserve_max_tokens:
             self.output.level -= max_tokens
 
-    def settle_output(self, output_tokens: int, max_tokens: int, now: float) -> None:
-        """Generated mode debits what was generated; max_tokens mode refunds the unused part."""
+    def generating(self, tokens: int, now: float) -> None:
+        """A stream's output as it goes out: generated mode debits it now (the provider counts
+        output as it is generated, so an answer in flight draws on the bucket before its end);
+        max_tokens mode reserved it at admission."""
+        if self.output is None or self.reserve_max_tokens:
+            return
+        self.refill(now)
+        self.output.level -= tokens
+
+    def settle_output(self, output_tokens: int, max_tokens: int, now: float,
+                      debited: int = 0) -> None:
+        """Generated mode debits what was generated and not yet debited (``debited``: what
+        ``generating`` took of it); max_tokens mode refunds the unused part."""
         if self.output is None:
             return
         self.refill(now)
@@ -180,7 +191,7 @@ class KeyBuckets:
             self.output.level = min(self.output.capacity,
                                     self.output.level + max(0, max_tokens - output_tokens))
         else:
-            self.output.level -= output_tokens
+            self.output.level -= output_tokens - debited
 
 
 class NestedBuckets:
@@ -210,9 +221,14 @@ class NestedBuckets:
                 buckets.debit(input_tokens, max_tokens)
         return worst
 
-    def settle_output(self, output_tokens: int, max_tokens: int, now: float) -> None:
+    def generating(self, tokens: int, now: float) -> None:
         for _, buckets in self.levels:
-            buckets.settle_output(output_tokens, max_tokens, now)
+            buckets.generating(tokens, now)
+
+    def settle_output(self, output_tokens: int, max_tokens: int, now: float,
+                      debited: int = 0) -> None:
+        for _, buckets in self.levels:
+            buckets.settle_output(output_tokens, max_tokens, now, debited)
 
     def tightest(self, dim: str) -> TokenBucket | None:
         """The bucket of ``dim`` ('requests', 'input', 'output') with the least left."""

@@ -39,7 +39,8 @@ class SimConfig:
     otpm: float | None = None
     # Bucket capacity in seconds of refill: 60 holds a full minute, like the provider.
     burst_s: float = 60.0
-    # generated: debit output when generated (admission needs the bucket > 0);
+    # generated: debit output when generated (admission needs the bucket > 0; a stream is
+    # debited write by write, a reply sent whole at its end);
     # max_tokens: reserve max_tokens at admission and refund the unused part.
     otpm_mode: OtpmMode = "generated"
     # A request that needs more than a whole minute of a limit (input tokens over the ITPM;

@@ -408,9 +408,19 @@ class Engine:
         if body.get("stream") is True:
             self.stats.streams += 1
 
+            # Output is debited write by write, as the provider counts it while it generates
+            # (an answer in flight draws on the bucket before it ends); the close settles the
+            # rest (max_tokens mode: refunds what was reserved and not generated).
+            debited = [0]
+
+            def sent(tokens: int) -> None:
+                buckets.generating(tokens, time.monotonic())
+                debited[0] += tokens
+                self.stats.stream_sent(tokens)
+
             def close(sent_tokens: int, how: str) -> None:
                 done = time.monotonic()
-                buckets.settle_output(sent_tokens, max_tokens, done)
+                buckets.settle_output(sent_tokens, max_tokens, done, debited[0])
                 self.stats.stream_closed(done, out_tokens, sent_tokens, how)
 
             chunk = max(3, math.ceil(tps * 0.1)) if tps > 0 else 256
@@ -419,7 +429,7 @@ class Engine:
             streamed = Streamed(self._headers(req_id, buckets, now) | {
                 "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
                 make(model, generated.content, generated.stop_reason, usage, chunk),
-                first_s, tps, close, self.stats.stream_sent, None if cut is None else max(1, int(cut)),
+                first_s, tps, close, sent, None if cut is None else max(1, int(cut)),
                 "error" if "cut_error" in first_only else "drop",
                 openai.error_frame("The server is overloaded") if cfg.provider == "openai"
                 else b"")

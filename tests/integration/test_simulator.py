@@ -703,3 +703,24 @@ def test_a_stream_closed_by_its_client_stops_the_bill(
     assert snap["in_flight"] == 0
     assert snap["streams"]["abandoned"] == 1
     assert 0 < snap["billed"]["output_tokens"] < 3000
+
+
+def test_a_streamed_answer_draws_on_the_output_bucket_as_it_is_generated(
+        sim_factory: Callable[..., SimulatorServer]) -> None:
+    """The provider counts output as it is generated: while a long answer streams, its
+    tokens so far are already out of the output bucket, so a request that arrives then finds
+    it in debt (429) rather than full. 60,000 OTPM in 1 s bursts: a bucket of 1,000 tokens,
+    refilled at 1,000 a second, against an answer generated at 3,000 a second."""
+    sim = sim_factory(otpm=60_000, burst_s=1, output_tokens_per_s=3000.0)
+    client = client_for(sim)
+    texts = 0
+    with client.messages.stream(model=MODEL, max_tokens=8000, messages=[
+            {"role": "user", "content": "report [[sim:out=6000]]"}]) as stream:
+        for event in stream:
+            texts += event.type == "text"
+            if texts == 8:  # 8 deltas of 300 tokens: 2,400 generated, at most 800 refilled
+                with pytest.raises(anthropic.RateLimitError) as refused:
+                    ask(client, "brief", max_tokens=100)
+                assert "output tokens" in str(refused.value)
+                break
+    assert texts == 8

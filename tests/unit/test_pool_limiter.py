@@ -242,3 +242,20 @@ def test_a_grant_on_a_key_disabled_while_it_waited_is_held_back_not_sent(
 
     before, after, _ = asyncio.run(run())
     assert before == 0 and after > 3600, (before, after)
+
+
+def test_a_call_reserves_at_most_a_full_output_bucket(monkeypatch):
+    """An output estimate larger than the output bucket (400 tokens before a scope's first
+    answers; 12,000 OTPM at 0.95 in 0.8 s: 152) reserves the bucket: the limiter debits no
+    more than that, and planning the call on more made it wait for room no bucket holds."""
+    s = load_settings(model="m1", otpm=12_000, burst_seconds=1.0)
+    route = Route(s, "m1", None)
+    bucket = route.limits.otpm / 60 * route.limits.burst_s
+    assert route.output_reservation(400) == int(bucket) < 400
+    assert route.output_reservation(100) == 100  # a smaller estimate is reserved whole
+    monkeypatch.setenv("DROVER_KEYS", _keys({"alias": "a", "otpm": 6_000}, {"alias": "b"}))
+    pooled = Route(load_settings(model="m1", otpm=12_000, burst_seconds=1.0), "m1", None,
+                   Pool(load_settings().keys, {"a": 1, "b": 2}))
+    assert pooled.output_reservation(400) == int(6_000 * 0.95 / 60 * pooled.limits.burst_s)
+    big = Route(load_settings(model="m1", otpm=6_000_000), "m1", None)
+    assert big.output_reservation(400) == 400  # a bucket of tens of thousands holds it

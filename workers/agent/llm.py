@@ -1,7 +1,8 @@
 """One LLM call through the global limiter: acquire -> wait -> call -> reconcile.
 
 - The input tokens are estimated locally and an output estimate reserved (the running mean
-  of the scope's answers); both are trued up from the stream's final ``usage``. The output
+  of the scope's answers, at most a full output bucket); both are trued up from the
+  stream's final ``usage``. The output
   estimate is held while the answer generates: the provider debits output as it comes, so
   a limiter that debited it only at the end would run behind the provider by every answer
   in flight.
@@ -303,9 +304,12 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     settings = rt.settings
     est_in, res_in = est
     # The output estimate is reserved at the start (the module docstring says why; reserving
-    # one token instead drew 429s at the limits: docs/limits.md).
+    # one token instead drew 429s at the limits: docs/limits.md), at most a full output
+    # bucket: the limiter debits no more than that anyway, and the provider admits a call
+    # while its output bucket has room, so a larger reservation only made the call wait for
+    # room no bucket holds (a small key's first calls, before the answers calibrate it).
     grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=res_in,
-                          output_tokens=est_out, route=route)
+                          output_tokens=route.output_reservation(est_out), route=route)
     key = route.key(grant)
     scope = key.scope
     if route.pooled:

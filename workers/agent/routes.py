@@ -30,7 +30,12 @@ from drover.workers.limiter import (
     org_scope,
     pool_scope,
 )
-from drover.workers.providers import ANTHROPIC, LimitReadings, Provider
+from drover.workers.providers import (
+    ANTHROPIC,
+    LimitReadings,
+    Provider,
+    coarse_readings_dropped,
+)
 
 __all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_readings"]
 
@@ -87,6 +92,16 @@ class Route:
             return self.one
         return next(k for k in self.keys if k.alias == grant.key)
 
+    def output_reservation(self, estimate: int) -> int:
+        """What a call reserves for an output ``estimate``: at most the smallest output bucket
+        of the levels it reserves in (the limiter debits no more than a bucket, and a call
+        planned to wait for more waited for room no bucket holds)."""
+        levels = [self.limits] + ([k.limits for k in self.keys] if self.pool else [])
+        buckets = [lim.otpm / 60 * lim.burst_s for lim in levels if lim.otpm]
+        if not buckets or self.provider.one_tokens_bucket:
+            return estimate
+        return max(1, min(estimate, int(min(buckets))))
+
     def _fold(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
         """A provider of one tokens bucket (OpenAI) counts input and output in it (kept in
         the limiter's input dimension)."""
@@ -112,7 +127,11 @@ class Route:
         counters, as its tokens do."""
         key = self.key(grant)
         input_tokens, output_tokens = self._fold(input_tokens, output_tokens)
-        readings = None if headers is None else self.provider.read_limits(headers)
+        # A -remaining rounded too coarsely for its bucket reads 0 full or empty: not a
+        # level to sync to, nor a share of the key to learn from.
+        readings = None if headers is None else coarse_readings_dropped(
+            self.provider.read_limits(headers), self.provider.remaining_steps,
+            self.limits.burst_s)
         if self.pool is None:
             await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
                                  output_tokens=output_tokens, readings=readings,

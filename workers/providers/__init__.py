@@ -18,13 +18,19 @@ from drover.workers.providers._anthropic import (
     StatusError,
     batch_results_text,
 )
-from drover.workers.providers._base import Failure, LimitReadings, Provider
+from drover.workers.providers._base import (
+    Failure,
+    LimitReadings,
+    Provider,
+    coarse_readings_dropped,
+)
 from drover.workers.providers._openai import OPENAI
 from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
 
 __all__ = ["ANTHROPIC", "OPENAI", "CHARS_PER_TOKEN", "PROVIDERS", "ConnectionFailed", "Failure",
            "LimitReadings", "Message", "MessageBatchIndividualResponse", "Provider", "Seen",
-           "StatusError", "api_errors", "batch_results_text", "describe", "provider"]
+           "StatusError", "api_errors", "batch_results_text", "coarse_readings_dropped", "describe",
+           "provider"]
 
 PROVIDERS: dict[str, Provider] = {ANTHROPIC.name: ANTHROPIC, OPENAI.name: OPENAI}
 

@@ -54,6 +54,8 @@ class Anthropic(Provider):
     name = "anthropic"
     dimensions = ("requests", "input", "output")
     api_error = anthropic.APIError
+    # Token -remaining values are rounded to the nearest thousand (requests: whole numbers).
+    remaining_steps = {"input": 1000.0, "output": 1000.0}
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> anthropic.AsyncAnthropic:

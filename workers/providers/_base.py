@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["Failure", "LimitReadings", "Provider", "read_limit_headers"]
+__all__ = ["Failure", "LimitReadings", "Provider", "coarse_readings_dropped",
+           "read_limit_headers"]
 
 # What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
 # each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
@@ -42,6 +43,33 @@ def read_limit_headers(headers: Mapping[str, str | bytes],
         if limit:
             out["limit"][dim] = limit
     return out if out["remaining"] or out["limit"] else None
+
+
+# A -remaining tells a bucket's level only when the bucket holds this many of its rounding
+# steps: below that it reads the same full as empty.
+STEPS_PER_BUCKET = 4
+
+
+def coarse_readings_dropped(readings: LimitReadings | None, steps: Mapping[str, float],
+                            burst_s: float) -> LimitReadings | None:
+    """``readings`` without the -remaining values rounded too coarsely for their bucket to
+    say anything (``steps``: each dimension's rounding, absent: 1; ``burst_s``: the bucket's
+    seconds of refill, each limit by its -limit).
+
+    At a small key the provider's -remaining reads 0 at every answer, full bucket or empty:
+    12,000 output tokens a minute in 1 s bursts is a bucket of 200 tokens, which the token
+    headers (rounded to the thousand) read as 0; 60 requests a minute is a bucket of one
+    request, which is below 1 again when the answer comes. Taken as levels, they said the
+    buckets were always empty, so other software had to be using the key: the share learnt
+    (_share.lua) fell, and a key all ours ran at 1.8-1.9 x the bound (bench/RESULTS-small.md).
+    """
+    if readings is None:
+        return readings
+    limit = readings.get("limit", {})
+    remaining = {dim: value for dim, value in readings.get("remaining", {}).items()
+                 if limit.get(dim, 0) / 60 * burst_s >= STEPS_PER_BUCKET * steps.get(dim, 1)}
+    out = {**readings, "remaining": remaining}
+    return out if out["remaining"] or out.get("limit") else None
 
 
 def _number(raw: str | bytes | None) -> float | None:
@@ -77,6 +105,10 @@ class Provider:
     # Input and output share one tokens bucket that counts a call's max tokens at admission
     # (OpenAI): the call reserves input + max tokens there and settles input + output.
     one_tokens_bucket: ClassVar[bool] = False
+    # How coarsely its -remaining headers are rounded, per dimension (absent: to a whole
+    # number). A bucket of a few such steps reads the same full or empty
+    # (``coarse_readings_dropped``).
+    remaining_steps: ClassVar[Mapping[str, float]] = {}
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> Any:
