@@ -222,3 +222,20 @@ def test_a_worker_whose_store_does_not_answer_says_so_in_one_line_and_runs_on(
     assert len([line for line in said if "runs on" in line]) == 1, said
     assert "s3cret-pw" not in log and "Traceback" not in log
     assert "postgresql://drover:***@127.0.0.1:1/results" in said[0]
+
+
+def test_a_cancelled_jobs_bulk_records_reach_postgres_once_each(
+        sim, drover_env, results_url, spawn_worker, fleet):
+    sim.configure(latency_mean_s=0.5, latency_p95_s=1.0, output_tokens_mean=20)
+    n = 80
+    handle = submit_elsewhere(drover_env, JobSpec(
+        subtasks=[f"Weigh crate {i}" for i in range(n)], max_tokens=40))
+    spawn_worker(concurrency=4)
+    wait_until("a few sub-agents done", lambda: handle.progress()["ok"] >= 2, 120)
+    assert handle.cancel("enough")
+    result = fleet.wait(handle, n, timeout=120)
+    assert result.status == "cancelled" and result.counts["cancelled"] > 0
+    stored = rows(results_url, "SELECT idx, status FROM drover_records WHERE job_id = %s "
+                  "ORDER BY idx", handle.id)
+    assert stored == [(r.index, r.status) for r in result.results]  # each once, as in Redis
+    assert [idx for idx, _ in stored] == list(range(n))
