@@ -125,3 +125,51 @@ def test_a_parked_sub_agent_resumed_while_the_sweep_reads_is_not_taken_for_lost(
     resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S)
     assert [(job_id_, part) for _queue, job_id_, part, _token in sent] == [(job_id, 1)]
     store.r.close()
+
+
+def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat_ttl(
+        redis_url, key_prefix):
+    """Redis broker: connections that went silent took a sub-agent's message with them (the
+    consumer's BRPOP popped it; it never reached the worker's unacked list), and no heartbeat
+    saw Redis go away, so nothing marked the gap and step 3 would wait for
+    DROVER_RESEND_AFTER_S (120 s: tests/system/test_silent_connections.py[redis] then failed,
+    39 of 40 after 90 s). The window's repair sees a job with a sub-agent out that no live
+    worker holds or runs and sends it again after a heartbeat TTL without a record; while a
+    live worker runs it, nothing is sent."""
+    from drover.workers.fairshare import FairShare
+    from drover.workers.recovery import repair_windows
+
+    settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, queue="q-lost",
+                             heartbeat_s=0.1, heartbeat_ttl_s=0.5)
+    assert not settings.broker_is_rabbitmq and settings.resend_after_s >= 60
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix)
+    job_id = uuid.uuid4().hex
+    store.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
+                 status="running", queue="q-lost")
+    store.claim_launch(job_id)
+    fs = FairShare.from_settings(store.r, settings, "q-lost")
+    fs.published(fs.add(job_id, n=3, tenant="t", weight=1.0, priority="normal"))
+    live = "w-live"
+    store.r.set(heartbeat_key(store.prefix, live), "1", ex=60)
+    assert int(store.claims.start(job_id, 1, 0, live)) > 0  # 1 runs on a live worker
+    for index in (0, 2):
+        store.finish(ok(job_id, index))
+    fs.finished(job_id, store.record_count(job_id))
+    sent: list[tuple[str, str, int | str, int]] = []
+
+    def repair_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not sent and time.monotonic() < deadline:
+            repair_windows(store, settings, lambda *a: sent.append(a))
+            time.sleep(0.1)
+
+    repair_for(3 * settings.heartbeat_ttl_s)
+    assert sent == []  # a live worker runs it: not lost
+    store.r.delete(heartbeat_key(store.prefix, live))  # now nobody does, and no message
+    store.r.hdel(store.key(job_id, "claims"), "1")  # (its claim gone with the message)
+    repair_for(10)
+    assert [(job_id_, part) for _queue, job_id_, part, _token in sent] == [(job_id, 1)]
+    new = sent[0][3]
+    assert new > 0 and store.claims.claim(job_id, 1) == f"{new}|sent|"
+    assert store.claims.start(job_id, 1, 0, "w-other") == -1  # the chord's message: stale
+    store.r.close()

@@ -46,6 +46,10 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    ``stall_after_s`` and no live worker holding any of its parts is *stalled*: logged once,
    listed in ``{prefix}:stalled`` (``drover jobs``, ``drover watch`` and the metric
    ``drover_jobs_stalled`` show it) until its next record, and repaired by the same step.
+   On the Redis broker a job with sub-agents out that no live worker holds or runs gets
+   step 3's look for lost messages after a heartbeat TTL without a record, whoever noticed
+   what: a connection that went silent can take a popped message with it, and the
+   heartbeats that would mark that gap may not have been on a silenced connection.
 
 A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a ``failed`` record instead, so a
 task that kills every worker it lands on cannot keep a job open.
@@ -275,8 +279,6 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
     failover loses is drover's state of a delivery RabbitMQ has already acked (its record,
     or the task ended on a Redis error). A sub-agent that no live worker holds or runs, in a
     job without a record for so long, is sent again (a queued copy is stale at once)."""
-    r = store.r
-    rabbitmq = settings.broker_is_rabbitmq
     now = store.server_time()
     sent: list[tuple[str, Part]] = []
     unfinished: list[tuple[str, str, list[int]]] = []  # job, queue, sub-agents to look at
@@ -292,10 +294,27 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
             if not store.has_result(job_id) and _send_join(store, send, queue, job_id):
                 sent.append((job_id, "join"))
             continue
-        # Sub-agents the fair-share window has not published yet are not lost, only waiting.
-        dispatched = FairShare.from_settings(r, settings, queue).dispatched(job_id)
-        waiting = set(range(n if dispatched is None else min(n, dispatched)))
-        unfinished.append((job_id, queue, sorted(waiting - _accounted_for(store, job_id))))
+        unfinished.append((job_id, queue, _waiting(store, settings, job_id, queue, n)))
+    sent += _resend_gone(store, settings, send, unfinished)
+    return sent
+
+
+def _waiting(store: JobStore, settings: Settings, job_id: str, queue: str, n: int) -> list[int]:
+    """The job's published sub-agents without a record (nor parked for a Message Batch):
+    those the fair-share window has not published yet are not lost, only waiting."""
+    dispatched = FairShare.from_settings(store.r, settings, queue).dispatched(job_id)
+    waiting = set(range(n if dispatched is None else min(n, dispatched)))
+    return sorted(waiting - _accounted_for(store, job_id))
+
+
+def _resend_gone(store: JobStore, settings: Settings, send: Send,
+                 unfinished: list[tuple[str, str, list[int]]]) -> list[tuple[str, Part]]:
+    """Of each (job, queue, sub-agents) of a stalled job, send again the sub-agents whose
+    message the broker no longer has (Redis: neither queued nor unacked) and that no live
+    worker runs (RabbitMQ: holds or runs)."""
+    r = store.r
+    rabbitmq = settings.broker_is_rabbitmq
+    sent: list[tuple[str, Part]] = []
     # The broker is read after each job's records and parked sub-agents and before they are
     # read again: a sub-agent parks before its message leaves the broker, so one that parks
     # meanwhile is seen in one of the reads, and one resumed meanwhile too unless its resume
@@ -321,6 +340,25 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
                 log.warning("sub-agent %s/%d: its message is gone from the broker; sent again",
                             job_id, index)
     return sent
+
+
+def _resend_unheld(store: JobStore, settings: Settings, send: Send, job_id: str, queue: str,
+                   n: int, now: float) -> list[tuple[str, Part]]:
+    """Redis broker: a job with sub-agents out that no live worker holds or runs, and no
+    record for a heartbeat TTL, has its sub-agents whose message is gone sent again (step 3
+    for that job, at once).
+
+    A connection that goes silent can take a message with it: the consumer's BRPOP popped
+    it and it never reached the worker's unacked list (seen when the silenced consumer
+    reconnects: the job's last sub-agent had no claim and no message). Step 3 looks for such
+    a message after a TTL only once some heartbeat saw Redis go away (``mark_message_gap``),
+    and a heartbeat whose own connection was not among the silenced ones sees nothing: the
+    job then waited DROVER_RESEND_AFTER_S (120 s). A job that nobody works on says so by
+    itself, whoever noticed what."""
+    if not _stalled(store, job_id, store.record_count(job_id), now, settings.heartbeat_ttl_s):
+        return []
+    return _resend_gone(store, settings, send,
+                        [(job_id, queue, _waiting(store, settings, job_id, queue, n))])
 
 
 def _accounted_for(store: JobStore, job_id: str) -> set[int]:
@@ -387,6 +425,10 @@ def repair_windows(store: JobStore, settings: Settings, send: Send,
                 log.warning("%s/%s: its claim named worker %s, which is gone, but the worker's "
                             "list did not: sent again by the window's repair", job_id, part,
                             holder)
+        if share.out > 0 and not any(living.values()) and not settings.broker_is_rabbitmq:
+            gone = _resend_unheld(store, settings, send, job_id, fs.queue, share.n, now)
+            sent += gone
+            resent += len(gone)
         handed_back = 0
         deferred = fs.deferred_indexes(job_id)
         if deferred:
