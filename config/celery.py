@@ -97,7 +97,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "global_keyprefix": f"{settings.key_prefix}:celery:",
         **redis_broker_timeouts(settings),
     }
-    backend_transport: dict[str, Any] = {"global_keyprefix": f"{settings.key_prefix}:celery:"}
+    backend_transport: dict[str, Any] = {
+        "global_keyprefix": f"{settings.key_prefix}:celery:",
+        # Not Celery's: drover's app (workers/app.py) hands them to the backend's sockets.
+        "socket_keepalive_options": keepalive_options(settings.keepalive_s)}
     sentinel_broker = is_sentinel(settings.broker)
     if sentinel_broker:
         transport.update(sentinel_options(settings))
@@ -132,8 +135,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                                       "interval_step": 0.5, "interval_max": 2},
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
-        # The result backend's Redis: the same timeouts (its keepalive takes the system's
-        # timings: Celery has no setting for them).
+        # The result backend's Redis: the same timeouts (its keepalive timings: Celery has no
+        # setting for them, drover's app adds them; see backend_transport above).
         "redis_socket_timeout": settings.socket_timeout_s,
         "redis_socket_connect_timeout": redis_socket_options(settings)["socket_connect_timeout"],
         "redis_backend_health_check_interval": settings.health_check_s,

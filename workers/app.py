@@ -28,8 +28,26 @@ from drover.workers.logs import configure_logging
 from drover.workers.preflight import WorkerCannotStart, check_worker
 from drover.workers.progress import ConsumerPulse
 
-__all__ = ["app"]
+__all__ = ["DroverCelery", "app"]
 
+
+class DroverCelery(Celery):
+    """Celery, with TCP keepalive timings on the Redis result backend's connections too.
+
+    Celery's Redis backend takes ``redis_socket_keepalive`` but no timings, so its sockets
+    kept others than DROVER_KEEPALIVE_S (read back from the kernel: 30 s idle, a probe every
+    5 s; tests/unit/test_silent_clients.py). The backend makes its connection pool on first
+    use, after this has added the timings (from ``result_backend_transport_options``, where
+    ``config/celery.py`` puts them)."""
+
+    def _get_backend(self) -> Any:
+        backend = super()._get_backend()
+        params = getattr(backend, "connparams", None)
+        timings = (self.conf.result_backend_transport_options or {}).get(
+            "socket_keepalive_options")
+        if isinstance(params, dict) and params.get("socket_keepalive") and timings:
+            params.setdefault("socket_keepalive_options", dict(timings))
+        return backend
 
 
 def _run_by_celerys_command_line() -> bool:
@@ -47,7 +65,7 @@ except SettingsError as error:
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(2) from None
 
-app = Celery("drover", include=["drover.workers.tasks", "drover.workers.lifecycle"])
+app = DroverCelery("drover", include=["drover.workers.tasks", "drover.workers.lifecycle"])
 app.config_from_object(celery_config(_settings))
 # Liveness means progress: the consumer pulses the heartbeat while it moves (progress.py).
 app.steps["consumer"].add(ConsumerPulse)

@@ -143,3 +143,63 @@ def test_the_cancel_listener_subscribes_again_when_its_connection_goes_silent(
 
 async def _cancel_event(runtime, job_id: str):  # noqa: ANN001, ANN202
     return runtime.cancel_event(job_id)
+
+
+def _keepalive(sock: socket.socket) -> tuple[int, int, int, int]:
+    return (sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+
+
+def test_the_keepalive_and_timeout_options_reach_the_sockets_of_every_redis_client(
+        redis_url, key_prefix):
+    """Read back from the kernel, not from our own dicts: the sockets drover's sync and
+    asyncio clients and Celery's Redis broker connection open carry SO_KEEPALIVE with
+    DROVER_KEEPALIVE_S's timings (idle 6 s, every 2 s, 3 probes) and the socket timeout;
+    the result backend's too (Celery has no setting for its timings: drover's app adds them,
+    and before they were not DROVER_KEEPALIVE_S's: read here as 30 s idle, every 5 s)."""
+    from drover.workers.app import DroverCelery
+
+    settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, socket_timeout_s=7,
+                             keepalive_s=6)
+    wanted = (1, 6, 2, 3)
+    client = sync_redis(redis_url, **client_settings(settings))
+    client.ping()
+    conn = client.connection_pool.get_connection()
+    try:
+        assert _keepalive(conn._sock) == wanted and conn._sock.gettimeout() == 7
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
+
+    async def async_socket() -> tuple[tuple[int, int, int, int], float | None]:
+        aclient = async_redis(redis_url, **client_settings(settings))
+        await aclient.ping()
+        aconn = await aclient.connection_pool.get_connection()
+        try:
+            sock = aconn._writer.get_extra_info("socket")
+            return _keepalive(sock), aconn.socket_timeout
+        finally:
+            await aclient.connection_pool.release(aconn)
+            await aclient.aclose()
+
+    assert asyncio.run(async_socket()) == (wanted, 7)
+
+    app = DroverCelery("keepalive-check", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    with app.connection_for_write() as broker:
+        channel = broker.default_channel
+        channel.client.ping()  # kombu's Redis client of the broker, as publishers use it
+        bconn = channel.client.connection_pool.get_connection()
+        try:
+            assert _keepalive(bconn._sock) == wanted and bconn._sock.gettimeout() == 7
+        finally:
+            channel.client.connection_pool.release(bconn)
+    app.backend.client.ping()
+    pool = app.backend.client.connection_pool
+    rconn = pool.get_connection()
+    try:
+        assert _keepalive(rconn._sock) == wanted and rconn._sock.gettimeout() == 7
+    finally:
+        pool.release(rconn)
