@@ -23,7 +23,7 @@ from drover.orchestrator.client.workers import WorkerWatch, workers_line
 from drover.workers.agent.caching import prefix_tokens
 from drover.workers.agent.fits import spec_never_fits
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
-from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.spec import JobSpec, thinking_refused
 from drover.workers.jobs.store import ACTIVE, JobStore
 from drover.workers.preflight import check_services, import_tool_modules
 from drover.workers.services import services
@@ -65,6 +65,9 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
                    "on anthropic runs the batcher")
         raise JobRefused(f"delivery='batch' goes through Anthropic's Message Batches API, and "
                          f"{why}: send the job with delivery='realtime'")
+    no_thinking = thinking_refused(model, spec.thinking)
+    if no_thinking is not None:
+        raise JobRefused(no_thinking)
     if len(spec.subtasks) > settings.max_fanout:
         raise JobRefused(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")

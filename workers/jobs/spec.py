@@ -95,6 +95,22 @@ class JobSpec(BaseModel):
         return self
 
 
+# Models known to have no extended thinking (the Claude 3 and 3.5 families; 3.7 Sonnet and
+# the Claude 4 models have it), by the prefix of their names: the API would answer each call
+# 400, so a job asking for thinking on one is refused at submit instead.
+NO_THINKING_MODELS = ("claude-3-haiku", "claude-3-sonnet", "claude-3-opus",
+                      "claude-3-5-haiku", "claude-3-5-sonnet")
+
+
+def thinking_refused(model: str, thinking: int | None) -> str | None:
+    """Why ``thinking`` cannot be asked of ``model`` (None: nothing known against it)."""
+    if thinking is None or not model.startswith(NO_THINKING_MODELS):
+        return None
+    return (f"thinking ({thinking}) was asked of the model {model!r}, which has no extended "
+            "thinking (the Claude 3 and 3.5 models): choose a model that has it (e.g. "
+            "claude-sonnet-4-5, claude-3-7-sonnet) or leave thinking unset")
+
+
 def unknown_field_message(name: str) -> str:
     """What to say about a field JobSpec does not have: the closest one, or all of them."""
     fields = list(JobSpec.model_fields)
