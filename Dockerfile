@@ -11,10 +11,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 
 # The runtime dependencies first, read from pyproject.toml: a code change does not reinstall
-# them. The demo extra (matplotlib for the orchestrator's plot) is in; test and benchmark
-# extras stay out of the image.
+# them. The demo extra (matplotlib for the orchestrator's plot) and the postgres extra (psycopg,
+# for DROVER_RESULTS_URL) are in; test and benchmark extras stay out of the image.
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo']))" \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['demo'] + p['optional-dependencies']['postgres']))" \
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt

@@ -101,7 +101,11 @@ class ResultsStore:
     def _run(self, work: Any) -> Any:
         """``work(cursor)`` on the process's connection (made, and the schema with it, on
         first use; made again once after a dropped connection)."""
-        import psycopg
+        try:
+            import psycopg
+        except ImportError:
+            raise ResultsStoreError(f"results store {self.where}: psycopg is not installed "
+                                    "(pip install 'drover[postgres]')") from None
 
         with self._lock:
             for attempt in (0, 1):
