@@ -338,7 +338,8 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         lost = seen.headers is not None or route.provider.sent_unanswered(error)
         lost_in, lost_out = _lost_usage(seen, est_in, est_out, cache_reads_count)
         await route.settle(rt.limiter, grant, input_tokens=lost_in if lost else 0,
-                           output_tokens=lost_out if lost and seen.started else 0)
+                           output_tokens=lost_out if lost and seen.started else 0,
+                           max_tokens=params["max_tokens"] if lost else 0)
         spent[0] = lost_in + lost_out if lost else 0
         if lost:
             await _unanswered(rt, scope, ctx, error, lost_in, lost_out)
@@ -385,7 +386,8 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             # the output reservation is refunded.
             await asyncio.shield(route.settle(
                 rt.limiter, grant, input_tokens=lost_in if lost else est_in,
-                output_tokens=lost_out if lost and seen.started else 0))
+                output_tokens=lost_out if lost and seen.started else 0,
+                max_tokens=params["max_tokens"]))
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(route.release(rt.limiter, grant))
         # Sent and never answered: billed, so the tenant's budget pays what it cost (the
@@ -409,6 +411,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     used_in = counted_input(message.usage, cache_reads_count)
     used_out = message.usage.output_tokens or 0
     await route.settle(rt.limiter, grant, input_tokens=used_in, output_tokens=used_out,
+                       max_tokens=params["max_tokens"],
                        headers=seen.headers,  # true-up, header sync and counters in one trip
                        counts=cache_counts(params, message.usage) | seen.counts(used_out))
     spent[0] = used_in + used_out
