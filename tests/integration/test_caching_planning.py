@@ -153,6 +153,21 @@ def test_synthesis_names_the_failed_subagent_to_the_synthesiser(sim, worker, mon
         stats["accepted"] + stats["spend_cap_429"])
 
 
+def test_a_job_that_thinks_thinks_in_its_synthesis_too(sim, worker, bodies):
+    """JobSpec.thinking reaches the synthesis call as the API's thinking parameter; the
+    synthesis is its text, without the thinking block the answer starts with."""
+    sim.configure(tool_turns=0)
+    worker(concurrency=2)
+    result = submit(JobSpec(subtasks=["Review contract 0", "Review contract 1"],
+                            max_tokens=4000, thinking=2000, synthesize=True)).wait(timeout=60)
+    assert result.counts["ok"] == 2
+    requests = [b for b in bodies if b.get("system") == SYNTHESIS_PROMPT]
+    assert len(requests) == 1
+    assert requests[0]["thinking"] == {"type": "enabled", "budget_tokens": 2000}
+    assert all(b.get("thinking") for b in bodies)  # the sub-agents' turns think as well
+    assert result.synthesis and not result.synthesis.startswith("(synthesis failed")
+
+
 def test_synthesis_request_marks_cancelled_and_failed_subagents_explicitly():
     spec = JobSpec(goal="Compare routing vendors", synthesize=True)
     records = [

@@ -57,8 +57,13 @@ def synthesis_request(spec: JobSpec, model: str, results: list[SubagentResult],
             lines.append(f"\n## Sub-agent {record.index} ({record.status.upper()}, no findings): "
                          f"{task}\nReason: {record.error or record.status}")
     instructions = spec.synthesize if isinstance(spec.synthesize, str) else SYNTHESIS_PROMPT
-    return {"model": model, "max_tokens": spec.max_tokens, "system": instructions,
-            "messages": [{"role": "user", "content": "\n".join(lines)}]}
+    params: dict = {"model": model, "max_tokens": spec.max_tokens, "system": instructions,
+                    "messages": [{"role": "user", "content": "\n".join(lines)}]}
+    if spec.thinking is not None:
+        # The job asked its calls to think: the synthesis too (its answer is read from its
+        # text blocks only). Planning does not: it forces its tool, which thinking refuses.
+        params["thinking"] = {"type": "enabled", "budget_tokens": spec.thinking}
+    return params
 
 
 async def join(rt: Runtime, job_id: str) -> JobResult:
