@@ -114,6 +114,12 @@ class ResultsStore:
                     if fresh:
                         self._conn = psycopg.connect(self._url, autocommit=True,
                                                      connect_timeout=self._timeout)
+                        # A record's copy need not wait for the disk: Redis holds it until
+                        # its job's end, which copies whatever PostgreSQL lost (a crash of
+                        # the server loses at most its last moments of commits). The job's
+                        # row, written last, commits synchronously (put_job). See
+                        # docs/results-store.md for what a record's write costs.
+                        self._conn.execute("SET synchronous_commit = off")
                     if not self._schema_ok:
                         self._create_schema()
                     with self._conn.cursor() as cur:
@@ -177,10 +183,15 @@ class ResultsStore:
         params = (result.job_id, result.status, n, spec,
                   json.dumps(subtasks) if subtasks is not None else None,
                   result.usage.model_dump_json(), stored.model_dump_json(), created, finished)
-        self._run(lambda cur: cur.execute(
-            "INSERT INTO drover_jobs (job_id, status, n, spec, subtasks, usage, result, "
-            "created_at, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING", params))
+        def work(cur: Any) -> None:
+            with cur.connection.transaction():
+                cur.execute("SET LOCAL synchronous_commit = on")  # the job's end: durable
+                cur.execute(
+                    "INSERT INTO drover_jobs (job_id, status, n, spec, subtasks, usage, "
+                    "result, created_at, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+                    "%s, %s) ON CONFLICT DO NOTHING", params)
+
+        self._run(work)
 
     # --- reads ----------------------------------------------------------------------------
     def record_count(self, job_id: str) -> int:
