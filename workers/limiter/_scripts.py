@@ -196,7 +196,8 @@ class LimiterCore:
             "reserved": {"input": grant.input_tokens, "output": grant.output_tokens},
             "used": {"input": int(input_tokens), "output": int(output_tokens)},
             "lease": grant.lease_id, "acquired_s": grant.acquired_s, "send_us": grant.send_us,
-            "wait_s": grant.wait_s, "stats_window_s": self.stats_window_s,
+            "wait_s": grant.wait_s, "wait_ms": int(grant.wait_s * 1000 + 0.5),
+            "stats_window_s": self.stats_window_s,
             "headers": None if limits is None else reading_args(readings),
             "counts": extra})
 

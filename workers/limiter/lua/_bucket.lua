@@ -42,13 +42,10 @@ local function load(keys, limits, now)
              burst = burst_s * 1e6, cd = f.cd or 0, lx = f.lx or 0,
              learning = limits.learn_share == true, was = f}
   if stored or b.learning then b.sh = load_share(keys.share) end
-  local learned
+  local learned = stored and {} or hash(keys.learned)
   for _, d in ipairs(DIMS) do
     local lim = stored and f['L' .. d] or limits.per_min[d]
-    if not stored and not lim then
-      learned = learned or hash(keys.learned)
-      lim = learned[d] and learned[d] * limits.learned_utilization
-    end
+                or learned[d] and learned[d] * limits.learned_utilization
     if lim and lim > 0 then
       b.base[d] = lim
       set_limit(b, d, b.sh and lim * b.sh[d].share or lim)
@@ -95,9 +92,7 @@ end
 -- the lease until `expiry` and write the bucket.
 local function reserve(b, cost, send, lease, expiry, now)
   for d, per in pairs(b.per) do
-    if cost[d] > 0 then
-      b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * per, b.burst)
-    end
+    if cost[d] > 0 then b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * per, b.burst) end
   end
   redis.call('ZADD', b.keys.leases, num(expiry), lease)
   b.lx = math.max(b.lx, expiry)

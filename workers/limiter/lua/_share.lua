@@ -78,8 +78,7 @@ end
 -- mean, which sets how long a window lasts.
 local function count_use(b, sent_at, used, now)
   if not b.learning or used.i + used.o == 0 then return end
-  local s = b.sh
-  local took = math.max(0, now - sent_at)
+  local s, took = b.sh, math.max(0, now - sent_at)
   s.lt = s.lt and s.lt + 0.1 * (took - s.lt) or took
   s.changed = true
   for d in pairs(b.per) do
@@ -114,11 +113,9 @@ local function fold_headers(keys, limits, headers, now)
   end
   local b = load(keys, limits, now)
   learn_share(b, headers, now)
-  for _, d in ipairs(DIMS) do
-    local remaining = headers.remaining[d]
-    if b.per[d] and remaining then
-      b.tat[d] = math.max(b.tat[d], now + b.burst - remaining * b.per[d])
-    end
+  for d, per in pairs(b.per) do
+    local left = headers.remaining[d]
+    if left then b.tat[d] = math.max(b.tat[d], now + b.burst - left * per) end
   end
   return b
 end

@@ -44,14 +44,14 @@ local best = {i = 0, cd = top.cd}
 best.send, best.judged = plan(top, cost, math.max(now, top.cd), math.max(now, top.cd))
 
 if A.candidates then
-  local disabled, pick, org = hash(KEYS[7]), {}, best
+  local disabled, org, mine = hash(KEYS[7]), best, nil
   best = nil
   for i, candidate in ipairs(A.candidates) do
     if not (disabled[candidate.alias] and disabled[candidate.alias] > now) then
       local b = load(scope_keys(8 + 6 * (i - 1)), candidate.limits, now)
       local c = {i = i, b = b, cd = math.max(top.cd, b.cd), full = fullness(b)}
       c.send, c.judged = plan(b, cost, math.max(org.send, b.cd), math.max(org.judged, b.cd))
-      pick[i] = c
+      if i == A.prefer then mine = c end
       if not best or c.send < best.send - 1000
           or (c.send <= best.send + 1000 and c.full > best.full) then
         best = c
@@ -62,7 +62,6 @@ if A.candidates then
   -- A send later than the organisation's own earliest moves its level down to that instant
   -- (one arrival time cannot hold a debit in the future): capping the stickiness at half
   -- the organisation's burst keeps that from ever delaying another key's grant.
-  local mine = A.prefer and pick[A.prefer]
   if mine and mine.send <= best.send + math.min(A.sticky_s * 1e6, top.burst / 2) then
     best = mine
   end

@@ -4,8 +4,9 @@
 -- ARGV[1]     {limits (absent for a release: the last write's), sent: false for a release
 --             (the request is refunded too), reserved: {input, output} tokens, used:
 --             {input, output} tokens, lease, acquired_s: the second of the acquire, send_us:
---             the planned send, wait_s: the grant's wait, stats_window_s, headers (absent:
---             none; applied after the true-up exactly as sync.lua right after it would),
+--             the planned send, wait_s: the grant's wait (wait_ms: the same in ms),
+--             stats_window_s, headers (absent: none; applied after the true-up exactly as
+--             sync.lua right after it would),
 --             counts: {STAT_FIELDS name = count} to add at the settle second (the answer's
 --             cache figures)}
 -- Returns 1 if the lease was still held.
@@ -39,8 +40,5 @@ counts.input_tokens = (counts.input_tokens or 0) + used.i
 counts.output_tokens = (counts.output_tokens or 0) + used.o
 stat_add(keys, window, now, math.floor(now / 1e6), counts)
 if A.sent then stat_add(keys, window, now, math.floor(A.send_us / 1e6), {requests = 1}) end
-if A.wait_s > 0 then
-  stat_add(keys, window, now, A.acquired_s,
-           {waits = 1, wait_ms = math.floor(A.wait_s * 1000 + 0.5)})
-end
+if A.wait_s > 0 then stat_add(keys, window, now, A.acquired_s, {waits = 1, wait_ms = A.wait_ms}) end
 return held

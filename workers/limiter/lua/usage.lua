@@ -4,14 +4,10 @@
 -- ARGV[1]     {seconds: N}
 -- Returns {first second, then per second one value per STAT_FIELDS entry ('' = 0)}.
 
-local keys = scope_keys(1)
-local last = math.floor(now_us() / 1e6)
-local first = last - A.seconds + 1
-local fields = {}
+local keys, last = scope_keys(1), math.floor(now_us() / 1e6)
+local first, fields = last - A.seconds + 1, {}
 for sec = first, last do
-  for _, name in ipairs(STAT_FIELDS) do
-    table.insert(fields, string.format('%d', sec) .. ':' .. name)
-  end
+  for _, name in ipairs(STAT_FIELDS) do table.insert(fields, string.format('%d:', sec) .. name) end
 end
 local out = {string.format('%d', first)}
 -- In slices: unpack() of more than ~8000 values fails, and an hour holds 3600 x 9 fields.
