@@ -438,7 +438,9 @@ def _print_finished(shared: Any, limit: int) -> None:
     except ResultsStoreError as error:
         raise Refused(str(error), code=UNREACHABLE) from None
     table = Table(title=f"finished jobs (results store {shared.results.where})")
-    for column in ("job", "status", "sub-agents", "ok", "failed", "finished (UTC)"):
+    # A job id is what the reader copies into `drover result`: never cut or wrapped.
+    table.add_column("job", no_wrap=True, min_width=32)
+    for column in ("status", "sub-agents", "ok", "failed", "finished (UTC)"):
         table.add_column(column)
     for row in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["finished_at"]))

@@ -157,7 +157,7 @@ def test_a_subagent_that_crashes_ends_failed_and_the_join_still_runs(sim, drover
     assert result.status == "done"  # the join ran: no sub-agent took the chord down with it
     assert result.counts["failed"] == 2
     for record in result.results:
-        assert record.error_type == "ValueError"
+        assert record.error_type == "JobRefused"  # a ValueError, and a DroverError
         assert "unknown tool(s) fault_raises" in record.error
     assert sim.stats()["accepted"] == 0
 
