@@ -21,12 +21,13 @@ import json
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from drover.config.settings import mask_url
 from drover.errors import ResultsStoreError
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentResult
 
-__all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "ResultsStore", "mask"]
+__all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "ResultsStore"]
 
 SCHEMA_VERSION = 1
 # Any number fixed for drover: the advisory lock that makes concurrent first uses wait.
@@ -62,24 +63,13 @@ INSERT INTO drover_schema_version (version) VALUES ({SCHEMA_VERSION}) ON CONFLIC
 """
 
 
-def mask(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.netloc.rpartition("@")[2]
-        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-    except ValueError:
-        return "(an unparsable URL)"
-
 
 class ResultsStore:
     """Records and finished jobs in PostgreSQL; see the module docstring."""
 
     def __init__(self, url: str, *, connect_timeout_s: int = 3):
         self._url = url
-        self.where = mask(url)
+        self.where = mask_url(url)
         self._timeout = connect_timeout_s
         self._conn: Any = None
         self._lock = threading.Lock()
