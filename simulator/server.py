@@ -14,8 +14,8 @@ from . import arrival
 from .batches import Batches
 from .config import SimConfig
 from .engine import Engine, Pending, Reply, Streamed
-from .streaming import error_frame
 from .responses import error_body, json_body, request_id
+from .streaming import error_frame
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 BATCHES_KEY = web.AppKey("batches", Batches)

@@ -25,9 +25,9 @@ from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
-from drover.workers.providers.warmup import warm_up
 from drover.workers.fairshare import start_pump
 from drover.workers.jobs import TOKEN_HEADER
+from drover.workers.providers.warmup import warm_up
 from drover.workers.recovery import start_sweeper
 from drover.workers.services import services, stop_worker
 from drover.workers.startup import check_results_store, log_start

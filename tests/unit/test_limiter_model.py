@@ -130,7 +130,8 @@ def make_machine(client, prefix: str):
             g, sends = item
             remaining, learn = headers
             self.lim.settle(self.scope, self.limits, g, input_tokens=actual_in,
-                            output_tokens=actual_out, readings=read(self._headers(remaining, learn)))
+                            output_tokens=actual_out,
+                            readings=read(self._headers(remaining, learn)))
             self.model.settle(self.clock.us, self.limits, g.lease_id, True,
                               (g.input_tokens, g.output_tokens), (actual_in, actual_out))
             self._model_sync(remaining, learn)

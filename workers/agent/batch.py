@@ -369,7 +369,8 @@ class Batcher:
                 for batch in await _io(self.store.open_batches, self.alias):
                     if batch.id in open_ids and not batch.cancel_sent:
                         done = await self._call(
-                            "cancel", lambda b=batch: self.rt.batch_client.messages.batches.cancel(b.id))
+                            "cancel",
+                            lambda b=batch: self.rt.batch_client.messages.batches.cancel(b.id))
                         if done is not None:
                             batch.cancel_sent, batch.polled = True, 0.0
                             await _io(self.store.update, batch)

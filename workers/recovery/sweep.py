@@ -32,9 +32,9 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    minute after a worker death, or after a worker's heartbeat lost Redis and got it back (a
    restart, a failover, connections that went silent: a BRPOP's reply lost on one), a job
    counts as stalled after ``DROVER_HEARTBEAT_TTL_S`` without a record. RabbitMQ keeps
-   unacked messages on the server: no such gap; but a Redis failover can lose what a delivery wrote (its receipt, start and record) after RabbitMQ has
-   its ack, so there a stalled job's unfinished sub-agents that no live worker holds or runs
-   are sent again (a copy still queued is then stale and stops before any call).
+   unacked messages on the server: no such gap; but a Redis failover can lose what a
+   delivery wrote (its receipt, start and record) after RabbitMQ has its ack, so there a
+   stalled job's unfinished sub-agents that no live worker holds or runs are sent again (a copy still queued is then stale and stops before any call).
 
 4. **The window against the truth** (every job in the queue's fair-share window, each pass).
    A part whose claim names a dead worker (held or running) is taken over and sent again even
@@ -72,8 +72,7 @@ from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.keys import JobKeys
-from drover.workers.jobs.liveness import (alive, forget_worker, mark_message_gap,
-                                           registered_workers)
+from drover.workers.jobs.liveness import alive, forget_worker, mark_message_gap, registered_workers
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import ACTIVE, JobStore
 

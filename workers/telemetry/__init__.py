@@ -35,6 +35,7 @@ from drover.workers.telemetry._tracing import content_capture, enabled, ensure_t
 __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
            "ActiveJob", "Metric", "Recorder", "TelemetryReader", "acquire_wait",
            "content_capture", "enabled", "ensure_tracing", "get_recorder", "job_submitted",
-           "llm_call", "metric", "register_job", "stream_timing", "subagent_finished", "subagent_run",
+           "llm_call", "metric", "register_job", "stream_timing", "subagent_finished",
+           "subagent_run",
            "tenant_of", "tool_call", "tracer", "use_recorder", "with_trace_context",
            "worker_started"]

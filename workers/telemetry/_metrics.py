@@ -88,7 +88,8 @@ METRICS: tuple[Metric, ...] = (
            "gen_ai.client.token.usage summed: tokens of finished LLM calls by type (input = "
            "uncached input, output, cache_read, cache_write = cache creation; "
            "unanswered_input, unanswered_output = calls sent whose answer never came back, "
-           "which the provider bills: what their stream had generated, or the estimate)", "process"),
+           "which the provider bills: what their stream had generated, or the estimate)",
+           "process"),
     Metric("drover_llm_calls", "counter", ("scope", "outcome"),
            "LLM calls by outcome: ok, 429, 529, 5xx, 4xx, connection (incl. timeouts), "
            "cancelled (the job was cancelled or ran out of time before the send), unanswered "
