@@ -34,7 +34,8 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    counts as stalled after ``DROVER_HEARTBEAT_TTL_S`` without a record. RabbitMQ keeps
    unacked messages on the server: no such gap; but a Redis failover can lose what a
    delivery wrote (its receipt, start and record) after RabbitMQ has its ack, so there a
-   stalled job's unfinished sub-agents that no live worker holds or runs are sent again (a copy still queued is then stale and stops before any call).
+   stalled job's unfinished sub-agents that no live worker holds or runs are sent again (a
+   copy still queued is then stale and stops before any call).
 
 4. **The window against the truth** (every job in the queue's fair-share window, each pass).
    A part whose claim names a dead worker (held or running) is taken over and sent again even
