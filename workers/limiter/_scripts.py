@@ -47,7 +47,7 @@ _SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "reco
             "usage", "pool_disable")
 # With an injected clock (tests) the scripts get the time as their last argument (after the
 # JSON one) instead of from TIME; everything else is the same text.
-_INJECTED_CLOCK = "local function now_us() return tonumber(ARGV[#ARGV]) end\n"
+_INJECTED_CLOCK = "local now = tonumber(ARGV[#ARGV])\n"
 
 
 def _source(name: str, clock: Clock | None) -> str:

@@ -34,7 +34,7 @@ end
 -- The bucket brought to `now`, per limited dimension d: tat[d] (>= now), per[d], cap[d] and
 -- lim[d] = base[d] (the limit `limits` gives, or the last write's) x our share of the key
 -- when learning it (b.sh, the share hash, read then and with the last write's limits).
-local function load(keys, limits, now)
+local function load(keys, limits)
   local f, stored = hash(keys.bucket), limits == nil
   limits = limits or {per_min = {}}
   local burst_s = (stored and f.burst or limits.burst_s) or 1
@@ -57,7 +57,7 @@ end
 
 -- Write the bucket back; it expires once every dimension is full, no cooldown holds and no
 -- lease is left (an expired bucket is a full one). The share hash too, if it changed.
-local function save(b, now)
+local function save(b)
   local set, gone, needed = {}, {}, math.max(b.cd, b.lx)
   put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx)
   for _, d in ipairs(DIMS) do
@@ -90,19 +90,19 @@ end
 
 -- Debit `cost` for a send at `send` (each tat moves to max(tat, send) + cost x per), take
 -- the lease until `expiry` and write the bucket.
-local function reserve(b, cost, send, lease, expiry, now)
+local function reserve(b, cost, send, lease, expiry)
   for d, per in pairs(b.per) do
     if cost[d] > 0 then b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * per, b.burst) end
   end
   redis.call('ZADD', b.keys.leases, num(expiry), lease)
   b.lx = math.max(b.lx, expiry)
   redis.call('PEXPIRE', b.keys.leases, string.format('%d', math.ceil((b.lx - now) / 1000) + 1000))
-  save(b, now)
+  save(b)
 end
 
 -- nil while fewer than max_in_flight leases live (nil: no cap), else the seconds after which
 -- to look again (the first lease's expiry, between 5 and 100 ms).
-local function leases_full(keys, max_in_flight, now)
+local function leases_full(keys, max_in_flight)
   if not max_in_flight then return nil end
   redis.call('ZREMRANGEBYSCORE', keys.leases, '-inf', num(now))  -- leases of dead workers
   if redis.call('ZCARD', keys.leases) < max_in_flight then return nil end

@@ -41,7 +41,7 @@ local function judge_window(w, limit)
 end
 
 -- A response's headers: its -remaining against the key's -limit, per dimension.
-local function learn_share(b, headers, now)
+local function learn_share(b, headers)
   if not b.learning then return end
   local lat = b.sh.lt or 0
   for _, d in ipairs(DIMS) do
@@ -76,7 +76,7 @@ end
 -- window it was sent in (a call that used no tokens was refused; one sent before the first
 -- window began is in its -remaining already), and its time from send to settle in the
 -- mean, which sets how long a window lasts.
-local function count_use(b, sent_at, used, now)
+local function count_use(b, sent_at, used)
   if not b.learning or used.i + used.o == 0 then return end
   local s, took = b.sh, math.max(0, now - sent_at)
   s.lt = s.lt and s.lt + 0.1 * (took - s.lt) or took
@@ -102,7 +102,7 @@ end
 -- no limit for (a configured limit always wins); then the bucket is loaded, and after the
 -- share learns from them the -remaining ones only
 -- ever lower a level. Returns the bucket, not yet saved.
-local function fold_headers(keys, limits, headers, now)
+local function fold_headers(keys, limits, headers)
   local set = {}
   for _, d in ipairs(DIMS) do
     if limits.per_min[d] == nil and headers.limit[d] then put(set, d, headers.limit[d]) end
@@ -111,8 +111,8 @@ local function fold_headers(keys, limits, headers, now)
     redis.call('HSET', keys.learned, unpack(set))
     redis.call('PEXPIRE', keys.learned, 24 * 3600 * 1000)
   end
-  local b = load(keys, limits, now)
-  learn_share(b, headers, now)
+  local b = load(keys, limits)
+  learn_share(b, headers)
   for d, per in pairs(b.per) do
     local left = headers.remaining[d]
     if left then b.tat[d] = math.max(b.tat[d], now + b.burst - left * per) end

@@ -7,7 +7,7 @@ local STAT_FIELDS = {'requests', 'input_tokens', 'output_tokens', 'waits', 'wait
 
 -- Add `counts` (name -> n) to the scope's counters of second `sec`, and prune seconds older
 -- than window_s. The index is touched only when a counter is new (once per second).
-local function stat_add(keys, window_s, now, sec, counts)
+local function stat_add(keys, window_s, sec, counts)
   local s, new = string.format('%d', sec), false
   for field, n in pairs(counts) do
     if n ~= 0 and redis.call('HINCRBY', keys.stats, s .. ':' .. field, n) == n then new = true end

@@ -22,7 +22,6 @@
 -- ties (within a millisecond) go to the emptiest key (the highest lowest level as a
 -- fraction of capacity), so idle keys fill evenly.
 
-local now = now_us()
 local cost = {r = 1, i = A.input_tokens, o = A.output_tokens}
 local horizon = A.horizon_s * 1e6
 
@@ -36,9 +35,9 @@ local function fullness(b)  -- the lowest level, as a fraction of capacity
   return least
 end
 
-local top = load(scope_keys(1), A.limits, now)
+local top = load(scope_keys(1), A.limits)
 if top.cd - now > horizon then return later('cooldown', top.cd - now - horizon) end
-local poll = leases_full(top.keys, A.max_in_flight, now)
+local poll = leases_full(top.keys, A.max_in_flight)
 if poll then return {'in_flight', num(poll), num(now), '0'} end
 local best = {i = 0, cd = top.cd}
 best.send, best.judged = plan(top, cost, math.max(now, top.cd), math.max(now, top.cd))
@@ -48,7 +47,7 @@ if A.candidates then
   best = nil
   for i, candidate in ipairs(A.candidates) do
     if not (disabled[candidate.alias] and disabled[candidate.alias] > now) then
-      local b = load(scope_keys(8 + 6 * (i - 1)), candidate.limits, now)
+      local b = load(scope_keys(8 + 6 * (i - 1)), candidate.limits)
       local c = {i = i, b = b, cd = math.max(top.cd, b.cd), full = fullness(b)}
       c.send, c.judged = plan(b, cost, math.max(org.send, b.cd), math.max(org.judged, b.cd))
       if i == A.prefer then mine = c end
@@ -70,6 +69,6 @@ end
 if best.cd - now > horizon then return later('cooldown', best.cd - now - horizon, best.i) end
 if best.judged - now > horizon then return later('horizon', best.judged - now - horizon, best.i) end
 local expiry = best.send + A.lease_ttl_s * 1e6
-reserve(top, cost, best.send, A.lease, expiry, now)
-if best.b then reserve(best.b, cost, best.send, A.lease, expiry, now) end
+reserve(top, cost, best.send, A.lease, expiry)
+if best.b then reserve(best.b, cost, best.send, A.lease, expiry) end
 return {'ok', num((best.send - now) / 1e6), num(now), tostring(best.i)}

@@ -9,10 +9,9 @@
 -- (tat >= cooldown until + burst), so traffic resumes at the refill rate, not in a burst.
 -- When learning our share of the key, a 429 also cuts it by a tenth (_share.lua).
 
-local now = now_us()
-local b = load(scope_keys(1), A.limits, now)
+local b = load(scope_keys(1), A.limits)
 b.cd = math.max(b.cd, now + A.retry_after_s * 1e6)
 for d in pairs(b.tat) do b.tat[d] = math.max(b.tat[d], b.cd + b.burst) end
 cut_share(b)
-save(b, now)
+save(b)
 return num((b.cd - now) / 1e6)

@@ -17,7 +17,6 @@
 -- Returns the seconds (a string) the longest of those cooldowns still holds, a day for a
 -- disabled key; '0': none, and the grant stands.
 
-local now = now_us()
 local until_us, scopes = now, A.key and #KEYS - 1 or #KEYS
 for i = 1, scopes, 2 do
   until_us = math.max(until_us, tonumber(redis.call('HGET', KEYS[i], 'cd') or '0'))

@@ -4,7 +4,6 @@
 -- ARGV[1]  {alias, for_s: for how long (0 = until enabled again), why (no secret)}
 -- Returns 1 when this call disabled it, 0 when it already was (so one line is logged).
 
-local now = now_us()
 local until_us = tonumber(redis.call('HGET', KEYS[1], A.alias) or '0')
 if until_us > now then return 0 end
 until_us = A.for_s > 0 and now + A.for_s * 1e6 or 1e300

@@ -17,9 +17,8 @@
 -- counters are written here: requests at its send second (unless released), tokens now,
 -- waits at the second of the acquire.
 
-local now = now_us()
 local keys = scope_keys(1)
-local b = load(keys, A.limits, now)
+local b = load(keys, A.limits)
 local reserved = {r = 1, i = A.reserved.input, o = A.reserved.output}
 local used = {r = A.sent and 1 or 0, i = A.used.input, o = A.used.output}
 local held = redis.call('ZREM', keys.leases, A.lease)
@@ -31,14 +30,14 @@ for d, per in pairs(b.per) do
     b.tat[d] = math.min(b.tat[d], math.max(now, b.cd + b.burst, b.tat[d] - credit))
   end
 end
-count_use(b, A.send_us, used, now)
-save(b, now)
-if A.headers then save(fold_headers(keys, A.limits, A.headers, now), now) end
+count_use(b, A.send_us, used)
+save(b)
+if A.headers then save(fold_headers(keys, A.limits, A.headers)) end
 
 local window, counts = A.stats_window_s, A.counts
 counts.input_tokens = (counts.input_tokens or 0) + used.i
 counts.output_tokens = (counts.output_tokens or 0) + used.o
-stat_add(keys, window, now, math.floor(now / 1e6), counts)
-if A.sent then stat_add(keys, window, now, math.floor(A.send_us / 1e6), {requests = 1}) end
-if A.wait_s > 0 then stat_add(keys, window, now, A.acquired_s, {waits = 1, wait_ms = A.wait_ms}) end
+stat_add(keys, window, math.floor(now / 1e6), counts)
+if A.sent then stat_add(keys, window, math.floor(A.send_us / 1e6), {requests = 1}) end
+if A.wait_s > 0 then stat_add(keys, window, A.acquired_s, {waits = 1, wait_ms = A.wait_ms}) end
 return held

@@ -6,8 +6,7 @@
 -- limit}, and per limited dimension d = {limit_per_min (before our share), capacity,
 -- level, share (ours of the key)}}, every number a string.
 
-local now = now_us()
-local b = load(scope_keys(1), A.limits, now)
+local b = load(scope_keys(1), A.limits)
 local out = {now_us = num(now), cooldown_s = num(math.max(0, b.cd - now) / 1e6),
              leases = redis.call('ZCOUNT', b.keys.leases, '(' .. num(now), '+inf'),
              burst_s = num(b.burst_s), learned = {}}

@@ -5,6 +5,5 @@
 --             learned where no limit is configured, and is the key's limit when learning
 --             our share of it (_share.lua: fold_headers)
 
-local now = now_us()
-save(fold_headers(scope_keys(1), A.limits, A.headers, now), now)
+save(fold_headers(scope_keys(1), A.limits, A.headers))
 return 1

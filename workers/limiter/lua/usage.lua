@@ -4,7 +4,7 @@
 -- ARGV[1]     {seconds: N}
 -- Returns {first second, then per second one value per STAT_FIELDS entry ('' = 0)}.
 
-local keys, last = scope_keys(1), math.floor(now_us() / 1e6)
+local keys, last = scope_keys(1), math.floor(now / 1e6)
 local first, fields = last - A.seconds + 1, {}
 for sec = first, last do
   for _, name in ipairs(STAT_FIELDS) do table.insert(fields, string.format('%d:', sec) .. name) end
