@@ -32,6 +32,7 @@ import redis
 from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
+from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.store import JobStore
@@ -69,6 +70,10 @@ class Services:
     def store(self) -> JobStore:
         return JobStore(self.redis, prefix=self.settings.key_prefix,
                         ttl_s=self.settings.result_ttl_s, results=self.results)
+
+    @property
+    def counters(self) -> Counters:
+        return self.store.counters
 
     @cached_property
     def results(self) -> ResultsStore | None:

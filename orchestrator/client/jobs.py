@@ -193,7 +193,7 @@ class JobHandle:
 
     def generating(self) -> int:
         """How many sub-agents' answers are streaming in now (their first token came)."""
-        return self.store.generating_count(self.id)
+        return self.store.counters.generating_count(self.id)
 
     def record(self, index: int) -> SubagentResult | None:
         """Sub-agent ``index``'s full record (a JobResult's copy may have its text cut)."""
@@ -260,7 +260,7 @@ class JobHandle:
         Extended thinking's blocks are shown only with DROVER_RECORD_THINKING; otherwise
         each says how long it was."""
         state = (self.store.load_checkpoint(self.id, index)
-                 or self.store.archived_state(self.id, index))
+                 or self.store.archive.final_state(self.id, index))
         messages = state.messages if state else []
         if self.settings.record_thinking:
             return messages

@@ -359,7 +359,7 @@ def print_keys(console: Console, settings: Settings) -> None:
 def _print_unanswered(console: Console, settings: Settings) -> None:
     """Calls sent whose answer never came back (a cancel or deadline aborted them, a worker
     was lost, a timeout or a cut connection): the provider bills them; their estimate."""
-    lost = services(settings).store.unanswered()
+    lost = services(settings).counters.unanswered()
     for scope, n in sorted(lost.items()):
         since = time.strftime("%H:%M:%S", time.localtime(n.get("since", time.time())))
         console.print(f"{scope}: {int(n.get('calls', 0))} calls sent and never answered since "

@@ -79,7 +79,7 @@ def test_flaky_provider_100_subagents_all_ok_and_no_turn_repeated(sim, drover_en
     assert stats["output_tokens"] == result.usage.output_tokens
     # The retries are visible in the records: attempts = failed calls + 1.
     failed_calls = JobStore(sync_redis(drover_env["DROVER_REDIS_URL"]),
-                            prefix=drover_env["DROVER_KEY_PREFIX"]).failed_calls(handle.id)
+                            prefix=drover_env["DROVER_KEY_PREFIX"]).counters.failed_calls(handle.id)
     assert sum(r.attempts - 1 for r in result.results) == sum(failed_calls.values())
     assert failed_calls.get("n529", 0) == stats["overloaded_529"]
     assert failed_calls.get("n429", 0) == stats["rejected_429"]
@@ -215,7 +215,7 @@ def test_429_529_and_5xx_are_logged_and_counted_apart(sim, drover_env, worker, c
     assert result.counts["ok"] == 4
     assert [r.attempts for r in result.results] == [2, 2, 2, 1]
     store = JobStore(sync_redis(redis_url), prefix=drover_env["DROVER_KEY_PREFIX"])
-    assert store.failed_calls(handle.id) == {"n429": 1, "n529": 1, "n5xx": 1}
+    assert store.counters.failed_calls(handle.id) == {"n429": 1, "n529": 1, "n5xx": 1}
 
     # Telemetry's calls by outcome of the scope (what drover stats and metrics show): apart.
     services().recorder.flush()  # the in-process worker's counts, into Redis now

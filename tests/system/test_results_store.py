@@ -172,13 +172,13 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
     from drover.workers.services import services
 
     store = services().store
-    live = store.results
+    live = store.archive.store
     live.check()  # the schema made, as a worker's start does
     job_id = f"late-{time.time_ns()}"
     store.create(job_id, JobSpec(subtasks=["a", "b"]), ["a", "b"], status="running",
                  queue="q")
-    store.results = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/x",
-                                 connect_timeout_s=1)
+    store.archive.store = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/x",
+                                       connect_timeout_s=1)
     try:
         records = [SubagentResult(job_id=job_id, index=i, status="ok", summary=f"r{i}")
                    for i in range(2)]
@@ -188,7 +188,7 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
         assert store.records(job_id) == {0: records[0], 1: records[1]}  # in Redis: not lost
         assert "s3cret-pw" not in caplog.text and "stay in Redis" in caplog.text
     finally:
-        store.results, store._results_down_until = live, 0.0
+        store.archive.store, store.archive._down_until = live, 0.0
     assert rows(results_url, "SELECT count(*) FROM drover_records WHERE job_id = %s",
                 job_id) == [(0,)]
     store.save_result(JobResult(job_id=job_id, status="done", results=records,

@@ -178,7 +178,7 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
     if kind == "errored":
         decision = classify(_status_error(rt, result.get("error") or {}), attempt=ctx.failures,
                             base_s=settings.backoff_base_s, cap_s=settings.countdown_cap_s)
-        await _io(rt.store.count_failed_call, ctx.job_id, decision.counter)
+        await _io(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
         log.warning("batch result errored job=%s sub=%d type=%s next=%s", ctx.job_id,
                     ctx.index, decision.error_type, decision.action)
         if decision.action == "retry":

@@ -473,7 +473,7 @@ async def _disable_key(rt: Runtime, route: Route, alias: str, decision: Decision
                  else "until `drover keys enable " + alias + "`")
         log.error("pool key %s disabled fleet-wide %s: %s; its calls move to the other keys",
                   alias, again, what)
-    await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
+    await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
     log.warning("llm call outcome=%s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f "
                 "call_s=%.3f in=0 out=0 next=another_key", decision.counter, scope,
                 decision.status_code or "none", decision.error_type, ctx.job_id, ctx.index,
@@ -543,7 +543,7 @@ async def _unanswered(rt: Runtime, scope: str, ctx: CallContext, error: BaseExce
     except AttributeError:  # an exception type without a __dict__
         pass
     try:
-        await asyncio.to_thread(rt.store.count_unanswered, scope, est_in, est_out,
+        await asyncio.to_thread(rt.store.counters.count_unanswered, scope, est_in, est_out,
                                 rt.settings.stats_window_s)
     except Exception as problem:  # the caller's own count (the record) is what bills
         log.warning("unanswered call of %s not counted for drover stats (%s)", scope,
@@ -559,7 +559,7 @@ async def _after_error(rt: Runtime, route: Route, grant: Grant, decision: Decisi
     if decision.cooldown_s is not None:
         await route.cooldown(rt.limiter, grant, decision.cooldown_s, headers)
     # Every failed call, by kind, for the job (telemetry's llm_call counts it for the fleet).
-    await asyncio.to_thread(rt.store.count_failed_call, ctx.job_id, decision.counter)
+    await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
     _log_failure(scope, decision, ctx, grant.wait_s, started, last)
 
 

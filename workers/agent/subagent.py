@@ -125,7 +125,7 @@ class SubagentRun:
         """Its answer is streaming in, or no longer (``drover watch``); a lost write costs
         only the display."""
         try:
-            await self._io(self.store.generating, self.job_id, self.index, on)
+            await self._io(self.store.counters.generating, self.job_id, self.index, on)
         except Exception as problem:
             log.debug("generating mark of %s/%d not written (%s)", self.job_id, self.index,
                       type(problem).__name__)

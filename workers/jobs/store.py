@@ -12,10 +12,8 @@ one implementation beats keeping a sync and an async copy in step).
 from __future__ import annotations
 
 import json
-import logging
 import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +21,17 @@ import redis
 
 from drover.errors import JobNotFound, ResultsStoreError
 from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs._stored import (
+    PAGE,
+    compact_json,
+    execute_loaded,
+    field,
+    pack_final,
+    unpack_final,
+)
+from drover.workers.jobs.archive import Archive, warn
 from drover.workers.jobs.claims import LUA, ClaimLost, Claims
+from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.records import (
@@ -39,46 +47,7 @@ from drover.workers.jobs.records import (
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.spec import JobSpec
 
-log = logging.getLogger(__name__)
-
 ACTIVE = ("queued", "planning", "running")
-PACK_FROM = 512  # bytes of a final state's JSON past which it is stored compressed
-RESULTS_RETRY_S = 30.0  # how long records skip a results store that did not answer
-PAGE = 500  # records read or written per round trip when a job's records are walked in bulk
-
-
-def compact_json(model: Any) -> str:
-    """A record or state as stored: its JSON without the fields at their defaults (a record's
-    dozen zero usage counters are most of a short one's size)."""
-    return model.model_dump_json(exclude_defaults=True)
-
-
-def pack_final(state: Checkpoint) -> bytes:
-    """A sub-agent's final state as the job's ``final`` hash keeps it: its JSON, compressed
-    (zlib) once past ``PACK_FROM`` bytes (answers are text: a 2,000-token one takes a third)."""
-    data = compact_json(state).encode()
-    return zlib.compress(data, 6) if len(data) > PACK_FROM else data
-
-
-def unpack_final(raw: bytes | str) -> Checkpoint:
-    if isinstance(raw, bytes) and raw[:1] != b"{":
-        raw = zlib.decompress(raw)
-    return Checkpoint.model_validate_json(raw)
-
-
-def _field(fields: dict[Any, Any], name: str) -> Any:
-    return fields.get(name.encode(), fields.get(name))
-
-
-_warned = [0.0]
-
-
-def _warn(message: str) -> None:
-    """One warning line (no traceback), at most once a minute per process."""
-    now = time.monotonic()
-    if now - _warned[0] >= 60 or not _warned[0]:
-        _warned[0] = now
-        log.warning("drover: %s", message)
 
 
 @dataclass
@@ -95,64 +64,22 @@ class SubagentStart:
     sent: dict[str, Any] | None = None  # the last send's mark (before_send), if any
 
 
-def _execute_loaded(queued: Callable[[], redis.client.Pipeline]) -> list[Any]:
-    """Run the pipeline ``queued()`` builds, taking its scripts to be loaded already.
-
-    redis-py checks a pipeline's scripts with a SCRIPT EXISTS round trip of its own before
-    every execute; a script is loaded once per Redis server, so that check is skipped. Should
-    Redis have lost the scripts (a restart), the pipeline fails before its one script ran
-    (the other commands only read) and is built and run again the usual way, which loads them.
-    That fallback is needed either way: redis-py's own check does not cover a restart between
-    it and the execute (its retry after the reconnect sends EVALSHA to a server without the
-    script), which test_crash_recovery's Redis restart hits.
-    """
-    pipe = queued()
-    pipe.scripts.clear()
-    try:
-        return pipe.execute()
-    except redis.exceptions.NoScriptError:
-        return queued().execute()
 
 
 class JobStore:
     def __init__(self, client: redis.Redis, *, prefix: str = "drover", ttl_s: int = 604800,
                  results: ResultsStore | None = None):
         self.r = client
-        # The durable results store (DROVER_RESULTS_URL), or None: records and finished jobs
-        # are copied there, and a job Redis no longer has is read from there.
-        self.results = results
-        self._results_down_until = 0.0  # records skip the store until then (``_keep``)
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.keys = JobKeys(prefix)
+        # The durable results store (DROVER_RESULTS_URL), or None: records and finished jobs
+        # are copied there, and a job Redis no longer has is read from there.
+        self.archive = Archive(client, self.keys, results)
+        self.counters = Counters(client, self.keys, ttl_s)
         self.claims = Claims(client, prefix, ttl_s)
         self._record = client.register_script((LUA / "record.lua").read_text())
         self._send = client.register_script((LUA / "send.lua").read_text())
-
-    # --- the durable results store (results_db.py) ----------------------------------------
-    def _gone(self, job_id: str) -> bool:
-        """True when a results store is set and Redis no longer has the job (read it there)."""
-        return self.results is not None and not self.r.exists(self.key(job_id, "meta"))
-
-    def _archived(self, job_id: str) -> dict[str, Any] | None:
-        try:
-            return self.results.job(job_id)  # type: ignore[union-attr]
-        except ResultsStoreError as error:
-            raise JobNotFound(f"no job {job_id!r} in Redis, and {error}") from None
-
-    def _keep(self, rows: list[tuple[SubagentResult, bytes | None]]) -> None:
-        """Copy records Redis has just stored into the results store. Should it not answer,
-        the records stay in Redis (nothing is lost) and the job's end copies them
-        (``save_result``); one warning line says so, at most once a minute."""
-        if self.results is None or not rows or time.monotonic() < self._results_down_until:
-            return
-        try:
-            self.results.put_records(rows)
-        except ResultsStoreError as error:
-            # Not asked again for a while: each try may wait out a connect timeout, and a
-            # sub-agent's record must not wait on a store that is away.
-            self._results_down_until = time.monotonic() + RESULTS_RETRY_S
-            _warn(f"{error}; the records stay in Redis and are copied when the job ends")
 
     def key(self, job_id: str, *parts: object) -> str:
         return self.keys.job(job_id, *parts)
@@ -191,8 +118,8 @@ class JobStore:
 
     def spec(self, job_id: str) -> JobSpec:
         raw = self.r.get(self.key(job_id, "spec"))
-        if raw is None and self._gone(job_id):
-            row = self.results.job(job_id)  # type: ignore[union-attr]
+        if raw is None and self.archive.gone(job_id):
+            row = self.archive.store.job(job_id)  # type: ignore[union-attr]
             if row is not None and row["spec"] is not None:
                 return JobSpec.model_construct(**row["spec"])
         if raw is None:
@@ -207,8 +134,8 @@ class JobStore:
 
     def meta(self, job_id: str) -> dict[str, str]:
         raw = self.r.hgetall(self.key(job_id, "meta"))
-        if not raw and self.results is not None:
-            row = self._archived(job_id)
+        if not raw and self.archive.store is not None:
+            row = self.archive.job(job_id)
             if row is not None:
                 return {"status": row["status"], "n": str(row["n"]),
                         "created": str(row["created_at"] or ""),
@@ -346,7 +273,7 @@ class JobStore:
             for index, raw in raws.items():
                 pipe.hsetnx(records, str(index), raw)
             firsts = [i for i, first in zip(raws, pipe.execute(), strict=True) if first]
-            self._keep([(SubagentResult.model_validate_json(raws[i]), None) for i in firsts])
+            self.archive.keep([(SubagentResult.model_validate_json(raws[i]), None) for i in firsts])
             if not firsts:
                 continue
             pipe = self.r.pipeline(transaction=False)
@@ -415,7 +342,7 @@ class JobStore:
             pipe.hget(self.key(job_id, "sent"), str(index))
             return pipe
 
-        replies = _execute_loaded(queued)
+        replies = execute_loaded(queued)
         claimed = int(replies.pop(0)) if worker is not None else 0
         record, spec, checkpoint, task, deadline, (seconds, micros), sent = replies
         if record is not None:
@@ -459,13 +386,6 @@ class JobStore:
         raw = self.r.hget(self.key(job_id, "final"), str(index))
         return unpack_final(raw) if raw else None
 
-    def archived_state(self, job_id: str, index: int) -> Checkpoint | None:
-        """A finished sub-agent's final state from the results store, once Redis has no job."""
-        if not self._gone(job_id):
-            return None
-        packed = self.results.final(job_id, index)  # type: ignore[union-attr]
-        return unpack_final(packed) if packed else None
-
     def save_checkpoint(self, job_id: str, index: int, state: Checkpoint,
                         token: int = 0) -> None:
         """Store the checkpoint; with a claim ``token``, only while it is the claim."""
@@ -490,25 +410,6 @@ class JobStore:
         pipe.expire(key, self.ttl_s)
         pipe.execute()
 
-    def add_resend(self, job_id: str, index: int) -> int:
-        """Count one re-send of a sub-agent's lost task; returns the count so far."""
-        key = self.key(job_id, "resent")
-        pipe = self.r.pipeline()
-        pipe.hincrby(key, str(index), 1)
-        pipe.expire(key, self.ttl_s)
-        return int(pipe.execute()[0])
-
-    def count_failed_call(self, job_id: str, kind: str) -> None:
-        """Count one failed LLM call of the job by kind (n429, n529, n5xx, n4xx, nconn)."""
-        key = self.key(job_id, "failed_calls")
-        pipe = self.r.pipeline()
-        pipe.hincrby(key, kind, 1)
-        pipe.expire(key, self.ttl_s)
-        pipe.execute()
-
-    def failed_calls(self, job_id: str) -> dict[str, int]:
-        return {_s(k): int(v) for k, v in self.r.hgetall(self.key(job_id, "failed_calls")).items()}
-
     def spend(self, job_id: str, tokens: int) -> int:
         """Add to the job's shared token spend (atomic) and return the new total."""
         key = self.key(job_id, "spent")
@@ -518,27 +419,6 @@ class JobStore:
         return int(pipe.execute()[0])
 
     # --- calls sent and never answered, per limiter scope (for `drover stats`) -----------
-    def count_unanswered(self, scope: str, input_tokens: int, output_tokens: int,
-                         keep_s: int) -> None:
-        """Count one call of ``scope`` that was sent and never answered (its estimate); the
-        counters go once no such call was counted for ``keep_s`` seconds."""
-        key = self.keys.unanswered(scope)
-        pipe = self.r.pipeline()
-        pipe.hincrby(key, "calls", 1)
-        pipe.hincrby(key, "input_tokens", input_tokens)
-        pipe.hincrby(key, "output_tokens", output_tokens)
-        pipe.hsetnx(key, "since", time.time())
-        pipe.expire(key, keep_s)
-        pipe.execute()
-
-    def unanswered(self) -> dict[str, dict[str, float]]:
-        """Scope -> its unanswered counters (calls, input_tokens, output_tokens, since)."""
-        found = {}
-        for key in self.r.scan_iter(match=self.keys.unanswered(), count=500):
-            scope = _s(key).removeprefix(self.keys.unanswered(""))
-            found[scope] = {_s(k): float(v) for k, v in self.r.hgetall(key).items()}
-        return found
-
     def add_job_usage(self, job_id: str, usage: Usage, *, settles: str | None = None) -> None:
         """Add the usage of a job-level call (its planning, its synthesis) to the job's own
         counters, which the join adds to the sub-agents' (``job_usage``); ``settles``: the
@@ -558,21 +438,6 @@ class JobStore:
             pipe.hincrby(key, name, n)
         if fields:
             pipe.expire(key, self.ttl_s)
-
-    def generating(self, job_id: str, index: int, on: bool) -> None:
-        """Sub-agent ``index``'s answer is streaming in (its first token came), or no longer;
-        ``drover watch`` shows how many are (``generating_count``)."""
-        key = self.key(job_id, "generating")
-        if not on:
-            self.r.hdel(key, str(index))
-            return
-        pipe = self.r.pipeline()
-        pipe.hset(key, str(index), "1")
-        pipe.expire(key, self.ttl_s)
-        pipe.execute()
-
-    def generating_count(self, job_id: str) -> int:
-        return int(self.r.hlen(self.key(job_id, "generating")))
 
     def mark_job_send(self, job_id: str, part: str, est_in: int, est_out: int) -> None:
         """Right before a job-level call goes out: its mark, with its estimates, until its
@@ -658,20 +523,20 @@ class JobStore:
             return self.record(job_id, index) or result, None
         # Only the record Redis's fenced write stored goes to the results store (a refused
         # duplicate or stale one never does); its primary key keeps a retry's second write out.
-        self._keep([(result, pack_final(checkpoint) if checkpoint is not None else None)])
+        self.archive.keep([(result, pack_final(checkpoint) if checkpoint is not None else None)])
         return result, stored
 
     def record(self, job_id: str, index: int) -> SubagentResult | None:
         raw = self.r.hget(self.key(job_id, "records"), str(index))
-        if raw is None and self._gone(job_id):
-            return self.results.records_page(job_id, index, index + 1)[0]  # type: ignore[union-attr]
+        if raw is None and self.archive.gone(job_id):
+            return self.archive.store.records_page(job_id, index, index + 1)[0]  # type: ignore[union-attr]
         return SubagentResult.model_validate_json(raw) if raw else None
 
     def records(self, job_id: str) -> dict[int, SubagentResult]:
         """Every record at once: for small jobs and tests; large ones use ``iter_records``."""
         raw = self.r.hgetall(self.key(job_id, "records"))
-        if not raw and self._gone(job_id):
-            return {r.index: r for r in self.results.iter_records(job_id)}  # type: ignore[union-attr]
+        if not raw and self.archive.gone(job_id):
+            return {r.index: r for r in self.archive.store.iter_records(job_id)}  # type: ignore[union-attr]
         return {int(k): SubagentResult.model_validate_json(v) for k, v in raw.items()}
 
     def records_page(self, job_id: str, start: int, stop: int) -> list[SubagentResult | None]:
@@ -679,8 +544,8 @@ class JobStore:
         if stop <= start:
             return []
         raws = self.r.hmget(self.key(job_id, "records"), [str(i) for i in range(start, stop)])
-        if not any(raws) and self._gone(job_id):
-            return self.results.records_page(job_id, start, stop)  # type: ignore[union-attr]
+        if not any(raws) and self.archive.gone(job_id):
+            return self.archive.store.records_page(job_id, start, stop)  # type: ignore[union-attr]
         return [SubagentResult.model_validate_json(raw) if raw else None for raw in raws]
 
     def iter_records(self, job_id: str, n: int, page: int = PAGE
@@ -697,8 +562,8 @@ class JobStore:
         pipe.hgetall(self.key(job_id, "counts"))
         pipe.hlen(self.key(job_id, "records"))
         raw, stored = pipe.execute()
-        if not stored and self._gone(job_id):
-            return self.results.status_counts(job_id)  # type: ignore[union-attr]
+        if not stored and self.archive.gone(job_id):
+            return self.archive.store.status_counts(job_id)  # type: ignore[union-attr]
         if stored and not raw:  # records written before the counters existed
             return status_counts([r for _, r in self.iter_records(job_id, n) if r is not None])
         counts = dict.fromkeys(STATUSES, 0)
@@ -707,8 +572,8 @@ class JobStore:
 
     def record_count(self, job_id: str) -> int:
         n = int(self.r.hlen(self.key(job_id, "records")))
-        if not n and self._gone(job_id):
-            return self.results.record_count(job_id)  # type: ignore[union-attr]
+        if not n and self.archive.gone(job_id):
+            return self.archive.store.record_count(job_id)  # type: ignore[union-attr]
         return n
 
     def report(self, job_id: str, index: int) -> SubagentReport | None:
@@ -716,8 +581,8 @@ class JobStore:
         raw = self.r.hget(self.key(job_id, "final"), str(index))
         if raw:
             return unpack_final(raw).report()
-        if self._gone(job_id):
-            state = self.archived_state(job_id, index)
+        if self.archive.gone(job_id):
+            state = self.archive.final_state(job_id, index)
             return state.report() if state is not None else None
         raw = self.r.get(self.key(job_id, "report", index))  # written before 'final' existed
         return SubagentReport.model_validate_json(raw) if raw else None
@@ -729,12 +594,12 @@ class JobStore:
         for _stream, entries in reply or []:
             # An entry names the record (its index); the record itself is read from the
             # records hash, a page of entries in one round trip.
-            parts = [_s(_field(fields, "i") or "") for _id, fields in entries]
+            parts = [_s(field(fields, "i") or "") for _id, fields in entries]
             wanted = [p for p in parts if p]
             found = dict(zip(wanted, self.r.hmget(self.key(job_id, "records"), wanted),
                              strict=True)) if wanted else {}
             for (entry_id, fields), part in zip(entries, parts, strict=True):
-                raw = found.get(part) if part else _field(fields, "record")
+                raw = found.get(part) if part else field(fields, "record")
                 if raw:
                     yield _s(entry_id), SubagentResult.model_validate_json(raw)
 
@@ -759,12 +624,12 @@ class JobStore:
         for stream, entries in self.r.xread(streams, count=count) or []:
             rows = found.setdefault(jobs[_s(stream)], [])
             for entry_id, fields in entries:
-                status = _field(fields, "s")
+                status = field(fields, "s")
                 if status is not None:
                     rows.append((_s(entry_id), _s(status)))
                     continue
                 try:  # an entry written before entries named their record
-                    rows.append((_s(entry_id), json.loads(_field(fields, "record"))["status"]))
+                    rows.append((_s(entry_id), json.loads(field(fields, "record"))["status"]))
                 except (TypeError, ValueError, KeyError):
                     rows.append((_s(entry_id), ""))
         return found
@@ -778,32 +643,32 @@ class JobStore:
         pipe.hset(self.key(result.job_id, "meta"),
                   mapping={"status": result.status, "finished": time.time()})
         pipe.execute()
-        if self.results is not None:
+        if self.archive.store is not None:
             try:
                 self._keep_job(result)
             except ResultsStoreError as error:
-                _warn(f"{error}; job {result.job_id} stays in Redis only (until its TTL)")
+                warn(f"{error}; job {result.job_id} stays in Redis only (until its TTL)")
 
     def _keep_job(self, result: JobResult) -> None:
         """The job's end in the results store: first every record Redis holds that is not
         there yet (one written while the store did not answer, or lost with a worker killed
         between its two writes), then the job's spec, usage and result."""
-        assert self.results is not None
+        assert self.archive.store is not None
         job_id = result.job_id
         meta = {_s(k): _s(v) for k, v in self.r.hgetall(self.key(job_id, "meta")).items()}
         n = int(meta.get("n") or 0)
-        if self.results.record_count(job_id) < self.record_count(job_id):
+        if self.archive.store.record_count(job_id) < self.record_count(job_id):
             for start in range(0, n, PAGE):
                 stop = min(n, start + PAGE)
                 indexes = [str(i) for i in range(start, stop)]
                 raws = self.r.hmget(self.key(job_id, "records"), indexes)
                 finals = self.r.hmget(self.key(job_id, "final"), indexes)
-                self.results.put_records(
+                self.archive.store.put_records(
                     (SubagentResult.model_validate_json(raw),
                      final if isinstance(final, bytes) else (final.encode() if final else None))
                     for raw, final in zip(raws, finals, strict=True) if raw)
         spec = self.r.get(self.key(job_id, "spec"))
-        self.results.put_job(result, spec=_s(spec) if spec else None,
+        self.archive.store.put_job(result, spec=_s(spec) if spec else None,
                              subtasks=self.subtasks(job_id), n=n,
                              created=float(meta["created"]) if meta.get("created") else None,
                              finished=time.time())
@@ -812,11 +677,11 @@ class JobStore:
         """The job's result, its records read a page at a time from the records hash and cut
         to its ``record_chars`` (``records=False``: without them, one read)."""
         raw = self.r.get(self.key(job_id, "result"))
-        if not raw and self._gone(job_id):
-            archived = self.results.result(job_id)  # type: ignore[union-attr]
+        if not raw and self.archive.gone(job_id):
+            archived = self.archive.store.result(job_id)  # type: ignore[union-attr]
             if archived is not None and records:
                 archived.results = [compact(r, archived.record_chars)
-                                    for r in self.results.iter_records(job_id)]  # type: ignore[union-attr]
+                                    for r in self.archive.store.iter_records(job_id)]  # type: ignore[union-attr]
             return archived
         if not raw:
             return None
@@ -832,4 +697,4 @@ class JobStore:
     def has_result(self, job_id: str) -> bool:
         if self.r.exists(self.key(job_id, "result")):
             return True
-        return self._gone(job_id) and self.results.job(job_id) is not None  # type: ignore[union-attr]
+        return self.archive.gone(job_id) and self.archive.store.job(job_id) is not None  # type: ignore[union-attr]

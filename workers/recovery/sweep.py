@@ -530,7 +530,7 @@ def _send_to(send: Send, queue: str | None, job_id: str, part: Part, token: int)
 
 def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int) -> bool:
     """Count one more re-send; past ``max_attempts`` the sub-agent gets a failed record."""
-    if store.add_resend(job_id, index) <= max_attempts:
+    if store.counters.add_resend(job_id, index) <= max_attempts:
         return False
     message = (f"this sub-agent's task was lost {max_attempts} times (its worker died, or the "
                "broker lost the message); gave up")
