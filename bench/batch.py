@@ -74,7 +74,7 @@ def run_one(delivery: str, args: argparse.Namespace, redis_url: str, prefix: str
                "DROVER_ITPM": str(LIMITS["itpm"]), "DROVER_OTPM": str(LIMITS["otpm"]),
                "DROVER_BATCH_RPM": "50", "DROVER_BATCH_LINGER_S": "2",
                "DROVER_BATCH_POLL_S": "5",
-               "DROVER_TOOL_MODULES": "drover.workers.demo_tools,bench.batch_probe"}
+               "DROVER_TOOL_MODULES": "drover.workers.tools.demo,bench.batch_probe"}
         settings = load_settings(queue=queue, key_alias=alias)
         spec = JobSpec(subtasks=[f"Summarise filing {i} for the quarterly review"
                                  for i in range(args.subagents)],

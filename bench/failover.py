@@ -37,7 +37,7 @@ from typing import Any
 from bench.recovery import spawn_worker, submit
 from drover.orchestrator.ops.sentinels import start_sentinel_set
 from drover.simulator import SimConfig, SimulatorServer
-from drover.workers.redis_clients import sync_redis
+from drover.workers.connections.redis_clients import sync_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 6

@@ -42,8 +42,8 @@ def fleet(redis_url: str, prefix: str, sim_url: str, workers: int, concurrency: 
     submitter uses (the same environment)."""
     from drover.config import get_settings
     from drover.workers.app import app
+    from drover.workers.connections.redis_clients import sync_redis
     from drover.workers.fairshare import FairShare
-    from drover.workers.redis_clients import sync_redis
 
     queue = f"bench-fair-{uuid.uuid4().hex[:8]}"
     env = {"DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": prefix, "DROVER_QUEUE": queue,

@@ -30,11 +30,11 @@ import uuid
 from drover.config.settings import load_settings
 from drover.orchestrator.ops.metrics import DroverCollector
 from drover.orchestrator.ops.services import free_port
+from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, ScopeLimits, llm_scope, tool_scope
-from drover.workers.redis_clients import sync_redis
 from drover.workers.telemetry import CALL_OUTCOMES, TOKEN_TYPES, Recorder, register_job
 
 

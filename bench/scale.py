@@ -11,9 +11,9 @@ worker processes x C threads, against one simulator with no limits and no latenc
 
 - submit: how long the caller is blocked (`chord(...)()` / `submit()`);
 - publish: N / the time to put N sub-agent messages on a queue no worker consumes (the bare
-  chord: `chord(...)()`; drover: `drover.workers.dispatch.dispatch`, which is what a job's window,
-  a drain and a batch-mode job are sent with). During a drover run the messages go out as
-  fair share frees places (one window ahead of the workers), so there it is the end-to-end
+  chord: `chord(...)()`; drover: `drover.workers.tasklayer.dispatch.dispatch`, which is what a
+  job's window, a drain and a batch-mode job are sent with). During a drover run the messages go
+  out as fair share frees places (one window ahead of the workers), so there it is the end-to-end
   rate that counts;
 - end to end: N / the time from the start of submit until the joined result is stored;
 - CPU per sub-agent: the worker processes' CPU time / N (the simulator's apart), and the
@@ -88,7 +88,7 @@ def _bare(redis_url: str, prefix: str, subtasks: list[str], workers: int, concur
 def _drover(redis_url: str, prefix: str, subtasks: list[str], workers: int, concurrency: int,
             sim_url: str) -> dict[str, Any]:
     # a process's first submit imports it: not timed
-    importlib.import_module("drover.workers.tasks")
+    importlib.import_module("drover.workers.tasklayer.tasks")
     from drover import JobSpec, submit
     from drover.config import load_settings
     from drover.workers.app import app
@@ -136,11 +136,11 @@ def _bare_publish(n: int) -> float:
 
 
 def _publish_rate(n: int) -> float:
-    """Seconds for ``drover.workers.dispatch.dispatch`` to publish n chord members to a queue
-    with no consumer (what a window, a drain or a batch-mode job costs to send), the queue then
-    deleted."""
+    """Seconds for ``drover.workers.tasklayer.dispatch.dispatch`` to publish n chord members to a
+    queue with no consumer (what a window, a drain or a batch-mode job costs to send), the queue
+    then deleted."""
     from drover.config import get_settings
-    from drover.workers.dispatch import dispatch
+    from drover.workers.tasklayer.dispatch import dispatch
 
     queue = f"bench-publish-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
@@ -159,7 +159,7 @@ def cancel_at_scale(redis_url: str, prefix: str, n: int, workers: int, concurren
     from drover.simulator import SimConfig
     from drover.workers.app import app
 
-    importlib.import_module("drover.workers.tasks")
+    importlib.import_module("drover.workers.tasklayer.tasks")
     run_id = uuid.uuid4().hex[:8]
     queue = alias = f"bench-cancel-{run_id}"
     try:
@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.publish:
         drover_s, bare_s = _publish_rate(args.publish), _bare_publish(args.publish)
         text += (f"\n\nPublishing {args.publish:,} sub-agent messages with no worker running: "
-                 f"`drover.workers.dispatch.dispatch` {args.publish / drover_s:,.0f}/s, a bare "
+                 f"`drover.workers.tasklayer.dispatch.dispatch` {args.publish / drover_s:,.0f}/s, "
+                 f"a bare "
                  f"`chord(...)()` {args.publish / bare_s:,.0f}/s.")
     if args.cancel:
         c = cancel_at_scale(args.redis_url, prefix, args.cancel, args.workers, args.concurrency)

@@ -48,7 +48,7 @@ _WORDS = ("market supply demand pricing region vendor contract margin risk growt
 
 def tool_definitions() -> list[dict[str, Any]]:
     """The tools as drover's workers define them (from the registered functions)."""
-    import drover.workers.demo_tools  # noqa: F401  (registers lookup_fact)
+    import drover.workers.tools.demo  # noqa: F401  (registers lookup_fact)
     from drover.workers.tools import get_tools
 
     return [t.definition() for t in get_tools(TOOL_NAMES)]
@@ -72,7 +72,7 @@ def assistant_turn(content: list[Any]) -> dict[str, Any]:
 
 def tool_results(content: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Run the turn's tool calls (offline, deterministic); None when the model is done."""
-    from drover.workers.demo_tools import lookup_fact
+    from drover.workers.tools.demo import lookup_fact
 
     uses = [b for b in content if b.get("type") == "tool_use"]
     if not uses:

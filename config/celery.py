@@ -75,7 +75,7 @@ def redis_broker_timeouts(settings: Settings) -> dict[str, Any]:
     return {**redis_socket_options(settings), "retry_on_timeout": True}
 
 
-SENTINEL_TRANSPORT = "drover.workers.sentinel_transport:Transport"
+SENTINEL_TRANSPORT = "drover.workers.connections.sentinel_transport:Transport"
 
 
 def sentinel_options(settings: Settings) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     backend_transport: dict[str, Any] = {
         "global_keyprefix": f"{settings.key_prefix}:celery:",
-        # Not Celery's: drover's app (workers/app.py) hands them to the backend's sockets.
+        # Not Celery's: drover's app (workers/tasklayer/app.py) hands them to the backend's sockets.
         "socket_keepalive_options": keepalive_options(settings.keepalive_s)}
     sentinel_broker = is_sentinel(settings.broker)
     if sentinel_broker:
@@ -130,7 +130,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # for about a minute (Celery's default gives up after ~1 s). A broker that is down
         # outright still fails it within kombu's connect timeout (``default_channel`` tries
         # for ``broker_connection_timeout``, 4 s): a retry's publish then tries again
-        # (workers/_delivery.py), the fan-out's too (workers/dispatch.py).
+        # (workers/tasklayer/_delivery.py), the fan-out's too (workers/tasklayer/dispatch.py).
         "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0,
                                       "interval_step": 0.5, "interval_max": 2},
         "broker_connection_retry_on_startup": True,
@@ -153,7 +153,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if sentinel_broker:
         # kombu's own Sentinel transport with a connection that finds the new master after a
-        # failover (drover/workers/sentinel_transport.py says why).
+        # failover (drover/workers/connections/sentinel_transport.py says why).
         config["broker_transport"] = SENTINEL_TRANSPORT
     if settings.broker_is_rabbitmq:
         config.update(rabbitmq_config(settings))

@@ -1,7 +1,7 @@
 """Redis Sentinel lists in kombu's form: ``sentinel://[:PASSWORD@]HOST:PORT[/DB];...``.
 
-The settings check the form; ``drover.workers.redis_clients`` makes the clients. Like kombu's
-transport and Celery's result backend, the first entry's password and database are the
+The settings check the form; ``drover.workers.connections.redis_clients`` makes the clients.
+Like kombu's transport and Celery's result backend, the first entry's password and database are the
 master's; the sentinels' own password is a setting of its own (DROVER_SENTINEL_PASSWORD).
 """
 

@@ -417,7 +417,7 @@ class Settings(BaseSettings):
         "the broker. Keep it below the platform's own grace (docker stop: 10 s; Kubernetes: "
         "30 s).")
 
-    # --- connections that go silent (drover/workers/redis_clients.py, config/celery.py) ----
+    # --- connections that go silent (workers/connections/redis_clients.py, config/celery.py) ---
     socket_timeout_s: float = Field(
         default=10.0, ge=2, le=300,
         description="Every Redis command (drover's clients, the Celery broker and result "
@@ -462,7 +462,7 @@ class Settings(BaseSettings):
         description="Per-tool requests per second (JSON, e.g. `{\"lookup_fact\": 5}`), served "
         "by the global limiter.")
     tool_modules: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["drover.workers.demo_tools"],
+        default_factory=lambda: ["drover.workers.tools.demo"],
         description="Modules whose `@tool` functions workers register and `submit` checks "
         "against: a JSON list or plain comma-separated module names.")
     max_fanout: int = Field(
@@ -709,7 +709,7 @@ class Settings(BaseSettings):
         # delivered twice, so the three are checked together. Every countdown drover schedules
         # (a failed call's backoff or retry-after, the limiter's horizon or cooldown, Redis
         # away, an early join) is capped at countdown_cap_s where the retry is made
-        # (workers/_delivery.py), so this one sum bounds them all.
+        # (workers/tasklayer/_delivery.py), so this one sum bounds them all.
         longest = self.countdown_cap_s + self.task_time_limit_s
         if self.visibility_timeout_s <= longest:
             raise ValueError(

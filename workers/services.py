@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import redis
 
 from drover.config import Settings, get_settings
+from drover.workers.connections.redis_clients import client_settings, sync_redis
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.counters import Counters
@@ -37,7 +38,6 @@ from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter
-from drover.workers.redis_clients import client_settings, sync_redis
 from drover.workers.telemetry import Recorder, use_recorder
 
 __all__ = ["Services", "reset_services", "services", "stop_process", "stop_worker"]

@@ -56,7 +56,7 @@ def _settings() -> Any:
 
 def _need_services(settings: Any, *, broker: bool = False) -> None:
     """Fail in seconds, naming the variable, when Redis (or the broker) does not answer."""
-    from drover.workers.preflight import Unreachable, check_services
+    from drover.workers.connections.preflight import Unreachable, check_services
 
     try:
         check_services(settings, broker=broker)
@@ -150,8 +150,8 @@ def _worker(args: argparse.Namespace) -> int:
         from drover.workers.app import app
 
         return _celery_exit(app.worker_main, ["worker", "--help"])
-    from drover.workers.nodenames import claim_node_name, names_a_node
-    from drover.workers.preflight import WorkerCannotStart, check_worker
+    from drover.workers.connections.preflight import WorkerCannotStart, check_worker
+    from drover.workers.tasklayer.nodenames import claim_node_name, names_a_node
 
     settings = _settings()
     try:
@@ -236,7 +236,7 @@ def _submit(args: argparse.Namespace) -> int:
     from drover.orchestrator.client.jobs import (
         submit,  # Celery and the SDK: only once they can be used
     )
-    from drover.workers.preflight import tool_module_problem
+    from drover.workers.connections.preflight import tool_module_problem
     try:
         handle = submit(spec, settings=settings)  # type: ignore[arg-type]
     except ImportError as error:
@@ -294,7 +294,7 @@ def exit_code(result: Any) -> int:
 def _cache_line(handle: Any, result: Any) -> str | None:
     """Why nothing was cached, if nothing was (None otherwise, or if the spec is gone)."""
     from drover.workers.agent.caching import cache_line
-    from drover.workers.preflight import import_tool_modules
+    from drover.workers.connections.preflight import import_tool_modules
     from drover.workers.tools import REGISTRY
 
     usage = result.usage

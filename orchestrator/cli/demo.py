@@ -137,7 +137,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
                                          queues=[settings.queue], shutdown_timeout=30))
         console.print(f"in-process worker pool: {config.concurrency} threads\n")
         if config.batch:  # an in-process worker sends no worker_ready: start it here
-            from drover.workers.lifecycle import start_batcher, stop_batcher
+            from drover.workers.tasklayer.lifecycle import start_batcher, stop_batcher
 
             start_batcher()
             stack.callback(stop_batcher)
@@ -176,7 +176,7 @@ def _clean_up(url: str, prefix: str, keep: bool, console: Console) -> None:
     """Delete the run's keys (or, with keep, make each expire within KEEP_S)."""
     import redis as redis_py
 
-    from drover.workers.redis_clients import sync_redis
+    from drover.workers.connections.redis_clients import sync_redis
 
     client = sync_redis(url, retries=False, socket_connect_timeout=FIRST_CONTACT_TIMEOUT_S,
                         socket_timeout=10)

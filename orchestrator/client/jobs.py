@@ -22,10 +22,10 @@ from drover.errors import JobNotFound, JobRefused, Unreachable, WaitTimeout
 from drover.orchestrator.client.workers import WorkerWatch, workers_line
 from drover.workers.agent.caching import prefix_tokens
 from drover.workers.agent.fits import spec_never_fits
+from drover.workers.connections.preflight import check_services, import_tool_modules
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec, thinking_refused
 from drover.workers.jobs.store import ACTIVE, JobStore
-from drover.workers.preflight import check_services, import_tool_modules
 from drover.workers.services import services
 from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
@@ -99,7 +99,10 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     admit (max_tokens over a whole minute of the output-token limit), ``Unreachable`` within a
     few seconds when Redis or the broker does not answer; nothing is enqueued then.
     """
-    from drover.workers.tasks import launch, plan_job  # the Celery app is built only when needed
+    from drover.workers.tasklayer.tasks import (  # the Celery app is built only when needed
+        launch,
+        plan_job,
+    )
 
     settings = settings or get_settings()
     if not isinstance(spec, JobSpec):
@@ -278,7 +281,7 @@ class JobHandle:
             return False
         meta = self.store.meta(self.id)
         if "launched" in meta and int(meta.get("n", 0)):
-            from drover.workers.dispatch import send_join
+            from drover.workers.tasklayer.dispatch import send_join
 
             send_join(self.id, meta.get("queue") or self.settings.queue)
         return True

@@ -235,7 +235,7 @@ def _broker_problem() -> str | None:
     """Why Flower would show nothing: the broker does not answer (one short attempt)."""
     from drover.config import get_settings
     from drover.config.settings import mask_url
-    from drover.workers.preflight import FIRST_CONTACT_TIMEOUT_S, broker_problem
+    from drover.workers.connections.preflight import FIRST_CONTACT_TIMEOUT_S, broker_problem
 
     settings = get_settings()
     problem = broker_problem(settings.broker)

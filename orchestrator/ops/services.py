@@ -1,7 +1,7 @@
 """First contact with the services drover needs, and local ones for the demo and the tests.
 
-``check_services`` (from ``drover.workers.preflight``) is what every CLI command that needs Redis
-or the broker runs first.
+``check_services`` (from ``drover.workers.connections.preflight``) is what every CLI command
+that needs Redis or the broker runs first.
 
 ``ensure_redis`` uses the Redis at the given URL when one answers there; otherwise it starts
 ``redis-server`` from PATH on a free port in a temporary directory; when there is no
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from drover.workers.preflight import (
+from drover.workers.connections.preflight import (
     FIRST_CONTACT_TIMEOUT_S,
     Unreachable,
     broker_problem,

@@ -1,7 +1,7 @@
 """Tools that measure themselves, for the agent-runtime tests.
 
 Workers import this module through
-``DROVER_TOOL_MODULES=drover.workers.demo_tools,tests.helpers.agent_tools`` (in-process
+``DROVER_TOOL_MODULES=drover.workers.tools.demo,tests.helpers.agent_tools`` (in-process
 workers and worker subprocesses alike). Each tool writes what it sees to Redis
 under the running test's own key (``{key_prefix}:probe:{queue}``), so a test can read how
 many calls ran at once, in which order, and how often, whichever process ran them.

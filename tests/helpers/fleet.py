@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from drover import JobHandle, JobSpec
-from drover.workers.redis_clients import sync_redis
+from drover.workers.connections.redis_clients import sync_redis
 from tests.helpers import ROOT, wait_until
 
 __all__ = ["SHORT_BROKER_TIMEOUTS", "VISIBILITY_TIMEOUT_S", "Fleet", "submit_elsewhere"]

@@ -21,7 +21,7 @@ from drover.workers.jobs.records import SubagentResult
 from drover.workers.limiter import Limiter, llm_scope
 from tests.helpers import ROOT, configure
 
-TOOL_MODULES = json.dumps(["drover.workers.demo_tools", "tests.helpers.agent_tools"])
+TOOL_MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.agent_tools"])
 
 
 def _limiter(redis_url: str, env: dict[str, str]) -> tuple[Limiter, str]:
@@ -227,7 +227,7 @@ def test_the_readme_example_runs_as_written(sim, spawn_worker, drover_env, tmp_p
         (tmp_path / name).write_text(code)
     sim.configure(plan_items=7, tool_turns=1, tools_per_turn=2)
     env = {**os.environ, **drover_env,
-           "DROVER_TOOL_MODULES": json.dumps(["drover.workers.demo_tools", "my_tools"]),
+           "DROVER_TOOL_MODULES": json.dumps(["drover.workers.tools.demo", "my_tools"]),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     spawn_worker(concurrency=4, DROVER_TOOL_MODULES=env["DROVER_TOOL_MODULES"],
                  PYTHONPATH=env["PYTHONPATH"])

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from drover.orchestrator.ops.services import free_port
-from drover.workers.preflight import FIRST_CONTACT_TIMEOUT_S
+from drover.workers.connections.preflight import FIRST_CONTACT_TIMEOUT_S
 from tests.helpers import ROOT
 from tests.helpers.cli import BOUND_S, clean_env, drover
 
@@ -126,7 +126,7 @@ def test_the_worker_refuses_a_tool_module_that_does_not_import(redis_url, tmp_pa
     (tmp_path / "broken_tools.py").write_text("import nonexistent_dependency_xyz\n")
     env = clean_env(DROVER_REDIS_URL=redis_url, ANTHROPIC_API_KEY="sk-x",
                     PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
-                    DROVER_TOOL_MODULES="drover.workers.demo_tools,broken_tools")
+                    DROVER_TOOL_MODULES="drover.workers.tools.demo,broken_tools")
     proc = drover(["worker"], env, tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "the tool module 'broken_tools' (DROVER_TOOL_MODULES) does not import" in proc.stderr

@@ -155,7 +155,7 @@ def test_the_runnable_blocks_run_as_written(spawn_worker, drover_env, tmp_path) 
     for block in RUNNABLE:
         if block.file:
             (tmp_path / block.file).write_text(block.code, encoding="utf-8")
-    modules = ["drover.workers.demo_tools",
+    modules = ["drover.workers.tools.demo",
                *(Path(block.file).stem for block in RUNNABLE
                  if block.file and block.file.endswith(".py"))]
     tools = ",".join(modules)

@@ -64,11 +64,11 @@ def test_a_misspelled_setting_is_named_by_the_worker_and_by_submit_and_empty_one
     assert "Traceback" not in text
     # After Celery's banner the worker says what it loaded, and where it sends.
     banner = text.index("[queues]")
-    from drover.workers import demo_tools  # noqa: F401  (registers the demo's tools)
     from drover.workers.tools import REGISTRY
+    from drover.workers.tools import demo as demo_tools  # noqa: F401  (registers the demo's tools)
 
     demo = sorted(n for n, t in REGISTRY.items() if t.fn.__module__ == demo_tools.__name__)
-    assert f"tool module drover.workers.demo_tools: {', '.join(demo)}" in text, text
+    assert f"tool module drover.workers.tools.demo: {', '.join(demo)}" in text, text
     scope = f"llm:{drover_env['DROVER_KEY_ALIAS']}:claude-sonnet-4-6"
     assert (f"limits of {scope}: rpm 6,000 (DROVER_RPM), itpm 10,000,000 "
             "(DROVER_ITPM), otpm 10,000,000 (DROVER_OTPM)") in text, text

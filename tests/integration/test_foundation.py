@@ -91,7 +91,7 @@ def test_cli_refuses_a_bad_spec_file_and_says_what_to_fix(tmp_path, drover_env):
 
 
 def test_task_messages_carry_ids_only(drover_env):
-    from drover.workers.tasks import run_subagent
+    from drover.workers.tasklayer.tasks import run_subagent
 
     signature = run_subagent.s("job123", 4)
     assert signature.args == ("job123", 4) and not signature.kwargs

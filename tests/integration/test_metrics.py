@@ -14,12 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from drover.config.settings import Settings, load_settings
 from drover.orchestrator.ops.metrics import DroverCollector
+from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs import liveness
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, ScopeLimits, llm_scope
-from drover.workers.redis_clients import sync_redis
 from drover.workers.telemetry import (
     CALL_OUTCOMES,
     METRICS,

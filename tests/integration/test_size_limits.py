@@ -17,7 +17,7 @@ from drover.orchestrator.client.jobs import check_spec, spec_bytes
 from drover.workers.tools import get_tools, run_turn
 from tests.helpers import configure
 
-TOOL_MODULES = json.dumps(["drover.workers.demo_tools", "tests.helpers.agent_tools"])
+TOOL_MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.agent_tools"])
 
 
 def test_a_spec_over_the_cap_is_refused_before_anything_is_stored_or_enqueued(
@@ -47,7 +47,7 @@ def test_a_spec_over_the_cap_is_refused_before_anything_is_stored_or_enqueued(
 
 
 def test_a_long_tool_result_is_cut_with_a_marker_and_logged_once(caplog):
-    from drover.workers import tools as tools_mod
+    from drover.workers.tools import _tools as tools_mod
     tools_mod._CUT_LOGGED.discard("probe_huge")
     import tests.helpers.agent_tools  # noqa: F401  (registers probe_huge)
 

@@ -19,7 +19,7 @@ from drover.workers.limiter import Limiter, tool_scope
 from drover.workers.tools import REGISTRY, get_tools, run_turn, tool
 from tests.helpers import agent_tools, configure
 
-TOOL_MODULES = json.dumps(["drover.workers.demo_tools", "tests.helpers.agent_tools"])
+TOOL_MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.agent_tools"])
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """A sub-agent's record hands its place in the fair-share window on at once, in the same task
-that writes the record (``workers/tasks.py`` -> ``workers/_window.py:refill``), not at the
-next round of a worker's pump (``workers/fairshare/scheduler.py``, every ~2 s): the pump is a
-backstop, and with it alone every place of the window sits idle for up to 2 s per record."""
+that writes the record (``workers/tasklayer/tasks.py`` ->
+``workers/tasklayer/_window.py:refill``), not at the next round of a worker's pump
+(``workers/fairshare/scheduler.py``, every ~2 s): the pump is a backstop, and with it alone
+every place of the window sits idle for up to 2 s per record."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_the_record_of_a_subagent_publishes_the_next_one_itself(
     alone; running its task here, to its record, must grant and publish sub-agent 1 before
     the task returns. Nothing else could: with the record's hand-on gone (``refill`` made a
     no-op, or its ``finished`` call dropped) sub-agent 1 stays unpublished."""
-    from drover.workers.tasks import run_subagent
+    from drover.workers.tasklayer.tasks import run_subagent
 
     configure(monkeypatch, drover_env, dispatch_window=1)
     settings = get_settings()

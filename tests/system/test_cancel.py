@@ -222,7 +222,7 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "drover.orchestrator.cli", *args]
 
 
-TOOL_MODULES = "drover.workers.demo_tools,tests.helpers.agent_tools"
+TOOL_MODULES = "drover.workers.tools.demo,tests.helpers.agent_tools"
 
 
 def test_cancel_stops_the_tools_that_are_running(sim, worker, monkeypatch, drover_env,

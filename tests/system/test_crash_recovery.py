@@ -23,11 +23,11 @@ import redis
 
 from drover import JobSpec, submit
 from drover.config import load_settings
+from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs.claims import token_of
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import JobStore
 from drover.workers.recovery import subagent_of, subagents_in_broker, sweep
-from drover.workers.redis_clients import sync_redis
 from tests.helpers import configure, wait_until
 from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S, submit_elsewhere
 from tests.helpers.private_redis import PrivateRedis

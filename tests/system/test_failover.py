@@ -21,7 +21,7 @@ import json
 import time
 
 from drover import JobSpec
-from drover.workers.redis_clients import sync_redis
+from drover.workers.connections.redis_clients import sync_redis
 from tests.helpers import configure
 from tests.helpers.fleet import (
     SHORT_BROKER_TIMEOUTS,
@@ -210,7 +210,7 @@ def test_sync_and_asyncio_clients_move_to_the_new_master_without_an_error(sentin
     ran out.)"""
     import asyncio
 
-    from drover.workers.redis_clients import async_redis
+    from drover.workers.connections.redis_clients import async_redis
 
     sync = sync_redis(sentinel_set.url, master=sentinel_set.master_name)
     aio = async_redis(sentinel_set.url, master=sentinel_set.master_name)

@@ -15,16 +15,16 @@ import redis
 from drover import JobSpec, submit
 from drover.config import SettingsError, load_settings
 from drover.config.celery import celery_config
+from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs.records import JobResult, SubagentResult
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, llm_scope
-from drover.workers.redis_clients import sync_redis
 from drover.workers.services import services
 from drover.workers.telemetry import TelemetryReader
 from tests.helpers import configure
 from tests.helpers.fault_tools import HANG_TIMEOUT_S
 
-FAULT_TOOLS = '["drover.workers.demo_tools", "tests.helpers.fault_tools"]'
+FAULT_TOOLS = '["drover.workers.tools.demo", "tests.helpers.fault_tools"]'
 
 
 def tool_results(handle, index: int) -> list[dict]:

@@ -231,9 +231,9 @@ def test_loopback_is_told_apart_from_every_interface():
 def test_a_subagent_sent_again_says_so_in_flowers_args(drover_env, redis_client):
     """The sweep's resend is a new task, not a Celery retry: its args say why it exists."""
     from drover.config import get_settings
+    from drover.workers.connections.redis_clients import sync_redis
     from drover.workers.jobs import JobStore
-    from drover.workers.redis_clients import sync_redis
-    from drover.workers.tasks import send_again
+    from drover.workers.tasklayer.tasks import send_again
 
     settings = get_settings()
     store = JobStore(sync_redis(settings.redis_url), prefix=settings.key_prefix,

@@ -17,8 +17,8 @@ import redis
 from drover.config import SettingsError, load_settings
 from drover.config.celery import celery_config
 from drover.orchestrator.ops.services import free_port
-from drover.workers.preflight import check_services, eviction_problem, redis_problem
-from drover.workers.redis_clients import sync_redis
+from drover.workers.connections.preflight import check_services, eviction_problem, redis_problem
+from drover.workers.connections.redis_clients import sync_redis
 from tests.helpers.cli import BOUND_S, clean_env, drover
 
 
@@ -56,8 +56,8 @@ def test_celerys_broker_and_result_backend_follow_the_sentinel_list():
                              sentinel_password="sentinel-secret")
     config = celery_config(settings)
     assert config["broker_url"] == config["result_backend"] == url
-    # kombu's Sentinel transport with drover's connection (workers/sentinel_transport.py)
-    assert config["broker_transport"] == "drover.workers.sentinel_transport:Transport"
+    # kombu's Sentinel transport with drover's connection (connections/sentinel_transport.py)
+    assert config["broker_transport"] == "drover.workers.connections.sentinel_transport:Transport"
     for options in (config["broker_transport_options"],
                     config["result_backend_transport_options"]):
         assert options["master_name"] == "mymaster"

@@ -14,8 +14,8 @@ import tracemalloc
 import uuid
 
 from drover import JobHandle, JobSpec, submit
+from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs import JobStore, SubagentResult
-from drover.workers.redis_clients import sync_redis
 from tests.helpers import configure
 
 UNLIMITED = {"rpm": "1e9", "itpm": "1e12", "otpm": "1e12", "max_in_flight": "100000"}
@@ -71,7 +71,7 @@ def test_submit_returns_before_the_fan_out_and_a_cancel_ends_the_job_without_it(
 
 def test_dispatch_publishes_chord_members_in_bulk(drover_env, redis_client):
     from drover.config import get_settings
-    from drover.workers.dispatch import dispatch
+    from drover.workers.tasklayer.dispatch import dispatch
 
     settings = get_settings()
     job_id = uuid.uuid4().hex

@@ -98,7 +98,7 @@ def test_a_worker_whose_event_loop_is_stuck_is_not_alive_and_its_sub_agents_move
     hold it). Its heartbeat stops after DROVER_PROGRESS_STALE_S and the sweep sends its
     sub-agents to the other worker, as for a killed one; the victim process stays up."""
     configure(monkeypatch, drover_env, socket_timeout_s=2, progress_stale_s=5,
-              tool_modules='["drover.workers.demo_tools", "tests.helpers.fault_tools"]')
+              tool_modules='["drover.workers.tools.demo", "tests.helpers.fault_tools"]')
     sim.configure(**{**SIM, "tool_turns": 1})
     n = 12
     handle = submit_elsewhere(drover_env, JobSpec(

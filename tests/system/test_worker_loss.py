@@ -310,8 +310,8 @@ def test_a_retry_sent_while_rabbitmq_is_down_waits_for_it(drover_env, monkeypatc
 
     from drover.config import get_settings
     from drover.config.celery import celery_config
-    from drover.workers._delivery import retry
     from drover.workers.agent import LimiterSaysLater
+    from drover.workers.tasklayer._delivery import retry
 
     configure(monkeypatch, drover_env, broker_url=private_rabbit.url)
     app = Celery("drover-retry-test", set_as_current=False)

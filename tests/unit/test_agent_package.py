@@ -28,7 +28,7 @@ def test_join_stays_the_function_when_its_submodule_is_imported_first():
     assert _run("import inspect\n"
                 "from drover.workers.agent.join import collect\n"
                 "from drover.workers.agent import join, Incomplete\n"
-                "import drover.workers.tasks as tasks\n"
+                "import drover.workers.tasklayer.tasks as tasks\n"
                 "print(inspect.isfunction(join), tasks.join is join, Incomplete.__name__)"
                 ) == "True True Incomplete"
 

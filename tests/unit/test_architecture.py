@@ -15,7 +15,7 @@ ROOMS = ("config", "workers", "orchestrator", "simulator")
 
 
 def _room(module: str) -> str | None:
-    """``drover.workers.jobs.store`` -> ``workers.jobs``; ``drover.workers.tasks`` ->
+    """``drover.workers.jobs.store`` -> ``workers.jobs``; ``drover.workers.tasklayer.tasks`` ->
     ``workers.tasks``; ``drover.config.settings`` -> ``config``."""
     parts = module.split(".")
     if parts[0] != "drover" or len(parts) == 1:

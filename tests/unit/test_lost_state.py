@@ -12,12 +12,12 @@ import uuid
 import pytest
 
 from drover.config import load_settings
+from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs.liveness import heartbeat_key
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.recovery.sweep import resend_lost_messages, sweep
-from drover.workers.redis_clients import sync_redis
 
 AFTER_S = 0.05  # DROVER_RESEND_AFTER_S of these tests: the job counts as stalled at once
 

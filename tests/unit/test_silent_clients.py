@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from drover.config import load_settings
 from drover.config.celery import celery_config
-from drover.workers.redis_clients import async_redis, client_settings, sync_redis
+from drover.workers.connections.redis_clients import async_redis, client_settings, sync_redis
 from tests.helpers.tcp_proxy import TcpProxy
 
 

@@ -102,10 +102,10 @@ def test_a_model_picks_its_providers_keys(monkeypatch):
 
 
 def test_tool_modules_take_a_json_list_or_comma_separated_names(monkeypatch):
-    monkeypatch.setenv("DROVER_TOOL_MODULES", "drover.workers.demo_tools, my_tools")
-    assert load_settings().tool_modules == ["drover.workers.demo_tools", "my_tools"]
-    monkeypatch.setenv("DROVER_TOOL_MODULES", '["drover.workers.demo_tools"]')
-    assert load_settings().tool_modules == ["drover.workers.demo_tools"]
+    monkeypatch.setenv("DROVER_TOOL_MODULES", "drover.workers.tools.demo, my_tools")
+    assert load_settings().tool_modules == ["drover.workers.tools.demo", "my_tools"]
+    monkeypatch.setenv("DROVER_TOOL_MODULES", '["drover.workers.tools.demo"]')
+    assert load_settings().tool_modules == ["drover.workers.tools.demo"]
 
 
 def test_only_drover_variables_that_no_code_reads_are_reported_as_unknown():
@@ -123,7 +123,7 @@ def test_only_drover_variables_that_no_code_reads_are_reported_as_unknown():
 
 def test_a_workers_start_lines_name_each_limits_source_and_never_a_key():
     from drover.config import load_settings
-    from drover.workers.startup import start_lines
+    from drover.workers.tasklayer.startup import start_lines
 
     class NoRedis:  # the lines' learned part reads Redis; without it they say "unknown"
         def state(self, scope):
@@ -145,7 +145,7 @@ def test_a_workers_start_lines_name_each_limits_source_and_never_a_key():
 
 
 def test_an_unknown_tool_says_how_tools_are_made_and_which_one_was_meant():
-    from drover.workers import demo_tools  # noqa: F401  (registers calculator, ...)
+    from drover.workers.tools import demo as demo_tools  # noqa: F401  (registers calculator, ...)
     from drover.workers.tools import get_tools
 
     with pytest.raises(ValueError) as raised:

@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 from drover.config import PoolKey, Settings, get_settings
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
+from drover.workers.connections.redis_clients import async_redis, client_settings
 from drover.workers.limiter import AsyncLimiter
 from drover.workers.providers import Provider, provider
-from drover.workers.redis_clients import async_redis, client_settings
 from drover.workers.services import services
 from drover.workers.telemetry import with_trace_context
 

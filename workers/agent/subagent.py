@@ -29,12 +29,12 @@ from typing import Any
 
 import redis
 
-from drover.workers import redis_outage
 from drover.workers.agent.batch import batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.runtime import Runtime
+from drover.workers.connections import redis_outage
 from drover.workers.jobs.claims import ClaimLost
 from drover.workers.jobs.records import (
     SUMMARY_CHARS,

@@ -36,9 +36,9 @@ from collections.abc import Callable
 import redis
 
 from drover.config import Settings
-from drover.workers import redis_outage
+from drover.workers.connections import redis_outage
+from drover.workers.connections.redis_clients import client_settings, sync_redis
 from drover.workers.jobs.keys import JobKeys
-from drover.workers.redis_clients import client_settings, sync_redis
 
 __all__ = ["Heartbeat", "alive", "mark_message_gap", "workers_key"]
 

@@ -11,7 +11,7 @@ import hashlib
 import operator
 import threading
 
-from drover import tool
+from drover.workers.tools import tool
 
 _FACTS = (
     "grew steadily over the last decade", "is limited mostly by supply", "depends on regulation",

@@ -6,7 +6,7 @@ attempt with a short connect timeout (``FIRST_CONTACT_TIMEOUT_S``); when nothing
 went wrong and what to do. Without it a command would sit in the clients' reconnect loop
 (about a minute, meant for a Redis that restarts under a running job) and end in a traceback.
 
-``check_worker`` adds what a worker needs besides (see ``drover.workers.app``).
+``check_worker`` adds what a worker needs besides (see ``drover.workers.tasklayer.app``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from drover.config import Settings
 from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
 from drover.config.settings import mask_url
 from drover.errors import Unreachable, WorkerCannotStart
-from drover.workers.redis_clients import sync_redis
+from drover.workers.connections.redis_clients import sync_redis
 
 __all__ = ["FIRST_CONTACT_TIMEOUT_S", "Unreachable", "WorkerCannotStart", "broker_problem",
            "check_services", "check_worker", "eviction_problem", "has_credentials",

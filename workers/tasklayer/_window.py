@@ -16,11 +16,11 @@ from drover.workers.agent.capacity import (
     report_line_cap,
     save_first_call_hint,
 )
-from drover.workers.dispatch import dispatch as publish_subagents
-from drover.workers.dispatch import open_fanout, send_join
 from drover.workers.fairshare import Dispatch, FairShare
 from drover.workers.jobs.store import JobStore
 from drover.workers.services import services
+from drover.workers.tasklayer.dispatch import dispatch as publish_subagents
+from drover.workers.tasklayer.dispatch import open_fanout, send_join
 
 __all__ = ["dispatch", "job_size", "launch", "refill", "window_op"]
 
@@ -78,7 +78,7 @@ def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStor
 
 def dispatch(runs: list[Dispatch], queue: str) -> None:
     """Publish the chord members the fair-share scheduler handed out, pipelined
-    (``workers/dispatch.py``: one Redis round trip per batch, task-sent events included)."""
+    (``dispatch.py``: one Redis round trip per batch, task-sent events included)."""
     for run in runs:
         publish_subagents(run.job_id, run.indices(), queue, n=job_size(run.job_id))
 

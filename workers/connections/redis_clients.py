@@ -114,7 +114,7 @@ class SentinelConnection(redis.sentinel.SentinelManagedConnection):
     the dead master for ever after a failover: the worker stays up, consuming nothing, and
     logs nothing (celery#6348). Asking on every connect moves it to the promoted replica as
     soon as the sentinels name it. Used by every sync Sentinel client here and by the Celery
-    broker (``drover.workers.sentinel_transport``)."""
+    broker (``drover.workers.connections.sentinel_transport``)."""
 
     def connect_check_health(self, check_health: bool = True,
                              retry_socket_connect: bool = True) -> None:

@@ -36,7 +36,7 @@ from kombu import Producer
 from kombu.exceptions import BatchPublishError, OperationalError
 from redis.exceptions import RedisError
 
-from drover.workers.app import app
+from drover.workers.tasklayer.app import app
 
 __all__ = ["DISPATCH_BATCH", "dispatch", "join_argsrepr", "join_signature", "open_fanout",
            "send_join", "subagent_argsrepr"]

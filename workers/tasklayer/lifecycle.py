@@ -20,18 +20,18 @@ from celery.signals import (
 )
 
 from drover.config import get_settings
-from drover.workers import preflight
-from drover.workers._window import dispatch
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
+from drover.workers.connections import preflight
 from drover.workers.fairshare import start_pump
 from drover.workers.jobs import TOKEN_HEADER
 from drover.workers.providers.warmup import warm_up
 from drover.workers.recovery import start_sweeper
 from drover.workers.services import services, stop_worker
-from drover.workers.startup import check_results_store, log_start
-from drover.workers.tasks import resume_parked, send_again
+from drover.workers.tasklayer._window import dispatch
+from drover.workers.tasklayer.startup import check_results_store, log_start
+from drover.workers.tasklayer.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
 
 __all__ = ["import_tool_modules", "start_batcher", "stop_batcher"]
@@ -171,7 +171,7 @@ def stop_batcher(**_: Any) -> None:
 @worker_ready.connect
 def _on_worker_ready(**_: Any) -> None:
     start_batcher()
-    # After Celery's banner: what this worker loaded and where it sends (workers/startup.py).
+    # After Celery's banner: what this worker loaded and where it sends (startup.py).
     settings = get_settings()
     log_start(settings, services(settings).limiter)
     check_results_store(services(settings).results)

@@ -1,9 +1,9 @@
 """The Celery app: ``celery -A drover.workers.app worker`` (or ``drover worker``).
 
 A worker that cannot work refuses to start, with one message that says what to fix, instead
-of starting and failing every sub-agent later (``drover.workers.preflight.check_worker``, run by
-``drover worker`` and, through Celery's ``celeryd_init`` signal, by ``celery -A drover.workers.app
-worker``):
+of starting and failing every sub-agent later (``check_worker`` of
+``drover.workers.connections.preflight``, run by ``drover worker`` and, through Celery's
+``celeryd_init`` signal, by ``celery -A drover.workers.app worker``):
 
 - no API key, and no ``DROVER_ANTHROPIC_BASE_URL`` (a proxy may need none: then the worker
   starts, says so once, and sends no key; a 401 fails each sub-agent as
@@ -24,9 +24,9 @@ from celery.signals import celeryd_init
 
 from drover.config import SettingsError, get_settings
 from drover.config.celery import celery_config
-from drover.workers.logs import configure_logging
-from drover.workers.preflight import WorkerCannotStart, check_worker
-from drover.workers.progress import ConsumerPulse
+from drover.workers.connections.preflight import WorkerCannotStart, check_worker
+from drover.workers.tasklayer._logs import configure_logging
+from drover.workers.tasklayer._progress import ConsumerPulse
 
 __all__ = ["DroverCelery", "app"]
 
@@ -65,9 +65,10 @@ except SettingsError as error:
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(2) from None
 
-app = DroverCelery("drover", include=["drover.workers.tasks", "drover.workers.lifecycle"])
+app = DroverCelery("drover", include=["drover.workers.tasklayer.tasks",
+                                      "drover.workers.tasklayer.lifecycle"])
 app.config_from_object(celery_config(_settings))
-# Liveness means progress: the consumer pulses the heartbeat while it moves (progress.py).
+# Liveness means progress: the consumer pulses the heartbeat while it moves (_progress.py).
 app.steps["consumer"].add(ConsumerPulse)
 configure_logging(_settings)  # one line per LLM call; no prompt text, no task results
 

@@ -25,7 +25,7 @@ from kombu.transport.redis import SentinelChannel, SentinelTransport
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from drover.workers.redis_clients import SentinelConnection
+from drover.workers.connections.redis_clients import SentinelConnection
 
 __all__ = ["Channel", "Transport"]
 

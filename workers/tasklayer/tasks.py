@@ -1,7 +1,7 @@
 """The Celery tasks: a sub-agent, the join (the chord's body), the plan of a job with a goal,
 and re-sending a part of a job. They carry ids only: prompts and state live in Redis
 (``workers/jobs/store.py``). What the worker process does around them is in
-``workers/lifecycle.py``."""
+``workers/tasklayer/lifecycle.py``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from typing import Any
 from celery import Task, signature
 from celery.exceptions import Ignore
 
-from drover.workers._delivery import claim_part, drop_claim, release, retry, token_of, with_token
-from drover.workers._window import job_size, launch, refill, window_op
 from drover.workers.agent import (
     CallFailed,
     Cancelled,
@@ -28,10 +26,19 @@ from drover.workers.agent import (
     plan_job_goal,
 )
 from drover.workers.agent.batch import PLAN_PART, SYNTHESIS_PART
-from drover.workers.app import app
-from drover.workers.dispatch import join_argsrepr, subagent_argsrepr
 from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
 from drover.workers.services import services
+from drover.workers.tasklayer._delivery import (
+    claim_part,
+    drop_claim,
+    release,
+    retry,
+    token_of,
+    with_token,
+)
+from drover.workers.tasklayer._window import job_size, launch, refill, window_op
+from drover.workers.tasklayer.app import app
+from drover.workers.tasklayer.dispatch import join_argsrepr, subagent_argsrepr
 
 __all__ = ["join_results", "launch", "plan_job", "resume_parked", "run_subagent", "send_again",
            "subagent_task_result"]
