@@ -36,7 +36,9 @@ from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.results_db import ResultsStore
+from drover.workers.jobs.spending import Spending
 from drover.workers.jobs.store import JobStore
+from drover.workers.jobs.stream import Stream
 from drover.workers.limiter import Limiter
 from drover.workers.telemetry import Recorder, use_recorder
 
@@ -71,9 +73,18 @@ class Services:
         return JobStore(self.redis, prefix=self.settings.key_prefix,
                         ttl_s=self.settings.result_ttl_s, results=self.results)
 
+    # The job store's parts, for callers that need one of them (built once, with ``store``).
     @property
     def counters(self) -> Counters:
         return self.store.counters
+
+    @property
+    def spending(self) -> Spending:
+        return self.store.spending
+
+    @property
+    def stream(self) -> Stream:
+        return self.store.stream
 
     @cached_property
     def results(self) -> ResultsStore | None:

@@ -226,7 +226,8 @@ class JobHandle:
         watch = WorkerWatch(self.id, self.settings.queue, 0)
         while True:
             fresh = False
-            for entry_id, record in self.store.events(self.id, self._last_event, block_ms=500):
+            for entry_id, record in self.store.stream.events(self.id, self._last_event,
+                                                             block_ms=500):
                 self._last_event = entry_id
                 fresh = True
                 if record.index not in seen:
@@ -251,7 +252,7 @@ class JobHandle:
         return self._last_event
 
     def _caught_up(self) -> bool:
-        return not any(True for _ in self.store.events(self.id, self._last_event, count=1))
+        return not any(True for _ in self.store.stream.events(self.id, self._last_event, count=1))
 
     def report(self, index: int) -> SubagentReport | None:
         return self.store.report(self.id, index)

@@ -297,7 +297,7 @@ class DroverCollector(Collector):
         while todo:
             after = {job_id: self._jobs.setdefault(job_id, _JobSeen()).last_id
                      for job_id in todo}
-            found = self.store.new_statuses(after, count=STREAM_PAGE)
+            found = self.store.stream.new_statuses(after, count=STREAM_PAGE)
             for job_id, entries in found.items():
                 seen = self._jobs[job_id]
                 for entry_id, status in entries:

@@ -82,7 +82,7 @@ def test_the_job_budget_stops_subagents_that_have_not_started(sim, worker):
     assert spent - _tokens(worked[-1]) < budget  # the last one to call started under budget
     # Every call counted once, by the provider and by the job's shared counter.
     assert sim.stats()["accepted"] == result.usage.calls
-    assert handle.store.spent(handle.id) == spent
+    assert handle.store.spending.spent(handle.id) == spent
     stopped_midway = [r for r in worked if r.status == "budget_exceeded"]
     assert all(r.summary for r in stopped_midway)
 
@@ -95,7 +95,7 @@ def test_the_shared_job_budget_counts_every_call_of_parallel_subagents_once(sim,
     result = handle.wait(timeout=90)
 
     spent = sum(_tokens(r) for r in result.results)
-    assert handle.store.spent(handle.id) == spent  # atomic: no update lost between workers
+    assert handle.store.spending.spent(handle.id) == spent  # atomic: no update lost between workers
     assert sim.stats()["accepted"] == result.usage.calls
     assert result.counts["budget_exceeded"] > 0 and result.counts["ok"] > 0
     assert result.counts["ok"] + result.counts["budget_exceeded"] == 24

@@ -97,7 +97,7 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
         synthesis = await _synthesise(rt, job_id, spec, results)
     # The job's own calls (planning, synthesis) count beside its sub-agents'.
     usage = tally.usage
-    own = await asyncio.to_thread(store.job_usage, job_id)
+    own = await asyncio.to_thread(store.spending.job_usage, job_id)
     for name in Usage.model_fields:
         setattr(usage, name, getattr(usage, name) + getattr(own, name))
     result = JobResult(job_id=job_id, status=status, reason=reason, results=results,

@@ -487,7 +487,7 @@ async def job_answered(rt: Runtime, job_id: str, usage: Any, *, batch: bool = Fa
     clear the send mark of ``settles``, the part it answers)."""
     counted = Usage()
     counted.add(usage, batch=batch)
-    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted, settles=settles)
+    await asyncio.to_thread(rt.store.spending.add_job_usage, job_id, counted, settles=settles)
 
 
 async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int, *,
@@ -495,7 +495,7 @@ async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int, *,
     """Count a job-level call that was sent and never answered, at its estimate."""
     counted = Usage()
     counted.add_unanswered(est_in, est_out)
-    await asyncio.to_thread(rt.store.add_job_usage, job_id, counted, settles=settles)
+    await asyncio.to_thread(rt.store.spending.add_job_usage, job_id, counted, settles=settles)
 
 
 def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
@@ -508,7 +508,7 @@ def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
     ctx = CallContext(job_id, -1, cancel, failures)
 
     async def mark(est_in: int, est_out: int) -> None:
-        await asyncio.to_thread(rt.store.mark_job_send, job_id, part, est_in, est_out)
+        await asyncio.to_thread(rt.store.spending.mark_job_send, job_id, part, est_in, est_out)
 
     ctx.check = mark
     ctx.unanswered = partial(job_unanswered, rt, job_id, settles=part)
@@ -521,13 +521,13 @@ async def job_call(rt: Runtime, params: dict[str, Any], ctx: CallContext, part: 
     try:
         return await create_message(rt, params, ctx)
     except BaseException:
-        await asyncio.to_thread(rt.store.clear_job_send, ctx.job_id, part)
+        await asyncio.to_thread(rt.store.spending.clear_job_send, ctx.job_id, part)
         raise
 
 
 async def count_lost_job_call(rt: Runtime, job_id: str, part: str) -> None:
     """A job's own call sent by a delivery that died before its answer: counted once, now."""
-    lost = await asyncio.to_thread(rt.store.count_lost_job_send, job_id, part)
+    lost = await asyncio.to_thread(rt.store.spending.count_lost_job_send, job_id, part)
     if lost is not None:
         log.warning("job %s: its %s call was sent by a delivery that was lost before the "
                     "answer; counted as unanswered (about %d input, up to %d output tokens)",

@@ -134,7 +134,7 @@ class SubagentRun:
         """A call of this delivery went out and its answer never came: billed, so counted."""
         self.state.usage.add_unanswered(est_in, est_out)
         if self.spec.token_budget:
-            await self._io(self.store.spend, self.job_id, est_in + est_out)
+            await self._io(self.store.spending.spend, self.job_id, est_in + est_out)
 
     async def _lost_send(self, mark: dict[str, Any]) -> None:
         """The last send's mark is past the checkpoint: a delivery sent that call and was
@@ -226,7 +226,7 @@ class SubagentRun:
                 await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
                                self.token)
             if spec.token_budget:
-                await self._io(self.store.spend, self.job_id, budget_tokens(message.usage))
+                await self._io(self.store.spending.spend, self.job_id, budget_tokens(message.usage))
             if final:
                 return await self._finish(state, "ok")
 
@@ -237,7 +237,7 @@ class SubagentRun:
         if spec.subagent_token_budget and state.usage.budget_tokens >= spec.subagent_token_budget:
             return f"sub-agent token budget of {spec.subagent_token_budget} spent"
         if spec.token_budget:
-            spent = await self._io(self.store.spent, self.job_id)
+            spent = await self._io(self.store.spending.spent, self.job_id)
             if spent >= spec.token_budget:
                 return f"job token budget of {spec.token_budget} spent ({spent} used)"
         return None

@@ -25,7 +25,6 @@ from drover.workers.jobs._stored import (
     PAGE,
     compact_json,
     execute_loaded,
-    field,
     pack_final,
     unpack_final,
 )
@@ -46,6 +45,8 @@ from drover.workers.jobs.records import (
 )
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.spending import Spending
+from drover.workers.jobs.stream import Stream
 
 ACTIVE = ("queued", "planning", "running")
 
@@ -77,6 +78,8 @@ class JobStore:
         # are copied there, and a job Redis no longer has is read from there.
         self.archive = Archive(client, self.keys, results)
         self.counters = Counters(client, self.keys, ttl_s)
+        self.spending = Spending(client, self.keys, ttl_s)
+        self.stream = Stream(client, self.keys)
         self.claims = Claims(client, prefix, ttl_s)
         self._record = client.register_script((LUA / "record.lua").read_text())
         self._send = client.register_script((LUA / "send.lua").read_text())
@@ -410,79 +413,7 @@ class JobStore:
         pipe.expire(key, self.ttl_s)
         pipe.execute()
 
-    def spend(self, job_id: str, tokens: int) -> int:
-        """Add to the job's shared token spend (atomic) and return the new total."""
-        key = self.key(job_id, "spent")
-        pipe = self.r.pipeline()
-        pipe.incrby(key, tokens)
-        pipe.expire(key, self.ttl_s)
-        return int(pipe.execute()[0])
-
-    # --- calls sent and never answered, per limiter scope (for `drover stats`) -----------
-    def add_job_usage(self, job_id: str, usage: Usage, *, settles: str | None = None) -> None:
-        """Add the usage of a job-level call (its planning, its synthesis) to the job's own
-        counters, which the join adds to the sub-agents' (``job_usage``); ``settles``: the
-        part ("plan", "synthesis") whose send mark this call's count clears, in the same
-        transaction (so the call is counted once whoever dies when)."""
-        pipe = self.r.pipeline()
-        self._count_job_usage(pipe, job_id, usage)
-        if settles:
-            pipe.hdel(self.key(job_id, "sent"), settles)
-        if len(pipe):
-            pipe.execute()
-
-    def _count_job_usage(self, pipe: Any, job_id: str, usage: Usage) -> None:
-        key = self.key(job_id, "usage")
-        fields = {name: n for name, n in usage.model_dump().items() if n}
-        for name, n in fields.items():
-            pipe.hincrby(key, name, n)
-        if fields:
-            pipe.expire(key, self.ttl_s)
-
-    def mark_job_send(self, job_id: str, part: str, est_in: int, est_out: int) -> None:
-        """Right before a job-level call goes out: its mark, with its estimates, until its
-        answer is counted (``add_job_usage(settles=part)``) or it is known unsent
-        (``clear_job_send``). A delivery that finds it (its worker died mid-call) counts that
-        call as unanswered: ``count_lost_job_send``."""
-        pipe = self.r.pipeline()
-        pipe.hset(self.key(job_id, "sent"), part, json.dumps({"in": est_in, "out": est_out}))
-        pipe.expire(self.key(job_id, "sent"), self.ttl_s)
-        pipe.execute()
-
-    def clear_job_send(self, job_id: str, part: str) -> None:
-        self.r.hdel(self.key(job_id, "sent"), part)
-
-    def count_lost_job_send(self, job_id: str, part: str) -> tuple[int, int] | None:
-        """A send mark of ``part`` left by a delivery that died mid-call: counted now as the
-        job's unanswered call, once (the count and the mark's removal are one transaction;
-        a second delivery finds no mark). Returns its (input, output) estimate."""
-        key = self.key(job_id, "sent")
-        with self.r.pipeline() as pipe:
-            try:
-                pipe.watch(key)
-                raw = pipe.hget(key, part)
-                if raw is None:
-                    return None
-                mark = json.loads(raw)
-                lost = Usage()
-                lost.add_unanswered(int(mark.get("in", 0)), int(mark.get("out", 0)))
-                pipe.multi()
-                pipe.hdel(key, part)
-                self._count_job_usage(pipe, job_id, lost)
-                pipe.execute()
-            except redis.WatchError:
-                return None
-        return lost.unanswered_input_tokens, lost.unanswered_output_tokens
-
-    def job_usage(self, job_id: str) -> Usage:
-        raw = self.r.hgetall(self.key(job_id, "usage"))
-        known = set(Usage.model_fields)
-        return Usage(**{_s(k): int(v) for k, v in raw.items() if _s(k) in known})
-
-    def spent(self, job_id: str) -> int:
-        return int(self.r.get(self.key(job_id, "spent")) or 0)
-
-    # --- records and the stream ---------------------------------------------------------
+    # --- records -----------------------------------------------------------------------
     def finish(self, result: SubagentResult, report: SubagentReport | None = None, *,
                token: int = 0, worker: str = "") -> SubagentResult:
         """Store a sub-agent's record once; a second delivery gets the first record back.
@@ -587,22 +518,6 @@ class JobStore:
         raw = self.r.get(self.key(job_id, "report", index))  # written before 'final' existed
         return SubagentReport.model_validate_json(raw) if raw else None
 
-    def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None,
-               count: int = 500) -> Iterator[tuple[str, SubagentResult]]:
-        """Records from the job's stream after the entry id ``after``, oldest first."""
-        reply = self.r.xread({self.key(job_id, "events"): after}, count=count, block=block_ms)
-        for _stream, entries in reply or []:
-            # An entry names the record (its index); the record itself is read from the
-            # records hash, a page of entries in one round trip.
-            parts = [_s(field(fields, "i") or "") for _id, fields in entries]
-            wanted = [p for p in parts if p]
-            found = dict(zip(wanted, self.r.hmget(self.key(job_id, "records"), wanted),
-                             strict=True)) if wanted else {}
-            for (entry_id, fields), part in zip(entries, parts, strict=True):
-                raw = found.get(part) if part else field(fields, "record")
-                if raw:
-                    yield _s(entry_id), SubagentResult.model_validate_json(raw)
-
     def metas(self, job_ids: list[str], *fields: str) -> list[list[str | None]]:
         """Some meta fields of many jobs in one round trip (None where a job or field is gone)."""
         if not job_ids:
@@ -611,28 +526,6 @@ class JobStore:
         for job_id in job_ids:
             pipe.hmget(self.key(job_id, "meta"), *fields)
         return [[_s(v) if v is not None else None for v in row] for row in pipe.execute()]
-
-    def new_statuses(self, after: dict[str, str], count: int = 500
-                     ) -> dict[str, list[tuple[str, str]]]:
-        """(entry id, status) of the records each job's stream gained after the entry id
-        given for it, for many jobs in one call (at most ``count`` per job)."""
-        if not after:
-            return {}
-        streams = {self.key(job_id, "events"): last for job_id, last in after.items()}
-        jobs = {key: job_id for key, job_id in zip(streams, after, strict=True)}
-        found: dict[str, list[tuple[str, str]]] = {}
-        for stream, entries in self.r.xread(streams, count=count) or []:
-            rows = found.setdefault(jobs[_s(stream)], [])
-            for entry_id, fields in entries:
-                status = field(fields, "s")
-                if status is not None:
-                    rows.append((_s(entry_id), _s(status)))
-                    continue
-                try:  # an entry written before entries named their record
-                    rows.append((_s(entry_id), json.loads(field(fields, "record"))["status"]))
-                except (TypeError, ValueError, KeyError):
-                    rows.append((_s(entry_id), ""))
-        return found
 
     def save_result(self, result: JobResult) -> None:
         """Store the job's result without its records (``result`` reads them from the records

@@ -1,0 +1,94 @@
+"""What a job has spent: the tokens its sub-agents share (the job's budget), the usage of its
+own calls (planning, synthesis) and the send marks of those calls until they are counted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.keys import JobKeys
+from drover.workers.jobs.records import Usage
+
+__all__ = ["Spending"]
+
+
+class Spending:
+    def __init__(self, client: redis.Redis, keys: JobKeys, ttl_s: int) -> None:
+        self.r = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+
+    def spend(self, job_id: str, tokens: int) -> int:
+        """Add to the job's shared token spend (atomic) and return the new total."""
+        key = self.keys.job(job_id, "spent")
+        pipe = self.r.pipeline()
+        pipe.incrby(key, tokens)
+        pipe.expire(key, self.ttl_s)
+        return int(pipe.execute()[0])
+
+    def spent(self, job_id: str) -> int:
+        return int(self.r.get(self.keys.job(job_id, "spent")) or 0)
+
+    def mark_job_send(self, job_id: str, part: str, est_in: int, est_out: int) -> None:
+        """Right before a job-level call goes out: its mark, with its estimates, until its
+        answer is counted (``add_job_usage(settles=part)``) or it is known unsent
+        (``clear_job_send``). A delivery that finds it (its worker died mid-call) counts that
+        call as unanswered: ``count_lost_job_send``."""
+        pipe = self.r.pipeline()
+        pipe.hset(self.keys.job(job_id, "sent"), part,
+                  json.dumps({"in": est_in, "out": est_out}))
+        pipe.expire(self.keys.job(job_id, "sent"), self.ttl_s)
+        pipe.execute()
+
+    def clear_job_send(self, job_id: str, part: str) -> None:
+        self.r.hdel(self.keys.job(job_id, "sent"), part)
+
+    def count_lost_job_send(self, job_id: str, part: str) -> tuple[int, int] | None:
+        """A send mark of ``part`` left by a delivery that died mid-call: counted now as the
+        job's unanswered call, once (the count and the mark's removal are one transaction;
+        a second delivery finds no mark). Returns its (input, output) estimate."""
+        key = self.keys.job(job_id, "sent")
+        with self.r.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                raw = pipe.hget(key, part)
+                if raw is None:
+                    return None
+                mark = json.loads(raw)
+                lost = Usage()
+                lost.add_unanswered(int(mark.get("in", 0)), int(mark.get("out", 0)))
+                pipe.multi()
+                pipe.hdel(key, part)
+                self._count_job_usage(pipe, job_id, lost)
+                pipe.execute()
+            except redis.WatchError:
+                return None
+        return lost.unanswered_input_tokens, lost.unanswered_output_tokens
+
+    def add_job_usage(self, job_id: str, usage: Usage, *, settles: str | None = None) -> None:
+        """Add the usage of a job-level call (its planning, its synthesis) to the job's own
+        counters, which the join adds to the sub-agents' (``job_usage``); ``settles``: the
+        part ("plan", "synthesis") whose send mark this call's count clears, in the same
+        transaction (so the call is counted once whoever dies when)."""
+        pipe = self.r.pipeline()
+        self._count_job_usage(pipe, job_id, usage)
+        if settles:
+            pipe.hdel(self.keys.job(job_id, "sent"), settles)
+        if len(pipe):
+            pipe.execute()
+
+    def job_usage(self, job_id: str) -> Usage:
+        raw = self.r.hgetall(self.keys.job(job_id, "usage"))
+        known = set(Usage.model_fields)
+        return Usage(**{_s(k): int(v) for k, v in raw.items() if _s(k) in known})
+
+    def _count_job_usage(self, pipe: Any, job_id: str, usage: Usage) -> None:
+        key = self.keys.job(job_id, "usage")
+        fields = {name: n for name, n in usage.model_dump().items() if n}
+        for name, n in fields.items():
+            pipe.hincrby(key, name, n)
+        if fields:
+            pipe.expire(key, self.ttl_s)
