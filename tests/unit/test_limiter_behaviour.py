@@ -479,12 +479,16 @@ def test_fakeredis_runs_the_production_scripts_on_its_own_clock():
     assert sum(r["requests"] for r in lim.usage("llm:k:demo", 5)) == 1
 
 
-def test_the_lua_library_counts_the_same_fields_as_python():
-    from importlib import resources
-
-    lib = (resources.files("drover.workers.limiter") / "lua" / "_stats.lua").read_text()
-    listed = lib.split("STAT_FIELDS = {", 1)[1].split("}", 1)[0]
-    assert tuple(f.strip().strip("'") for f in listed.split(",")) == STAT_FIELDS
+def test_every_counter_comes_back_in_its_own_place(lim):
+    """The scripts count the fields Python lists (_scripts.py hands STAT_FIELDS to them):
+    each reads back under its own name, and a second pruned drops all of them."""
+    scope, lim.stats_window_s = "llm:k:fields", 2
+    at(lim, 0).record(scope, **{name: i + 1 for i, name in enumerate(STAT_FIELDS)})
+    row = lim.usage(scope, 1)[-1]
+    assert [row[name] for name in STAT_FIELDS] == list(range(1, len(STAT_FIELDS) + 1))
+    at(lim, 5).record(scope, requests=1)  # a new second prunes those older than the window
+    stats = lim._client.hgetall(lim.keys(scope)[3])
+    assert {k.split(":")[1] for k in stats} == {"requests"} and len(stats) == 1
 
 
 def test_a_call_held_back_by_a_later_cooldown_keeps_its_reservation_spent(lim):

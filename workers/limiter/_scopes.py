@@ -13,7 +13,7 @@ __all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope"
 POOL_TAG = "pool"
 ORG = "org"  # the organisation's level, where a key's alias would be
 
-# The per-second counters of a scope, in the order the Lua library lists them (_stats.lua):
+# The per-second counters of a scope, the one list of them (_scripts.py hands it to the Lua):
 # what the limiter planned and what the answers used. Then four of the answers' prompt
 # cache, for ``drover stats``: tokens read from and written to the cache, calls that did
 # neither, and those of them whose shared prefix was below the model's minimum cacheable

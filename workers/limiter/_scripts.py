@@ -48,15 +48,17 @@ _SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "reco
 # With an injected clock (tests) the scripts get the time as their last argument (after the
 # JSON one) instead of from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local now = tonumber(ARGV[#ARGV])\n"
+# The counter names for _stats.lua, from the one list of them (the order of usage.lua's values).
+_COUNTERS = "local STAT_FIELDS = {" + ", ".join(f"'{name}'" for name in STAT_FIELDS) + "}\n"
 
 
 def _source(name: str, clock: Clock | None) -> str:
-    """The script after its preamble: the clock, _lib.lua and the parts its header names."""
+    """The script after its preamble: clock, counter names, _lib.lua, the parts it names."""
     text = (_LUA / f"{name}.lua").read_text()
     named = re.search(r"^-- Preamble: (.+)$", text, re.MULTILINE)
     parts = ["_lib", *(named.group(1).split(", ") if named else ())]
     head = _INJECTED_CLOCK if clock is not None else (_LUA / "_clock.lua").read_text()
-    return head + "".join((_LUA / f"{part}.lua").read_text() for part in parts) + text
+    return head + _COUNTERS + "".join((_LUA / f"{part}.lua").read_text() for part in parts) + text
 
 
 def _s(value: Any) -> str:

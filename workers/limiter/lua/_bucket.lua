@@ -28,19 +28,19 @@ local function save_share(key, s)
 end
 
 local function set_limit(b, d, lim)
-  b.lim[d], b.per[d], b.cap[d] = lim, 60e6 / lim, lim / 60 * b.burst_s
+  b.per[d], b.cap[d] = 60e6 / lim, lim / 60 * b.burst_s
 end
 
--- The bucket brought to `now`, per limited dimension d: tat[d] (>= now), per[d], cap[d] and
--- lim[d] = base[d] (the limit `limits` gives, or the last write's) x our share of the key
+-- The bucket brought to `now`, per limited dimension d: tat[d] (>= now), and per[d], cap[d]
+-- of the limit base[d] (the limit `limits` gives, or the last write's) x our share of the key
 -- when learning it (b.sh, the share hash, read then and with the last write's limits).
 local function load(keys, limits)
   local f, stored = hash(keys.bucket), limits == nil
   limits = limits or {per_min = {}}
   local burst_s = (stored and f.burst or limits.burst_s) or 1
-  local b = {keys = keys, tat = {}, per = {}, cap = {}, lim = {}, base = {}, burst_s = burst_s,
+  local b = {keys = keys, tat = {}, per = {}, cap = {}, base = {}, burst_s = burst_s,
              burst = burst_s * 1e6, cd = f.cd or 0, lx = f.lx or 0,
-             learning = limits.learn_share == true, was = f}
+             learning = limits.learn_share == true}
   if stored or b.learning then b.sh = load_share(keys.share) end
   local learned = stored and {} or hash(keys.learned)
   for _, d in ipairs(DIMS) do
@@ -55,21 +55,18 @@ local function load(keys, limits)
   return b
 end
 
--- Write the bucket back; it expires once every dimension is full, no cooldown holds and no
--- lease is left (an expired bucket is a full one). The share hash too, if it changed.
+-- Write the bucket back, whole (a dimension no longer limited loses its state); it expires
+-- once every dimension is full, no cooldown holds and no lease is left (an expired bucket is
+-- a full one). The share hash too, if it changed.
 local function save(b)
-  local set, gone, needed = {}, {}, math.max(b.cd, b.lx)
+  local set, needed = {}, math.max(b.cd, b.lx)
   put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx)
-  for _, d in ipairs(DIMS) do
-    if b.tat[d] then
-      put(set, d, b.tat[d]); put(set, 'L' .. d, b.base[d])
-      needed = math.max(needed, b.tat[d])
-    elseif b.was[d] or b.was['L' .. d] then  -- no longer limited: its state goes
-      table.insert(gone, d); table.insert(gone, 'L' .. d)
-    end
+  for d, tat in pairs(b.tat) do
+    put(set, d, tat); put(set, 'L' .. d, b.base[d])
+    needed = math.max(needed, tat)
   end
+  redis.call('DEL', b.keys.bucket)
   redis.call('HSET', b.keys.bucket, unpack(set))
-  if #gone > 0 then redis.call('HDEL', b.keys.bucket, unpack(gone)) end
   redis.call('PEXPIRE', b.keys.bucket, string.format('%d', math.ceil((needed - now) / 1000) + 5000))
   if b.sh and b.sh.changed then save_share(b.keys.share, b.sh) end
 end

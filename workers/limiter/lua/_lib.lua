@@ -1,5 +1,6 @@
--- _lib.lua: what every script uses; prepended after _clock.lua, before the parts a script
--- names in its "-- Preamble:" line (_bucket.lua, _share.lua, _stats.lua).
+-- _lib.lua: what every script uses; prepended after the clock (_clock.lua) and the counter
+-- names (STAT_FIELDS, from _scripts.py), before the parts a script names in its
+-- "-- Preamble:" line (_bucket.lua, _share.lua, _stats.lua).
 --
 -- One scope's keys, in the order LimiterCore.keys() lists them, all under its hash tag
 -- {prefix}:{scope}:
@@ -11,7 +12,7 @@
 --                 lx: the latest lease expiry (us)
 --   leases  zset  lease id -> expiry (us)
 --   learned hash  d: raw per-minute limits from -limit headers (kept 24 h)
---   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, _stats.lua)
+--   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, from _scopes.py; _stats.lua)
 --   statidx zset  the seconds present in stats, to prune old ones
 --   share   hash  what learn_share knows of our share of the key (see _share.lua)
 --

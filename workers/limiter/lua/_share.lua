@@ -26,10 +26,16 @@
 -- a floor: the share climbs by 1/60 per second of it (all the way within a minute once the
 -- others stop) or to `left` if higher. At its end, a window on the calls in so far (too
 -- few, never too many) is a floor too: it lifts a share that fell too far without waiting.
--- A 429 cuts the share by a tenth at once (cut_share).
+-- A 429 cuts the share by a tenth at once (cooldown.lua).
 
 local SHARE_MIN, SHARE_WINDOW_US, SHARE_CALLS, SHARE_LATE = 0.05, 2e6, 5, 4
 local SHARE_GAIN, SHARE_NOISE, SHARE_CUT = 0.5, 0.03, 0.9
+
+-- Our share of d's limit, within [SHARE_MIN, 1], and the bucket's limit with it.
+local function set_share(b, d, share)
+  b.sh[d].share, b.sh.changed = math.min(1, math.max(SHARE_MIN, share)), true
+  set_limit(b, d, b.base[d] * b.sh[d].share)
+end
 
 local function judge_window(w, limit)
   local left = (w.r1 - w.r0 + w.u0) / (w.t1 - w.t0) / (limit / 60e6)
@@ -65,8 +71,7 @@ local function learn_share(b, headers)
           w.r0, w.t0, w.u0, w.x0 = w.r1, w.t1, w.u1, w.x1
           w.r1, w.t1, w.u1, w.x1 = rem, now, 0, rem
         end
-        w.share = math.min(1, math.max(SHARE_MIN, share))
-        set_limit(b, d, b.base[d] * w.share)
+        set_share(b, d, share)
       end
     end
   end
@@ -88,28 +93,16 @@ local function count_use(b, sent_at, used)
   end
 end
 
--- A 429: the provider refused what we planned with, so our share was less.
-local function cut_share(b)
-  if not b.learning then return end
-  for d in pairs(b.tat) do
-    b.sh[d].share = math.max(SHARE_MIN, b.sh[d].share * SHARE_CUT)
-    set_limit(b, d, b.base[d] * b.sh[d].share)
-    b.sh.changed = true
-  end
-end
-
 -- A response's headers: the -limit ones are kept for 24 h for the dimensions `limits` gives
 -- no limit for (a configured limit always wins); then the bucket is loaded, and after the
--- share learns from them the -remaining ones only
--- ever lower a level. Returns the bucket, not yet saved.
+-- share learns from them the -remaining ones only ever lower a level. Returns the bucket,
+-- not yet saved.
 local function fold_headers(keys, limits, headers)
-  local set = {}
   for _, d in ipairs(DIMS) do
-    if limits.per_min[d] == nil and headers.limit[d] then put(set, d, headers.limit[d]) end
-  end
-  if #set > 0 then
-    redis.call('HSET', keys.learned, unpack(set))
-    redis.call('PEXPIRE', keys.learned, 24 * 3600 * 1000)
+    if limits.per_min[d] == nil and headers.limit[d] then
+      redis.call('HSET', keys.learned, d, num(headers.limit[d]))
+      redis.call('PEXPIRE', keys.learned, 24 * 3600 * 1000)
+    end
   end
   local b = load(keys, limits)
   learn_share(b, headers)

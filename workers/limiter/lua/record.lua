@@ -3,5 +3,5 @@
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {stats_window_s, counts: {STAT_FIELDS name = count}}
 
-stat_add(scope_keys(1), A.stats_window_s, math.floor(now / 1e6), A.counts)
+stat_add(scope_keys(1), math.floor(now / 1e6), A.counts)
 return 1

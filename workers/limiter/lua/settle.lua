@@ -34,10 +34,9 @@ count_use(b, A.send_us, used)
 save(b)
 if A.headers then save(fold_headers(keys, A.limits, A.headers)) end
 
-local window, counts = A.stats_window_s, A.counts
-counts.input_tokens = (counts.input_tokens or 0) + used.i
-counts.output_tokens = (counts.output_tokens or 0) + used.o
-stat_add(keys, window, math.floor(now / 1e6), counts)
-if A.sent then stat_add(keys, window, math.floor(A.send_us / 1e6), {requests = 1}) end
-if A.wait_s > 0 then stat_add(keys, window, A.acquired_s, {waits = 1, wait_ms = A.wait_ms}) end
+A.counts.input_tokens = (A.counts.input_tokens or 0) + used.i
+A.counts.output_tokens = (A.counts.output_tokens or 0) + used.o
+stat_add(keys, math.floor(now / 1e6), A.counts)
+if A.sent then stat_add(keys, math.floor(A.send_us / 1e6), {requests = 1}) end
+if A.wait_s > 0 then stat_add(keys, A.acquired_s, {waits = 1, wait_ms = A.wait_ms}) end
 return held
