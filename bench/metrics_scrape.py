@@ -53,9 +53,10 @@ def build_fleet(settings, args):  # noqa: ANN001, ANN201
     rng = random.Random(1)
     for j in range(args.jobs):
         job_id = f"bench{j:04d}"
-        store.create(job_id, JobSpec(subtasks=["x"]), [f"task {i}" for i in range(args.subagents)],
-                     status="queued", queue="drover")
-        store.claim_launch(job_id)
+        store.specs.create(job_id, JobSpec(subtasks=["x"]),
+                           [f"task {i}" for i in range(args.subagents)],
+                           status="queued", queue="drover")
+        store.meta.claim_launch(job_id)
         register_job(client, settings.key_prefix, job_id, f"tenant{j % 5}", keep_s=3600)
         done = args.subagents // 3
         for i in range(done):

@@ -35,7 +35,9 @@ from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.liveness import Heartbeat
+from drover.workers.jobs.meta import JobMeta
 from drover.workers.jobs.results_db import ResultsStore
+from drover.workers.jobs.specs import Specs
 from drover.workers.jobs.spending import Spending
 from drover.workers.jobs.store import JobStore
 from drover.workers.jobs.stream import Stream
@@ -85,6 +87,14 @@ class Services:
     @property
     def stream(self) -> Stream:
         return self.store.stream
+
+    @property
+    def specs(self) -> Specs:
+        return self.store.specs
+
+    @property
+    def meta(self) -> JobMeta:
+        return self.store.meta
 
     @cached_property
     def results(self) -> ResultsStore | None:

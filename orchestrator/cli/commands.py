@@ -301,7 +301,7 @@ def _cache_line(handle: Any, result: Any) -> str | None:
     if usage.cache_read_input_tokens or usage.cache_creation_input_tokens:
         return None
     try:
-        spec = handle.store.spec(result.job_id)
+        spec = handle.store.specs.get(result.job_id)
     except Exception:  # expired, or another prefix: the line is a nicety
         return None
     if spec.tools:

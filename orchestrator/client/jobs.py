@@ -23,9 +23,10 @@ from drover.orchestrator.client.workers import WorkerWatch, workers_line
 from drover.workers.agent.caching import prefix_tokens
 from drover.workers.agent.fits import spec_never_fits
 from drover.workers.connections.preflight import check_services, import_tool_modules
+from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec, thinking_refused
-from drover.workers.jobs.store import ACTIVE, JobStore
+from drover.workers.jobs.store import JobStore
 from drover.workers.services import services
 from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
@@ -112,12 +113,12 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     store = _store(settings)
     job_id = uuid.uuid4().hex
     if spec.goal:
-        store.create(job_id, spec, [], status="planning", queue=settings.queue)
+        store.specs.create(job_id, spec, [], status="planning", queue=settings.queue)
         plan_job.apply_async((job_id,), queue=settings.queue, ignore_result=True)
     else:
-        store.create(job_id, spec, list(spec.subtasks), status="queued",
-                     queue=settings.queue)
-        if store.claim_launch(job_id):
+        store.specs.create(job_id, spec, list(spec.subtasks), status="queued",
+                           queue=settings.queue)
+        if store.meta.claim_launch(job_id):
             launch(job_id, len(spec.subtasks), settings.queue, tenant=spec.tenant,
                    priority=spec.priority, settings=settings)
     return JobHandle(job_id, settings=settings)
@@ -144,7 +145,7 @@ class JobHandle:
         """A handle for a job submitted elsewhere; raises JobNotFound for an unknown id."""
         handle = cls(job_id, settings=settings)
         _first_contact(handle.settings)
-        handle.store.meta(job_id)
+        handle.store.meta.get(job_id)
         return handle
 
     def __repr__(self) -> str:
@@ -152,7 +153,7 @@ class JobHandle:
 
     @property
     def status(self) -> str:
-        return self.store.meta(self.id).get("status", "unknown")
+        return self.store.meta.get(self.id).get("status", "unknown")
 
     def result(self, *, records: bool = True) -> JobResult | None:
         """The JobResult once the join has run, else None. ``records=False``: without its
@@ -188,7 +189,7 @@ class JobHandle:
 
     def progress(self) -> dict[str, int]:
         """Counts per status, plus ``pending`` (not finished yet) and ``total`` (one read)."""
-        total = int(self.store.meta(self.id).get("n", 0))
+        total = int(self.store.meta.get(self.id).get("n", 0))
         counts = self.store.status_counts(self.id, total)
         counts["total"] = total
         counts["pending"] = total - sum(counts[s] for s in STATUSES)
@@ -204,7 +205,7 @@ class JobHandle:
 
     def records(self) -> Iterator[SubagentResult]:
         """Every stored record in index order, read a page at a time (for large jobs)."""
-        total = int(self.store.meta(self.id).get("n", 0))
+        total = int(self.store.meta.get(self.id).get("n", 0))
         for _, record in self.store.iter_records(self.id, total):
             if record is not None:
                 yield record
@@ -235,7 +236,7 @@ class JobHandle:
                     yield record
             if fresh:
                 continue
-            meta = self.store.meta(self.id)
+            meta = self.store.meta.get(self.id)
             total = int(meta.get("n", 0))
             all_in = total > 0 and self.store.record_count(self.id) >= total
             # A record enters the hash a moment before the stream: look once more before ending.
@@ -280,7 +281,7 @@ class JobHandle:
         """
         if not self.store.cancel(self.id, reason):
             return False
-        meta = self.store.meta(self.id)
+        meta = self.store.meta.get(self.id)
         if "launched" in meta and int(meta.get("n", 0)):
             from drover.workers.tasklayer.dispatch import send_join
 

@@ -42,8 +42,8 @@ from drover.config import Settings, get_settings
 from drover.orchestrator.ops.stats import DIMENSIONS as STAT_DIMENSIONS
 from drover.orchestrator.ops.stats import scope_usage
 from drover.workers.jobs import liveness
+from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import STATUSES
-from drover.workers.jobs.store import ACTIVE
 from drover.workers.limiter import split_llm_scope
 from drover.workers.recovery import stalled_jobs, window_repairs
 from drover.workers.services import Services, services
@@ -219,7 +219,7 @@ class DroverCollector(Collector):
             for k, v in beat.items():
                 if k.startswith("running:"):
                     running[k.removeprefix("running:")] += int(v)
-        metas = self.store.metas(job_ids, "status", "n", "launched", "created", "queue")
+        metas = self.store.meta.many(job_ids, "status", "n", "launched", "created", "queue")
         ended = [job for job, meta in zip(registered, metas, strict=True)
                  if meta[0] is None or meta[0] not in ACTIVE]
         self.telemetry.forget_jobs(ended)
@@ -235,7 +235,7 @@ class DroverCollector(Collector):
         in_line: list[tuple[tuple[str, ...], float]] = []
         last_dispatch: list[tuple[tuple[str, ...], float]] = []
         shares: dict[str, dict[str, Any]] = {}
-        server_now = self.store.server_time()
+        server_now = self.store.meta.server_time()
         by_tenant: dict[str, dict[str, int]] = defaultdict(
             lambda: dict.fromkeys(SUBAGENT_STATUSES, 0))
         tenant_jobs: dict[str, int] = defaultdict(int)

@@ -96,7 +96,7 @@ def test_a_job_with_a_goal_plans_first_and_fans_out_to_at_most_max_subtasks(sim,
     result = handle.wait(timeout=60)
 
     assert result.counts["ok"] == 4 and len(result.results) == 4
-    assert len(handle.store.subtasks(handle.id)) == 4
+    assert len(handle.store.specs.subtasks(handle.id)) == 4
     assert sim.stats()["accepted"] == 1 + 4
 
 

@@ -51,7 +51,7 @@ def test_as_completed_streams_records_long_before_the_end_and_each_once_across_r
 
     result = handle.wait(timeout=60)
     assert result.counts["ok"] == n
-    ended = float(handle.store.meta(handle.id)["finished"])
+    ended = float(handle.store.meta.get(handle.id)["finished"])
     assert first.finished_at < max(r.finished_at for r in result.results) <= ended
     # A fresh handle replays the whole stream, again each sub-agent once.
     replay = [r.index for r in JobHandle.attach(handle.id).as_completed(timeout=30)]

@@ -76,9 +76,9 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
     store = JobStore(client, prefix=settings.key_prefix)
     for j, tenant in enumerate(("acme", "acme", "beta")):
         job_id = f"job{j}"
-        store.create(job_id, JobSpec(subtasks=["x"]), ["a", "b", "c", "d"], status="queued",
-                     queue="q-obs")
-        store.claim_launch(job_id)
+        store.specs.create(job_id, JobSpec(subtasks=["x"]), ["a", "b", "c", "d"], status="queued",
+                           queue="q-obs")
+        store.meta.claim_launch(job_id)
         register_job(client, settings.key_prefix, job_id, tenant, keep_s=3600)
         time.sleep(0.002)  # the newest is the last registered
     _broker_messages(settings, "q-obs", 3)

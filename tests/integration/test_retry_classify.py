@@ -250,8 +250,8 @@ def test_an_aborted_call_keeps_its_input_tokens_counted(monkeypatch, drover_env,
 def _job(rt, subtasks: list[str]) -> str:  # noqa: ANN001
     """A job in the store with no task on the broker: the test runs its deliveries."""
     job_id = uuid.uuid4().hex
-    rt.store.create(job_id, JobSpec(subtasks=subtasks, max_tokens=50), subtasks,
-                    status="queued", queue=rt.settings.queue)
+    rt.store.specs.create(job_id, JobSpec(subtasks=subtasks, max_tokens=50), subtasks,
+                          status="queued", queue=rt.settings.queue)
     return job_id
 
 

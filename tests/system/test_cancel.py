@@ -106,7 +106,7 @@ def test_a_deadline_ends_a_long_job_the_same_way(sim, spawn_worker, drover_env, 
     wait_for_workers(1)
     handle = submit(JobSpec(subtasks=[f"Assess depot {i}" for i in range(100)],
                             tools=["lookup_fact"], deadline_s=3))
-    deadline = float(handle.store.meta(handle.id)["deadline"])  # Redis's clock (this host's)
+    deadline = float(handle.store.meta.get(handle.id)["deadline"])  # Redis's clock (this host's)
     result = handle.wait(timeout=120)
     _stop_workers(workers)
 

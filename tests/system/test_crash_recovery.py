@@ -139,9 +139,9 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
                              max_attempts=2)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
     job_id = "sweepjob"
-    store.create(job_id, JobSpec(subtasks=["a", "b", "c", "d"]), ["a", "b", "c", "d"],
-                 status="queued", queue="q-sweep")
-    store.claim_launch(job_id)
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b", "c", "d"]), ["a", "b", "c", "d"],
+                       status="queued", queue="q-sweep")
+    store.meta.claim_launch(job_id)
     store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
     # 1 is still queued, 2 is unacked (taken by a worker), 3 is nowhere: lost.
     store.r.lpush(f"{key_prefix}:celery:q-sweep", kombu_envelope(job_id, 1))
@@ -179,10 +179,11 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
     settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=RESEND_S)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
     # joinjob runs on another queue of this deployment: its join goes to its own queue.
-    store.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="other-queue")
-    store.claim_launch("joinjob")
-    store.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="q-sweep")
-    store.claim_launch("ourjob")
+    store.specs.create("joinjob", JobSpec(subtasks=["a"]), ["a"], status="queued",
+                       queue="other-queue")
+    store.meta.claim_launch("joinjob")
+    store.specs.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="q-sweep")
+    store.meta.claim_launch("ourjob")
     for job_id in ("joinjob", "ourjob"):
         store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
     sent: list[tuple[str, str, int | None]] = []
@@ -201,9 +202,9 @@ def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again
     timeout. The sweep that finds the dead worker re-sends it from the unacked hash."""
     settings = load_settings(key_prefix=key_prefix, queue="q-orphan")
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
-    store.create("orphanjob", JobSpec(subtasks=["a", "b"]), ["a", "b"], status="queued",
-                 queue="q-orphan")
-    store.claim_launch("orphanjob")
+    store.specs.create("orphanjob", JobSpec(subtasks=["a", "b"]), ["a", "b"], status="queued",
+                       queue="q-orphan")
+    store.meta.claim_launch("orphanjob")
     store.r.hset(f"{key_prefix}:celery:unacked", "d-1",
                  json.dumps([json.loads(kombu_envelope("orphanjob", 1)), "", "q-orphan"]))
     store.r.zadd(f"{key_prefix}:celery:unacked_index", {"d-1": time.time() - 30})

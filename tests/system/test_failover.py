@@ -115,8 +115,8 @@ def test_a_claim_lost_in_a_failover_is_never_handed_to_a_second_delivery(sentine
         key_prefix="ha-race"))
     store = shared.store
     job_id = uuid.uuid4().hex
-    store.create(job_id, JobSpec(subtasks=["a"], max_tokens=16), ["a"], status="running",
-                 queue="q-race")
+    store.specs.create(job_id, JobSpec(subtasks=["a"], max_tokens=16), ["a"], status="running",
+                       queue="q-race")
     sent = store.claims.takeover(job_id, 0, -1, "")  # the message is out with this token
     assert store.r.wait(1, 5000) == 1  # ... and the replica has it
 

@@ -240,8 +240,8 @@ def test_a_subagent_sent_again_says_so_in_flowers_args(drover_env, redis_client)
                      ttl_s=settings.result_ttl_s)
     job_id = f"resend-{secrets.token_hex(6)}"
     subtasks = [f"{SECRET} a", f"{SECRET} b", f"{SECRET} c"]
-    store.create(job_id, JobSpec(subtasks=subtasks), subtasks, status="queued",
-                 queue=settings.queue)
+    store.specs.create(job_id, JobSpec(subtasks=subtasks), subtasks, status="queued",
+                       queue=settings.queue)
     send_again(settings.queue, job_id, 2, 7)  # no worker runs: the message stays queued
     send_again(settings.queue, job_id, "join", 8)
     raws = redis_client.lrange(f"{settings.key_prefix}:celery:{settings.queue}", 0, -1)

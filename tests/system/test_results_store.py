@@ -175,8 +175,8 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
     live = store.archive.store
     live.check()  # the schema made, as a worker's start does
     job_id = f"late-{time.time_ns()}"
-    store.create(job_id, JobSpec(subtasks=["a", "b"]), ["a", "b"], status="running",
-                 queue="q")
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b"]), ["a", "b"], status="running",
+                       queue="q")
     store.archive.store = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/x",
                                        connect_timeout_s=1)
     try:

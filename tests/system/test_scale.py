@@ -97,7 +97,8 @@ def test_the_join_holds_compact_records_whatever_the_stored_ones_weigh(drover_en
 
     def job(job_id: str, n: int, error_chars: int) -> int:
         spec = JobSpec(subtasks=[f"t{i}" for i in range(n)])
-        store.create(job_id, spec, list(spec.subtasks), status="running", queue=settings.queue)
+        store.specs.create(job_id, spec, list(spec.subtasks), status="running",
+                           queue=settings.queue)
         for i in range(n):
             store.finish(SubagentResult(job_id=job_id, index=i, status="failed",
                                         summary="s" * 400, error="e" * error_chars))

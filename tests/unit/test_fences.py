@@ -30,8 +30,8 @@ def store(redis_url, key_prefix, monkeypatch):
 
 def _job(store) -> str:
     job_id = uuid.uuid4().hex
-    store.create(job_id, JobSpec(subtasks=["a"], max_tokens=16), ["a"], status="running",
-                 queue="q-fences")
+    store.specs.create(job_id, JobSpec(subtasks=["a"], max_tokens=16), ["a"], status="running",
+                       queue="q-fences")
     return job_id
 
 

@@ -29,9 +29,9 @@ def rabbitmq_job(redis_url, key_prefix):
                              resend_after_s=AFTER_S, heartbeat_s=0.1, heartbeat_ttl_s=0.5)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix)
     job_id = uuid.uuid4().hex
-    store.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
-                 status="running", queue="q-lost")
-    store.claim_launch(job_id)
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
+                       status="running", queue="q-lost")
+    store.meta.claim_launch(job_id)
     yield settings, store, job_id
     store.r.close()
 
@@ -106,9 +106,9 @@ def test_a_parked_sub_agent_resumed_while_the_sweep_reads_is_not_taken_for_lost(
     assert not settings.broker_is_rabbitmq
     store = JobStore(sync_redis(redis_url), prefix=key_prefix)
     job_id = uuid.uuid4().hex
-    store.create(job_id, JobSpec(subtasks=["a", "b"], max_tokens=16), ["a", "b"],
-                 status="running", queue="q-lost")
-    store.claim_launch(job_id)
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b"], max_tokens=16), ["a", "b"],
+                       status="running", queue="q-lost")
+    store.meta.claim_launch(job_id)
     parked = store.key(job_id, "bpark")
     store.r.hset(parked, "0", "{}")  # 0 waits for its batch; 1's message is gone for good
     read_broker = sweep_module.subagents_in_broker
@@ -144,9 +144,9 @@ def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat
     assert not settings.broker_is_rabbitmq and settings.resend_after_s >= 60
     store = JobStore(sync_redis(redis_url), prefix=key_prefix)
     job_id = uuid.uuid4().hex
-    store.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
-                 status="running", queue="q-lost")
-    store.claim_launch(job_id)
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
+                       status="running", queue="q-lost")
+    store.meta.claim_launch(job_id)
     fs = FairShare.from_settings(store.r, settings, "q-lost")
     fs.published(fs.add(job_id, n=3, tenant="t", weight=1.0, priority="normal"))
     live = "w-live"

@@ -95,8 +95,8 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
                                      dispatch_window=4, max_attempts=1000)
             self.store = JobStore(r, prefix=self.prefix, ttl_s=600)
             self.fs = FairShare.from_settings(r, self.settings, "q")
-            self.store.create("J", JobSpec(subtasks=["x"] * N_PARTS), ["x"] * N_PARTS,
-                              status="running", queue="q")
+            self.store.specs.create("J", JobSpec(subtasks=["x"] * N_PARTS), ["x"] * N_PARTS,
+                                    status="running", queue="q")
             # part -> ("queued", token, is_retry) | ("held", worker, token) |
             #         ("running", worker, token) | ("done",)
             self.parts: dict[int, tuple] = {}

@@ -55,9 +55,10 @@ from drover.workers.agent.llm import CallContext, counted_input
 from drover.workers.agent.retry import Decision, classify
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.batches import Intent, OpenBatch, custom_id
+from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.spec import JobSpec
-from drover.workers.jobs.store import ACTIVE, JobNotFound
+from drover.workers.jobs.store import JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
 from drover.workers.providers import (
     ANTHROPIC,
@@ -186,7 +187,7 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
             raise RetryableFailure(0.0, decision)
         raise CallFailed(decision)
     if kind == "expired":
-        left = await _io(rt.store.deadline_in, ctx.job_id)
+        left = await _io(rt.store.meta.deadline_in, ctx.job_id)
         if left is not None and left <= 0:
             raise CallFailed(Decision("fail", "expired", "the batch request expired before it "
                                       "was processed, and the job's deadline has passed"))
@@ -355,7 +356,7 @@ class Batcher:
         for job_id in await _io(self.store.active_jobs):
             try:
                 reason = await _io(self.rt.store.cancelled, job_id)
-                status = (await _io(self.rt.store.meta, job_id)).get("status")
+                status = (await _io(self.rt.store.meta.get, job_id)).get("status")
             except JobNotFound:
                 await _io(self.store.retire_job, job_id)
                 continue
@@ -380,7 +381,7 @@ class Batcher:
     # -- 2. submits ---------------------------------------------------------------------
     async def _submit(self) -> None:
         s = self.rt.settings
-        now = await _io(self.rt.store.server_time)
+        now = await _io(self.rt.store.meta.server_time)
         for scope in await _io(self.store.scopes, self.alias):
             count, oldest = await _io(self.store.pending_state, scope)
             if not count:
@@ -406,7 +407,7 @@ class Batcher:
         # leaves this behind, and the next one adopts that batch instead of making another.
         intent = Intent(id=uuid.uuid4().hex[:12], scope=scope, job_id=job_id,
                         custom_ids=[c for c, _ in items], leases=leases,
-                        at=await _io(self.rt.store.server_time))
+                        at=await _io(self.rt.store.meta.server_time))
         await _io(self.store.intend, intent)
         try:
             made = await self._call("create", lambda: self.rt.batch_client.messages.batches.create(
@@ -427,7 +428,7 @@ class Batcher:
             # Else no answer: the call may still have made a batch (a timeout, a cut
             # connection), so the intent stays for the next tick's recovery to resolve.
             return False
-        now = await _io(self.rt.store.server_time)
+        now = await _io(self.rt.store.meta.server_time)
         await _io(self.store.opened, OpenBatch(
             id=made.id, scope=scope, job_id=job_id, custom_ids=[c for c, _ in items],
             leases=leases, created=now, polled=now), intent.id)
@@ -454,7 +455,7 @@ class Batcher:
     # -- 3. polls -----------------------------------------------------------------------
     async def _poll(self) -> None:
         s = self.rt.settings
-        now = await _io(self.rt.store.server_time)
+        now = await _io(self.rt.store.meta.server_time)
         batches = self.rt.batch_client.messages.batches
         for batch in await _io(self.store.open_batches, self.alias):
             if not (batch.ended and batch.results_url):

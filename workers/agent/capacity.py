@@ -155,7 +155,7 @@ def active_models(settings: Settings, fs: FairShare, store: JobStore) -> set[str
     models = set()
     for share in fs.jobs():
         try:
-            models.add(store.spec(share.job_id).model or settings.model)
+            models.add(store.specs.get(share.job_id).model or settings.model)
         except JobNotFound:
             continue
     return models

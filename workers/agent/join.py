@@ -71,8 +71,8 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     existing = await asyncio.to_thread(store.result, job_id)
     if existing is not None:
         return existing
-    spec = await asyncio.to_thread(store.spec, job_id)
-    meta = await asyncio.to_thread(store.meta, job_id)
+    spec = await asyncio.to_thread(store.specs.get, job_id)
+    meta = await asyncio.to_thread(store.meta.get, job_id)
     n = int(meta["n"])
     stored = await asyncio.to_thread(store.record_count, job_id)
     if stored < n:  # the join came early (one read, before walking any page)
@@ -147,7 +147,7 @@ def collect(store: JobStore, job_id: str, n: int, page: int = PAGE, *,
 
 async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
                       results: list[SubagentResult]) -> str:
-    subtasks = await asyncio.to_thread(rt.store.subtasks, job_id)
+    subtasks = await asyncio.to_thread(rt.store.specs.subtasks, job_id)
     params = synthesis_request(spec, spec.model or rt.settings.model, results, subtasks)
     by_batch = uses_batch(spec, rt.settings)  # a batch job's synthesis goes by batch too
     if by_batch:

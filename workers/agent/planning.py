@@ -105,7 +105,7 @@ async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec, *, failures: in
 
     ``failures``: failed attempts so far (the backoff grows with them)."""
     assert spec.goal is not None
-    deadline_in = (await asyncio.to_thread(rt.store.deadline_in, job_id)
+    deadline_in = (await asyncio.to_thread(rt.store.meta.deadline_in, job_id)
                    if spec.deadline_s else None)
     with rt.job_scope(job_id, deadline_in) as cancel:
         if await asyncio.to_thread(rt.store.cancelled, job_id):

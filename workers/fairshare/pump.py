@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 
 from drover.workers.fairshare.scheduler import PUMP_S, Dispatch, FairShare
-from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.workers.jobs.meta import ACTIVE
+from drover.workers.jobs.store import JobNotFound, JobStore
 
 __all__ = ["Publish", "pump_once", "start_pump"]
 
@@ -33,7 +34,7 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
         runs.append(lost)
     for share in fs.jobs():
         try:
-            meta = store.meta(share.job_id)
+            meta = store.meta.get(share.job_id)
         except JobNotFound:
             runs += fs.remove(share.job_id)
             continue

@@ -8,9 +8,10 @@ Nothing outside the job store touches its Redis keys; ``keys.py`` spells them al
 from drover.workers.jobs.claims import TOKEN_HEADER, ClaimLost
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import Heartbeat
+from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import Checkpoint, JobResult, SubagentReport, SubagentResult, Usage
 from drover.workers.jobs.spec import JobSpec
-from drover.workers.jobs.store import ACTIVE, JobNotFound, JobStore
+from drover.workers.jobs.store import JobNotFound, JobStore
 
 __all__ = ["ACTIVE", "TOKEN_HEADER", "Checkpoint", "ClaimLost", "Heartbeat", "JobKeys",
            "JobNotFound", "JobResult", "JobSpec", "JobStore", "SubagentReport", "SubagentResult",

@@ -129,7 +129,7 @@ class BatchStore:
 
     # --- a sub-agent's side -------------------------------------------------------------
     def enqueue(self, scope: str, job_id: str, cid: str, params: dict[str, Any]) -> None:
-        now = self.jobs.server_time()
+        now = self.jobs.meta.server_time()
         pipe = self.r.pipeline()
         pipe.hset(self._bodies(scope), cid, json.dumps(params))
         pipe.zadd(self._pending(scope), {cid: now}, nx=True)

@@ -33,6 +33,7 @@ from drover.workers.jobs.claims import LUA, ClaimLost, Claims
 from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive
+from drover.workers.jobs.meta import ACTIVE, JobMeta
 from drover.workers.jobs.records import (
     STATUSES,
     Checkpoint,
@@ -45,10 +46,9 @@ from drover.workers.jobs.records import (
 )
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.spec import JobSpec
+from drover.workers.jobs.specs import Specs
 from drover.workers.jobs.spending import Spending
 from drover.workers.jobs.stream import Stream
-
-ACTIVE = ("queued", "planning", "running")
 
 
 @dataclass
@@ -80,6 +80,8 @@ class JobStore:
         self.counters = Counters(client, self.keys, ttl_s)
         self.spending = Spending(client, self.keys, ttl_s)
         self.stream = Stream(client, self.keys)
+        self.specs = Specs(client, self.keys, ttl_s, self.archive)
+        self.meta = JobMeta(client, self.keys, self.archive)
         self.claims = Claims(client, prefix, ttl_s)
         self._record = client.register_script((LUA / "record.lua").read_text())
         self._send = client.register_script((LUA / "send.lua").read_text())
@@ -92,83 +94,18 @@ class JobStore:
         return self.keys.cancel_channel
 
     # --- the job ------------------------------------------------------------------------
-    def create(self, job_id: str, spec: JobSpec, subtasks: list[str], *, status: str,
-               queue: str) -> None:
-        stored = spec.model_copy(update={"subtasks": []})  # they go to the "tasks" list
-        now = time.time()
-        pipe = self.r.pipeline()
-        pipe.set(self.key(job_id, "spec"), stored.model_dump_json(), ex=self.ttl_s)
-        if subtasks:
-            pipe.rpush(self.key(job_id, "tasks"), *subtasks)
-            pipe.expire(self.key(job_id, "tasks"), self.ttl_s)
-        # The queue is where the recovery sweep re-sends lost tasks of this job.
-        meta = {"status": status, "n": len(subtasks), "created": now, "queue": queue}
-        if spec.deadline_s:
-            # On Redis's clock, like every check of it: the hosts' clocks may disagree.
-            meta["deadline"] = self.server_time() + spec.deadline_s
-        pipe.hset(self.key(job_id, "meta"), mapping=meta)
-        pipe.expire(self.key(job_id, "meta"), self.ttl_s)
-        pipe.zadd(self.keys.jobs, {job_id: now})
-        pipe.execute()
-
-    def set_subtasks(self, job_id: str, subtasks: list[str]) -> None:
-        pipe = self.r.pipeline()
-        pipe.delete(self.key(job_id, "tasks"))
-        pipe.rpush(self.key(job_id, "tasks"), *subtasks)
-        pipe.expire(self.key(job_id, "tasks"), self.ttl_s)
-        pipe.hset(self.key(job_id, "meta"), mapping={"n": len(subtasks)})
-        pipe.execute()
-
-    def spec(self, job_id: str) -> JobSpec:
-        raw = self.r.get(self.key(job_id, "spec"))
-        if raw is None and self.archive.gone(job_id):
-            row = self.archive.store.job(job_id)  # type: ignore[union-attr]
-            if row is not None and row["spec"] is not None:
-                return JobSpec.model_construct(**row["spec"])
-        if raw is None:
-            raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
-        # Validated at submit; stored without its subtasks (those live in a list of their own,
-        # read one at a time), which validation would refuse.
-        return JobSpec.model_construct(**json.loads(raw))
-
-    def subtasks(self, job_id: str) -> list[str]:
-        return [x.decode() if isinstance(x, bytes) else x
-                for x in self.r.lrange(self.key(job_id, "tasks"), 0, -1)]
-
-    def meta(self, job_id: str) -> dict[str, str]:
-        raw = self.r.hgetall(self.key(job_id, "meta"))
-        if not raw and self.archive.store is not None:
-            row = self.archive.job(job_id)
-            if row is not None:
-                return {"status": row["status"], "n": str(row["n"]),
-                        "created": str(row["created_at"] or ""),
-                        "finished": str(row["finished_at"]), "archived": "1"}
-        if not raw:
-            raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired)")
-        return {_s(k): _s(v) for k, v in raw.items()}
-
-    def claim_launch(self, job_id: str) -> bool:
-        """True for the one caller that may send the job's chord (a replanned job is not resent)."""
-        pipe = self.r.pipeline()
-        pipe.hsetnx(self.key(job_id, "meta"), "launched", time.time())
-        pipe.hset(self.key(job_id, "meta"), "status", "running")
-        return bool(pipe.execute()[0])
-
     def fail_job(self, job_id: str, reason: str, status: str = "failed") -> None:
         """End a job that never fanned out (its planning failed or it was cancelled first)."""
-        created = float(self.meta(job_id).get("created", time.time()))
+        created = float(self.meta.get(job_id).get("created", time.time()))
         self.save_result(JobResult(job_id=job_id, status=status,  # type: ignore[arg-type]
                                    reason=reason, results=[],
                                    counts=status_counts([]), usage=Usage(),
                                    wall_s=round(time.time() - created, 3)))
 
-    def jobs(self, limit: int = 20) -> list[str]:
-        return [_s(x) for x in self.r.zrevrange(self.keys.jobs, 0, limit - 1)]
-
     # --- cancellation -------------------------------------------------------------------
     def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
         """Mark the job cancelled and tell every worker; False when it had already ended."""
-        meta = self.meta(job_id)
+        meta = self.meta.get(job_id)
         if meta.get("status") not in ACTIVE:
             return False
         pipe = self.r.pipeline()
@@ -206,7 +143,7 @@ class JobStore:
         in flight are aborted (the cancel channel) and the join says ``failed``. Sub-agents
         waiting for a retry are recorded with their checkpoint's usage. False when the job
         had already ended or this was done before."""
-        meta = self.meta(job_id)
+        meta = self.meta.get(job_id)
         if meta.get("status") not in ACTIVE:
             return False
         why = json.dumps({"reason": reason, "type": error_type, "status": status_code})
@@ -311,18 +248,6 @@ class JobStore:
             self.cancel(job_id, "deadline")
             return _s(self.r.hget(self.key(job_id, "meta"), "cancelled") or "deadline")
         return None
-
-    def deadline_in(self, job_id: str) -> float | None:
-        """Seconds until the job's deadline (<= 0 once passed); None when it has none."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hget(self.key(job_id, "meta"), "deadline")
-        pipe.time()
-        deadline, (seconds, micros) = pipe.execute()
-        return None if not deadline else float(deadline) - (seconds + micros / 1e6)
-
-    def server_time(self) -> float:
-        seconds, micros = self.r.time()
-        return seconds + micros / 1e6
 
     # --- per sub-agent state ------------------------------------------------------------
     def start(self, job_id: str, index: int, *, worker: str | None = None,
@@ -518,15 +443,6 @@ class JobStore:
         raw = self.r.get(self.key(job_id, "report", index))  # written before 'final' existed
         return SubagentReport.model_validate_json(raw) if raw else None
 
-    def metas(self, job_ids: list[str], *fields: str) -> list[list[str | None]]:
-        """Some meta fields of many jobs in one round trip (None where a job or field is gone)."""
-        if not job_ids:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hmget(self.key(job_id, "meta"), *fields)
-        return [[_s(v) if v is not None else None for v in row] for row in pipe.execute()]
-
     def save_result(self, result: JobResult) -> None:
         """Store the job's result without its records (``result`` reads them from the records
         hash, by reference: the answers are not stored twice)."""
@@ -562,7 +478,7 @@ class JobStore:
                     for raw, final in zip(raws, finals, strict=True) if raw)
         spec = self.r.get(self.key(job_id, "spec"))
         self.archive.store.put_job(result, spec=_s(spec) if spec else None,
-                             subtasks=self.subtasks(job_id), n=n,
+                             subtasks=self.specs.subtasks(job_id), n=n,
                              created=float(meta["created"]) if meta.get("created") else None,
                              finished=time.time())
 

@@ -74,8 +74,9 @@ from drover.workers.fairshare import FairShare
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive, forget_worker, mark_message_gap, registered_workers
+from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import SubagentResult
-from drover.workers.jobs.store import ACTIVE, JobStore
+from drover.workers.jobs.store import JobStore
 
 __all__ = ["Part", "Send", "repair_windows", "stall_after_s", "stalled_jobs", "start_sweeper",
            "subagent_of", "subagents_in_broker", "sweep", "take_over_dead_workers",
@@ -201,7 +202,7 @@ def resend_orphans(store: JobStore, settings: Settings, send: Send) -> list[tupl
     the workers hold (the ``unacked`` hash), never the queue."""
     r = store.r
     base = f"{store.prefix}:celery:"
-    older = store.server_time() - max(ORPHAN_AGE_S, settings.heartbeat_s)
+    older = store.meta.server_time() - max(ORPHAN_AGE_S, settings.heartbeat_s)
     tags = r.zrangebyscore(base + "unacked_index", "-inf", older)
     sent: list[tuple[str, Part]] = []
     for start in range(0, len(tags), 500):
@@ -279,10 +280,10 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
     failover loses is drover's state of a delivery RabbitMQ has already acked (its record,
     or the task ended on a Redis error). A sub-agent that no live worker holds or runs, in a
     job without a record for so long, is sent again (a queued copy is stale at once)."""
-    now = store.server_time()
+    now = store.meta.server_time()
     sent: list[tuple[str, Part]] = []
     unfinished: list[tuple[str, str, list[int]]] = []  # job, queue, sub-agents to look at
-    for job_id in store.jobs(limit=RECENT_JOBS):
+    for job_id in store.meta.recent(limit=RECENT_JOBS):
         meta = _meta(store, job_id)
         queue = meta.get("queue") or settings.queue
         if meta.get("status") not in ACTIVE or "launched" not in meta:
@@ -399,7 +400,7 @@ def repair_windows(store: JobStore, settings: Settings, send: Send,
     """Step 4: every job of the queue's window checked against its claims and the heartbeats."""
     r = store.r
     fs = FairShare.from_settings(r, settings, queue or settings.queue)
-    now = store.server_time()
+    now = store.meta.server_time()
     sent: list[tuple[str, Part]] = []
     stalled_key = store.keys.stalled
     for share in fs.jobs():
@@ -544,7 +545,7 @@ def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int) -> bo
 
 def _meta(store: JobStore, job_id: str) -> dict[str, str]:
     try:
-        return store.meta(job_id)
+        return store.meta.get(job_id)
     except LookupError:  # expired
         return {}
 

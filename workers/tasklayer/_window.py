@@ -41,7 +41,7 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
     settings = settings or get_settings()
     open_fanout(job_id, n)
     store = services(settings).store
-    if uses_batch(store.spec(job_id), settings):
+    if uses_batch(store.specs.get(job_id), settings):
         # A batch sub-agent holds a worker slot only for the moments between its batch
         # rounds, so a window of slots is no measure of it: every turn of every sub-agent
         # should make the next batch. All of them go out now.
@@ -64,7 +64,7 @@ def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStor
         shared = services(settings)
         subtask = store.r.lindex(store.key(job_id, "tasks"), 0) or b""
         text = subtask.decode() if isinstance(subtask, bytes) else str(subtask)
-        spec = store.spec(job_id)
+        spec = store.specs.get(job_id)
         model = spec.model or settings.model
         save_first_call_hint(shared.redis, settings, queue, model, first_call_hint(spec, text))
         # Again now, not only when none is fresh: a pump's cap from before any call and any
@@ -104,7 +104,7 @@ def job_size(job_id: str) -> int | str:
 def _known_size(redis_url: str, prefix: str, job_id: str) -> int:
     # Read once per process: a job's size is fixed before its first sub-agent is published
     # (a planned job's subtasks are stored before it launches); an unknown one is not kept.
-    n = int(services().store.meta(job_id)["n"])
+    n = int(services().meta.get(job_id)["n"])
     if n <= 0:
         raise ValueError("no sub-agents yet")
     return n
@@ -124,7 +124,7 @@ def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = 
             # the join goes out once the last running one is in (the chord, short of the
             # members never published, would not count to its size).
             runs = fs.remove(job_id)
-            if store.record_count(job_id) >= int(store.meta(job_id).get("n", 0)):
+            if store.record_count(job_id) >= int(store.meta.get(job_id).get("n", 0)):
                 send_join(job_id, settings.queue)
         else:
             runs = fs.finished(job_id, done if done is not None else store.record_count(job_id))

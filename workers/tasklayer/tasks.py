@@ -95,7 +95,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     # A failed sub-agent may have ended its job (its only key refused, all_or_nothing): the
     # job is then cancelled too, and its sub-agents never published need the join sent.
     ended = outcome.status == "cancelled" or (
-        outcome.status == "failed" and bool(rt.store.meta(job_id).get("cancelled")))
+        outcome.status == "failed" and bool(rt.store.meta.get(job_id).get("cancelled")))
     refill(rt.store, job_id, cancelled=ended, done=run.records_in)
     return subagent_task_result(outcome)
 
@@ -131,8 +131,8 @@ def join_results(self: Task, *args: Any) -> dict[str, Any]:
 def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     """Plan a job that was submitted with a goal, then fan it out."""
     rt = get_runtime()
-    spec = rt.store.spec(job_id)
-    if rt.store.meta(job_id).get("status") != "planning":  # delivered twice: launched once
+    spec = rt.store.specs.get(job_id)
+    if rt.store.meta.get(job_id).get("status") != "planning":  # delivered twice: launched once
         return {"status": "launched", "job_id": job_id}
     failures = self.request.retries or 0  # earlier deliveries of this plan were retries
     token = claim_part(self, job_id, "plan")
@@ -159,8 +159,8 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     if reason := rt.store.cancelled(job_id):  # the cancel came just as the plan did
         rt.store.fail_job(job_id, reason, status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
-    rt.store.set_subtasks(job_id, subtasks)
-    if rt.store.claim_launch(job_id):
+    rt.store.specs.set_subtasks(job_id, subtasks)
+    if rt.store.meta.claim_launch(job_id):
         launch(job_id, len(subtasks), rt.settings.queue, tenant=spec.tenant or "default",
                priority=spec.priority or "normal")
     drop_claim(job_id, "plan")
