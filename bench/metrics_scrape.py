@@ -60,7 +60,7 @@ def build_fleet(settings, args):  # noqa: ANN001, ANN201
         register_job(client, settings.key_prefix, job_id, f"tenant{j % 5}", keep_s=3600)
         done = args.subagents // 3
         for i in range(done):
-            store.finish(_record(job_id, i, rng))
+            store.records.put(_record(job_id, i, rng))
         pending += [(job_id, i) for i in range(done, args.subagents)]
     recorders = []
     for p in range(args.procs):
@@ -134,7 +134,7 @@ def main() -> None:
         times = []
         for _ in range(args.scrapes):
             for job_id, index in pending[:args.finish]:
-                store.finish(_record(job_id, index, rng))
+                store.records.put(_record(job_id, index, rng))
             del pending[:args.finish]
             took, size = scrape()
             times.append(took)

@@ -34,7 +34,8 @@ def run(n: int, admin_url: str, redis_url: str) -> None:
             job = uuid.uuid4().hex
             start = time.perf_counter()
             for i in range(n):
-                store.finish(SubagentResult(job_id=job, index=i, status="ok", summary="x" * 300))
+                store.records.put(SubagentResult(job_id=job, index=i, status="ok",
+                                                 summary="x" * 300))
             took = time.perf_counter() - start
             print(f"{label}: {n / took:,.0f} records/s, {took / n * 1e3:.2f} ms per record")
             if results is not None:

@@ -36,6 +36,8 @@ from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.meta import JobMeta
+from drover.workers.jobs.outcomes import Outcomes
+from drover.workers.jobs.record_store import Records
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.specs import Specs
 from drover.workers.jobs.spending import Spending
@@ -95,6 +97,14 @@ class Services:
     @property
     def meta(self) -> JobMeta:
         return self.store.meta
+
+    @property
+    def records(self) -> Records:
+        return self.store.records
+
+    @property
+    def outcomes(self) -> Outcomes:
+        return self.store.outcomes
 
     @cached_property
     def results(self) -> ResultsStore | None:

@@ -84,7 +84,7 @@ def run(ctx: RunContext, subtasks: list[str] | None = None, max_turns: int = 10,
             makespan = time.monotonic() - started
             cpu_s = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
         rss_kb = max(peak_rss_kb(p.pid) for p in procs)
-    records = list(handle.store.records(handle.id).values())
+    records = list(handle.store.records.all(handle.id).values())
     errors = Counter(f"{r.status}: {r.error_type}" for r in records if r.status != "ok")
     if len(records) < len(tasks):
         errors["TimeoutError (unfinished at the time cap)"] = len(tasks) - len(records)

@@ -159,7 +159,7 @@ class JobHandle:
         """The JobResult once the join has run, else None. ``records=False``: without its
         records (``results`` empty; status, counts, usage and synthesis in one read), for a
         large job whose records are then read a page at a time with ``records()``."""
-        return self.store.result(self.id, records=records)
+        return self.store.outcomes.get(self.id, records=records)
 
     def wait(self, timeout: float | None = None, poll_s: float = 0.2, *,
              records: bool = True) -> JobResult:
@@ -170,15 +170,15 @@ class JobHandle:
         When nothing finishes for a few seconds and no worker consumes the job's queue, a
         warning says so (and how to start one); the wait goes on."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        watch = WorkerWatch(self.id, self.settings.queue, self.store.record_count(self.id))
+        watch = WorkerWatch(self.id, self.settings.queue, self.store.records.count(self.id))
         while True:
-            result = self.store.result(self.id, records=records)
+            result = self.store.outcomes.get(self.id, records=records)
             if result is not None:
                 return result
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"job {self.id} not finished after {timeout:g} s: "
                                    f"{self._stalled(watch)}")
-            watch.check(self.store.record_count(self.id))
+            watch.check(self.store.records.count(self.id))
             time.sleep(poll_s)
 
     def _stalled(self, watch: WorkerWatch) -> str:
@@ -190,7 +190,7 @@ class JobHandle:
     def progress(self) -> dict[str, int]:
         """Counts per status, plus ``pending`` (not finished yet) and ``total`` (one read)."""
         total = int(self.store.meta.get(self.id).get("n", 0))
-        counts = self.store.status_counts(self.id, total)
+        counts = self.store.records.status_counts(self.id, total)
         counts["total"] = total
         counts["pending"] = total - sum(counts[s] for s in STATUSES)
         return counts
@@ -201,12 +201,12 @@ class JobHandle:
 
     def record(self, index: int) -> SubagentResult | None:
         """Sub-agent ``index``'s full record (a JobResult's copy may have its text cut)."""
-        return self.store.record(self.id, index)
+        return self.store.records.get(self.id, index)
 
     def records(self) -> Iterator[SubagentResult]:
         """Every stored record in index order, read a page at a time (for large jobs)."""
         total = int(self.store.meta.get(self.id).get("n", 0))
-        for _, record in self.store.iter_records(self.id, total):
+        for _, record in self.store.records.walk(self.id, total):
             if record is not None:
                 yield record
 
@@ -238,7 +238,7 @@ class JobHandle:
                 continue
             meta = self.store.meta.get(self.id)
             total = int(meta.get("n", 0))
-            all_in = total > 0 and self.store.record_count(self.id) >= total
+            all_in = total > 0 and self.store.records.count(self.id) >= total
             # A record enters the hash a moment before the stream: look once more before ending.
             if (all_in or meta.get("status") not in ACTIVE) and self._caught_up():
                 return
@@ -256,7 +256,7 @@ class JobHandle:
         return not any(True for _ in self.store.stream.events(self.id, self._last_event, count=1))
 
     def report(self, index: int) -> SubagentReport | None:
-        return self.store.report(self.id, index)
+        return self.store.records.report(self.id, index)
 
     def transcript(self, index: int) -> list[dict[str, Any]]:
         """The sub-agent's full conversation (for debugging), while the job's records live

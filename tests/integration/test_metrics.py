@@ -82,8 +82,8 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
         register_job(client, settings.key_prefix, job_id, tenant, keep_s=3600)
         time.sleep(0.002)  # the newest is the last registered
     _broker_messages(settings, "q-obs", 3)
-    store.finish(SubagentResult(job_id="job2", index=0, status="ok"))
-    store.finish(SubagentResult(job_id="job2", index=1, status="failed"))
+    store.records.put(SubagentResult(job_id="job2", index=0, status="ok"))
+    store.records.put(SubagentResult(job_id="job2", index=1, status="failed"))
     recorders[0].running("job2", +1)
     beat = liveness.Heartbeat(settings)
     beat.stop()  # one beat is enough: its key lives for DROVER_HEARTBEAT_TTL_S
@@ -233,7 +233,7 @@ def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorde
     assert value(families, "drover_tenant_jobs_active", tenant="acme") == 2
     assert value(families, "drover_queue_messages", queue="q-obs") == 3
 
-    store.save_result(_done("job2"))  # job2 ends
+    store.outcomes.save(_done("job2"))  # job2 ends
     families = scrape(collector)
     jobs = {s.labels["job"] for s in families["drover_job_subagents"].samples}
     assert jobs == {"job1", "job0"}

@@ -83,7 +83,7 @@ def test_redis_killed_and_restarted_mid_job_loses_no_result(sim, drover_env, spa
         subtasks=[f"Inspect crane {i}" for i in range(100)], tools=["lookup_fact"],
         max_tokens=60))
     wait_until("25 sub-agents done", lambda: handle.progress()["ok"] >= 25, 120)
-    done_before = {r.index for r in handle.store.records(handle.id).values()}
+    done_before = {r.index for r in handle.store.records.all(handle.id).values()}
 
     private_redis.kill()
     time.sleep(5)  # Redis stays away a while: what the workers must ride out
@@ -142,7 +142,7 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
     store.specs.create(job_id, JobSpec(subtasks=["a", "b", "c", "d"]), ["a", "b", "c", "d"],
                        status="queued", queue="q-sweep")
     store.meta.claim_launch(job_id)
-    store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
+    store.records.put(SubagentResult(job_id=job_id, index=0, status="ok"))
     # 1 is still queued, 2 is unacked (taken by a worker), 3 is nowhere: lost.
     store.r.lpush(f"{key_prefix}:celery:q-sweep", kombu_envelope(job_id, 1))
     store.r.hset(f"{key_prefix}:celery:unacked", "d-2",
@@ -165,10 +165,10 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
     assert minted(store, job_id, 3) == sent[0][3] + 1
     sweep_after_a_stall()  # and a third time it is given up on
     assert len(sent) == 2
-    record = store.record(job_id, 3)
+    record = store.records.get(job_id, 3)
     assert record is not None and record.status == "failed"
     assert record.error_type == "task_lost"
-    assert store.record(job_id, 1) is None and store.record(job_id, 2) is None
+    assert store.records.get(job_id, 1) is None and store.records.get(job_id, 2) is None
 
 
 def unlock(store: JobStore) -> None:
@@ -185,7 +185,7 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
     store.specs.create("ourjob", JobSpec(subtasks=["a"]), ["a"], status="queued", queue="q-sweep")
     store.meta.claim_launch("ourjob")
     for job_id in ("joinjob", "ourjob"):
-        store.finish(SubagentResult(job_id=job_id, index=0, status="ok"))
+        store.records.put(SubagentResult(job_id=job_id, index=0, status="ok"))
     sent: list[tuple[str, str, int | None]] = []
     sweep(store, settings, lambda *args: sent.append(args))
     time.sleep(RESEND_S + 0.2)  # past DROVER_RESEND_AFTER_S, when the sweep sends what is due

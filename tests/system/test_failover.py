@@ -144,18 +144,18 @@ def test_a_claim_lost_in_a_failover_is_never_handed_to_a_second_delivery(sentine
     with pytest.raises(ClaimLost):
         store.save_tool_result(job_id, 0, "toolu_1", {"content": "from A"}, token=a.token)
     with pytest.raises(ClaimLost):
-        store.finish(SubagentResult(job_id=job_id, index=0, status="ok", summary="from A"),
-                     token=a.token, worker="wA")
+        store.records.put(SubagentResult(job_id=job_id, index=0, status="ok", summary="from A"),
+                          token=a.token, worker="wA")
     mine = Checkpoint(messages=[{"role": "user", "content": "from B"}])
     store.save_checkpoint(job_id, 0, mine, token=b.token)
     store.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=b.token)
     # (read before B's record: the record's write drops what only a resume needs, tool
     # results included, since each answer is kept once)
     assert store.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
-    stored = store.finish(SubagentResult(job_id=job_id, index=0, status="ok", summary="from B"),
-                          token=b.token, worker="wB")
+    stored = store.records.put(SubagentResult(job_id=job_id, index=0, status="ok",
+                                              summary="from B"), token=b.token, worker="wB")
     assert stored.summary == "from B"
-    assert store.record(job_id, 0).summary == "from B"
+    assert store.records.get(job_id, 0).summary == "from B"
     shared.close()
 
 

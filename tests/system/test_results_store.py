@@ -134,8 +134,8 @@ def test_a_refused_duplicate_record_is_not_written(drover_env, results_url):
     job_id = f"dup-{time.time_ns()}"
     first = SubagentResult(job_id=job_id, index=0, status="ok", summary="first")
     second = SubagentResult(job_id=job_id, index=0, status="failed", summary="second")
-    assert store.finish(first) == first
-    assert store.finish(second) == first  # Redis refuses it: the first record stays
+    assert store.records.put(first) == first
+    assert store.records.put(second) == first  # Redis refuses it: the first record stays
     assert rows(results_url, "SELECT status, record->>'summary' FROM drover_records "
                 "WHERE job_id = %s", job_id) == [("ok", "first")]
     store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
@@ -184,15 +184,15 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
                    for i in range(2)]
         with caplog.at_level("WARNING", logger="drover.workers.jobs.store"):
             for record in records:
-                store.finish(record)
-        assert store.records(job_id) == {0: records[0], 1: records[1]}  # in Redis: not lost
+                store.records.put(record)
+        assert store.records.all(job_id) == {0: records[0], 1: records[1]}  # in Redis: not lost
         assert "s3cret-pw" not in caplog.text and "stay in Redis" in caplog.text
     finally:
         store.archive.store, store.archive._down_until = live, 0.0
     assert rows(results_url, "SELECT count(*) FROM drover_records WHERE job_id = %s",
                 job_id) == [(0,)]
-    store.save_result(JobResult(job_id=job_id, status="done", results=records,
-                                counts=status_counts(records), usage=Usage(), wall_s=1.0))
+    store.outcomes.save(JobResult(job_id=job_id, status="done", results=records,
+                                  counts=status_counts(records), usage=Usage(), wall_s=1.0))
     assert rows(results_url, "SELECT idx FROM drover_records WHERE job_id = %s ORDER BY idx",
                 job_id) == [(0,), (1,)]
     assert rows(results_url, "SELECT status, n FROM drover_jobs WHERE job_id = %s",

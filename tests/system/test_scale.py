@@ -100,8 +100,8 @@ def test_the_join_holds_compact_records_whatever_the_stored_ones_weigh(drover_en
         store.specs.create(job_id, spec, list(spec.subtasks), status="running",
                            queue=settings.queue)
         for i in range(n):
-            store.finish(SubagentResult(job_id=job_id, index=i, status="failed",
-                                        summary="s" * 400, error="e" * error_chars))
+            store.records.put(SubagentResult(job_id=job_id, index=i, status="failed",
+                                             summary="s" * 400, error="e" * error_chars))
         return n * error_chars
 
     def peak(job_id: str, n: int) -> tuple[int, int]:
@@ -125,7 +125,7 @@ def test_the_join_holds_compact_records_whatever_the_stored_ones_weigh(drover_en
     assert big_peak < stored / 4  # pages, not the whole hash at once
     assert big_size <= small_size + n * record_chars(n)  # each record's text is capped
     assert big_peak < 3 * small_peak + 50 * 40_000 * 4  # compact records + one page
-    full = store.record(big, 7)
+    full = store.records.get(big, 7)
     assert full is not None and len(full.error or "") == 40_000  # the full one stays in Redis
     for job_id in (small, big):  # 80 MB of a shared Redis: gone now, not at the session's end
         store.r.delete(*store.r.keys(store.key(job_id, "*")))

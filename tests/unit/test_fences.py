@@ -56,17 +56,17 @@ def test_a_stale_deliverys_record_is_refused_and_the_current_ones_is_stored(stor
     job_id = _job(store)
     old, new = _taken_over(store, job_id)
     with pytest.raises(ClaimLost):
-        store.finish(_record(job_id, "late, from A"), token=old, worker="wA")
-    assert store.record(job_id, 0) is None
-    assert store.record_count(job_id) == 0
-    stored = store.finish(_record(job_id, "from B"), token=new, worker="wB")
+        store.records.put(_record(job_id, "late, from A"), token=old, worker="wA")
+    assert store.records.get(job_id, 0) is None
+    assert store.records.count(job_id) == 0
+    stored = store.records.put(_record(job_id, "from B"), token=new, worker="wB")
     assert stored.summary == "from B"
-    assert store.record(job_id, 0).summary == "from B"
+    assert store.records.get(job_id, 0).summary == "from B"
     # once recorded, a late writer is handed the record there is (stored once), not its own
-    late = store.finish(_record(job_id, "later still, from A"), token=old, worker="wA")
+    late = store.records.put(_record(job_id, "later still, from A"), token=old, worker="wA")
     assert late.summary == "from B"
-    assert store.record(job_id, 0).summary == "from B"
-    assert store.status_counts(job_id, 1)["ok"] == 1
+    assert store.records.get(job_id, 0).summary == "from B"
+    assert store.records.status_counts(job_id, 1)["ok"] == 1
 
 
 def test_a_stale_deliverys_checkpoint_is_refused(store):

@@ -60,7 +60,7 @@ def test_a_job_whose_chord_failed_gets_its_join_once_every_record_is_in(rabbitmq
     settings, store, job_id = rabbitmq_job
     assert settings.broker_is_rabbitmq
     for index in range(3):
-        store.finish(ok(job_id, index))
+        store.records.put(ok(job_id, index))
     sent = sweep_stalled(settings, store)
     assert [(j, part) for j, part, _token in sent] == [(job_id, "join")]
     assert store.claims.claim(job_id, "join").split("|")[1] == "sent"
@@ -68,7 +68,7 @@ def test_a_job_whose_chord_failed_gets_its_join_once_every_record_is_in(rabbitmq
 
 def test_a_sub_agent_that_no_live_worker_holds_is_sent_again_with_a_new_token(rabbitmq_job):
     settings, store, job_id = rabbitmq_job
-    store.finish(ok(job_id, 0))
+    store.records.put(ok(job_id, 0))
     # 1: its receipt and start went with the old master; 2: held by a worker that is alive
     live = "w-live"
     store.r.set(heartbeat_key(store.prefix, live), "1", ex=60)
@@ -87,7 +87,7 @@ def test_a_job_that_keeps_gaining_records_is_left_alone(rabbitmq_job):
     for index in range(2):
         assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
         time.sleep(2 * AFTER_S)
-        store.finish(ok(job_id, index))
+        store.records.put(ok(job_id, index))
     assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
     assert sent == []
 
@@ -153,8 +153,8 @@ def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat
     store.r.set(heartbeat_key(store.prefix, live), "1", ex=60)
     assert int(store.claims.start(job_id, 1, 0, live)) > 0  # 1 runs on a live worker
     for index in (0, 2):
-        store.finish(ok(job_id, index))
-    fs.finished(job_id, store.record_count(job_id))
+        store.records.put(ok(job_id, index))
+    fs.finished(job_id, store.records.count(job_id))
     sent: list[tuple[str, str, int | str, int]] = []
 
     def repair_for(seconds: float) -> None:

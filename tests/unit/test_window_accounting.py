@@ -168,10 +168,10 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
         def record(self, data: st.DataObject) -> None:
             i = data.draw(st.sampled_from(self._live("running")))
             _, worker, token = self.parts[i]
-            self.store.finish(SubagentResult(job_id="J", index=i, status="ok", attempts=1,
-                                             finished_at=0.0), token=token, worker=worker)
+            self.store.records.put(SubagentResult(job_id="J", index=i, status="ok", attempts=1,
+                                                  finished_at=0.0), token=token, worker=worker)
             self.parts[i] = ("done",)
-            self._publish(self.fs.finished("J", self.store.record_count("J")))
+            self._publish(self.fs.finished("J", self.store.records.count("J")))
 
         # --- deaths and the sweep -------------------------------------------------------
         @precondition(lambda self: len(self.alive) > 1)
@@ -185,7 +185,7 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
         def sweep(self) -> None:
             take_over_dead_workers(self.store, self.settings, self._send)
             repair_windows(self.store, self.settings, self._send)
-            self._publish(self.fs.finished("J", self.store.record_count("J")))
+            self._publish(self.fs.finished("J", self.store.records.count("J")))
             self._publish(self.fs.fill())
             share = {j.job_id: j for j in self.fs.jobs()}.get("J")
             if share is not None:
@@ -225,13 +225,13 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
                         self.parts[i] = ("running", state[1], token)
                     if self.parts[i][0] == "running" and self.parts[i][1] in self.alive:
                         _, worker, token = self.parts[i]
-                        self.store.finish(SubagentResult(
+                        self.store.records.put(SubagentResult(
                             job_id="J", index=i, status="ok", attempts=1, finished_at=0.0),
                             token=token, worker=worker)
                         self.parts[i] = ("done",)
-                        self._publish(self.fs.finished("J", self.store.record_count("J")))
+                        self._publish(self.fs.finished("J", self.store.records.count("J")))
             assert len(self._in("done")) == N_PARTS, self.parts
-            assert self.store.record_count("J") == N_PARTS
+            assert self.store.records.count("J") == N_PARTS
 
     run_state_machine_as_test(Window, settings=settings(
         max_examples=30, stateful_step_count=40, deadline=None,

@@ -516,7 +516,7 @@ class Batcher:
             signature = await _io(self.store.unpark, job_id, index)
             if signature is None:
                 # Not parked (yet): it is still on its way out of its task, or long done.
-                if await _io(self.rt.store.record, job_id, index) is not None:
+                if await _io(self.rt.store.records.get, job_id, index) is not None:
                     await _io(self.store.not_ready, job_id, index)
                 continue
             try:

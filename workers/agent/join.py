@@ -68,13 +68,13 @@ def synthesis_request(spec: JobSpec, model: str, results: list[SubagentResult],
 
 async def join(rt: Runtime, job_id: str) -> JobResult:
     store = rt.store
-    existing = await asyncio.to_thread(store.result, job_id)
+    existing = await asyncio.to_thread(store.outcomes.get, job_id)
     if existing is not None:
         return existing
     spec = await asyncio.to_thread(store.specs.get, job_id)
     meta = await asyncio.to_thread(store.meta.get, job_id)
     n = int(meta["n"])
-    stored = await asyncio.to_thread(store.record_count, job_id)
+    stored = await asyncio.to_thread(store.records.count, job_id)
     if stored < n:  # the join came early (one read, before walking any page)
         raise Incomplete(f"{n - stored} sub-agents have no record yet")
     tally = await asyncio.to_thread(partial(collect, store, job_id, n,
@@ -104,7 +104,7 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
                        counts=counts, usage=usage,
                        wall_s=round(time.time() - float(meta["created"]), 3),
                        synthesis=synthesis, record_chars=tally.chars)
-    await asyncio.to_thread(store.save_result, result)
+    await asyncio.to_thread(store.outcomes.save, result)
     rt.forget(job_id)
     return result
 
@@ -131,7 +131,7 @@ def collect(store: JobStore, job_id: str, n: int, page: int = PAGE, *,
     counts = dict.fromkeys(STATUSES, 0)
     usage = Usage()
     first_failure = None
-    for index, record in store.iter_records(job_id, n, page):
+    for index, record in store.records.walk(job_id, n, page):
         if record is None:
             raise Incomplete(f"no record yet for sub-agent {index}")
         counts[record.status] += 1

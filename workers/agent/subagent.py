@@ -321,7 +321,7 @@ class SubagentRun:
             status_code=status_code, error=error, finished_at=time.time())
         # The report is not stored apart: it is read from the final state (state.report()).
         stored, self.records_in = await self._io(partial(
-            self.store.finish_counted, result, None, token=self.token,
+            self.store.records.put_counted, result, None, token=self.token,
             worker=self.worker or "", checkpoint=state))
         return stored
 

@@ -47,7 +47,7 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
             store.cancel_unstarted(share.job_id, reason)
             runs += fs.remove(share.job_id)
             continue
-        runs += fs.finished(share.job_id, store.record_count(share.job_id))
+        runs += fs.finished(share.job_id, store.records.count(share.job_id))
     runs += fs.fill()
     if runs:
         publish(runs)

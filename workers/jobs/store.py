@@ -13,36 +13,31 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from drover.errors import JobNotFound, ResultsStoreError
+from drover.errors import JobNotFound
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs._stored import (
     PAGE,
     compact_json,
     execute_loaded,
-    pack_final,
     unpack_final,
 )
-from drover.workers.jobs.archive import Archive, warn
+from drover.workers.jobs.archive import Archive
 from drover.workers.jobs.claims import LUA, ClaimLost, Claims
 from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.meta import ACTIVE, JobMeta
+from drover.workers.jobs.outcomes import Outcomes
+from drover.workers.jobs.record_store import Records
 from drover.workers.jobs.records import (
-    STATUSES,
     Checkpoint,
-    JobResult,
-    SubagentReport,
     SubagentResult,
     Usage,
-    compact,
-    status_counts,
 )
 from drover.workers.jobs.results_db import ResultsStore
 from drover.workers.jobs.spec import JobSpec
@@ -82,8 +77,10 @@ class JobStore:
         self.stream = Stream(client, self.keys)
         self.specs = Specs(client, self.keys, ttl_s, self.archive)
         self.meta = JobMeta(client, self.keys, self.archive)
+        self.records = Records(client, self.keys, ttl_s, self.archive)
+        self.outcomes = Outcomes(client, self.keys, ttl_s, archive=self.archive,
+                                 records=self.records, specs=self.specs, meta=self.meta)
         self.claims = Claims(client, prefix, ttl_s)
-        self._record = client.register_script((LUA / "record.lua").read_text())
         self._send = client.register_script((LUA / "send.lua").read_text())
 
     def key(self, job_id: str, *parts: object) -> str:
@@ -92,15 +89,6 @@ class JobStore:
     @property
     def cancel_channel(self) -> str:
         return self.keys.cancel_channel
-
-    # --- the job ------------------------------------------------------------------------
-    def fail_job(self, job_id: str, reason: str, status: str = "failed") -> None:
-        """End a job that never fanned out (its planning failed or it was cancelled first)."""
-        created = float(self.meta.get(job_id).get("created", time.time()))
-        self.save_result(JobResult(job_id=job_id, status=status,  # type: ignore[arg-type]
-                                   reason=reason, results=[],
-                                   counts=status_counts([]), usage=Usage(),
-                                   wall_s=round(time.time() - created, 3)))
 
     # --- cancellation -------------------------------------------------------------------
     def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
@@ -337,173 +325,3 @@ class JobStore:
         pipe.hset(key, tool_use_id, json.dumps(result))
         pipe.expire(key, self.ttl_s)
         pipe.execute()
-
-    # --- records -----------------------------------------------------------------------
-    def finish(self, result: SubagentResult, report: SubagentReport | None = None, *,
-               token: int = 0, worker: str = "") -> SubagentResult:
-        """Store a sub-agent's record once; a second delivery gets the first record back.
-
-        With a claim ``token`` the record is stored only while that token is the claim
-        (``ClaimLost`` otherwise); the claim ends with the record.
-        """
-        return self.finish_counted(result, report, token=token, worker=worker)[0]
-
-    def finish_counted(self, result: SubagentResult, report: SubagentReport | None = None, *,
-                       token: int = 0, worker: str = "", checkpoint: Checkpoint | None = None
-                       ) -> tuple[SubagentResult, int | None]:
-        """``finish``, and the job's record count just after this record was stored (None
-        when it was there already): what the fair-share refill needs, in the same round trip.
-        With ``checkpoint``, the sub-agent's final state is stored with the record (its
-        transcript, ``JobHandle.transcript``: the last reply is saved nowhere else).
-        """
-        job_id, index = result.job_id, result.index
-        raw = compact_json(result)
-        if checkpoint is None and report is not None:  # a report with no state: kept as one
-            checkpoint = Checkpoint(messages=[{"role": "assistant", "content": [
-                {"type": "text", "text": report.findings}]}], tried=report.tried,
-                failed=report.failed)
-        # One script (lua/record.lua): the record, the claim let go, the status counters,
-        # the final state (the one full copy of the answer), the stream's entry (the index
-        # only) and the running checkpoint dropped, all or nothing, in one round trip.
-        stored = int(self._record(
-            keys=[self.key(job_id, "claims"), self.key(job_id, "records"),
-                  self.claims.worker_key(worker), self.key(job_id, "counts"),
-                  self.key(job_id, "events"), self.key(job_id, "final"),
-                  self.key(job_id, "ckpt", index), self.key(job_id, "tools", index),
-                  self.key(job_id, "sent")],
-            args=[str(index), token, raw, job_id, self.ttl_s, result.status,
-                  pack_final(checkpoint) if checkpoint is not None else ""]))
-        if stored < 0:
-            raise ClaimLost(f"{job_id}/{index}: claim {token} was superseded")
-        if not stored:
-            return self.record(job_id, index) or result, None
-        # Only the record Redis's fenced write stored goes to the results store (a refused
-        # duplicate or stale one never does); its primary key keeps a retry's second write out.
-        self.archive.keep([(result, pack_final(checkpoint) if checkpoint is not None else None)])
-        return result, stored
-
-    def record(self, job_id: str, index: int) -> SubagentResult | None:
-        raw = self.r.hget(self.key(job_id, "records"), str(index))
-        if raw is None and self.archive.gone(job_id):
-            return self.archive.store.records_page(job_id, index, index + 1)[0]  # type: ignore[union-attr]
-        return SubagentResult.model_validate_json(raw) if raw else None
-
-    def records(self, job_id: str) -> dict[int, SubagentResult]:
-        """Every record at once: for small jobs and tests; large ones use ``iter_records``."""
-        raw = self.r.hgetall(self.key(job_id, "records"))
-        if not raw and self.archive.gone(job_id):
-            return {r.index: r for r in self.archive.store.iter_records(job_id)}  # type: ignore[union-attr]
-        return {int(k): SubagentResult.model_validate_json(v) for k, v in raw.items()}
-
-    def records_page(self, job_id: str, start: int, stop: int) -> list[SubagentResult | None]:
-        """The records of sub-agents ``start`` to ``stop - 1`` (None where there is none yet)."""
-        if stop <= start:
-            return []
-        raws = self.r.hmget(self.key(job_id, "records"), [str(i) for i in range(start, stop)])
-        if not any(raws) and self.archive.gone(job_id):
-            return self.archive.store.records_page(job_id, start, stop)  # type: ignore[union-attr]
-        return [SubagentResult.model_validate_json(raw) if raw else None for raw in raws]
-
-    def iter_records(self, job_id: str, n: int, page: int = PAGE
-                     ) -> Iterator[tuple[int, SubagentResult | None]]:
-        """(index, record or None) for sub-agents 0 to ``n - 1``, read ``page`` at a time."""
-        for start in range(0, n, page):
-            stop = min(n, start + page)
-            yield from zip(range(start, stop), self.records_page(job_id, start, stop),
-                           strict=True)
-
-    def status_counts(self, job_id: str, n: int) -> dict[str, int]:
-        """Records per status, from the counters ``finish`` keeps (one read)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(self.key(job_id, "counts"))
-        pipe.hlen(self.key(job_id, "records"))
-        raw, stored = pipe.execute()
-        if not stored and self.archive.gone(job_id):
-            return self.archive.store.status_counts(job_id)  # type: ignore[union-attr]
-        if stored and not raw:  # records written before the counters existed
-            return status_counts([r for _, r in self.iter_records(job_id, n) if r is not None])
-        counts = dict.fromkeys(STATUSES, 0)
-        counts.update({_s(k): int(v) for k, v in raw.items()})
-        return counts
-
-    def record_count(self, job_id: str) -> int:
-        n = int(self.r.hlen(self.key(job_id, "records")))
-        if not n and self.archive.gone(job_id):
-            return self.archive.store.record_count(job_id)  # type: ignore[union-attr]
-        return n
-
-    def report(self, job_id: str, index: int) -> SubagentReport | None:
-        """The sub-agent's report, read from its final state (None before it finished)."""
-        raw = self.r.hget(self.key(job_id, "final"), str(index))
-        if raw:
-            return unpack_final(raw).report()
-        if self.archive.gone(job_id):
-            state = self.archive.final_state(job_id, index)
-            return state.report() if state is not None else None
-        raw = self.r.get(self.key(job_id, "report", index))  # written before 'final' existed
-        return SubagentReport.model_validate_json(raw) if raw else None
-
-    def save_result(self, result: JobResult) -> None:
-        """Store the job's result without its records (``result`` reads them from the records
-        hash, by reference: the answers are not stored twice)."""
-        stored = result.model_copy(update={"results": [], "by_reference": True})
-        pipe = self.r.pipeline()
-        pipe.set(self.key(result.job_id, "result"), stored.model_dump_json(), ex=self.ttl_s)
-        pipe.hset(self.key(result.job_id, "meta"),
-                  mapping={"status": result.status, "finished": time.time()})
-        pipe.execute()
-        if self.archive.store is not None:
-            try:
-                self._keep_job(result)
-            except ResultsStoreError as error:
-                warn(f"{error}; job {result.job_id} stays in Redis only (until its TTL)")
-
-    def _keep_job(self, result: JobResult) -> None:
-        """The job's end in the results store: first every record Redis holds that is not
-        there yet (one written while the store did not answer, or lost with a worker killed
-        between its two writes), then the job's spec, usage and result."""
-        assert self.archive.store is not None
-        job_id = result.job_id
-        meta = {_s(k): _s(v) for k, v in self.r.hgetall(self.key(job_id, "meta")).items()}
-        n = int(meta.get("n") or 0)
-        if self.archive.store.record_count(job_id) < self.record_count(job_id):
-            for start in range(0, n, PAGE):
-                stop = min(n, start + PAGE)
-                indexes = [str(i) for i in range(start, stop)]
-                raws = self.r.hmget(self.key(job_id, "records"), indexes)
-                finals = self.r.hmget(self.key(job_id, "final"), indexes)
-                self.archive.store.put_records(
-                    (SubagentResult.model_validate_json(raw),
-                     final if isinstance(final, bytes) else (final.encode() if final else None))
-                    for raw, final in zip(raws, finals, strict=True) if raw)
-        spec = self.r.get(self.key(job_id, "spec"))
-        self.archive.store.put_job(result, spec=_s(spec) if spec else None,
-                             subtasks=self.specs.subtasks(job_id), n=n,
-                             created=float(meta["created"]) if meta.get("created") else None,
-                             finished=time.time())
-
-    def result(self, job_id: str, *, records: bool = True) -> JobResult | None:
-        """The job's result, its records read a page at a time from the records hash and cut
-        to its ``record_chars`` (``records=False``: without them, one read)."""
-        raw = self.r.get(self.key(job_id, "result"))
-        if not raw and self.archive.gone(job_id):
-            archived = self.archive.store.result(job_id)  # type: ignore[union-attr]
-            if archived is not None and records:
-                archived.results = [compact(r, archived.record_chars)
-                                    for r in self.archive.store.iter_records(job_id)]  # type: ignore[union-attr]
-            return archived
-        if not raw:
-            return None
-        result = JobResult.model_validate_json(raw)
-        if result.by_reference:
-            result.by_reference = False
-            if records:
-                n = int(self.r.hget(self.key(job_id, "meta"), "n") or 0)
-                result.results = [compact(r, result.record_chars)
-                                  for _, r in self.iter_records(job_id, n) if r is not None]
-        return result
-
-    def has_result(self, job_id: str) -> bool:
-        if self.r.exists(self.key(job_id, "result")):
-            return True
-        return self.archive.gone(job_id) and self.archive.store.job(job_id) is not None  # type: ignore[union-attr]

@@ -247,10 +247,10 @@ def join_recovered_jobs(store: JobStore, send: Send) -> list[tuple[str, Part]]:
     sent: list[tuple[str, Part]] = []
     for job_id in [_s(j) for j in r.smembers(key)]:
         meta = _meta(store, job_id)
-        if meta.get("status") not in ACTIVE or store.has_result(job_id):
+        if meta.get("status") not in ACTIVE or store.outcomes.exists(job_id):
             r.srem(key, job_id)
             continue
-        if store.record_count(job_id) < int(meta.get("n", 0)):
+        if store.records.count(job_id) < int(meta.get("n", 0)):
             continue
         r.srem(key, job_id)
         if _send_join(store, send, meta.get("queue"), job_id):
@@ -288,11 +288,11 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
         queue = meta.get("queue") or settings.queue
         if meta.get("status") not in ACTIVE or "launched" not in meta:
             continue
-        n, done = int(meta["n"]), store.record_count(job_id)
+        n, done = int(meta["n"]), store.records.count(job_id)
         if not _stalled(store, job_id, done, now, after_s or settings.resend_after_s):
             continue
         if done >= n:
-            if not store.has_result(job_id) and _send_join(store, send, queue, job_id):
+            if not store.outcomes.exists(job_id) and _send_join(store, send, queue, job_id):
                 sent.append((job_id, "join"))
             continue
         unfinished.append((job_id, queue, _waiting(store, settings, job_id, queue, n)))
@@ -356,7 +356,7 @@ def _resend_unheld(store: JobStore, settings: Settings, send: Send, job_id: str,
     and a heartbeat whose own connection was not among the silenced ones sees nothing: the
     job then waited DROVER_RESEND_AFTER_S (120 s). A job that nobody works on says so by
     itself, whoever noticed what."""
-    if not _stalled(store, job_id, store.record_count(job_id), now, settings.heartbeat_ttl_s):
+    if not _stalled(store, job_id, store.records.count(job_id), now, settings.heartbeat_ttl_s):
         return []
     return _resend_gone(store, settings, send,
                         [(job_id, queue, _waiting(store, settings, job_id, queue, n))])
@@ -536,9 +536,9 @@ def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int) -> bo
     message = (f"this sub-agent's task was lost {max_attempts} times (its worker died, or the "
                "broker lost the message); gave up")
     log.error("sub-agent %s/%d: %s", job_id, index, message)
-    store.finish(SubagentResult(job_id=job_id, index=index, status="failed",
-                                attempts=max_attempts, error_type="task_lost", error=message,
-                                finished_at=time.time()))
+    store.records.put(SubagentResult(job_id=job_id, index=index, status="failed",
+                                     attempts=max_attempts, error_type="task_lost", error=message,
+                                     finished_at=time.time()))
     store.r.sadd(store.keys.recovering, job_id)
     return True
 

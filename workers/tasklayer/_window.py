@@ -124,10 +124,10 @@ def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = 
             # the join goes out once the last running one is in (the chord, short of the
             # members never published, would not count to its size).
             runs = fs.remove(job_id)
-            if store.record_count(job_id) >= int(store.meta.get(job_id).get("n", 0)):
+            if store.records.count(job_id) >= int(store.meta.get(job_id).get("n", 0)):
                 send_join(job_id, settings.queue)
         else:
-            runs = fs.finished(job_id, done if done is not None else store.record_count(job_id))
+            runs = fs.finished(job_id, done if done is not None else store.records.count(job_id))
         publish_granted(fs, runs)
     except Exception as error:  # the record is safe; the pump tops the window up later
         log.warning("job %s: could not hand on its place in the window (%s: %s)", job_id,

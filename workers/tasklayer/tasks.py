@@ -144,20 +144,21 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
         _park(self, rt, job_id, PLAN_PART, "plan", token)
     except RetryableFailure as failure:
         if failures + 1 >= rt.settings.max_attempts:
-            rt.store.fail_job(job_id, f"planning failed: gave up after {failures + 1} attempts; "
-                                      f"last error: {failure.decision.message}")
+            rt.store.outcomes.fail(job_id, f"planning failed: gave up after {failures + 1} "
+                                           f"attempts; last error: {failure.decision.message}")
             return {"status": "failed", "job_id": job_id}
         raise retry(self, failure, (job_id, "plan", token)) from None
     except RetryLater as later:
         raise retry(self, later, (job_id, "plan", token)) from None
     except Cancelled:  # cancelled (or out of time) before it fanned out: nothing to join
-        rt.store.fail_job(job_id, rt.store.cancelled(job_id) or "cancelled", status="cancelled")
+        rt.store.outcomes.fail(job_id, rt.store.cancelled(job_id) or "cancelled",
+                               status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
     except (CallFailed, ValueError) as error:
-        rt.store.fail_job(job_id, f"planning failed: {error}")
+        rt.store.outcomes.fail(job_id, f"planning failed: {error}")
         return {"status": "failed", "job_id": job_id}
     if reason := rt.store.cancelled(job_id):  # the cancel came just as the plan did
-        rt.store.fail_job(job_id, reason, status="cancelled")
+        rt.store.outcomes.fail(job_id, reason, status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
     rt.store.specs.set_subtasks(job_id, subtasks)
     if rt.store.meta.claim_launch(job_id):

@@ -1,0 +1,105 @@
+"""A job's outcome: its ``JobResult`` (kept without its records, which it reads by reference
+from the records hash), copied to the results store when the job ends."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from drover.errors import ResultsStoreError
+from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs._stored import PAGE
+from drover.workers.jobs.archive import Archive, warn
+from drover.workers.jobs.keys import JobKeys
+from drover.workers.jobs.meta import JobMeta
+from drover.workers.jobs.record_store import Records
+from drover.workers.jobs.records import JobResult, SubagentResult, Usage, compact, status_counts
+from drover.workers.jobs.specs import Specs
+
+__all__ = ["Outcomes"]
+
+
+class Outcomes:
+    def __init__(self, client: redis.Redis, keys: JobKeys, ttl_s: int, *, archive: Archive,
+                 records: Records, specs: Specs, meta: JobMeta) -> None:
+        self.r = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self.archive = archive
+        self.records = records
+        self.specs = specs
+        self.meta = meta
+
+    def save(self, result: JobResult) -> None:
+        """Store the job's result without its records (``get`` reads them from the records
+        hash, by reference: the answers are not stored twice)."""
+        stored = result.model_copy(update={"results": [], "by_reference": True})
+        pipe = self.r.pipeline()
+        pipe.set(self.keys.job(result.job_id, "result"), stored.model_dump_json(), ex=self.ttl_s)
+        pipe.hset(self.keys.job(result.job_id, "meta"),
+                  mapping={"status": result.status, "finished": time.time()})
+        pipe.execute()
+        if self.archive.store is not None:
+            try:
+                self._keep_job(result)
+            except ResultsStoreError as error:
+                warn(f"{error}; job {result.job_id} stays in Redis only (until its TTL)")
+
+    def _keep_job(self, result: JobResult) -> None:
+        """The job's end in the results store: first every record Redis holds that is not
+        there yet (one written while the store did not answer, or lost with a worker killed
+        between its two writes), then the job's spec, usage and result."""
+        assert self.archive.store is not None
+        job_id = result.job_id
+        meta = {_s(k): _s(v) for k, v in self.r.hgetall(self.keys.job(job_id, "meta")).items()}
+        n = int(meta.get("n") or 0)
+        if self.archive.store.record_count(job_id) < self.records.count(job_id):
+            for start in range(0, n, PAGE):
+                stop = min(n, start + PAGE)
+                indexes = [str(i) for i in range(start, stop)]
+                raws = self.r.hmget(self.keys.job(job_id, "records"), indexes)
+                finals = self.r.hmget(self.keys.job(job_id, "final"), indexes)
+                self.archive.store.put_records(
+                    (SubagentResult.model_validate_json(raw),
+                     final if isinstance(final, bytes) else (final.encode() if final else None))
+                    for raw, final in zip(raws, finals, strict=True) if raw)
+        spec = self.r.get(self.keys.job(job_id, "spec"))
+        self.archive.store.put_job(result, spec=_s(spec) if spec else None,
+                             subtasks=self.specs.subtasks(job_id), n=n,
+                             created=float(meta["created"]) if meta.get("created") else None,
+                             finished=time.time())
+
+    def get(self, job_id: str, *, records: bool = True) -> JobResult | None:
+        """The job's result, its records read a page at a time from the records hash and cut
+        to its ``record_chars`` (``records=False``: without them, one read)."""
+        raw = self.r.get(self.keys.job(job_id, "result"))
+        if not raw and self.archive.gone(job_id):
+            archived = self.archive.store.result(job_id)  # type: ignore[union-attr]
+            if archived is not None and records:
+                archived.results = [compact(r, archived.record_chars)
+                                    for r in self.archive.store.iter_records(job_id)]  # type: ignore[union-attr]
+            return archived
+        if not raw:
+            return None
+        result = JobResult.model_validate_json(raw)
+        if result.by_reference:
+            result.by_reference = False
+            if records:
+                n = int(self.r.hget(self.keys.job(job_id, "meta"), "n") or 0)
+                result.results = [compact(r, result.record_chars)
+                                  for _, r in self.records.walk(job_id, n) if r is not None]
+        return result
+
+    def exists(self, job_id: str) -> bool:
+        if self.r.exists(self.keys.job(job_id, "result")):
+            return True
+        return self.archive.gone(job_id) and self.archive.store.job(job_id) is not None  # type: ignore[union-attr]
+
+    def fail(self, job_id: str, reason: str, status: str = "failed") -> None:
+        """End a job that never fanned out (its planning failed or it was cancelled first)."""
+        created = float(self.meta.get(job_id).get("created", time.time()))
+        self.save(JobResult(job_id=job_id, status=status,  # type: ignore[arg-type]
+                            reason=reason, results=[],
+                            counts=status_counts([]), usage=Usage(),
+                            wall_s=round(time.time() - created, 3)))
