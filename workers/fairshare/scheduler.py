@@ -89,7 +89,7 @@ from importlib import resources
 import redis
 
 from drover.config import Settings
-from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs import reply_text as _s
 from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.spec import PRIORITIES
 

@@ -3,8 +3,11 @@ and liveness, which recovery, ``workers/recovery/``, acts on).
 
 Knows no Celery and nothing of the agent.
 Nothing outside the job store touches its Redis keys; ``keys.py`` spells them all.
+``reply_text`` reads a reply of the job store's Redis client (which does not decode) as text,
+for the scheduler and the sweep, which read through the same client.
 """
 
+from drover.workers.jobs._decode import text as reply_text
 from drover.workers.jobs.claims import TOKEN_HEADER, ClaimLost
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import Heartbeat
@@ -15,4 +18,4 @@ from drover.workers.jobs.store import JobNotFound, JobStore
 
 __all__ = ["ACTIVE", "TOKEN_HEADER", "Checkpoint", "ClaimLost", "Heartbeat", "JobKeys",
            "JobNotFound", "JobResult", "JobSpec", "JobStore", "SubagentReport", "SubagentResult",
-           "Usage"]
+           "Usage", "reply_text"]

@@ -71,7 +71,7 @@ import redis
 
 from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
-from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs import reply_text as _s
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive, forget_worker, mark_message_gap, registered_workers
 from drover.workers.jobs.meta import ACTIVE
