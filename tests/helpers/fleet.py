@@ -4,7 +4,9 @@ worker's claims hold (for the tests that kill, pause or stop workers)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,7 +14,8 @@ from drover import JobHandle, JobSpec
 from drover.workers.connections.redis_clients import sync_redis
 from tests.helpers import ROOT, wait_until
 
-__all__ = ["SHORT_BROKER_TIMEOUTS", "VISIBILITY_TIMEOUT_S", "Fleet", "submit_elsewhere"]
+__all__ = ["SHORT_BROKER_TIMEOUTS", "VISIBILITY_TIMEOUT_S", "Fleet", "assert_complete",
+           "kill_group", "submit_elsewhere"]
 
 # Broker timeouts short enough that a lost message comes back within a test (the visibility
 # timeout is Redis's redelivery), for the tests that restart Redis or fail it over.
@@ -95,3 +98,19 @@ def submit_elsewhere(env: dict[str, str], spec: JobSpec) -> JobHandle:
                           cwd=ROOT, env={**os.environ, **env}, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return JobHandle.attach(proc.stdout.split()[-1])
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal a worker started in a process group of its own, and its children (SIGKILL: no
+    shutdown, no acks; SIGSTOP/SIGCONT: a partition)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def assert_complete(result, fleet: Fleet, n: int) -> None:
+    """A job of ``n`` sub-agents ended done, every one ok, each record written once."""
+    assert result.status == "done"
+    assert [r.index for r in result.results] == list(range(n))
+    assert result.counts["ok"] == n, [r.error for r in result.results if r.status != "ok"]
+    written = fleet.records_written(result.job_id)
+    assert sorted(written) == list(range(n)) and set(written.values()) == {1}  # once each

@@ -11,9 +11,8 @@ import redis
 from drover import JobSpec, submit
 from drover.workers.limiter import Limiter, llm_scope
 from tests.helpers import configure, stop_process_group, wait_for_workers, wait_until
-from tests.helpers.fleet import Fleet, submit_elsewhere
+from tests.helpers.fleet import Fleet, assert_complete, kill_group, submit_elsewhere
 from tests.helpers.openai import MODEL, on_openai
-from tests.system.test_worker_loss import assert_complete, kill_group
 
 SLOW = {"latency_mean_s": 0.5, "latency_p95_s": 0.8, "tool_turns": 1, "tools_per_turn": 1}
 

@@ -21,9 +21,8 @@ from drover import JobHandle, JobSpec
 from drover.errors import ResultsStoreError
 from drover.workers.jobs.results_db import SCHEMA_VERSION, ResultsStore
 from tests.helpers import ROOT, configure, wait_until
-from tests.helpers.fleet import Fleet, submit_elsewhere
+from tests.helpers.fleet import Fleet, kill_group, submit_elsewhere
 from tests.helpers.postgres import own_database
-from tests.system.test_worker_loss import kill_group
 
 THREADS = 8
 

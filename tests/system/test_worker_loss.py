@@ -27,7 +27,7 @@ from drover import JobSpec
 from drover.orchestrator.ops.services import free_port
 from drover.simulator import SimConfig, SimulatorServer
 from tests.helpers import amqp_answers, configure, wait_until
-from tests.helpers.fleet import Fleet, submit_elsewhere
+from tests.helpers.fleet import Fleet, assert_complete, kill_group, submit_elsewhere
 
 THREADS = 16
 SIM = {"overload_rate": 0.3, "latency_mean_s": 0.5, "latency_p95_s": 1.0,
@@ -60,19 +60,6 @@ def fleet(drover_env: dict[str, str]) -> Iterator[Fleet]:
     f = Fleet(drover_env)
     yield f
     f.close()
-
-
-def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-
-
-def assert_complete(result, fleet: Fleet, n: int) -> None:
-    assert result.status == "done"
-    assert [r.index for r in result.results] == list(range(n))
-    assert result.counts["ok"] == n, [r.error for r in result.results if r.status != "ok"]
-    written = fleet.records_written(result.job_id)
-    assert sorted(written) == list(range(n)) and set(written.values()) == {1}  # once each
 
 
 def test_a_worker_killed_mid_job_costs_seconds(broker, sim, drover_env, spawn_worker,
