@@ -1,6 +1,11 @@
 """The rooms' dependencies point one way: ``orchestrator -> workers -> config``, the simulator
 stands alone, and no import (at module level or inside a function) closes a cycle between
-rooms. Read from the source with ``ast``, so a lazy import inside a function counts too."""
+rooms. Read from the source with ``ast``, so a lazy import inside a function counts too.
+
+``workers/`` is rooms (packages) and, beside them, only the Celery app's public path
+(``app.py``) and the composition root (``services.py``); Celery is the task layer's
+(``workers/tasklayer/``); every package has ``__all__``, and a private module (``_name``) is
+imported only from inside its package."""
 
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ ROOMS = ("config", "workers", "orchestrator", "simulator")
 
 
 def _room(module: str) -> str | None:
-    """``drover.workers.jobs.store`` -> ``workers.jobs``; ``drover.workers.tasklayer.tasks`` ->
-    ``workers.tasks``; ``drover.config.settings`` -> ``config``."""
+    """``drover.workers.jobs.store`` -> ``workers.jobs``; ``drover.workers.services`` ->
+    ``workers.services``; ``drover.config.settings`` -> ``config``."""
     parts = module.split(".")
     if parts[0] != "drover" or len(parts) == 1:
         return None
@@ -105,16 +110,113 @@ def test_dependencies_point_one_way():
               for target in targets if target.startswith("orchestrator")}
     assert not upward, f"workers import the orchestrator: {sorted(upward)}"
     for low in ("workers.limiter", "workers.jobs", "workers.fairshare", "workers.recovery",
-                "workers.telemetry"):
-        knows = edges.get(low, set()) & {"workers.agent", "workers.tasks", "workers.services",
-                                         "workers.lifecycle", "workers.app"}
+                "workers.telemetry", "workers.connections", "workers.tools", "workers.providers"):
+        knows = edges.get(low, set()) & {"workers.agent", "workers.tasklayer", "workers.services",
+                                         "workers.app"}
         assert not knows, f"{low} imports {sorted(knows)}, which build on it"
+    # The connections build on the settings alone; the tools on telemetry alone.
+    assert not edges.get("workers.connections", set()) - {"config", "errors"}
+    assert not edges.get("workers.tools", set()) - {"errors", "workers.telemetry"}
+    # The app's public path only names the app the task layer builds.
+    assert edges.get("workers.app", set()) == {"workers.tasklayer"}
     # The client API and the operators' views know nothing of the CLI that renders them.
     for low in ("orchestrator.client", "orchestrator.ops"):
         assert "orchestrator.cli" not in edges.get(low, set()), f"{low} imports the CLI"
     # The job store knows neither the scheduler nor recovery; the scheduler not recovery.
     assert not edges.get("workers.jobs", set()) & {"workers.fairshare", "workers.recovery"}
     assert "workers.recovery" not in edges.get("workers.fairshare", set())
+
+
+def test_workers_is_rooms_beside_the_apps_path_and_the_root():
+    """A newcomer reading ``workers/`` sees the architecture: one folder per concern, and
+    loose only the module ``celery -A drover.workers.app`` names and the composition root."""
+    workers = ROOT / "workers"
+    assert sorted(p.name for p in workers.glob("*.py")) == ["__init__.py", "app.py", "services.py"]
+    rooms = [p for p in workers.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))]
+    assert rooms and all((room / "__init__.py").is_file() for room in rooms), rooms
+
+
+def _defines_all(path: Path) -> bool:
+    for node in ast.parse(path.read_text(), str(path)).body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            return True
+    return False
+
+
+def test_every_package_says_what_it_exports():
+    packages = [p for room in ROOMS for p in (ROOT / room).rglob("__init__.py")]
+    missing = [str(p.relative_to(ROOT)) for p in packages + [ROOT / "__init__.py"]
+               if not _defines_all(p)]
+    assert not missing, missing
+
+
+def _module_of(path: Path) -> str:
+    dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return "drover." + dotted.removesuffix(".__init__")
+
+
+def _imported_modules(tree: ast.Module) -> list[tuple[int, str]]:
+    """``_imports``, plus ``from package import name`` read as ``package.name`` too."""
+    found = _imports(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _private_package(name: str) -> str | None:
+    """``drover.workers.jobs._decode`` -> ``drover.workers.jobs``: the package whose private
+    module ``name`` is (or is inside); None when it names no private module of drover's."""
+    parts = name.split(".")
+    if parts[0] != "drover":
+        return None
+    for i, part in enumerate(parts[1:], start=1):
+        if part.startswith("_") and not part.startswith("__"):
+            here = ROOT.joinpath(*parts[1:i + 1])
+            if here.with_suffix(".py").is_file() or (here / "__init__.py").is_file():
+                return ".".join(parts[:i])
+    return None
+
+
+def test_a_private_module_is_imported_only_inside_its_package():
+    """In the package and the benchmarks (a test may look inside what it tests)."""
+    leaks = []
+    for path in _sources() + sorted((ROOT / "bench").rglob("*.py")):
+        inside = path.relative_to(ROOT).parts[0] != "bench"
+        importer = _module_of(path) if inside else "bench"
+        for lineno, name in _imported_modules(ast.parse(path.read_text(), str(path))):
+            package = _private_package(name)
+            if package and not (importer + ".").startswith(package + "."):
+                leaks.append(f"{path.relative_to(ROOT)}:{lineno} imports {name}")
+    assert not leaks, leaks
+
+
+def test_nothing_in_workers_imports_the_package_above_or_the_orchestrator():
+    """The package's root imports ``workers/`` (``drover.tool``, ``drover.app``), never the
+    other way round: ``from drover import tool`` in a worker module is a cycle through the
+    root that the room graph does not see."""
+    upward = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        for lineno, name in _imports(ast.parse(path.read_text(), str(path))):
+            if name == "drover" or name.startswith("drover.orchestrator"):
+                upward.append(f"{path.relative_to(ROOT)}:{lineno} imports {name}")
+    assert not upward, upward
+
+
+def test_celery_is_the_task_layers():
+    """The agent, the job store, the scheduler, recovery and the other rooms know no Celery:
+    they are handed what to send (the connections speak to the broker through kombu)."""
+    leaks = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[1] == "tasklayer":
+            continue
+        leaks += [f"{rel}:{lineno} imports {name}"
+                  for lineno, name in _imports(ast.parse(path.read_text(), str(path)))
+                  if name.split(".")[0] == "celery"]
+    assert not leaks, leaks
 
 
 PROVIDER_SDKS = ("anthropic", "openai")
