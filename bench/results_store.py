@@ -1,5 +1,5 @@
 """What the results store (DROVER_RESULTS_URL) adds to a sub-agent's record write: records
-written one at a time through ``JobStore.finish`` (as a worker thread does), Redis only and
+written one at a time through ``Records.put`` (as a worker thread does), Redis only and
 Redis + PostgreSQL, on a database of its own (``drover_bench_<random>``, dropped after).
 
     python -m bench.results_store [--n 2000] [--admin postgresql://postgres@127.0.0.1:5432/postgres]

@@ -33,6 +33,8 @@ from drover.config import Settings, get_settings
 from drover.workers.connections.redis_clients import client_settings, sync_redis
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
+from drover.workers.jobs.cancels import Cancels
+from drover.workers.jobs.checkpoints import Checkpoints
 from drover.workers.jobs.counters import Counters
 from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.meta import JobMeta
@@ -105,6 +107,14 @@ class Services:
     @property
     def outcomes(self) -> Outcomes:
         return self.store.outcomes
+
+    @property
+    def cancels(self) -> Cancels:
+        return self.store.cancels
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        return self.store.checkpoints
 
     @cached_property
     def results(self) -> ResultsStore | None:

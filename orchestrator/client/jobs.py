@@ -86,7 +86,7 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
 
 def spec_bytes(spec: JobSpec) -> int:
     """What the spec takes in Redis: its JSON without the subtasks, and each subtask (UTF-8),
-    which the store keeps in a list of their own (JobStore.create)."""
+    which the store keeps in a list of their own (Specs.create)."""
     rest = spec.model_copy(update={"subtasks": []}).model_dump_json()
     return len(rest.encode()) + sum(len(task.encode()) for task in spec.subtasks)
 
@@ -264,7 +264,7 @@ class JobHandle:
 
         Extended thinking's blocks are shown only with DROVER_RECORD_THINKING; otherwise
         each says how long it was."""
-        state = (self.store.load_checkpoint(self.id, index)
+        state = (self.store.checkpoints.load(self.id, index)
                  or self.store.archive.final_state(self.id, index))
         messages = state.messages if state else []
         if self.settings.record_thinking:
@@ -279,7 +279,7 @@ class JobHandle:
         the join is sent now rather than when the last queued message has come and gone: a
         job of 10,000 ends within seconds of its cancel.
         """
-        if not self.store.cancel(self.id, reason):
+        if not self.store.cancels.cancel(self.id, reason):
             return False
         meta = self.store.meta.get(self.id)
         if "launched" in meta and int(meta.get("n", 0)):

@@ -146,7 +146,7 @@ def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason
     cid = custom_id(handle.id, 0, 0, 1)
     state = Checkpoint.first("Summarise the archive")
     state.batch_cid, state.batch_n = cid, 1
-    rt.store.save_checkpoint(handle.id, 0, state)
+    rt.store.checkpoints.save(handle.id, 0, state)
     store = BatchStore(rt.store)
     pipe = rt.store.r.pipeline()
     store._deliver(pipe, cid, {"type": "expired"})
@@ -174,7 +174,8 @@ def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(dr
 
     handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch"))  # no workers
     rt = get_runtime()
-    start = rt.store.start(handle.id, 0, worker="a-delivery-about-to-be-superseded", token=0)
+    start = rt.store.checkpoints.start(handle.id, 0, worker="a-delivery-about-to-be-superseded",
+                                       token=0)
     assert start.token > 0 and start.spec is not None
     assert rt.store.claims.takeover(handle.id, 0, -1, "")  # the sweep sends it again
     state = start.checkpoint or Checkpoint.first(start.task or "")
@@ -198,13 +199,13 @@ def test_a_sub_agent_taken_over_before_its_batch_turn_is_queued_queues_nothing(
 
     handle = submit(JobSpec(subtasks=["Summarise the ledger"], delivery="batch"))  # no workers
     rt = get_runtime()
-    save_checkpoint = rt.store.save_checkpoint
+    save_checkpoint = rt.store.checkpoints.save
 
     def taken_over_first(job_id: str, index: int, *args: object) -> object:
         assert rt.store.claims.takeover(job_id, index, -1, "")  # the sweep sends it again
         return save_checkpoint(job_id, index, *args)
 
-    monkeypatch.setattr(rt.store, "save_checkpoint", taken_over_first)
+    monkeypatch.setattr(rt.store.checkpoints, "save", taken_over_first)
     with pytest.raises(ClaimLost):
         rt.run(SubagentRun(rt, handle.id, 0).run())
     scope = llm_scope(rt.settings.key_alias, rt.settings.model)

@@ -126,32 +126,34 @@ def test_a_claim_lost_in_a_failover_is_never_handed_to_a_second_delivery(sentine
     try:
         with sentinel_set.client(master) as direct:
             direct.client_kill_filter(_type="replica")
-        a = store.start(job_id, 0, worker="wA", token=sent)  # on the old master only
+        a = store.checkpoints.start(job_id, 0, worker="wA", token=sent)  # on the old master only
         assert a.token > sent and not a.stale
         old = sentinel_set.kill_master()
     finally:
         os.kill(sentinel_set.procs[replica].pid, signal.SIGCONT)
     assert sentinel_set.wait_for_failover(old) == replica
 
-    b = store.start(job_id, 0, worker="wB", token=sent)  # the same message, delivered again
+    # the same message, delivered again
+    b = store.checkpoints.start(job_id, 0, worker="wB", token=sent)
     assert not b.stale and b.token > 0
     assert b.token != a.token
     # the same count within the part, of another epoch: without the epoch they would collide
     assert b.token % 1_000_000 == a.token % 1_000_000 and b.token > a.token
     with pytest.raises(ClaimLost):
-        store.save_checkpoint(job_id, 0, Checkpoint(messages=[
+        store.checkpoints.save(job_id, 0, Checkpoint(messages=[
             {"role": "user", "content": "late, from A"}]), token=a.token)
     with pytest.raises(ClaimLost):
-        store.save_tool_result(job_id, 0, "toolu_1", {"content": "from A"}, token=a.token)
+        store.checkpoints.save_tool_result(job_id, 0, "toolu_1", {"content": "from A"},
+                                           token=a.token)
     with pytest.raises(ClaimLost):
         store.records.put(SubagentResult(job_id=job_id, index=0, status="ok", summary="from A"),
                           token=a.token, worker="wA")
     mine = Checkpoint(messages=[{"role": "user", "content": "from B"}])
-    store.save_checkpoint(job_id, 0, mine, token=b.token)
-    store.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=b.token)
+    store.checkpoints.save(job_id, 0, mine, token=b.token)
+    store.checkpoints.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=b.token)
     # (read before B's record: the record's write drops what only a resume needs, tool
     # results included, since each answer is kept once)
-    assert store.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
+    assert store.checkpoints.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
     stored = store.records.put(SubagentResult(job_id=job_id, index=0, status="ok",
                                               summary="from B"), token=b.token, worker="wB")
     assert stored.summary == "from B"

@@ -93,7 +93,7 @@ def test_a_grant_whose_publisher_died_is_published_by_the_pump(redis_url, key_pr
     r = redis.Redis.from_url(redis_url)
     store = JobStore(r, prefix=key_prefix, ttl_s=600)
     for job_id in ("dead", "live", "outside"):
-        store.r.hset(store.key(job_id, "meta"), mapping={"status": "running", "n": 3})
+        store.r.hset(store.keys.job(job_id, "meta"), mapping={"status": "running", "n": 3})
     r.set(heartbeat_key(key_prefix, "w-live"), "{}", ex=60)  # a worker that is alive
     kw = dict(prefix=key_prefix, queue="grants", window=10)
     FairShare(r, holder="w-dead", **kw).add("dead", n=3, tenant="t", weight=1,

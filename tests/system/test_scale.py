@@ -128,4 +128,4 @@ def test_the_join_holds_compact_records_whatever_the_stored_ones_weigh(drover_en
     full = store.records.get(big, 7)
     assert full is not None and len(full.error or "") == 40_000  # the full one stays in Redis
     for job_id in (small, big):  # 80 MB of a shared Redis: gone now, not at the session's end
-        store.r.delete(*store.r.keys(store.key(job_id, "*")))
+        store.r.delete(*store.r.keys(store.keys.job(job_id, "*")))

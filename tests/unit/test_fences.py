@@ -2,7 +2,7 @@
 delivery) has taken the part over, the old delivery's late writes are refused, whatever they
 are (the record, a checkpoint, a tool result), and the new delivery's are stored.
 
-Real Redis, the job store's own scripts, no worker: a delivery is what ``JobStore.start``
+Real Redis, the job store's own scripts, no worker: a delivery is what ``Checkpoints.start``
 hands out, a takeover what the recovery sweep calls. The record script's fence is the one a
 paused worker's late record meets; the end-to-end paused-worker test cannot see it (its job
 ends before the worker wakes)."""
@@ -38,13 +38,14 @@ def _job(store) -> str:
 def _taken_over(store, job_id: str) -> tuple[int, int]:
     """Delivery A starts on worker wA and goes quiet; the sweep takes the part from wA and
     delivery B starts with the new message's token. Returns (A's token, B's token)."""
-    a = store.start(job_id, 0, worker="wA", token=0)
+    a = store.checkpoints.start(job_id, 0, worker="wA", token=0)
     assert a.token > 0 and not a.stale
     sent = store.claims.takeover(job_id, 0, a.token, "wA")
     assert sent > a.token
-    b = store.start(job_id, 0, worker="wB", token=sent)
+    b = store.checkpoints.start(job_id, 0, worker="wB", token=sent)
     assert b.token > sent and not b.stale
-    assert store.start(job_id, 0, worker="wA", token=a.token).stale  # A's message is old
+    # A's message is old
+    assert store.checkpoints.start(job_id, 0, worker="wA", token=a.token).stale
     return a.token, b.token
 
 
@@ -73,30 +74,32 @@ def test_a_stale_deliverys_checkpoint_is_refused(store):
     job_id = _job(store)
     old, new = _taken_over(store, job_id)
     mine = Checkpoint(messages=[{"role": "user", "content": "from B"}])
-    store.save_checkpoint(job_id, 0, mine, token=new)
+    store.checkpoints.save(job_id, 0, mine, token=new)
     late = Checkpoint(messages=[{"role": "user", "content": "late, from A"}])
     with pytest.raises(ClaimLost):
-        store.save_checkpoint(job_id, 0, late, token=old)
-    assert store.load_checkpoint(job_id, 0).messages == mine.messages
+        store.checkpoints.save(job_id, 0, late, token=old)
+    assert store.checkpoints.load(job_id, 0).messages == mine.messages
 
 
 def test_a_stale_deliverys_tool_result_is_refused(store):
     job_id = _job(store)
     old, new = _taken_over(store, job_id)
-    store.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=new)
+    store.checkpoints.save_tool_result(job_id, 0, "toolu_1", {"content": "from B"}, token=new)
     with pytest.raises(ClaimLost):
-        store.save_tool_result(job_id, 0, "toolu_1", {"content": "late, from A"}, token=old)
+        store.checkpoints.save_tool_result(job_id, 0, "toolu_1", {"content": "late, from A"},
+                                           token=old)
     with pytest.raises(ClaimLost):
-        store.save_tool_result(job_id, 0, "toolu_2", {"content": "late, from A"}, token=old)
-    assert store.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
+        store.checkpoints.save_tool_result(job_id, 0, "toolu_2", {"content": "late, from A"},
+                                           token=old)
+    assert store.checkpoints.tool_results(job_id, 0) == {"toolu_1": {"content": "from B"}}
 
 
 def test_the_cancel_check_before_a_send_sees_a_takeover(store):
     """The check a sub-agent makes right before each send (after its limiter wait) answers
     ClaimLost once the part was taken over while it waited, so it sends nothing."""
     job_id = _job(store)
-    a = store.start(job_id, 0, worker="wA", token=0)
-    assert store.cancelled(job_id, fence=(0, a.token)) is None  # still ours: go on
+    a = store.checkpoints.start(job_id, 0, worker="wA", token=0)
+    assert store.cancels.cancelled(job_id, fence=(0, a.token)) is None  # still ours: go on
     store.claims.takeover(job_id, 0, a.token, "wA")  # the sweep, while A waited
     with pytest.raises(ClaimLost):
-        store.cancelled(job_id, fence=(0, a.token))
+        store.cancels.cancelled(job_id, fence=(0, a.token))

@@ -109,7 +109,7 @@ def test_a_parked_sub_agent_resumed_while_the_sweep_reads_is_not_taken_for_lost(
     store.specs.create(job_id, JobSpec(subtasks=["a", "b"], max_tokens=16), ["a", "b"],
                        status="running", queue="q-lost")
     store.meta.claim_launch(job_id)
-    parked = store.key(job_id, "bpark")
+    parked = store.keys.job(job_id, "bpark")
     store.r.hset(parked, "0", "{}")  # 0 waits for its batch; 1's message is gone for good
     read_broker = sweep_module.subagents_in_broker
 
@@ -166,7 +166,7 @@ def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat
     repair_for(3 * settings.heartbeat_ttl_s)
     assert sent == []  # a live worker runs it: not lost
     store.r.delete(heartbeat_key(store.prefix, live))  # now nobody does, and no message
-    store.r.hdel(store.key(job_id, "claims"), "1")  # (its claim gone with the message)
+    store.r.hdel(store.keys.job(job_id, "claims"), "1")  # (its claim gone with the message)
     repair_for(10)
     assert [(job_id_, part) for _queue, job_id_, part, _token in sent] == [(job_id, 1)]
     new = sent[0][3]

@@ -127,7 +127,7 @@ def test_the_cancel_listener_subscribes_again_when_its_connection_goes_silent(
         runtime = Runtime(get_settings())
         try:
             event = runtime.submit(_cancel_event(runtime, "job-a")).result(5)
-            channel = runtime.store.cancel_channel
+            channel = runtime.store.cancels.channel
             subscribers = lambda: runtime.store.r.pubsub_numsub(channel)[0][1]  # noqa: E731
             wait_until("subscribed", lambda: subscribers() >= 1, 10)
             proxy.silence()

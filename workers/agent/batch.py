@@ -121,7 +121,7 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
             state.batch_cid = None
             await _io(store.clear_result, ctx.job_id, ctx.index)
             return await _consume(rt, got["result"], ctx)
-    if await _io(rt.store.cancelled, ctx.job_id):
+    if await _io(rt.store.cancels.cancelled, ctx.job_id):
         raise Cancelled()
     scope = llm_scope(rt.settings.key_alias, params["model"])
     if cid and await _io(store.waiting, scope, cid):
@@ -129,7 +129,7 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
     state.batch_n += 1
     state.batch_cid = cid = custom_id(ctx.job_id, ctx.index, state.turns, state.batch_n)
     # Checkpoint first: a sub-agent that dies here resumes knowing the id it queued.
-    await _io(rt.store.save_checkpoint, ctx.job_id, ctx.index, state, token)
+    await _io(rt.store.checkpoints.save, ctx.job_id, ctx.index, state, token)
     await _io(store.enqueue, scope, ctx.job_id, cid, params)
     raise Parked()
 
@@ -146,7 +146,7 @@ async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContex
     makes it parks like a sub-agent, and is sent again when the result is in). The request's
     custom_id is kept under the job (``bjob``), as a sub-agent keeps its in its checkpoint."""
     store = services(rt.settings).batches
-    key = rt.store.key(ctx.job_id, "bjob")
+    key = rt.store.keys.job(ctx.job_id, "bjob")
     raw = await _io(store.r.hget, key, str(part))
     state = json.loads(raw) if raw else {"cid": None, "n": 0}
     cid = state["cid"]
@@ -156,7 +156,7 @@ async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContex
             await _io(store.r.hset, key, str(part), json.dumps({"cid": None, "n": state["n"]}))
             await _io(store.clear_result, ctx.job_id, part)
             return await _consume(rt, got["result"], ctx)
-    if await _io(rt.store.cancelled, ctx.job_id):
+    if await _io(rt.store.cancels.cancelled, ctx.job_id):
         raise Cancelled()
     scope = llm_scope(rt.settings.key_alias, params["model"])
     if cid and await _io(store.waiting, scope, cid):
@@ -193,7 +193,7 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
                                       "was processed, and the job's deadline has passed"))
         raise RetryableFailure(0.0, Decision("retry", "expired", "the batch request expired "
                                              "before it was processed; sent again"))
-    if await _io(rt.store.cancelled, ctx.job_id):
+    if await _io(rt.store.cancels.cancelled, ctx.job_id):
         raise Cancelled()
     raise RetryableFailure(0.0, Decision("retry", "canceled", "the batch was cancelled "
                                          "outside drover; sent again"))
@@ -355,7 +355,7 @@ class Batcher:
     async def _cancels(self) -> None:
         for job_id in await _io(self.store.active_jobs):
             try:
-                reason = await _io(self.rt.store.cancelled, job_id)
+                reason = await _io(self.rt.store.cancels.cancelled, job_id)
                 status = (await _io(self.rt.store.meta.get, job_id)).get("status")
             except JobNotFound:
                 await _io(self.store.retire_job, job_id)
@@ -391,7 +391,7 @@ class Batcher:
                 continue
             grouped = await _io(self.store.take, scope, min(s.batch_max_requests, count))
             for job_id, items in grouped.items():
-                if await _io(self.rt.store.cancelled, job_id):
+                if await _io(self.rt.store.cancels.cancelled, job_id):
                     continue  # the cancel pass drops them
                 if not await self._open(scope, job_id, items):
                     return  # the queue is full or the endpoints want a pause: next tick

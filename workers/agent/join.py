@@ -5,7 +5,7 @@ delivered twice is stored once (first write wins), and the join is idempotent. T
 a page at a time; a join that synthesises keeps them in compact form (the join of 10,000
 sub-agents holds 10,000 small records, not 10,000 full ones), any other keeps only the ones
 that did not end ok (their errors, no answer): the answers stay in Redis, and the stored
-JobResult reads them from there (JobStore.result).
+JobResult reads them from there (Outcomes.get).
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec, *, failures: in
     deadline_in = (await asyncio.to_thread(rt.store.meta.deadline_in, job_id)
                    if spec.deadline_s else None)
     with rt.job_scope(job_id, deadline_in) as cancel:
-        if await asyncio.to_thread(rt.store.cancelled, job_id):
+        if await asyncio.to_thread(rt.store.cancels.cancelled, job_id):
             raise Cancelled()
         return await plan_goal(rt, spec.goal, spec.max_subtasks, model=spec.model,
                                system=spec.system, job_id=job_id, cancel=cancel,

@@ -191,7 +191,7 @@ class Runtime:
                 heartbeat.unwatch(part)
 
     async def _listen_for_cancels(self) -> None:
-        channel = self.store.cancel_channel
+        channel = self.store.cancels.channel
         while not self._closing:
             pubsub = self.aredis.pubsub(ignore_subscribe_messages=True)
             try:

@@ -91,7 +91,7 @@ class SubagentRun:
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
         worker = self.worker or services(self.rt.settings).heartbeat().id
-        start = await self._io(partial(self.store.start, self.job_id, self.index,
+        start = await self._io(partial(self.store.checkpoints.start, self.job_id, self.index,
                                        worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
             return start.record
@@ -117,7 +117,8 @@ class SubagentRun:
         Redis (its number and estimate) in the same step, and counted in the state."""
         seq = self.state.sends + 1
         mark = {"seq": seq, "in": est_in, "out": est_out}
-        if await self._io(self.store.before_send, self.job_id, self.index, self.token, mark):
+        if await self._io(self.store.checkpoints.before_send, self.job_id, self.index,
+                          self.token, mark):
             raise Cancelled()
         self.state.sends = seq  # its outcome (answer, error or loss) is this state's from now
 
@@ -154,13 +155,13 @@ class SubagentRun:
         except ClaimLost:
             raise
         except Cancelled:
-            reason = await self._io(self.store.cancelled, self.job_id)
+            reason = await self._io(self.store.cancels.cancelled, self.job_id)
             if reason is None and services(self.rt.settings).heartbeat().handing_back:
                 # The worker's shutdown grace ran out mid-call: resume elsewhere from here.
-                await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+                await self._io(self.store.checkpoints.save, self.job_id, self.index, state,
                                self.token)
                 raise LimiterSaysLater(0.0, "worker shutting down") from None
-            failed = await self._io(self.store.failed_all, self.job_id)
+            failed = await self._io(self.store.cancels.failed_all, self.job_id)
             if failed is not None:  # the job failed as a whole (its key was refused)
                 return await self._finish(state, "failed", error=failed["reason"],
                                           error_type=failed["type"],
@@ -170,7 +171,7 @@ class SubagentRun:
         except RetryableFailure as failure:
             return await self._failed_attempt(spec, state, failure)
         except LimiterSaysLater:
-            await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+            await self._io(self.store.checkpoints.save, self.job_id, self.index, state,
                            self.token)
             raise
         except CallFailed as failure:
@@ -223,7 +224,7 @@ class SubagentRun:
             state.usage.add(message.usage, batch=batched)
             final = not state.pending_tool_calls() and state.stop_reason != "tool_use"
             if not final:
-                await self._io(self.store.save_checkpoint, self.job_id, self.index, state,
+                await self._io(self.store.checkpoints.save, self.job_id, self.index, state,
                                self.token)
             if spec.token_budget:
                 await self._io(self.store.spending.spend, self.job_id, budget_tokens(message.usage))
@@ -245,11 +246,11 @@ class SubagentRun:
     async def _run_tools(self, spec: JobSpec, state: Checkpoint,
                          calls: list[dict[str, Any]], allowed: dict[str, Tool]) -> None:
         settings = self.rt.settings
-        done = await self._io(self.store.tool_results, self.job_id, self.index)
+        done = await self._io(self.store.checkpoints.tool_results, self.job_id, self.index)
 
         async def save(tool_use_id: str, result: dict[str, Any]) -> None:
-            await self._io(self.store.save_tool_result, self.job_id, self.index, tool_use_id,
-                           result, self.token)
+            await self._io(self.store.checkpoints.save_tool_result, self.job_id, self.index,
+                           tool_use_id, result, self.token)
 
         results = await run_turn(
             calls, allowed, done=done,
@@ -262,7 +263,7 @@ class SubagentRun:
             if result["is_error"]:
                 state.failed.append(f"{call['name']}: {result['content'][:200]}")
         state.messages.append({"role": "user", "content": results})
-        await self._io(self.store.save_checkpoint, self.job_id, self.index, state, self.token)
+        await self._io(self.store.checkpoints.save, self.job_id, self.index, state, self.token)
 
     async def _tool_gate(self, tool_: Tool) -> None:
         rps = self.rt.settings.tool_rps.get(tool_.name, tool_.rps)
@@ -286,7 +287,7 @@ class SubagentRun:
                                "message": decision.message}
         if state.failures >= self.rt.settings.max_attempts:
             return await self._fail(spec, state, decision)
-        await self._io(self.store.save_checkpoint, self.job_id, self.index, state, self.token)
+        await self._io(self.store.checkpoints.save, self.job_id, self.index, state, self.token)
         raise failure
 
     async def _fail(self, spec: JobSpec, state: Checkpoint, decision: Decision
@@ -300,11 +301,11 @@ class SubagentRun:
                                     error_type=decision.error_type,
                                     status_code=decision.status_code)
         if decision.job_wide:  # no call of this job can succeed: end the others now
-            await self._io(partial(self.store.fail_unfinished, self.job_id, decision.message,
-                                   error_type=decision.error_type,
+            await self._io(partial(self.store.cancels.fail_unfinished, self.job_id,
+                                   decision.message, error_type=decision.error_type,
                                    status_code=decision.status_code))
         elif spec.mode == "all_or_nothing" and result.status == "failed":
-            await self._io(self.store.cancel, self.job_id,
+            await self._io(self.store.cancels.cancel, self.job_id,
                            f"sub-agent {self.index} failed: {decision.error_type}")
         return result
 

@@ -44,7 +44,7 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
         if reason := meta.get("cancelled"):
             # Its sub-agents that never started got their records at the cancel (again here,
             # in case that was cut short): none is left to publish, its places go to others.
-            store.cancel_unstarted(share.job_id, reason)
+            store.cancels.cancel_unstarted(share.job_id, reason)
             runs += fs.remove(share.job_id)
             continue
         runs += fs.finished(share.job_id, store.records.count(share.job_id))

@@ -146,24 +146,24 @@ class BatchStore:
         return pending is not None or bool(inflight)
 
     def park(self, job_id: str, index: int, signature: str) -> None:
-        key = self.jobs.key(job_id, "bpark")
+        key = self.jobs.keys.job(job_id, "bpark")
         pipe = self.r.pipeline()
         pipe.hset(key, str(index), signature)
         pipe.expire(key, self.jobs.ttl_s)
         pipe.execute()
 
     def parked(self, job_id: str) -> set[int]:
-        return {int(i) for i in self.r.hkeys(self.jobs.key(job_id, "bpark"))}
+        return {int(i) for i in self.r.hkeys(self.jobs.keys.job(job_id, "bpark"))}
 
     def result(self, job_id: str, index: int) -> dict[str, Any] | None:
-        raw = self.r.hget(self.jobs.key(job_id, "bres"), str(index))
+        raw = self.r.hget(self.jobs.keys.job(job_id, "bres"), str(index))
         return json.loads(raw) if raw else None
 
     def clear_result(self, job_id: str, index: int) -> None:
-        self.r.hdel(self.jobs.key(job_id, "bres"), str(index))
+        self.r.hdel(self.jobs.keys.job(job_id, "bres"), str(index))
 
     def counters(self, job_id: str) -> dict[str, int]:
-        raw = self.r.hgetall(self.jobs.key(job_id, "batch"))
+        raw = self.r.hgetall(self.jobs.keys.job(job_id, "batch"))
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
 
     # --- the batcher's side -------------------------------------------------------------
@@ -201,7 +201,7 @@ class BatchStore:
 
     def intend(self, intent: Intent) -> None:
         """Record the batch about to be created, under its job (before the create call)."""
-        key = self.jobs.key(intent.job_id, "bintent")
+        key = self.jobs.keys.job(intent.job_id, "bintent")
         pipe = self.r.pipeline()
         pipe.hset(key, intent.id, intent.dump())
         pipe.expire(key, self.jobs.ttl_s)
@@ -215,27 +215,27 @@ class BatchStore:
             return []
         pipe = self.r.pipeline(transaction=False)
         for job_id in jobs:
-            pipe.hvals(self.jobs.key(job_id, "bintent"))
+            pipe.hvals(self.jobs.keys.job(job_id, "bintent"))
         found = [Intent.load(raw) for rows in pipe.execute() for raw in rows]
         return sorted((i for i in found if i.scope.startswith(mine)), key=lambda i: i.at)
 
     def drop_intent(self, intent: Intent) -> None:
         """No batch was made for ``intent``: forget it (its requests are still pending)."""
-        self.r.hdel(self.jobs.key(intent.job_id, "bintent"), intent.id)
+        self.r.hdel(self.jobs.keys.job(intent.job_id, "bintent"), intent.id)
 
     def opened(self, batch: OpenBatch, intent: str | None = None) -> None:
         """``batch`` was created at the provider with these pending requests (for the
         recorded ``intent``, which it resolves)."""
         pipe = self.r.pipeline()
         if intent is not None:
-            pipe.hdel(self.jobs.key(batch.job_id, "bintent"), intent)
+            pipe.hdel(self.jobs.keys.job(batch.job_id, "bintent"), intent)
         pipe.hset(self._open, batch.id, batch.dump())
         pipe.hset(self._inflight, mapping=dict.fromkeys(batch.custom_ids, batch.id))
         pipe.zrem(self._pending(batch.scope), *batch.custom_ids)
         pipe.hdel(self._bodies(batch.scope), *batch.custom_ids)
         self._count(pipe, batch.job_id, submitted=len(batch.custom_ids), batches=1)
-        pipe.sadd(self.jobs.key(batch.job_id, "bopen"), batch.id)
-        pipe.expire(self.jobs.key(batch.job_id, "bopen"), self.jobs.ttl_s)
+        pipe.sadd(self.jobs.keys.job(batch.job_id, "bopen"), batch.id)
+        pipe.expire(self.jobs.keys.job(batch.job_id, "bopen"), self.jobs.ttl_s)
         pipe.execute()
 
     def open_batches(self, key_alias: str | None = None) -> list[OpenBatch]:
@@ -247,7 +247,7 @@ class BatchStore:
         self.r.hset(self._open, batch.id, batch.dump())
 
     def job_open_batches(self, job_id: str) -> list[str]:
-        return sorted(_s(x) for x in self.r.smembers(self.jobs.key(job_id, "bopen")))
+        return sorted(_s(x) for x in self.r.smembers(self.jobs.keys.job(job_id, "bopen")))
 
     def store_results(self, batch: OpenBatch, results: dict[str, dict[str, Any]]) -> None:
         """The ended batch's results (custom_id -> result object): keep them, wake the owners.
@@ -266,7 +266,7 @@ class BatchStore:
         self._count(pipe, batch.job_id, **outcomes)
         pipe.hdel(self._inflight, *batch.custom_ids)
         pipe.hdel(self._open, batch.id)
-        pipe.srem(self.jobs.key(batch.job_id, "bopen"), batch.id)
+        pipe.srem(self.jobs.keys.job(batch.job_id, "bopen"), batch.id)
         pipe.execute()
 
     def drop_pending(self, job_id: str, result: dict[str, Any],
@@ -299,13 +299,13 @@ class BatchStore:
 
     def _deliver(self, pipe: Any, cid: str, result: dict[str, Any]) -> None:
         job_id, index = parse_custom_id(cid)
-        key = self.jobs.key(job_id, "bres")
+        key = self.jobs.keys.job(job_id, "bres")
         pipe.hset(key, str(index), json.dumps({"custom_id": cid, "result": result}))
         pipe.expire(key, self.jobs.ttl_s)
         pipe.sadd(self._ready, f"{job_id}:{index}")
 
     def _count(self, pipe: Any, job_id: str, **counts: int) -> None:
-        key = self.jobs.key(job_id, "batch")
+        key = self.jobs.keys.job(job_id, "batch")
         for name, n in counts.items():
             if n:
                 pipe.hincrby(key, name, n)
@@ -322,7 +322,7 @@ class BatchStore:
         """The parked signature of a ready sub-agent, taken (None: it has not parked yet).
 
         It stays ready until ``not_ready``: a resume that could not be sent is tried again."""
-        key = self.jobs.key(job_id, "bpark")
+        key = self.jobs.keys.job(job_id, "bpark")
         pipe = self.r.pipeline()
         pipe.hget(key, str(index))
         pipe.hdel(key, str(index))

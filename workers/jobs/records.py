@@ -113,7 +113,7 @@ class Checkpoint(BaseModel):
     batch_cid: str | None = None
     batch_n: int = 0
     # Realtime calls whose outcome this state accounts for (answered, unanswered or failed).
-    # Before each send its number is marked in Redis (JobStore.before_send); a resume that
+    # Before each send its number is marked in Redis (Checkpoints.before_send); a resume that
     # finds a mark past this count knows that call went out and its answer was lost.
     sends: int = 0
 
@@ -192,7 +192,7 @@ class JobResult(BaseModel):
     synthesis: str | None = None
     record_chars: int = SUMMARY_CHARS
     # As stored: True when ``results`` is left out, to be read from the job's records
-    # (JobStore.result does, so a caller never sees it True).
+    # (Outcomes.get does, so a caller never sees it True).
     by_reference: bool = False
 
     def by_status(self, status: Status) -> list[SubagentResult]:

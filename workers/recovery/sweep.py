@@ -366,8 +366,8 @@ def _accounted_for(store: JobStore, job_id: str) -> set[int]:
     """The job's sub-agents with a record, or parked: waiting for a Message Batch, task-less
     on purpose (the batcher resumes them, workers/agent/batch.py)."""
     pipe = store.r.pipeline(transaction=False)
-    pipe.hkeys(store.key(job_id, "records"))
-    pipe.hkeys(store.key(job_id, "bpark"))
+    pipe.hkeys(store.keys.job(job_id, "records"))
+    pipe.hkeys(store.keys.job(job_id, "bpark"))
     recorded, parked = pipe.execute()
     return {int(i) for i in [*recorded, *parked]}
 
@@ -405,7 +405,7 @@ def repair_windows(store: JobStore, settings: Settings, send: Send,
     stalled_key = store.keys.stalled
     for share in fs.jobs():
         job_id = share.job_id
-        claims = {_s(k): _s(v) for k, v in r.hgetall(store.key(job_id, "claims")).items()}
+        claims = {_s(k): _s(v) for k, v in r.hgetall(store.keys.job(job_id, "claims")).items()}
         parsed = {part: (raw.split("|", 2) + ["", ""])[:3] for part, raw in claims.items()}
         holders = sorted({h for _, state, h in parsed.values()
                           if state in ("held", "running") and h})
@@ -436,7 +436,7 @@ def repair_windows(store: JobStore, settings: Settings, send: Send,
             pipe = r.pipeline(transaction=False)
             ordered = sorted(deferred)
             for index in ordered:
-                pipe.hexists(store.key(job_id, "records"), str(index))
+                pipe.hexists(store.keys.job(job_id, "records"), str(index))
             recorded = pipe.execute()
             stale = []
             for index, has_record in zip(ordered, recorded, strict=True):
@@ -467,7 +467,7 @@ def _note_stall(store: JobStore, stalled_key: str, share: Any, now: float, held_
     """Track when the job last gained a record; flag (and log once) a stall, clear it on
     the next record."""
     r, job_id = store.r, share.job_id
-    key = store.key(job_id, "progress")
+    key = store.keys.job(job_id, "progress")
     seen = r.hmget(key, "done", "since")
     if seen[0] is None or int(seen[0]) != share.done:
         r.hset(key, mapping={"done": share.done, "since": now})
@@ -552,7 +552,7 @@ def _meta(store: JobStore, job_id: str) -> dict[str, str]:
 
 def _stalled(store: JobStore, job_id: str, done: int, now: float, after_s: float) -> bool:
     """True once the job has kept ``done`` records for ``after_s`` (then the wait restarts)."""
-    key = store.key(job_id, "sweep")
+    key = store.keys.job(job_id, "sweep")
     seen = store.r.hgetall(key)
     count = int(seen.get(b"records", -1)) if seen else -1
     since = float(seen.get(b"since", now)) if seen else now

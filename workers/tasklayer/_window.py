@@ -62,7 +62,7 @@ def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStor
     scope's mean until it has a minute of calls (``workers/agent/capacity.py``)."""
     try:
         shared = services(settings)
-        subtask = store.r.lindex(store.key(job_id, "tasks"), 0) or b""
+        subtask = store.r.lindex(store.keys.job(job_id, "tasks"), 0) or b""
         text = subtask.decode() if isinstance(subtask, bytes) else str(subtask)
         spec = store.specs.get(job_id)
         model = spec.model or settings.model

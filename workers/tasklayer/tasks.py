@@ -151,13 +151,13 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     except RetryLater as later:
         raise retry(self, later, (job_id, "plan", token)) from None
     except Cancelled:  # cancelled (or out of time) before it fanned out: nothing to join
-        rt.store.outcomes.fail(job_id, rt.store.cancelled(job_id) or "cancelled",
+        rt.store.outcomes.fail(job_id, rt.store.cancels.cancelled(job_id) or "cancelled",
                                status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
     except (CallFailed, ValueError) as error:
         rt.store.outcomes.fail(job_id, f"planning failed: {error}")
         return {"status": "failed", "job_id": job_id}
-    if reason := rt.store.cancelled(job_id):  # the cancel came just as the plan did
+    if reason := rt.store.cancels.cancelled(job_id):  # the cancel came just as the plan did
         rt.store.outcomes.fail(job_id, reason, status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
     rt.store.specs.set_subtasks(job_id, subtasks)
