@@ -6,9 +6,9 @@ ready (``startup``).
 
 Inside: a delivery's claim on its part (``_delivery``), a job's place in the fair-share window
 as the tasks see it (``_window``), the consumer's pulse (``_progress``) and what a worker logs
-(``_logs``). The only room that knows Celery's tasks; it builds on the agent, the job store,
-the fair-share scheduler, recovery and the connections. The modules are imported by name, not
-from here: importing ``app`` builds the Celery app from the settings.
+(``_logs``). The only room that imports Celery; it sits above every other room of
+``workers/`` (docs/architecture.md). The modules are imported by name, not from here:
+importing ``app`` builds the Celery app from the settings.
 """
 
 __all__ = ["app", "dispatch", "lifecycle", "nodenames", "startup", "tasks"]
