@@ -327,3 +327,17 @@ def test_every_signal_is_private_and_says_why_it_is_an_exception():
         assert name not in drover.__all__, name
         why = " ".join((cls.__doc__ or "").lower().split())
         assert "an exception because" in why or "an exception for" in why, name
+
+
+def test_tests_share_helpers_only_through_tests_helpers():
+    """A test module imported by another runs its fixtures and module-level code twice and
+    ties two tiers together; what tests share lives in tests/helpers/."""
+    tests = Path(__file__).resolve().parents[1]
+    leaks = []
+    for path in sorted(tests.rglob("*.py")):
+        for lineno, name in _imports(ast.parse(path.read_text(), str(path))):
+            parts = name.split(".")
+            if (parts[0] == "tests" and len(parts) > 1 and parts[1] != "helpers"
+                    or parts[0].startswith("test_") or parts[0] == "conftest"):
+                leaks.append(f"{path.relative_to(tests)}:{lineno} imports {name}")
+    assert not leaks, leaks
