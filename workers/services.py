@@ -125,7 +125,7 @@ class Services:
 
     @cached_property
     def batches(self) -> BatchStore:
-        return BatchStore(self.store)
+        return BatchStore(self.redis, self.store.keys, self.settings.result_ttl_s, self.meta)
 
     @cached_property
     def limiter(self) -> Limiter:

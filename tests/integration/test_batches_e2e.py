@@ -14,6 +14,7 @@ import redis
 
 from drover import JobSpec, submit
 from drover.workers.limiter import Limiter
+from drover.workers.services import services
 from tests.helpers import configure, wait_for_workers, wait_until
 
 FAST = {"DROVER_BATCH_LINGER_S": "0.3", "DROVER_BATCH_POLL_S": "0.2",
@@ -137,7 +138,7 @@ def test_cancel_mid_batch_cancels_it_at_the_provider_and_every_subagent_gets_a_r
 def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason(
         drover_env, redis_url):  # noqa: ANN001
     from drover.workers.agent import SubagentRun, get_runtime
-    from drover.workers.jobs.batches import BatchStore, custom_id
+    from drover.workers.jobs.batches import custom_id
     from drover.workers.jobs.records import Checkpoint
 
     handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch",
@@ -147,7 +148,7 @@ def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason
     state = Checkpoint.first("Summarise the archive")
     state.batch_cid, state.batch_n = cid, 1
     rt.store.checkpoints.save(handle.id, 0, state)
-    store = BatchStore(rt.store)
+    store = services(rt.settings).batches
     pipe = rt.store.r.pipeline()
     store._deliver(pipe, cid, {"type": "expired"})
     pipe.execute()
@@ -168,7 +169,6 @@ def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(dr
     from drover.workers.agent.llm import CallContext
     from drover.workers.agent.subagent import request_params
     from drover.workers.jobs import ClaimLost
-    from drover.workers.jobs.batches import BatchStore
     from drover.workers.jobs.records import Checkpoint
     from drover.workers.limiter import llm_scope
 
@@ -185,7 +185,7 @@ def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(dr
         rt.run(batch_message(rt, params, CallContext(handle.id, 0, asyncio.Event()), state,
                              start.token))
     scope = llm_scope(rt.settings.key_alias, params["model"])
-    assert BatchStore(rt.store).pending_state(scope)[0] == 0
+    assert services(rt.settings).batches.pending_state(scope)[0] == 0
 
 
 def test_a_sub_agent_taken_over_before_its_batch_turn_is_queued_queues_nothing(
@@ -194,7 +194,6 @@ def test_a_sub_agent_taken_over_before_its_batch_turn_is_queued_queues_nothing(
     checkpoint (a run that wrote it unfenced would queue the turn beside the new one's)."""
     from drover.workers.agent import SubagentRun, get_runtime
     from drover.workers.jobs import ClaimLost
-    from drover.workers.jobs.batches import BatchStore
     from drover.workers.limiter import llm_scope
 
     handle = submit(JobSpec(subtasks=["Summarise the ledger"], delivery="batch"))  # no workers
@@ -209,7 +208,7 @@ def test_a_sub_agent_taken_over_before_its_batch_turn_is_queued_queues_nothing(
     with pytest.raises(ClaimLost):
         rt.run(SubagentRun(rt, handle.id, 0).run())
     scope = llm_scope(rt.settings.key_alias, rt.settings.model)
-    assert BatchStore(rt.store).pending_state(scope)[0] == 0
+    assert services(rt.settings).batches.pending_state(scope)[0] == 0
 
 
 def test_500_subagents_with_tool_turns_by_batch_while_a_realtime_job_runs_on_the_same_slots(

@@ -32,7 +32,8 @@ from typing import Any
 import redis
 
 from drover.workers.jobs._decode import text as _s
-from drover.workers.jobs.store import JobStore
+from drover.workers.jobs.keys import JobKeys
+from drover.workers.jobs.meta import JobMeta
 
 __all__ = ["BatchStore", "Intent", "OpenBatch", "custom_id", "parse_custom_id"]
 
@@ -92,10 +93,12 @@ class OpenBatch:
 
 
 class BatchStore:
-    def __init__(self, store: JobStore):
-        self.jobs = store
-        self.r: redis.Redis = store.r
-        self.base = store.keys.batch
+    def __init__(self, client: redis.Redis, keys: JobKeys, ttl_s: int, meta: JobMeta) -> None:
+        self.r = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self.meta = meta  # Redis's clock, which orders the queue
+        self.base = keys.batch
 
     # --- keys ---------------------------------------------------------------------------
     def _pending(self, scope: str) -> str:
@@ -129,7 +132,7 @@ class BatchStore:
 
     # --- a sub-agent's side -------------------------------------------------------------
     def enqueue(self, scope: str, job_id: str, cid: str, params: dict[str, Any]) -> None:
-        now = self.jobs.meta.server_time()
+        now = self.meta.server_time()
         pipe = self.r.pipeline()
         pipe.hset(self._bodies(scope), cid, json.dumps(params))
         pipe.zadd(self._pending(scope), {cid: now}, nx=True)
@@ -146,24 +149,24 @@ class BatchStore:
         return pending is not None or bool(inflight)
 
     def park(self, job_id: str, index: int, signature: str) -> None:
-        key = self.jobs.keys.job(job_id, "bpark")
+        key = self.keys.job(job_id, "bpark")
         pipe = self.r.pipeline()
         pipe.hset(key, str(index), signature)
-        pipe.expire(key, self.jobs.ttl_s)
+        pipe.expire(key, self.ttl_s)
         pipe.execute()
 
     def parked(self, job_id: str) -> set[int]:
-        return {int(i) for i in self.r.hkeys(self.jobs.keys.job(job_id, "bpark"))}
+        return {int(i) for i in self.r.hkeys(self.keys.job(job_id, "bpark"))}
 
     def result(self, job_id: str, index: int) -> dict[str, Any] | None:
-        raw = self.r.hget(self.jobs.keys.job(job_id, "bres"), str(index))
+        raw = self.r.hget(self.keys.job(job_id, "bres"), str(index))
         return json.loads(raw) if raw else None
 
     def clear_result(self, job_id: str, index: int) -> None:
-        self.r.hdel(self.jobs.keys.job(job_id, "bres"), str(index))
+        self.r.hdel(self.keys.job(job_id, "bres"), str(index))
 
     def counters(self, job_id: str) -> dict[str, int]:
-        raw = self.r.hgetall(self.jobs.keys.job(job_id, "batch"))
+        raw = self.r.hgetall(self.keys.job(job_id, "batch"))
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
 
     # --- the batcher's side -------------------------------------------------------------
@@ -201,10 +204,10 @@ class BatchStore:
 
     def intend(self, intent: Intent) -> None:
         """Record the batch about to be created, under its job (before the create call)."""
-        key = self.jobs.keys.job(intent.job_id, "bintent")
+        key = self.keys.job(intent.job_id, "bintent")
         pipe = self.r.pipeline()
         pipe.hset(key, intent.id, intent.dump())
-        pipe.expire(key, self.jobs.ttl_s)
+        pipe.expire(key, self.ttl_s)
         pipe.execute()
 
     def intents(self, key_alias: str | None = None) -> list[Intent]:
@@ -215,27 +218,27 @@ class BatchStore:
             return []
         pipe = self.r.pipeline(transaction=False)
         for job_id in jobs:
-            pipe.hvals(self.jobs.keys.job(job_id, "bintent"))
+            pipe.hvals(self.keys.job(job_id, "bintent"))
         found = [Intent.load(raw) for rows in pipe.execute() for raw in rows]
         return sorted((i for i in found if i.scope.startswith(mine)), key=lambda i: i.at)
 
     def drop_intent(self, intent: Intent) -> None:
         """No batch was made for ``intent``: forget it (its requests are still pending)."""
-        self.r.hdel(self.jobs.keys.job(intent.job_id, "bintent"), intent.id)
+        self.r.hdel(self.keys.job(intent.job_id, "bintent"), intent.id)
 
     def opened(self, batch: OpenBatch, intent: str | None = None) -> None:
         """``batch`` was created at the provider with these pending requests (for the
         recorded ``intent``, which it resolves)."""
         pipe = self.r.pipeline()
         if intent is not None:
-            pipe.hdel(self.jobs.keys.job(batch.job_id, "bintent"), intent)
+            pipe.hdel(self.keys.job(batch.job_id, "bintent"), intent)
         pipe.hset(self._open, batch.id, batch.dump())
         pipe.hset(self._inflight, mapping=dict.fromkeys(batch.custom_ids, batch.id))
         pipe.zrem(self._pending(batch.scope), *batch.custom_ids)
         pipe.hdel(self._bodies(batch.scope), *batch.custom_ids)
         self._count(pipe, batch.job_id, submitted=len(batch.custom_ids), batches=1)
-        pipe.sadd(self.jobs.keys.job(batch.job_id, "bopen"), batch.id)
-        pipe.expire(self.jobs.keys.job(batch.job_id, "bopen"), self.jobs.ttl_s)
+        pipe.sadd(self.keys.job(batch.job_id, "bopen"), batch.id)
+        pipe.expire(self.keys.job(batch.job_id, "bopen"), self.ttl_s)
         pipe.execute()
 
     def open_batches(self, key_alias: str | None = None) -> list[OpenBatch]:
@@ -247,7 +250,7 @@ class BatchStore:
         self.r.hset(self._open, batch.id, batch.dump())
 
     def job_open_batches(self, job_id: str) -> list[str]:
-        return sorted(_s(x) for x in self.r.smembers(self.jobs.keys.job(job_id, "bopen")))
+        return sorted(_s(x) for x in self.r.smembers(self.keys.job(job_id, "bopen")))
 
     def store_results(self, batch: OpenBatch, results: dict[str, dict[str, Any]]) -> None:
         """The ended batch's results (custom_id -> result object): keep them, wake the owners.
@@ -266,7 +269,7 @@ class BatchStore:
         self._count(pipe, batch.job_id, **outcomes)
         pipe.hdel(self._inflight, *batch.custom_ids)
         pipe.hdel(self._open, batch.id)
-        pipe.srem(self.jobs.keys.job(batch.job_id, "bopen"), batch.id)
+        pipe.srem(self.keys.job(batch.job_id, "bopen"), batch.id)
         pipe.execute()
 
     def drop_pending(self, job_id: str, result: dict[str, Any],
@@ -299,17 +302,17 @@ class BatchStore:
 
     def _deliver(self, pipe: Any, cid: str, result: dict[str, Any]) -> None:
         job_id, index = parse_custom_id(cid)
-        key = self.jobs.keys.job(job_id, "bres")
+        key = self.keys.job(job_id, "bres")
         pipe.hset(key, str(index), json.dumps({"custom_id": cid, "result": result}))
-        pipe.expire(key, self.jobs.ttl_s)
+        pipe.expire(key, self.ttl_s)
         pipe.sadd(self._ready, f"{job_id}:{index}")
 
     def _count(self, pipe: Any, job_id: str, **counts: int) -> None:
-        key = self.jobs.keys.job(job_id, "batch")
+        key = self.keys.job(job_id, "batch")
         for name, n in counts.items():
             if n:
                 pipe.hincrby(key, name, n)
-        pipe.expire(key, self.jobs.ttl_s)
+        pipe.expire(key, self.ttl_s)
 
     def ready(self) -> list[tuple[str, int]]:
         out = []
@@ -322,7 +325,7 @@ class BatchStore:
         """The parked signature of a ready sub-agent, taken (None: it has not parked yet).
 
         It stays ready until ``not_ready``: a resume that could not be sent is tried again."""
-        key = self.jobs.keys.job(job_id, "bpark")
+        key = self.keys.job(job_id, "bpark")
         pipe = self.r.pipeline()
         pipe.hget(key, str(index))
         pipe.hdel(key, str(index))
