@@ -35,6 +35,7 @@ from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, ScopeLimits, llm_scope, tool_scope
+from drover.workers.services import Services
 from drover.workers.telemetry import CALL_OUTCOMES, TOKEN_TYPES, Recorder, register_job
 
 
@@ -118,7 +119,7 @@ def main() -> None:
         from prometheus_client.registry import CollectorRegistry
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(DroverCollector(settings, broker_queues=args.broker))
+        registry.register(DroverCollector(Services(settings), broker_queues=args.broker))
         port = free_port()
         server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
         url = f"http://127.0.0.1:{port}/metrics"

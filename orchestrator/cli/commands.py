@@ -54,6 +54,14 @@ def _settings() -> Any:
     return get_settings()
 
 
+def _shared(settings: Any) -> Any:
+    """The CLI's root: this process's parts (Redis, the stores, the limiter, the scheduler)
+    for ``settings``, built once; each command hands the views what they read."""
+    from drover.workers.services import services
+
+    return services(settings)
+
+
 def _need_services(settings: Any, *, broker: bool = False) -> None:
     """Fail in seconds, naming the variable, when Redis (or the broker) does not answer."""
     from drover.workers.connections.preflight import Unreachable, check_services
@@ -164,9 +172,7 @@ def _worker(args: argparse.Namespace) -> int:
     argv = ["worker", "--pool", "threads", "--concurrency", "32", "--queues", settings.queue,
             "--loglevel", "INFO", *args.rest]
     if not names_a_node(args.rest):  # several workers on one host: a name each
-        from drover.workers.services import services
-
-        argv[1:1] = ["--hostname", claim_node_name(services(settings).redis,
+        argv[1:1] = ["--hostname", claim_node_name(_shared(settings).redis,
                                                    settings.key_prefix)]
     return _celery_exit(app.worker_main, argv)
 
@@ -389,7 +395,7 @@ def _stats(args: argparse.Namespace) -> int:
     _need_services(settings)
     from drover.orchestrator.ops.stats import print_stats
 
-    return print_stats(console, plot=plot, settings=settings)
+    return print_stats(console, _shared(settings), plot=plot)
 
 
 def _metrics(args: argparse.Namespace) -> int:
@@ -398,7 +404,7 @@ def _metrics(args: argparse.Namespace) -> int:
     from drover.orchestrator.ops.metrics import serve
 
     try:
-        return serve(args.port, args.addr)
+        return serve(_shared(settings), args.port, args.addr)
     except OSError as error:
         raise Refused(f"drover metrics cannot listen on {args.addr}:{args.port}: "
                       f"{error.strerror or error}; pick another --port or --addr") from None
@@ -408,9 +414,8 @@ def _jobs(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
     from drover.orchestrator.ops.shares import active_jobs, jobs_table, tenants_table
-    from drover.workers.services import services
 
-    shared = services(settings)
+    shared = _shared(settings)
     fs = shared.fairshare()
     active = active_jobs(settings, fs)
     if args.finished:
@@ -422,7 +427,7 @@ def _jobs(args: argparse.Namespace) -> int:
     console.print(tenants_table(active, settings, shared.limiter))
     if settings.pooled:  # what the jobs' calls can go out on
         from drover.orchestrator.ops.stats import print_keys
-        print_keys(console, settings)
+        print_keys(console, shared)
     return OK
 
 
@@ -460,9 +465,9 @@ def _keys(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
     from drover.orchestrator.ops.stats import print_keys
-    from drover.workers.services import services
 
-    limiter = services(settings).limiter
+    shared = _shared(settings)
+    limiter = shared.limiter
     known = {k.alias for k in settings.keys}
     if args.action == "list":
         if not known and not limiter.disabled_keys():

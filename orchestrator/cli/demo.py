@@ -144,15 +144,16 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             console.print("delivery=batch: every sub-agent turn goes into a Message Batch "
                           "(the simulator ends each within 3 s; the provider within 24 h)\n")
         started = time.monotonic()
-        result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
+        handle = submit(demo_spec(config), settings=settings)
+        result = _follow_or_cancel(handle, console)
         wall = time.monotonic() - started
         stats = sim.stats()
-        console.print(_table(result, stats, wall, _counted(settings)))
+        console.print(_table(result, stats, wall, _counted(handle.shared)))
         if result.synthesis:
             console.print("\n[bold]Synthesis[/] (first lines; simulated: the simulator's "
                           "made-up text, not a model's answer):")
             console.print("\n".join(result.synthesis.splitlines()[:4]))
-        _usage(settings, config.plot, console, keeps=redis.kind == "existing" and config.keep)
+        _usage(handle.shared, config.plot, console, keeps=redis.kind == "existing" and config.keep)
         return 0 if result.counts.get("ok") == len(result.results) else 1
 
 
@@ -200,12 +201,13 @@ def _clean_up(url: str, prefix: str, keep: bool, console: Console) -> None:
         client.close()
 
 
-def _counted(settings: Any) -> dict[str, int]:
-    """The limiter's totals over every LLM call of the run: what `drover stats` counts."""
+def _counted(shared: Any) -> dict[str, int]:
+    """The limiter's totals over every LLM call of the run: what `drover stats` counts
+    (``shared``: the parts the submitter's root built, which the job's handle carries)."""
     from drover.orchestrator.ops.stats import collect
 
     totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0}
-    for usage in collect(settings):
+    for usage in collect(shared):
         if usage.scope.startswith("llm:"):
             whole = usage.last(len(usage.series))
             for name in totals:
@@ -251,10 +253,11 @@ def run_demo_on_services(config: DemoConfig = DemoConfig(),
                   f"{safe_url(settings.redis_url)}, queue {settings.queue!r}, API at "
                   f"{settings.anthropic_base_url or 'the Anthropic API'}")
     started = time.monotonic()
-    result = _follow_or_cancel(submit(demo_spec(config), settings=settings), console)
+    handle = submit(demo_spec(config), settings=settings)
+    result = _follow_or_cancel(handle, console)
     console.print(_table(result, _simulator_stats(settings.anthropic_base_url),
-                         time.monotonic() - started, _counted(settings)))
-    _usage(settings, config.plot, console, keeps=True)
+                         time.monotonic() - started, _counted(handle.shared)))
+    _usage(handle.shared, config.plot, console, keeps=True)
     return 0 if result.counts.get("ok") == len(result.results) else 1
 
 
@@ -321,12 +324,13 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
     return table
 
 
-def _usage(settings: Any, plot: Path | None, console: Console, *, keeps: bool) -> None:
+def _usage(shared: Any, plot: Path | None, console: Console, *, keeps: bool) -> None:
     """The limiter's own view of the run (``drover stats``), and the plot when asked for."""
     from drover.orchestrator.ops.stats import print_stats, safe_url, stats_window_s
 
+    settings = shared.settings
     console.print()
-    print_stats(console, plot=plot, settings=settings)
+    print_stats(console, shared, plot=plot)
     if keeps:  # a Redis the demo started is gone when it ends, and its counters with it
         console.print(f"see them again (within {stats_window_s(settings) // 60} min): "
                       f"DROVER_REDIS_URL={safe_url(settings.redis_url)} "

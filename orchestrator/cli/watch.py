@@ -14,7 +14,6 @@ from drover.orchestrator.client.jobs import JobHandle
 from drover.orchestrator.ops.shares import active_jobs
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.records import JobResult, Usage
-from drover.workers.services import services
 
 # Off a terminal (a pipe, a log file, CI) rich draws no bar: a line this often instead.
 PLAIN_EVERY_S = 5.0
@@ -95,7 +94,7 @@ def _follow(handle: JobHandle, console: Console, total: int, show_records: bool)
         bar = progress.add_task("sub-agents", total=total, status="")
         counts: dict[str, int] = {}
         share, looked = "", 0.0
-        fs = services(handle.settings).fairshare()
+        fs = handle.shared.fairshare()
         for record in handle.as_completed():
             counts[record.status] = counts.get(record.status, 0) + 1
             if time.monotonic() - looked > 1.0:  # one read of the window per second
@@ -131,7 +130,7 @@ def _share(handle: JobHandle, fs: FairShare) -> str:
 
 def _batches(handle: JobHandle) -> str:
     """The job's Message Batch counters (requests submitted, and how they ended)."""
-    counts = services(handle.settings).batches.counters(handle.id)
+    counts = handle.shared.batches.counters(handle.id)
     return " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "none"
 
 

@@ -27,13 +27,15 @@ from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import STATUSES, JobResult, SubagentReport, SubagentResult
 from drover.workers.jobs.spec import JobSpec, thinking_refused
 from drover.workers.jobs.store import JobStore
-from drover.workers.services import services
+from drover.workers.services import Services, services
 from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
 
 
-def _store(settings: Settings) -> JobStore:
-    return services(settings).store
+def _shared(settings: Settings) -> Services:
+    """The submitter's root: this process's parts for ``settings``, built on its first call
+    (and again after a fork or for other settings); every handle carries them."""
+    return services(settings)
 
 
 # The service URLs this process has reached once; later trouble is the clients' reconnects'.
@@ -110,7 +112,8 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         spec = JobSpec.model_validate(spec)
     check_spec(spec, settings)
     _first_contact(settings)
-    store = _store(settings)
+    shared = _shared(settings)
+    store = shared.store
     job_id = uuid.uuid4().hex
     if spec.goal:
         store.specs.create(job_id, spec, [], status="planning", queue=settings.queue)
@@ -121,7 +124,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         if store.meta.claim_launch(job_id):
             launch(job_id, len(spec.subtasks), settings.queue, tenant=spec.tenant,
                    priority=spec.priority, settings=settings)
-    return JobHandle(job_id, settings=settings)
+    return JobHandle(job_id, settings=settings, shared=shared)
 
 
 def _without_thinking(block: Any) -> Any:
@@ -134,10 +137,12 @@ def _without_thinking(block: Any) -> Any:
 class JobHandle:
     """A running or finished job, by id."""
 
-    def __init__(self, job_id: str, *, settings: Settings | None = None):
+    def __init__(self, job_id: str, *, settings: Settings | None = None,
+                 shared: Services | None = None):
         self.id = job_id
-        self.settings = settings or get_settings()
-        self.store = _store(self.settings)
+        self.settings = shared.settings if shared is not None else settings or get_settings()
+        self.shared = shared if shared is not None else _shared(self.settings)
+        self.store: JobStore = self.shared.store
         self._last_event = "0-0"
 
     @classmethod

@@ -38,7 +38,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from drover.config import Settings, get_settings
 from drover.orchestrator.ops.stats import DIMENSIONS as STAT_DIMENSIONS
 from drover.orchestrator.ops.stats import scope_usage
 from drover.workers.jobs import liveness
@@ -46,7 +45,7 @@ from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import STATUSES
 from drover.workers.limiter import split_llm_scope
 from drover.workers.recovery import stalled_jobs, window_repairs
-from drover.workers.services import Services, services
+from drover.workers.services import Services
 from drover.workers.telemetry import (
     CALL_OUTCOMES,
     METRICS,
@@ -73,11 +72,9 @@ class _JobSeen:
 class DroverCollector(Collector):
     """Reads the fleet's series from Redis at every ``collect()`` (every scrape)."""
 
-    def __init__(self, settings: Settings | None = None, *, client: redis.Redis | None = None,
-                 broker_queues: bool = True):
-        self.settings = settings or get_settings()
-        shared = (services(self.settings) if client is None
-                  else Services.from_settings(self.settings, client=client))
+    def __init__(self, shared: Services, *, broker_queues: bool = True):
+        # ``shared``: the root's parts (the CLI's, or a test's own with a client of its own).
+        self.settings = shared.settings
         self.r, self.limiter, self.store = shared.redis, shared.limiter, shared.store
         self.shared = shared
         self.telemetry = TelemetryReader(self.r, self.settings.key_prefix)
@@ -377,14 +374,14 @@ def _refresh_scopes(collector: DroverCollector, stop: threading.Event) -> None:
             log.warning("cannot list the limiter's scopes (%s: %s)", type(error).__name__, error)
 
 
-def serve(port: int = 9808, addr: str = "127.0.0.1", settings: Settings | None = None,
+def serve(shared: Services, port: int = 9808, addr: str = "127.0.0.1",
           *, ready: threading.Event | None = None) -> int:
     """Serve ``/metrics`` until SIGTERM or Ctrl-C."""
     from prometheus_client import start_http_server
 
-    settings = settings or get_settings()
+    settings = shared.settings
     registry = CollectorRegistry(auto_describe=False)
-    collector = DroverCollector(settings)
+    collector = DroverCollector(shared)
     registry.register(collector)
     server, thread = start_http_server(port, addr=addr, registry=registry)
     stop = threading.Event()

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from drover.config import Settings, get_settings
+from drover.config import Settings
 from drover.config.settings import TenantBudget
 from drover.workers.fairshare import FairShare, JobShare, tenant_budget_scopes
 from drover.workers.jobs.spec import PRIORITIES
 from drover.workers.limiter import Limiter
 from drover.workers.recovery import stalled_jobs
-from drover.workers.services import services
 
 __all__ = ["ActiveJob", "active_jobs", "budget_text", "due_shares", "jobs_table",
            "tenants_table"]
@@ -56,10 +55,8 @@ def due_shares(jobs: list[JobShare], floor: float) -> dict[str, float]:
     return due
 
 
-def active_jobs(settings: Settings | None = None, fs: FairShare | None = None
-                ) -> list[ActiveJob]:
-    settings = settings or get_settings()
-    fs = fs or services(settings).fairshare()
+def active_jobs(settings: Settings, fs: FairShare) -> list[ActiveJob]:
+    """The jobs of ``fs``'s queue (the caller's root's scheduler), each with its share."""
     jobs = fs.jobs()
     out = sum(j.out for j in jobs) or 1
     due = due_shares(jobs, settings.priority_floor)

@@ -29,11 +29,11 @@ from urllib.parse import urlsplit, urlunsplit
 from rich.console import Console
 from rich.table import Table
 
-from drover.config import Settings, get_settings
+from drover.config import Settings
 from drover.workers.agent.caching import stats_cache_line
 from drover.workers.agent.limits import llm_limits, scaled_limits
 from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits, split_llm_scope
-from drover.workers.services import services
+from drover.workers.services import Services
 from drover.workers.telemetry import TelemetryReader
 
 __all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "plot_usage", "print_stats",
@@ -140,24 +140,23 @@ def _limits_of(settings: Settings, scope: str, state: dict[str, Any],
     return limits, targets
 
 
-def collect(settings: Settings | None = None, *, window_s: int | None = None
-            ) -> list[ScopeUsage]:
+def collect(shared: Services, *, window_s: int | None = None) -> list[ScopeUsage]:
     """Every scope the limiter saw within the window, with its per-second counters and
-    telemetry's calls by outcome."""
-    settings = settings or get_settings()
+    telemetry's calls by outcome (``shared``: the caller's root's, see docs/architecture.md)."""
+    settings = shared.settings
     window = int(window_s or stats_window_s(settings))
-    limiter = services(settings).limiter
-    outcomes = call_outcomes(settings)
+    limiter = shared.limiter
+    outcomes = call_outcomes(shared)
     usages = [scope_usage(limiter, settings, scope, window) for scope in limiter.scopes()]
     for u in usages:
         u.outcomes = outcomes.get(u.scope, {})
     return usages
 
 
-def call_outcomes(settings: Settings) -> dict[str, dict[str, int]]:
+def call_outcomes(shared: Services) -> dict[str, dict[str, int]]:
     """scope -> outcome -> calls, from telemetry's drover_llm_calls (fleet totals)."""
     out: dict[str, dict[str, int]] = {}
-    reader = TelemetryReader(services(settings).redis, settings.key_prefix)
+    reader = TelemetryReader(shared.redis, shared.settings.key_prefix)
     for name, labels, part, value in reader.counters():
         if name == "drover_llm_calls" and part is None and len(labels) == 2:
             out.setdefault(labels[0], {})[labels[1]] = int(value)
@@ -304,11 +303,10 @@ def burst_lines(usages: list[ScopeUsage], settings: Settings) -> list[str]:
     return lines
 
 
-def print_stats(console: Console, plot: Path | None = None, *,
-                settings: Settings | None = None) -> int:
+def print_stats(console: Console, shared: Services, plot: Path | None = None) -> int:
     """``drover stats [--plot FILE]``: the table, and the plot when asked for."""
-    settings = settings or get_settings()
-    usages = collect(settings)
+    settings = shared.settings
+    usages = collect(shared)
     window = stats_window_s(settings)
     where = f"prefix {settings.key_prefix!r} on {safe_url(settings.redis_url)}"
     if not usages:
@@ -323,21 +321,22 @@ def print_stats(console: Console, plot: Path | None = None, *,
             console.print(line, markup=False, highlight=False)
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
-    _print_unanswered(console, settings)
-    print_keys(console, settings)
-    _print_shares(console, settings)
-    _print_batches(console, settings, usages)
+    _print_unanswered(console, shared)
+    print_keys(console, shared)
+    _print_shares(console, shared)
+    _print_batches(console, shared, usages)
     if plot is not None:
-        plot_usage(settings, plot, usages=usages)
+        plot_usage(shared, plot, usages=usages)
         console.print(f"usage plot written to {plot.resolve()}")
     return 0
 
 
-def print_keys(console: Console, settings: Settings) -> None:
+def print_keys(console: Console, shared: Services) -> None:
     """A pool's keys (DROVER_KEYS): which are disabled, since when, why, until when. Their use
     of their own limits is in the table above (scopes pool/llm:ALIAS:CLASS; the
     organisation's are pool/llm:org:CLASS)."""
-    disabled = services(settings).limiter.disabled_keys()
+    settings = shared.settings
+    disabled = shared.limiter.disabled_keys()
     aliases = [k.alias for k in settings.keys] + sorted(set(disabled) - {
         k.alias for k in settings.keys})
     if not aliases:
@@ -356,10 +355,10 @@ def print_keys(console: Console, settings: Settings) -> None:
     console.print(f"pool: {len(left)} of {len(aliases)} keys enabled", markup=False)
 
 
-def _print_unanswered(console: Console, settings: Settings) -> None:
+def _print_unanswered(console: Console, shared: Services) -> None:
     """Calls sent whose answer never came back (a cancel or deadline aborted them, a worker
     was lost, a timeout or a cut connection): the provider bills them; their estimate."""
-    lost = services(settings).counters.unanswered()
+    lost = shared.counters.unanswered()
     for scope, n in sorted(lost.items()):
         since = time.strftime("%H:%M:%S", time.localtime(n.get("since", time.time())))
         console.print(f"{scope}: {int(n.get('calls', 0))} calls sent and never answered since "
@@ -368,10 +367,10 @@ def _print_unanswered(console: Console, settings: Settings) -> None:
                       "their reservations", markup=False)
 
 
-def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage]) -> None:
+def _print_batches(console: Console, shared: Services, usages: list[ScopeUsage]) -> None:
     """Message Batches: what is queued or open now, and the tokens that came back by batch
     (the ``batch:`` scopes above, billed at half the price)."""
-    store = services(settings).batches
+    store = shared.batches
     opened = store.open_batches()
     pending = sum(store.pending_state(scope)[0] for scope in store.scopes())
     billed = [u for u in usages if u.scope.startswith("batch:")]
@@ -386,16 +385,15 @@ def _print_batches(console: Console, settings: Settings, usages: list[ScopeUsage
                   "tokens, billed at the batch rate (50%)")
 
 
-def _print_shares(console: Console, settings: Settings) -> None:
+def _print_shares(console: Console, shared: Services) -> None:
     """Per active job and tenant: its share of the window (so of the limits) and backlog."""
     from drover.orchestrator.ops.shares import active_jobs, jobs_table, tenants_table
 
-    shared = services(settings)
     fs = shared.fairshare()
-    active = active_jobs(settings, fs)
+    active = active_jobs(shared.settings, fs)
     if active:
         console.print(jobs_table(active, fs.current_window()))
-        console.print(tenants_table(active, settings, shared.limiter))
+        console.print(tenants_table(active, shared.settings, shared.limiter))
 
 
 # --- the plot -------------------------------------------------------------------------------
@@ -410,7 +408,7 @@ def _span(usages: list[ScopeUsage]) -> tuple[int, int] | None:
     return min(seconds), min(now, max(seconds) + 60)
 
 
-def plot_usage(settings: Settings | None, path: Path | str, *,
+def plot_usage(shared: Services, path: Path | str, *,
                usages: list[ScopeUsage] | None = None) -> Path:
     """Draw requests/min and tokens/min over time against the limits into ``path``."""
     import matplotlib
@@ -418,9 +416,8 @@ def plot_usage(settings: Settings | None, path: Path | str, *,
     matplotlib.use("Agg")  # files only: no display on servers and in containers
     import matplotlib.pyplot as plt
 
-    settings = settings or get_settings()
     path = Path(path)
-    fig = usage_figure(settings, collect(settings) if usages is None else usages)
+    fig = usage_figure(shared.settings, collect(shared) if usages is None else usages)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

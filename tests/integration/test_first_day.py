@@ -180,6 +180,7 @@ def test_drover_stats_explains_many_waits_at_low_use_by_the_burst(sim, worker, d
     from drover import JobSpec, submit
     from drover.config import get_settings
     from drover.orchestrator.ops.stats import print_stats
+    from drover.workers.services import services
     from tests.helpers import configure
 
     configure(monkeypatch, drover_env, rpm=600)
@@ -188,7 +189,7 @@ def test_drover_stats_explains_many_waits_at_low_use_by_the_burst(sim, worker, d
                             max_tokens=16)).wait(timeout=120)
     assert result.counts["ok"] == 20
     console = Console(record=True, width=250)
-    assert print_stats(console, settings=get_settings()) == 0
+    assert print_stats(console, services(get_settings())) == 0
     text = console.export_text()
     assert "of the request limit: the limiter's bucket holds DROVER_BURST_SECONDS=1 s" in text, \
         text

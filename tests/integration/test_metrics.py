@@ -20,6 +20,7 @@ from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.limiter import Limiter, ScopeLimits, llm_scope
+from drover.workers.services import Services, services
 from drover.workers.telemetry import (
     CALL_OUTCOMES,
     METRICS,
@@ -110,7 +111,7 @@ def _broker_messages(settings: Settings, queue: str, n: int) -> None:
 
 def test_every_metric_has_its_name_type_and_labels(settings, recorders):
     _a_fleet(settings, recorders)
-    families = scrape(DroverCollector(settings))
+    families = scrape(DroverCollector(services(settings)))
 
     for m in METRICS:
         assert m.name in families, f"{m.name} missing from the scrape"
@@ -132,7 +133,7 @@ def test_every_metric_has_its_name_type_and_labels(settings, recorders):
 
 def test_counters_of_every_process_add_up_and_histograms_are_cumulative(settings, recorders):
     _a_fleet(settings, recorders)
-    families = scrape(DroverCollector(settings))
+    families = scrape(DroverCollector(services(settings)))
 
     assert value(families, "drover_llm_calls", "drover_llm_calls_total", scope=SCOPE,
                  outcome="429") == 2  # one from each process
@@ -150,7 +151,7 @@ def test_counters_of_every_process_add_up_and_histograms_are_cumulative(settings
 
 def test_scope_series_come_from_the_limiter(settings, recorders):
     _a_fleet(settings, recorders)
-    families = scrape(DroverCollector(settings))
+    families = scrape(DroverCollector(services(settings)))
 
     target = value(families, "drover_scope_target_per_second", scope=SCOPE, dimension="requests")
     assert target == pytest.approx(600 / 60)
@@ -183,7 +184,7 @@ def test_only_the_first_scrape_walks_the_keyspace_for_scopes(key_prefix, recorde
         settings = load_settings(redis_url=server.url, key_prefix=key_prefix,
                                  metrics_max_jobs=2)
         _a_fleet(settings, recorders)
-        collector = DroverCollector(settings, broker_queues=False)
+        collector = DroverCollector(services(settings), broker_queues=False)
         scrape(collector)
 
         def scans() -> int:
@@ -217,7 +218,7 @@ def test_the_worker_registry_expires_with_the_jobs(settings, redis_client):
 
 def test_job_series_cover_active_jobs_only_and_at_most_the_cap(settings, recorders):
     store = _a_fleet(settings, recorders)
-    collector = DroverCollector(settings)
+    collector = DroverCollector(services(settings))
     families = scrape(collector)
 
     jobs = {s.labels["job"] for s in families["drover_job_subagents"].samples}
@@ -257,7 +258,7 @@ def test_a_scrape_with_redis_down_says_so_instead_of_failing(settings):
     import redis
 
     client = redis.Redis.from_url(broken.redis_url, socket_connect_timeout=0.2)
-    families = scrape(DroverCollector(broken, client=client, broker_queues=False))
+    families = scrape(DroverCollector(Services(broken, client=client), broker_queues=False))
     assert value(families, "drover_exporter_redis_up") == 0
 
 
@@ -273,14 +274,14 @@ def test_a_job_on_the_simulator_counts_what_the_provider_saw(sim, worker, drover
     subtasks[2] += " [[sim:429:1]]"
     # What earlier tests ran in this process is counted before, not in, this job's figures.
     services().recorder.flush()
-    before = scrape(DroverCollector(settings, broker_queues=False))
+    before = scrape(DroverCollector(services(settings), broker_queues=False))
     tokens_before = {t: _tokens(before, settings.model, t)
                      for t in ("input", "output", "cache_read", "cache_write")}
 
     result = submit(JobSpec(subtasks=subtasks, max_tokens=200)).wait(timeout=90)
     assert result.counts["ok"] == 5
     services().recorder.flush()
-    families = scrape(DroverCollector(settings, broker_queues=False))
+    families = scrape(DroverCollector(services(settings), broker_queues=False))
 
     provider = sim.stats()
     calls = "drover_llm_calls_total"

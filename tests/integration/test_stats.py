@@ -42,7 +42,7 @@ def test_stats_count_what_the_provider_saw_and_each_error_kind(sim, worker):
     _run_job_with_a_429_and_a_529(sim, worker)
     provider = sim.stats()
 
-    usage = _our_scope(collect(get_settings()))
+    usage = _our_scope(collect(services(get_settings())))
     whole = usage.last(len(usage.series))
     # Every request that reached the provider is counted once, failed ones included.
     assert whole["requests"] == (provider["accepted"] + provider["rejected_429"]
@@ -60,7 +60,7 @@ def test_drover_stats_prints_each_limit_and_the_error_counts(sim, worker):
     provider = sim.stats()
     console = Console(record=True, width=250)
 
-    assert print_stats(console, settings=get_settings()) == 0
+    assert print_stats(console, services(get_settings())) == 0
 
     text = console.export_text()
     scope = llm_scope(get_settings().key_alias, get_settings().model)
@@ -78,7 +78,7 @@ def test_drover_stats_prints_each_limit_and_the_error_counts(sim, worker):
 
 def test_usage_plot_draws_rolling_minutes_against_limits_with_error_marks(sim, worker):
     _run_job_with_a_429_and_a_529(sim, worker)
-    usage = _our_scope(collect(get_settings()))
+    usage = _our_scope(collect(services(get_settings())))
 
     fig = usage_figure(get_settings(), [usage])
     ax_requests, ax_input, ax_output = fig.axes
@@ -126,7 +126,7 @@ def test_stats_say_so_when_the_prefix_saw_no_activity(drover_env, monkeypatch, t
     monkeypatch.setenv("DROVER_KEY_PREFIX", "drovertest-nothing-here")
     get_settings.cache_clear()
     console = Console(record=True, width=200)
-    assert print_stats(console, plot=tmp_path / "empty.png", settings=get_settings()) == 0
+    assert print_stats(console, services(get_settings()), plot=tmp_path / "empty.png") == 0
     assert "no limiter activity" in console.export_text()
     assert (tmp_path / "empty.png").exists()
 

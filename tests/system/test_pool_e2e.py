@@ -17,6 +17,7 @@ from drover import JobSpec, submit
 from drover.config import get_settings
 from drover.orchestrator.ops.metrics import DroverCollector
 from drover.workers.limiter import Limiter
+from drover.workers.services import services
 from tests.helpers import configure, wait_until
 from tests.helpers.metrics import scrape, value
 
@@ -138,7 +139,7 @@ def test_a_key_revoked_mid_job_costs_only_that_key(sim, drover_env, monkeypatch,
     stats = _cli("stats")
     assert f"key {b}: DISABLED" in stats and "401 authentication_error" in stats, stats
     assert f"pool/llm:org:{cls}" in stats and f"pool/llm:{b}:{cls}" in stats
-    families = scrape(DroverCollector(get_settings(), broker_queues=False))
+    families = scrape(DroverCollector(services(get_settings()), broker_queues=False))
     assert value(families, "drover_pool_key_disabled", key=b) == 1
     assert value(families, "drover_pool_key_disabled", key=pool[0]["alias"]) == 0
     assert value(families, "drover_scope_limit_per_second", scope=f"pool/llm:{b}:{cls}",

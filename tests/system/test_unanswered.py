@@ -186,7 +186,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     rt = get_runtime()
     settings = get_settings()
     scope = llm_scope(settings.key_alias, settings.model)
-    collector = DroverCollector(settings, broker_queues=False)
+    collector = DroverCollector(services(settings), broker_queues=False)
 
     def tokens(kind: str) -> float:
         try:
@@ -240,9 +240,10 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     from rich.console import Console
 
     from drover.orchestrator.ops.stats import print_stats
+    from drover.workers.services import services
 
     console = Console(width=400, record=True, force_terminal=False)
-    print_stats(console, settings=settings)
+    print_stats(console, services(settings))
     out = console.export_text()
     assert f"{scope}: 1 calls sent and never answered" in out, out
     assert f"about {est_in:,} input and up to {est_out:,} output tokens" in out
