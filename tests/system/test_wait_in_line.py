@@ -6,7 +6,11 @@ input-tokens-per-minute limit, DROVER_TARGET_UTILIZATION=1.0, default settings o
 What is counted: the job's task messages as Flower saw them (each task once, plus one per
 retry, which on either broker is a message of its own), the simulator's 429s, and the retries
 Flower shows for each sub-agent. The busy period against its lower bound is printed, not
-asserted (bench.limit_tracking measures it)."""
+asserted (bench.limit_tracking measures it).
+
+The binding limit is 100 a minute (it was 60: the same 40 sub-agents outnumber what the
+limiter serves in its 15 s horizon, 25, and the 32 slots still outnumber that, so the line,
+not the slots, holds them; the job takes 24 s instead of 40 s)."""
 
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ from drover.workers.fairshare import FairShare
 from tests.helpers import configure, wait_until
 from tests.helpers.flower import running_flower
 
-SLOTS = 16  # per worker, two workers: 32 slots, more than the limiter serves in 15 s
+SLOTS = 16  # per worker, two workers: 32 slots, more than the limiter serves in 15 s (25)
+RATE = 100  # a minute's requests (or thousands of input tokens): a 24 s job, not 40 s
 N = 40
 SYSTEM = "You are a careful port inspector. " * 100  # about 850 input tokens a call
 
@@ -93,13 +98,13 @@ def _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path: Path, *, rpm: flo
 
 def test_at_a_binding_rpm_subagents_wait_in_line_not_in_countdowns(
         sim, drover_env, monkeypatch, spawn_worker, tmp_path):
-    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=60, itpm=10_000_000,
+    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=RATE, itpm=10_000_000,
          system="")
 
 
 def test_at_a_binding_itpm_subagents_wait_in_line_not_in_countdowns(
         sim, drover_env, monkeypatch, spawn_worker, tmp_path):
-    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=6000, itpm=60_000,
+    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=6000, itpm=RATE * 1000,
          system=SYSTEM)
 
 
@@ -107,5 +112,5 @@ def test_a_job_on_a_model_of_its_own_waits_in_that_models_line(
         sim, drover_env, monkeypatch, spawn_worker, tmp_path):
     """The line is sized by the job's model class, not the default model's (whose limits
     here would let every slot out)."""
-    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=60, itpm=10_000_000,
+    _run(sim, drover_env, monkeypatch, spawn_worker, tmp_path, rpm=RATE, itpm=10_000_000,
          system="", model="claude-haiku-4-5")

@@ -339,7 +339,7 @@ def test_a_retry_sent_while_rabbitmq_is_down_waits_for_it(drover_env, monkeypatc
 
 # --- kill -9 under tight limits, with the default window ------------------------------------
 
-TIGHT_RPM = 60  # one call a second: two workers of 16 slots are four times what 15 s serve
+TIGHT_RPM = 100  # two workers of 16 slots are more than the 25 calls 15 s serve
 TIGHT_N = 40
 
 
@@ -358,13 +358,14 @@ def limiter_cooldown_s(env: dict[str, str]) -> float:
     ("middle", "rabbitmq"), ("cooldown", "rabbitmq")])
 def test_kill_under_tight_limits_with_the_default_window_leaves_no_part_behind(
         moment, broker_name, sim, drover_env, spawn_worker, monkeypatch, fleet, request):
-    """kill -9 of one of two workers while the key is the bottleneck (60 RPM, 40 one-call
+    """kill -9 of one of two workers while the key is the bottleneck (100 RPM, 40 one-call
     sub-agents, 32 worker slots: most sub-agents wait for the limiter at any moment), with
     the default dispatch window, early in the job, in its middle, or while a 429's
     retry-after (20 s, past the horizon) holds every worker in a cooldown. Every part the
     dead worker held (running, prefetched, waiting in a countdown, deferred in the window)
     comes back: the job ends with every sub-agent ok, each recorded once, and the window's
-    places are all handed back."""
+    places are all handed back. (At 60 RPM before: the key is as much the bottleneck at 100,
+whose 15 s horizon serves 25 of the 32 slots, and the job is over in 24 s, not 40 s.)"""
     if broker_name == "rabbitmq":
         configure(monkeypatch, drover_env, broker_url=request.getfixturevalue("rabbitmq_url"))
     configure(monkeypatch, drover_env, rpm=TIGHT_RPM, max_attempts=15, countdown_cap_s=25)
