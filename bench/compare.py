@@ -1,7 +1,7 @@
 """drover against what users write today: one workload, the same simulated limits, side by side.
 
     python -m bench.compare            # the full run (about 10 minutes on 2 cores)
-    python -m bench.compare --quick    # 30 sub-agents, 200 for the overhead (a smoke run)
+    python -m bench.compare --quick    # 30 sub-agents, 100 for the overhead (a smoke run)
 
 Every contender runs the same 200 sub-agents (`bench/workload.py`: 3 to 8 calls each, varied
 prompt and answer sizes) against one simulator process with the same limits, seed and 2%
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="30 sub-agents, and 200 on 2 workers for the overhead (a smoke "
+                        help="30 sub-agents, and 100 on 2 workers for the overhead (a smoke "
                              "run); writes nothing unless --out/--plot are given")
     parser.add_argument("--only", default="a,b,c1,c2,d",
                         help="contenders to run, comma-separated (default: all)")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_overhead:
             from bench import overhead as scale
 
-            overhead = scale.measure(service.url, prefix, n=200 if args.quick else 2000,
+            overhead = scale.measure(service.url, prefix, n=100 if args.quick else 2000,
                                      workers=2 if args.quick else 8, log=log)
             log(scale.describe(overhead))
     finally:
