@@ -10,11 +10,12 @@ import threading
 
 from drover.config import load_settings
 from drover.workers.agent.runtime import Runtime
+from drover.workers.services import Services
 
 
 def test_a_runtime_with_a_blocked_loop_closes_and_names_where_it_was_stuck(
         redis_url, key_prefix, caplog):  # noqa: ANN001
-    rt = Runtime(load_settings(redis_url=redis_url, key_prefix=key_prefix))
+    rt = Runtime(Services(load_settings(redis_url=redis_url, key_prefix=key_prefix)))
     release = threading.Event()
 
     async def blocks_the_loop() -> None:

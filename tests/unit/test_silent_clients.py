@@ -116,6 +116,7 @@ def test_the_cancel_listener_subscribes_again_when_its_connection_goes_silent(
         redis_url, key_prefix, monkeypatch):
     from drover.config import get_settings
     from drover.workers.agent.runtime import Runtime
+    from drover.workers.services import services
     from tests.helpers import wait_until
 
     with _proxy(redis_url) as proxy:
@@ -124,7 +125,7 @@ def test_the_cancel_listener_subscribes_again_when_its_connection_goes_silent(
         monkeypatch.setenv("DROVER_SOCKET_TIMEOUT_S", "2")
         monkeypatch.setenv("DROVER_HEALTH_CHECK_S", "1")
         get_settings.cache_clear()
-        runtime = Runtime(get_settings())
+        runtime = Runtime(services(get_settings()))
         try:
             event = runtime.submit(_cancel_event(runtime, "job-a")).result(5)
             channel = runtime.store.cancels.channel

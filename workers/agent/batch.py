@@ -68,7 +68,6 @@ from drover.workers.providers import (
     StatusError,
     batch_results_text,
 )
-from drover.workers.services import services
 
 __all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
            "job_batch_message", "uses_batch"]
@@ -113,7 +112,7 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
     that names it is written under the delivery's claim ``token``: a delivery the sweep has
     taken the sub-agent from stops there (``ClaimLost``) instead of queueing the turn again
     beside the new delivery's request."""
-    store = services(rt.settings).batches
+    store = rt.shared.batches
     cid = state.batch_cid
     if cid:
         got = await _io(store.result, ctx.job_id, ctx.index)
@@ -145,7 +144,7 @@ async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContex
     from its batch result, else the request is queued and ``Parked`` raised (the task that
     makes it parks like a sub-agent, and is sent again when the result is in). The request's
     custom_id is kept under the job (``bjob``), as a sub-agent keeps its in its checkpoint."""
-    store = services(rt.settings).batches
+    store = rt.shared.batches
     key = rt.store.keys.job(ctx.job_id, "bjob")
     raw = await _io(store.r.hget, key, str(part))
     state = json.loads(raw) if raw else {"cid": None, "n": 0}
@@ -217,7 +216,7 @@ class Batcher:
     def __init__(self, rt: Runtime, resume: Resume):
         self.rt = rt
         self.resume = resume
-        self.store = services(rt.settings).batches
+        self.store = rt.shared.batches
         s = rt.settings
         # Its API key's scopes only: batches are created and read with this worker's key.
         self.alias = s.key_alias

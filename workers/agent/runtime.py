@@ -28,13 +28,13 @@ import traceback
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-from drover.config import PoolKey, Settings, get_settings
+from drover.config import PoolKey, get_settings
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
 from drover.workers.connections.redis_clients import async_redis, client_settings
 from drover.workers.limiter import AsyncLimiter
 from drover.workers.providers import Provider, provider
-from drover.workers.services import services
+from drover.workers.services import Services, services
 from drover.workers.telemetry import with_trace_context
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,11 @@ _POLL_S = 1.0  # how long the cancel listener waits for a message before it look
 
 
 class Runtime:
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self, shared: Services):
+        # ``shared``: the process's parts its root built (the job store, the heartbeat, the
+        # batch queue); what lives on this loop (async Redis, limiter, SDK clients) is its own.
+        self.shared = shared
+        self.settings = settings = shared.settings
         self.provider: Provider = provider(settings.provider)  # DROVER_PROVIDER
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
@@ -56,7 +59,7 @@ class Runtime:
             max_workers=64, thread_name_prefix="drover-io"))
         self._thread = threading.Thread(target=self._run_loop, name="drover-loop", daemon=True)
         self._thread.start()
-        self.store = services(settings).store
+        self.store = shared.store
         self.calibration = Calibration()
         # scope -> (when read, the limits learned from -limit headers): llm.learned_limits
         self.learned: dict[str, tuple[float, dict[str, float | None]]] = {}
@@ -182,7 +185,7 @@ class Runtime:
         part = f"{LOOP_PART} {id(self):x}"  # a process can hold more than one runtime
         try:
             while True:
-                heartbeat = services(self.settings).worker_heartbeat or heartbeat
+                heartbeat = self.shared.worker_heartbeat or heartbeat
                 if heartbeat is not None:
                     heartbeat.pulse(part)
                 await asyncio.sleep(self.settings.heartbeat_s)
@@ -285,7 +288,7 @@ def get_runtime() -> Runtime:
     global _runtime
     with _lock:
         if _runtime is None or _runtime.pid != os.getpid():
-            _runtime = Runtime(get_settings())
+            _runtime = Runtime(services(get_settings()))
         return _runtime
 
 

@@ -44,7 +44,6 @@ from drover.workers.jobs.records import (
 )
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.limiter import ScopeLimits, tool_scope
-from drover.workers.services import services
 from drover.workers.telemetry import subagent_finished, subagent_run
 from drover.workers.tools import Tool, get_tools, run_turn
 
@@ -90,7 +89,7 @@ class SubagentRun:
     @subagent_run
     async def run(self) -> SubagentResult:
         """Run (or resume) the sub-agent to its record; raises ``RetryLater`` for a Celery retry."""
-        worker = self.worker or services(self.rt.settings).heartbeat().id
+        worker = self.worker or self.rt.shared.heartbeat().id
         start = await self._io(partial(self.store.checkpoints.start, self.job_id, self.index,
                                        worker=worker, token=self.message_token))
         if start.record is not None:  # delivered twice: counted once
@@ -156,7 +155,7 @@ class SubagentRun:
             raise
         except Cancelled:
             reason = await self._io(self.store.cancels.cancelled, self.job_id)
-            if reason is None and services(self.rt.settings).heartbeat().handing_back:
+            if reason is None and self.rt.shared.heartbeat().handing_back:
                 # The worker's shutdown grace ran out mid-call: resume elsewhere from here.
                 await self._io(self.store.checkpoints.save, self.job_id, self.index, state,
                                self.token)
@@ -213,7 +212,7 @@ class SubagentRun:
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
                 message = await batch_message(self.rt, params, ctx, state, self.token)
             else:
-                if services(settings).heartbeat().draining:  # SIGTERM: no new call, hand it back
+                if self.rt.shared.heartbeat().draining:  # SIGTERM: no new call, hand it back
                     raise LimiterSaysLater(0.0, "worker shutting down")
                 message = await create_message(self.rt, params, ctx)
             content = [block.model_dump(mode="json", exclude_none=True)

@@ -139,7 +139,7 @@ def start_batcher() -> None:
     # ``messages`` (every tick would fail and log it, once a second).
     if _batcher is not None or settings.provider != "anthropic":
         return
-    rt = Runtime(settings)
+    rt = Runtime(services(settings))
 
     async def start() -> asyncio.Task[None]:
         return asyncio.create_task(Batcher(rt, resume_parked).run_forever(), name="batcher")
