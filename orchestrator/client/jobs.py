@@ -123,7 +123,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
                            queue=settings.queue)
         if store.meta.claim_launch(job_id):
             launch(job_id, len(spec.subtasks), settings.queue, tenant=spec.tenant,
-                   priority=spec.priority, settings=settings)
+                   priority=spec.priority, shared=shared)
     return JobHandle(job_id, settings=settings, shared=shared)
 
 

@@ -15,7 +15,6 @@ from kombu.exceptions import OperationalError
 
 from drover.workers.agent import RetryLater, get_runtime
 from drover.workers.jobs import TOKEN_HEADER
-from drover.workers.services import services
 
 __all__ = ["claim_part", "drop_claim", "release", "retry", "token_of", "with_token"]
 
@@ -74,7 +73,7 @@ def _published(task: Task, **options: Any) -> Exception:
 
 
 def _shutting_down() -> bool:
-    return services(get_runtime().settings).heartbeat().draining
+    return get_runtime().shared.heartbeat().draining
 
 
 def token_of(task: Task) -> int:
@@ -90,17 +89,17 @@ def with_token(task: Task, token: int) -> dict[str, Any]:
 def release(job_id: str, part: int | str, token: int) -> None:
     if token:
         rt = get_runtime()
-        rt.store.claims.release(job_id, part, token, services(rt.settings).heartbeat().id)
+        rt.store.claims.release(job_id, part, token, rt.shared.heartbeat().id)
 
 
 def claim_part(task: Task, job_id: str, part: str) -> int | None:
     """Take the claim of a job-level part (join, plan); None when another delivery holds it."""
     rt = get_runtime()
     token = int(rt.store.claims.start(job_id, part, token_of(task),
-                                      services(rt.settings).heartbeat().id))
+                                      rt.shared.heartbeat().id))
     return token if token > 0 else None
 
 
 def drop_claim(job_id: str, part: str) -> None:
     rt = get_runtime()
-    rt.store.claims.drop(job_id, part, services(rt.settings).heartbeat().id)
+    rt.store.claims.drop(job_id, part, rt.shared.heartbeat().id)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from drover.config import Settings, get_settings
+from drover.config import get_settings
 from drover.workers.agent import uses_batch
 from drover.workers.agent.capacity import (
     active_models,
@@ -17,8 +17,7 @@ from drover.workers.agent.capacity import (
     save_first_call_hint,
 )
 from drover.workers.fairshare import Dispatch, FairShare
-from drover.workers.jobs.store import JobStore
-from drover.workers.services import services
+from drover.workers.services import Services, services
 from drover.workers.tasklayer.dispatch import dispatch as publish_subagents
 from drover.workers.tasklayer.dispatch import open_fanout, send_join
 
@@ -27,8 +26,8 @@ __all__ = ["dispatch", "job_size", "launch", "refill", "window_op"]
 log = logging.getLogger(__name__)
 
 
-def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
-           priority: str = "normal", settings: Settings | None = None) -> None:
+def launch(job_id: str, n: int, queue: str, *, shared: Services, tenant: str = "default",
+           priority: str = "normal") -> None:
     """Start the chord: one sub-agent task per subtask, joined by ``join_results``.
 
     The chord is Celery's own (group id = job id, the header's size in the result backend,
@@ -38,30 +37,29 @@ def launch(job_id: str, n: int, queue: str, *, tenant: str = "default",
     in Redis, not to Celery's result backend (``ignore_result``); the chord still counts its
     members, which the backend does whether results are kept or not.
     """
-    settings = settings or get_settings()
+    settings = shared.settings  # ``shared``: the caller's root's (the submitter's, a worker's)
     open_fanout(job_id, n)
-    store = services(settings).store
+    store = shared.store
     if uses_batch(store.specs.get(job_id), settings):
         # A batch sub-agent holds a worker slot only for the moments between its batch
         # rounds, so a window of slots is no measure of it: every turn of every sub-agent
         # should make the next batch. All of them go out now.
         dispatch([Dispatch(job_id, 0, n)], queue)
         return
-    fs = services(settings).fairshare(queue)
+    fs = shared.fairshare(queue)
     if settings.wait_in_line:
-        _size_the_line(fs, settings, queue, store, job_id)
+        _size_the_line(fs, shared, queue, job_id)
     granted = fs.add(job_id, n=n, tenant=tenant, weight=settings.tenant_weight(tenant),
                      priority=priority)
     publish_granted(fs, granted)
 
 
-def _size_the_line(fs: FairShare, settings: Settings, queue: str, store: JobStore,
-                   job_id: str) -> None:
+def _size_the_line(fs: FairShare, shared: Services, queue: str, job_id: str) -> None:
     """Before the job's first grant: the line cap, so that the first window is no more than
     the limiter serves within its horizon. The estimate of a first call stands in for the
     scope's mean until it has a minute of calls (``workers/agent/capacity.py``)."""
     try:
-        shared = services(settings)
+        settings, store = shared.settings, shared.store
         subtask = store.r.lindex(store.keys.job(job_id, "tasks"), 0) or b""
         text = subtask.decode() if isinstance(subtask, bytes) else str(subtask)
         spec = store.specs.get(job_id)
@@ -110,13 +108,13 @@ def _known_size(redis_url: str, prefix: str, job_id: str) -> int:
     return n
 
 
-def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = None
+def refill(shared: Services, job_id: str, *, cancelled: bool, done: int | None = None
            ) -> None:
     """A sub-agent has its record: its place in the window goes to the next sub-agents.
 
     ``done``: the job's record count as the record's own write returned it (None: read it)."""
-    settings = get_settings()
-    fs = services(settings).fairshare(settings.queue)
+    settings, store = shared.settings, shared.store
+    fs = shared.fairshare(settings.queue)
     try:
         if cancelled:
             # The cancel gave every sub-agent that had not started its record (in bulk), so
@@ -134,9 +132,8 @@ def refill(store: JobStore, job_id: str, *, cancelled: bool, done: int | None = 
                     type(error).__name__, error)
 
 
-def window_op(job_id: str, op: str, index: int) -> None:
-    settings = get_settings()
-    fs = services(settings).fairshare(settings.queue)
+def window_op(shared: Services, job_id: str, op: str, index: int) -> None:
+    fs = shared.fairshare(shared.settings.queue)
     try:
         publish_granted(fs, getattr(fs, op)(job_id, index))
     except Exception as error:  # the pump reconciles; the sub-agent itself goes on

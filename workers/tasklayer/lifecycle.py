@@ -84,7 +84,7 @@ def _on_task_received(request: Any = None, **_: Any) -> None:
         job_id, part = _job_part(request.args, request.kwargs, part)
         token = int((request.request_dict or {}).get(TOKEN_HEADER) or 0)
         rt = get_runtime()
-        rt.store.claims.receive(job_id, part, token, services(rt.settings).heartbeat().id)
+        rt.store.claims.receive(job_id, part, token, rt.shared.heartbeat().id)
     except Exception as error:  # never lose the message over it: the broker still has it
         log.warning("could not record the receipt of a %s message (%s: %s)", request.task_name,
                     type(error).__name__, error)
@@ -111,7 +111,7 @@ def _on_warm_shutdown(**_: Any) -> None:
     go. Draining itself does not block (it sets a flag and a timer)."""
     def drain() -> None:
         rt = get_runtime()
-        services(rt.settings).heartbeat().drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
+        rt.shared.heartbeat().drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
 
     threading.Thread(target=drain, name="drover-drain", daemon=True).start()
 

@@ -27,7 +27,6 @@ from drover.workers.agent import (
 )
 from drover.workers.agent.batch import PLAN_PART, SYNTHESIS_PART
 from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
-from drover.workers.services import services
 from drover.workers.tasklayer._delivery import (
     claim_part,
     drop_claim,
@@ -72,7 +71,7 @@ def subagent_task_result(outcome: SubagentResult) -> dict[str, Any]:
 def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime()
     if self.request.retries:  # back from a countdown (or re-sent, maybe from one): on a slot
-        window_op(job_id, "resume", index)
+        window_op(rt.shared, job_id, "resume", index)
     run = SubagentRun(rt, job_id, index, token=token_of(self))
     try:
         outcome = rt.run(run.run())
@@ -84,19 +83,19 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         # Its request waits in a Message Batch: keep what resumes this very task (same id,
         # same chord, its claim token) and end without counting towards the chord; the
         # batcher sends it again when the result is in (workers/agent/batch.py).
-        services(rt.settings).batches.park(job_id, index, json.dumps(self.signature_from_request(
+        rt.shared.batches.park(job_id, index, json.dumps(self.signature_from_request(
             argsrepr=getattr(self.request, "argsrepr", None) or None,  # Flower's args
             headers=with_token(self, run.token))))
         release(job_id, index, run.token)
         raise Ignore() from None
     except RetryLater as later:
-        window_op(job_id, "defer", index)  # its slot is free while it waits
+        window_op(rt.shared, job_id, "defer", index)  # its slot is free while it waits
         raise retry(self, later, (job_id, index, run.token)) from None
     # A failed sub-agent may have ended its job (its only key refused, all_or_nothing): the
     # job is then cancelled too, and its sub-agents never published need the join sent.
     ended = outcome.status == "cancelled" or (
         outcome.status == "failed" and bool(rt.store.meta.get(job_id).get("cancelled")))
-    refill(rt.store, job_id, cancelled=ended, done=run.records_in)
+    refill(rt.shared, job_id, cancelled=ended, done=run.records_in)
     return subagent_task_result(outcome)
 
 
@@ -163,7 +162,7 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     rt.store.specs.set_subtasks(job_id, subtasks)
     if rt.store.meta.claim_launch(job_id):
         launch(job_id, len(subtasks), rt.settings.queue, tenant=spec.tenant or "default",
-               priority=spec.priority or "normal")
+               priority=spec.priority or "normal", shared=rt.shared)
     drop_claim(job_id, "plan")
     return {"status": "launched", "job_id": job_id, "subtasks": len(subtasks)}
 
@@ -171,7 +170,7 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
 def _park(task: Task, rt: Any, job_id: str, part: int, claim: str, token: int) -> None:
     """Keep what resumes this very task (its id, its claim token) for the batcher, let go of
     the claim, and end the task without a result (``Ignore``)."""
-    services(rt.settings).batches.park(job_id, part, json.dumps(task.signature_from_request(
+    rt.shared.batches.park(job_id, part, json.dumps(task.signature_from_request(
         argsrepr=getattr(task.request, "argsrepr", None) or None,
         headers=with_token(task, token))))
     release(job_id, claim, token)
