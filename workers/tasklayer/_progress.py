@@ -15,9 +15,6 @@ from typing import Any
 
 from celery import bootsteps
 
-from drover.config import get_settings
-from drover.workers.services import services
-
 __all__ = ["CONSUMER_PART", "ConsumerPulse"]
 
 CONSUMER_PART = "the Celery consumer"
@@ -31,20 +28,20 @@ class ConsumerPulse(bootsteps.StartStopStep):
         self.tref: Any = None
 
     def start(self, c: Any) -> None:
-        heartbeat = services(get_settings()).heartbeat()
+        heartbeat = c.app.drover.heartbeat()  # the worker's root (tasklayer/app.py)
         heartbeat.pulse(CONSUMER_PART)
         timer = getattr(c, "timer", None)
         if timer is None:  # no timer to pulse from: not watched
             heartbeat.unwatch(CONSUMER_PART)
             return
-        self.tref = timer.call_repeatedly(get_settings().heartbeat_s, heartbeat.pulse,
+        self.tref = timer.call_repeatedly(c.app.drover.settings.heartbeat_s, heartbeat.pulse,
                                           (CONSUMER_PART,))
 
     def stop(self, c: Any) -> None:
         if self.tref is not None:
             self.tref.cancel()
             self.tref = None
-        heartbeat = services(get_settings()).worker_heartbeat
+        heartbeat = c.app.drover.worker_heartbeat
         if heartbeat is not None:
             heartbeat.unwatch(CONSUMER_PART)
 

@@ -25,6 +25,7 @@ from celery.signals import celeryd_init
 from drover.config import SettingsError, get_settings
 from drover.config.celery import celery_config
 from drover.workers.connections.preflight import WorkerCannotStart, check_worker
+from drover.workers.services import Services, services
 from drover.workers.tasklayer._logs import configure_logging
 from drover.workers.tasklayer._progress import ConsumerPulse
 
@@ -48,6 +49,16 @@ class DroverCelery(Celery):
         if isinstance(params, dict) and params.get("socket_keepalive") and timings:
             params.setdefault("socket_keepalive_options", dict(timings))
         return backend
+
+    @property
+    def drover(self) -> Services:
+        """The worker process's root: its shared parts (Redis, the job store, the limiter,
+        the schedulers, the heartbeat), asked for the way Celery's own services are
+        (``app.drover``, ``task.app.drover``, a bootstep's ``consumer.app.drover``). Built
+        once per process and settings on first use, again in a forked prefork child (it
+        must not share its parent's sockets) and after the settings change (tests:
+        ``get_settings.cache_clear()``)."""
+        return services(get_settings())
 
 
 def _run_by_celerys_command_line() -> bool:

@@ -28,8 +28,9 @@ from drover.workers.fairshare import start_pump
 from drover.workers.jobs import TOKEN_HEADER
 from drover.workers.providers.warmup import warm_up
 from drover.workers.recovery import start_sweeper
-from drover.workers.services import services, stop_worker
+from drover.workers.services import stop_worker
 from drover.workers.tasklayer._window import dispatch
+from drover.workers.tasklayer.app import app
 from drover.workers.tasklayer.startup import check_results_store, log_start
 from drover.workers.tasklayer.tasks import resume_parked, send_again
 from drover.workers.telemetry import worker_started
@@ -53,7 +54,7 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     get_runtime().run(warm_up())
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     settings = get_settings()
-    shared = services(settings)
+    shared = app.drover  # the worker's root: built here, at its start, for the process
     shared.heartbeat()  # liveness for recovery, before the first message
     start_sweeper(send_again, shared.store)  # re-sends what dead workers held (recovery/sweep.py)
     # The worker's slots size the fair-share window; worker_ready's sender is the consumer
@@ -139,7 +140,7 @@ def start_batcher() -> None:
     # ``messages`` (every tick would fail and log it, once a second).
     if _batcher is not None or settings.provider != "anthropic":
         return
-    rt = Runtime(services(settings))
+    rt = Runtime(app.drover)
 
     async def start() -> asyncio.Task[None]:
         return asyncio.create_task(Batcher(rt, resume_parked).run_forever(), name="batcher")
@@ -173,5 +174,5 @@ def _on_worker_ready(**_: Any) -> None:
     start_batcher()
     # After Celery's banner: what this worker loaded and where it sends (startup.py).
     settings = get_settings()
-    log_start(settings, services(settings).limiter)
-    check_results_store(services(settings).results)
+    log_start(settings, app.drover.limiter)
+    check_results_store(app.drover.results)
