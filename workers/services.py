@@ -1,16 +1,17 @@
 """The composition root: what one process shares, built once from its settings.
 
-Every part of drover that needs Redis, the job store, the limiter, the fair-share scheduler or
-the batch queue asks ``services()`` for it (the tasks, the sweep, the window, the CLI,
-``drover stats`` and ``drover metrics``), so each is configured in one place (prefix, TTL,
-window sizes, the Redis client's retries) and a process holds one client per Redis, not one
-per caller. The object is made again after a fork (a prefork child must not share its
+Only a process's roots call ``services()``: the CLI's commands, the submitter's first call
+and the worker's Celery app (``app.drover``), and for now the agent runtime's holder
+(``get_runtime()``); they hand what it makes to the parts that need it (the views, the job's
+handle, the runtime as ``rt.shared``, the window, the tasks), so each part is configured in
+one place (prefix, TTL, window sizes, the Redis client's retries) and a process holds one
+client per Redis, not one per caller (docs/architecture.md, "The roots"). The object is made again after a fork (a prefork child must not share its
 parent's sockets) and when the settings change (tests run several configurations in one
 process).
 
 What lives on the worker's event loop (the async Redis client, the ``AsyncLimiter``, the SDK
 client) is the agent runtime's (``drover.workers.agent.runtime``): it belongs to that loop.
-It takes its job store from here.
+It is handed its ``Services`` (``Runtime(shared)``).
 
 Two parts are the process's rather than one configuration's: the worker heartbeat (one worker
 id per process, which the claims it takes are held by) and the telemetry recorder (one live

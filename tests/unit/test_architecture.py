@@ -341,3 +341,29 @@ def test_tests_share_helpers_only_through_tests_helpers():
                     or parts[0].startswith("test_") or parts[0] == "conftest"):
                 leaks.append(f"{path.relative_to(tests)}:{lineno} imports {name}")
     assert not leaks, leaks
+
+
+# Issue 41: one composition root per process. ``services()`` is asked only where a process
+# builds what it shares: the CLI's commands, the submitter's first call, the worker's Celery
+# app (``app.drover``); everything else is handed its parts (a ``Services``, ``rt.shared``,
+# ``handle.shared``, ``consumer.app.drover``).
+SERVICE_ROOTS = {"orchestrator/cli/commands.py", "orchestrator/client/jobs.py",
+                 "workers/tasklayer/app.py"}
+# Not yet a root's: the agent runtime's per-process holder (``get_runtime()``), which the
+# submitter's ``plan()`` and the worker's tasks both reach; docs/architecture.md "The roots".
+SERVICE_ROOTS_LEFT = {"workers/agent/runtime.py"}
+
+
+def test_services_is_called_only_at_the_roots():
+    calling = set()
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "workers/services.py":  # where it is defined (and the recorder's hook)
+            continue
+        tree = ast.parse(path.read_text())
+        if any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+               and node.func.id == "services" for node in ast.walk(tree)):
+            calling.add(rel)
+    assert calling <= SERVICE_ROOTS | SERVICE_ROOTS_LEFT, sorted(
+        calling - SERVICE_ROOTS - SERVICE_ROOTS_LEFT)
+    assert len(SERVICE_ROOTS) <= 3

@@ -17,7 +17,8 @@ from drover.workers.agent.capacity import (
     save_first_call_hint,
 )
 from drover.workers.fairshare import Dispatch, FairShare
-from drover.workers.services import Services, services
+from drover.workers.services import Services
+from drover.workers.tasklayer.app import app
 from drover.workers.tasklayer.dispatch import dispatch as publish_subagents
 from drover.workers.tasklayer.dispatch import open_fanout, send_join
 
@@ -102,7 +103,7 @@ def job_size(job_id: str) -> int | str:
 def _known_size(redis_url: str, prefix: str, job_id: str) -> int:
     # Read once per process: a job's size is fixed before its first sub-agent is published
     # (a planned job's subtasks are stored before it launches); an unknown one is not kept.
-    n = int(services().meta.get(job_id)["n"])
+    n = int(app.drover.meta.get(job_id)["n"])  # the process's root (tasklayer/app.py)
     if n <= 0:
         raise ValueError("no sub-agents yet")
     return n
