@@ -1,11 +1,11 @@
 """The composition root: what one process shares, built once from its settings.
 
 Only a process's roots call ``services()``: the CLI's commands, the submitter's first call
-and the worker's Celery app (``app.drover``), and for now the agent runtime's holder
-(``get_runtime()``); they hand what it makes to the parts that need it (the views, the job's
-handle, the runtime as ``rt.shared``, the window, the tasks), so each part is configured in
-one place (prefix, TTL, window sizes, the Redis client's retries) and a process holds one
-client per Redis, not one per caller (docs/architecture.md, "The roots"). The object is made again after a fork (a prefork child must not share its
+and the worker's Celery app (``app.drover``); they hand what it makes to the parts that need
+it (the views, the job's handle, the runtime as ``rt.shared``, the window, the tasks), so
+each part is configured in one place (prefix, TTL, window sizes, the Redis client's retries)
+and a process holds one client per Redis, not one per caller (docs/architecture.md, "The
+roots"). The object is made again after a fork (a prefork child must not share its
 parent's sockets) and when the settings change (tests run several configurations in one
 process).
 

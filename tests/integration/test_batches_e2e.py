@@ -143,7 +143,7 @@ def test_an_expired_result_past_the_deadline_fails_the_subagent_with_that_reason
 
     handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch",
                             deadline_s=0.2))  # no workers: the sub-agent is run here
-    rt = get_runtime()
+    rt = get_runtime(services())
     cid = custom_id(handle.id, 0, 0, 1)
     state = Checkpoint.first("Summarise the archive")
     state.batch_cid, state.batch_n = cid, 1
@@ -173,7 +173,7 @@ def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(dr
     from drover.workers.limiter import llm_scope
 
     handle = submit(JobSpec(subtasks=["Summarise the archive"], delivery="batch"))  # no workers
-    rt = get_runtime()
+    rt = get_runtime(services())
     start = rt.store.checkpoints.start(handle.id, 0, worker="a-delivery-about-to-be-superseded",
                                        token=0)
     assert start.token > 0 and start.spec is not None
@@ -197,7 +197,7 @@ def test_a_sub_agent_taken_over_before_its_batch_turn_is_queued_queues_nothing(
     from drover.workers.limiter import llm_scope
 
     handle = submit(JobSpec(subtasks=["Summarise the ledger"], delivery="batch"))  # no workers
-    rt = get_runtime()
+    rt = get_runtime(services())
     save_checkpoint = rt.store.checkpoints.save
 
     def taken_over_first(job_id: str, index: int, *args: object) -> object:

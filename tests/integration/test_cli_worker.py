@@ -76,9 +76,10 @@ def test_no_credentials_at_all_fail_each_subagent_without_a_traceback_or_a_claim
         sim, worker, drover_env, caplog, monkeypatch):
     """The SDK's own refusal (no key, no base URL to omit it for) is classified too."""
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     worker(concurrency=4)
-    rt = get_runtime()
+    rt = get_runtime(services())
     monkeypatch.delenv("ANTHROPIC_API_KEY")  # the SDK would read it from the environment
     keyless = anthropic.AsyncAnthropic(api_key=None, base_url=sim.url, max_retries=0)
     original, rt.client = rt.client, keyless

@@ -32,9 +32,10 @@ def _call(rt: Any, params: dict[str, Any]) -> Any:
 
 def test_the_input_estimate_converges_on_what_the_provider_counts(sim, drover_env):
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     sim.configure(tool_turns=0)
-    rt = get_runtime()
+    rt = get_runtime(services())
     model = rt.settings.model
     scope = llm_scope(rt.settings.key_alias, model)
 
@@ -58,9 +59,10 @@ def test_the_input_estimate_converges_on_what_the_provider_counts(sim, drover_en
 
 def test_a_prefix_read_from_the_cache_is_left_out_of_the_estimate(sim, drover_env):
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     sim.configure(tool_turns=0, cache_reads_count=False)
-    rt = get_runtime()
+    rt = get_runtime(services())
     model = rt.settings.model
     scope = llm_scope(rt.settings.key_alias, model)
     system = [{"type": "text", "text": LONG_SYSTEM, "cache_control": {"type": "ephemeral"}}]
@@ -80,9 +82,10 @@ def test_a_prefix_read_from_the_cache_is_left_out_of_the_estimate(sim, drover_en
 
 def test_the_output_reservation_follows_the_mean_answer_length(sim, drover_env):
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     sim.configure(tool_turns=0, output_tokens_mean=40)
-    rt = get_runtime()
+    rt = get_runtime(services())
     model = rt.settings.model
     scope = llm_scope(rt.settings.key_alias, model)
     assert rt.calibration.output_tokens(scope, 1000) == 512  # nothing seen yet: a guess
@@ -103,9 +106,10 @@ def test_the_input_reservations_margin_fades_as_answers_calibrate_the_estimate(
     that do not count towards it, fail this."""
     from drover.workers.agent.estimate import UNCALIBRATED
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     sim.configure(tool_turns=0)
-    rt = get_runtime()
+    rt = get_runtime(services())
     model = rt.settings.model
     scope = llm_scope(rt.settings.key_alias, model)
     estimate = 10_000  # the margin is a ratio: a round estimate shows it to 1e-4

@@ -23,9 +23,10 @@ WORDS = " ".join(["abcdefghi"] * 100)
 
 def _runtime(monkeypatch, drover_env, **settings):  # noqa: ANN001, ANN202
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     configure(monkeypatch, drover_env, **settings)
-    rt = get_runtime()
+    rt = get_runtime(services())
     return rt, llm_scope(rt.settings.key_alias, rt.settings.model)
 
 

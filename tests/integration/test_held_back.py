@@ -29,9 +29,10 @@ def test_a_call_held_back_by_a_later_cooldown_plans_again_behind_the_calls_grant
     sim.configure(tool_turns=0)
     from drover.config import get_settings
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     settings = get_settings()
-    rt = get_runtime()
+    rt = get_runtime(services())
     scope, limits = llm_scope(settings.key_alias, settings.model), llm_limits(
         settings, settings.model)
     lim = Limiter(redis.Redis.from_url(redis_url), prefix=settings.key_prefix,

@@ -101,9 +101,10 @@ def test_a_timeout_is_retried_with_backoff(silent_server):
 
 def _runtime(monkeypatch, drover_env, **settings):  # noqa: ANN001, ANN202
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
     configure(monkeypatch, drover_env, **settings)
-    rt = get_runtime()
+    rt = get_runtime(services())
     scope = llm_scope(rt.settings.key_alias, rt.settings.model)
     return rt, scope, llm_limits(rt.settings, rt.settings.model)
 

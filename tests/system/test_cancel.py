@@ -147,8 +147,9 @@ def test_cancel_aborts_in_flight_calls_and_refunds_what_was_not_sent(sim, monkey
     configure(monkeypatch, drover_env, rpm=60, target_utilization=1)
     sim.configure(latency_mean_s=4, latency_p95_s=4)
     from drover.workers.agent.runtime import get_runtime
+    from drover.workers.services import services
 
-    rt = get_runtime()
+    rt = get_runtime(services())
     params = {"model": rt.settings.model, "max_tokens": 50,
               "messages": [{"role": "user", "content": "Summarise the contract"}]}
 

@@ -183,7 +183,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     configure(monkeypatch, drover_env, tenant_budgets=json.dumps(
         {"acme": {"per_minute": 1_000_000}}))
     sim.configure(latency_mean_s=30, latency_p95_s=30)
-    rt = get_runtime()
+    rt = get_runtime(services())
     settings = get_settings()
     scope = llm_scope(settings.key_alias, settings.model)
     collector = DroverCollector(services(settings), broker_queues=False)

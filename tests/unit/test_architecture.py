@@ -349,9 +349,6 @@ def test_tests_share_helpers_only_through_tests_helpers():
 # ``handle.shared``, ``consumer.app.drover``).
 SERVICE_ROOTS = {"orchestrator/cli/commands.py", "orchestrator/client/jobs.py",
                  "workers/tasklayer/app.py"}
-# Not yet a root's: the agent runtime's per-process holder (``get_runtime()``), which the
-# submitter's ``plan()`` and the worker's tasks both reach; docs/architecture.md "The roots".
-SERVICE_ROOTS_LEFT = {"workers/agent/runtime.py"}
 
 
 def test_services_is_called_only_at_the_roots():
@@ -364,6 +361,5 @@ def test_services_is_called_only_at_the_roots():
         if any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                and node.func.id == "services" for node in ast.walk(tree)):
             calling.add(rel)
-    assert calling <= SERVICE_ROOTS | SERVICE_ROOTS_LEFT, sorted(
-        calling - SERVICE_ROOTS - SERVICE_ROOTS_LEFT)
+    assert calling <= SERVICE_ROOTS, sorted(calling - SERVICE_ROOTS)
     assert len(SERVICE_ROOTS) <= 3

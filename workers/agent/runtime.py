@@ -28,13 +28,13 @@ import traceback
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-from drover.config import PoolKey, get_settings
+from drover.config import PoolKey
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Pool, Route
 from drover.workers.connections.redis_clients import async_redis, client_settings
 from drover.workers.limiter import AsyncLimiter
 from drover.workers.providers import Provider, provider
-from drover.workers.services import Services, services
+from drover.workers.services import Services
 from drover.workers.telemetry import with_trace_context
 
 log = logging.getLogger(__name__)
@@ -283,12 +283,13 @@ _runtime: Runtime | None = None
 _lock = threading.Lock()
 
 
-def get_runtime() -> Runtime:
-    """This process's runtime, made on first use (and again in a forked child)."""
+def get_runtime(shared: Services) -> Runtime:
+    """This process's runtime, made on first use (and again in a forked child) on ``shared``,
+    the parts its root hands it (the worker's ``app.drover``, the submitter's)."""
     global _runtime
     with _lock:
         if _runtime is None or _runtime.pid != os.getpid():
-            _runtime = Runtime(services(get_settings()))
+            _runtime = Runtime(shared)
         return _runtime
 
 

@@ -15,6 +15,7 @@ from kombu.exceptions import OperationalError
 
 from drover.workers.agent import RetryLater, get_runtime
 from drover.workers.jobs import TOKEN_HEADER
+from drover.workers.tasklayer.app import app
 
 __all__ = ["claim_part", "drop_claim", "release", "retry", "token_of", "with_token"]
 
@@ -32,7 +33,7 @@ def retry(task: Task, later: RetryLater, claim: tuple[str, int | str, int] | Non
     visibility timeout. The argsrepr is handed on (Celery's retry would recompute it).
     With ``claim`` (job id, part, token), the new message carries the part's claim token and
     the claim then says it is on the broker (workers/jobs/claims.py)."""
-    settings = get_runtime().settings
+    settings = get_runtime(app.drover).settings
     countdown = min(later.countdown, settings.countdown_cap_s)
     if countdown > 0 and settings.broker_is_rabbitmq:
         countdown = float(math.ceil(countdown))  # whole seconds there (see config/celery.py)
@@ -73,7 +74,7 @@ def _published(task: Task, **options: Any) -> Exception:
 
 
 def _shutting_down() -> bool:
-    return get_runtime().shared.heartbeat().draining
+    return get_runtime(app.drover).shared.heartbeat().draining
 
 
 def token_of(task: Task) -> int:
@@ -88,18 +89,18 @@ def with_token(task: Task, token: int) -> dict[str, Any]:
 
 def release(job_id: str, part: int | str, token: int) -> None:
     if token:
-        rt = get_runtime()
+        rt = get_runtime(app.drover)
         rt.store.claims.release(job_id, part, token, rt.shared.heartbeat().id)
 
 
 def claim_part(task: Task, job_id: str, part: str) -> int | None:
     """Take the claim of a job-level part (join, plan); None when another delivery holds it."""
-    rt = get_runtime()
+    rt = get_runtime(app.drover)
     token = int(rt.store.claims.start(job_id, part, token_of(task),
                                       rt.shared.heartbeat().id))
     return token if token > 0 else None
 
 
 def drop_claim(job_id: str, part: str) -> None:
-    rt = get_runtime()
+    rt = get_runtime(app.drover)
     rt.store.claims.drop(job_id, part, rt.shared.heartbeat().id)

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def import_tool_modules() -> None:
     """Import the modules named in DROVER_TOOL_MODULES so their @tool functions register."""
-    preflight.import_tool_modules(get_runtime().settings)
+    preflight.import_tool_modules(get_runtime(app.drover).settings)
 
 
 @worker_ready.connect
@@ -51,7 +51,7 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
     # The SDK's first call in a process is slow (lazy imports): made here, to a local one-shot
     # server, so a job's first granted sends are not late (providers/warmup.py).
-    get_runtime().run(warm_up())
+    get_runtime(app.drover).run(warm_up())
     worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     settings = get_settings()
     shared = app.drover  # the worker's root: built here, at its start, for the process
@@ -84,7 +84,7 @@ def _on_task_received(request: Any = None, **_: Any) -> None:
     try:
         job_id, part = _job_part(request.args, request.kwargs, part)
         token = int((request.request_dict or {}).get(TOKEN_HEADER) or 0)
-        rt = get_runtime()
+        rt = get_runtime(app.drover)
         rt.store.claims.receive(job_id, part, token, rt.shared.heartbeat().id)
     except Exception as error:  # never lose the message over it: the broker still has it
         log.warning("could not record the receipt of a %s message (%s: %s)", request.task_name,
@@ -111,7 +111,7 @@ def _on_warm_shutdown(**_: Any) -> None:
     taking the lock there would wait for ever, so a thread does it once the main thread lets
     go. Draining itself does not block (it sets a flag and a timer)."""
     def drain() -> None:
-        rt = get_runtime()
+        rt = get_runtime(app.drover)
         rt.shared.heartbeat().drain(rt.settings.shutdown_grace_s, rt.interrupt_all)
 
     threading.Thread(target=drain, name="drover-drain", daemon=True).start()

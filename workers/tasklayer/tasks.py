@@ -69,7 +69,7 @@ def subagent_task_result(outcome: SubagentResult) -> dict[str, Any]:
 
 @app.task(name="drover.run_subagent", bind=True, max_retries=None)
 def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
-    rt = get_runtime()
+    rt = get_runtime(app.drover)
     if self.request.retries:  # back from a countdown (or re-sent, maybe from one): on a slot
         window_op(rt.shared, job_id, "resume", index)
     run = SubagentRun(rt, job_id, index, token=token_of(self))
@@ -106,7 +106,7 @@ def join_results(self: Task, *args: Any) -> dict[str, Any]:
     (A message sent before the join was immutable has the header results first: the job id
     is the last argument either way. The join reads the records from the job store.)"""
     job_id = args[-1]
-    rt = get_runtime()
+    rt = get_runtime(app.drover)
     token = claim_part(self, job_id, "join")
     if token is None:  # a late copy: another join of this job holds the claim
         return {"status": "superseded", "job_id": job_id}
@@ -129,7 +129,7 @@ def join_results(self: Task, *args: Any) -> dict[str, Any]:
 @app.task(name="drover.plan_job", bind=True, max_retries=None)
 def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     """Plan a job that was submitted with a goal, then fan it out."""
-    rt = get_runtime()
+    rt = get_runtime(app.drover)
     spec = rt.store.specs.get(job_id)
     if rt.store.meta.get(job_id).get("status") != "planning":  # delivered twice: launched once
         return {"status": "launched", "job_id": job_id}
