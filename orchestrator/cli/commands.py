@@ -474,7 +474,7 @@ def _keys(args: argparse.Namespace) -> int:
             console.print("no pool of keys (DROVER_KEYS is not set): the one key is "
                           f"DROVER_KEY_ALIAS={settings.key_alias}", markup=False)
             return OK
-        print_keys(console, settings)
+        print_keys(console, shared)
         return OK
     if not args.alias:
         raise Refused(f"drover keys {args.action} needs the key's ALIAS", code=2)
