@@ -81,6 +81,12 @@ def test_three_keys_under_an_org_limit_below_their_sum_no_429_and_every_key_used
     # 60 s windows below are held to every limit.
     sim.configure(**workload.sim_config(overload_rate=0.0, pool=pool, burst_s=1.0).to_dict())
     cls = _use_pool(monkeypatch, drover_env, pool, org)
+    # A send may be late by the box's load: beside a CPU hog a key's bucket of a few requests
+    # drew one 429 at its second second in one fresh-clone run of three (the sends of two
+    # seconds met in one). docs/limiter.md: raise DROVER_LATE_SEND_S on a host busier than
+    # 0.2 s; what this test proves (the pool shares the org limits with no 429, every key
+    # used, no 60 s window over a limit) does not depend on how late a send may be.
+    configure(monkeypatch, drover_env, late_send_s=0.4)
     for _ in range(2):
         spawn_worker(concurrency=8)
 
