@@ -23,6 +23,7 @@ from typing import Any
 
 from kombu.transport.redis import SentinelChannel, SentinelTransport
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from drover.workers.connections.redis_clients import SentinelConnection
@@ -34,6 +35,13 @@ class Channel(SentinelChannel):
     connection_class = SentinelConnection
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if self.connection.client is None:
+            # The connection was closed (kombu's Connection._close drops the transport's
+            # client) while a channel of it still made its pool, an ack or the pub/sub after
+            # a failover: kombu's AttributeError there was Celery's "Unrecoverable error", and
+            # the worker exited (both workers of a failover test beside a CPU hog). A
+            # connection error is what Celery reconnects from.
+            raise RedisConnectionError("the broker connection was closed (a failover under way)")
         params = super()._connparams(asynchronous)
         params["retry"] = Retry(NoBackoff(), 0)  # errors reach kombu: see the docstring
         return params
