@@ -10,8 +10,9 @@ parent's sockets) and when the settings change (tests run several configurations
 process).
 
 What lives on the worker's event loop (the async Redis client, the ``AsyncLimiter``, the SDK
-client) is the agent runtime's (``drover.workers.agent.runtime``): it belongs to that loop.
-It is handed its ``Services`` (``Runtime(shared)``).
+clients of the provider and of a key pool) binds to that loop: the agent runtime
+(``Runtime(shared)``) asks its ``Services`` for them on the loop, once (``loop_parts()``),
+and closes them with it.
 
 Two parts are the process's rather than one configuration's: the worker heartbeat (one worker
 id per process, which the claims it takes are held by) and the telemetry recorder (one live
@@ -25,13 +26,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio as aioredis
 
-from drover.config import Settings, get_settings
-from drover.workers.connections.redis_clients import client_settings, sync_redis
+from drover.config import PoolKey, Settings, get_settings
+from drover.workers.connections.redis_clients import async_redis, client_settings, sync_redis
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
 from drover.workers.jobs.cancels import Cancels
@@ -46,10 +49,11 @@ from drover.workers.jobs.specs import Specs
 from drover.workers.jobs.spending import Spending
 from drover.workers.jobs.store import JobStore
 from drover.workers.jobs.stream import Stream
-from drover.workers.limiter import Limiter
+from drover.workers.limiter import AsyncLimiter, Limiter
+from drover.workers.providers import Pool, Provider, provider
 from drover.workers.telemetry import Recorder, use_recorder
 
-__all__ = ["Services", "reset_services", "services", "stop_process", "stop_worker"]
+__all__ = ["LoopParts", "Services", "reset_services", "services", "stop_process", "stop_worker"]
 
 T = TypeVar("T")
 
@@ -174,11 +178,72 @@ class Services:
         heartbeat = self.worker_heartbeat
         return heartbeat.id if heartbeat is not None else ""
 
+    async def loop_parts(self) -> LoopParts:
+        """What lives on the running event loop, built on it (the agent runtime asks on its
+        loop, once per runtime): the async Redis client, the ``AsyncLimiter`` on it, the
+        provider's client (realtime and batch) and a pool's per-key clients."""
+        s = self.settings
+        aredis = async_redis(s.redis_url, **client_settings(s))
+        limiter = AsyncLimiter(aredis, prefix=s.key_prefix, horizon_s=s.horizon_s,
+                               stats_window_s=s.stats_window_s)
+        client = _provider_client(s)
+        # A pool (DROVER_KEYS): one client per key, of the key's provider, each with the
+        # key's own endpoint (else its provider's).
+        pool = Pool(s.keys, {k.alias: _key_client(s, k) for k in s.keys}) if s.pooled else None
+        # The Message Batches API's calls are short requests: a total timeout, as before.
+        return LoopParts(redis=aredis, limiter=limiter, client=client,
+                         batch_client=client.with_options(timeout=s.call_timeout_s), pool=pool)
+
     def close(self) -> None:
         if "redis" in self.__dict__:
             self.redis.close()
         if self.__dict__.get("results") is not None:
             self.results.close()
+
+
+@dataclass
+class LoopParts:
+    """The parts bound to one event loop (``Services.loop_parts``), closed together."""
+
+    redis: aioredis.Redis
+    limiter: AsyncLimiter
+    client: Any  # the provider's realtime client
+    batch_client: Any  # the same connections, with a total timeout
+    pool: Pool | None
+
+    async def close(self) -> None:
+        await self.client.close()
+        if self.pool is not None:
+            await self.pool.close()
+        await self.redis.aclose()
+
+
+def _sdk_client(settings: Settings, of: Provider, api_key: str | None, base_url: str | None,
+                *, keyless: bool = False) -> Any:
+    """A provider's client: every realtime call streams, so a connect timeout and the gap
+    between reads (the stream's idle limit), never a total."""
+    return of.build_client(api_key=api_key, base_url=base_url,
+                           connect_s=settings.connect_timeout_s, idle_s=settings.stream_idle_s,
+                           keyless=keyless)
+
+
+def _provider_client(settings: Settings) -> Any:
+    """DROVER_PROVIDER's client, on its key and endpoint."""
+    openai = settings.provider == "openai"
+    key = settings.openai_api_key if openai else settings.anthropic_api_key
+    base_url = settings.openai_base_url if openai else settings.anthropic_base_url
+    # No key but a base URL: a proxy that may need none (the client omits the header).
+    keyless = bool(not key and base_url and not openai
+                   and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+    return _sdk_client(settings, provider(settings.provider),
+                       key.get_secret_value() if key else None, base_url, keyless=keyless)
+
+
+def _key_client(settings: Settings, key: PoolKey) -> Any:
+    name = settings.key_provider(key)
+    base_url = key.base_url or (settings.openai_base_url if name == "openai"
+                                else settings.anthropic_base_url)
+    return _sdk_client(settings, provider(name), key.api_key.get_secret_value(), base_url)
 
 
 def _identity(settings: Settings) -> tuple[int, str, str]:

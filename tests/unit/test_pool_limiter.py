@@ -12,9 +12,9 @@ import redis.asyncio as aredis
 from redis.cluster import key_slot
 
 from drover.config import SettingsError, load_settings
-from drover.workers.agent.routes import Pool, Route, levels_of_429, split_readings
+from drover.workers.agent.routes import Route, levels_of_429, split_readings
 from drover.workers.limiter import AsyncLimiter, Limiter, ScopeLimits, org_scope, pool_scope
-from drover.workers.providers import ANTHROPIC
+from drover.workers.providers import ANTHROPIC, Pool
 
 SECRET = "sk-ant-very-secret-value"
 

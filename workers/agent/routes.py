@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from drover.config import ModelLimits, PoolKey, Settings
+from drover.config import ModelLimits, Settings
 from drover.workers.agent.limits import llm_limits, scaled_limits
 from drover.workers.limiter import (
     Grant,
@@ -33,11 +33,12 @@ from drover.workers.limiter import (
 from drover.workers.providers import (
     ANTHROPIC,
     LimitReadings,
+    Pool,
     Provider,
     coarse_readings_dropped,
 )
 
-__all__ = ["KeyRoute", "Pool", "Route", "all_disabled_message", "levels_of_readings"]
+__all__ = ["KeyRoute", "Route", "all_disabled_message", "levels_of_readings"]
 
 log = logging.getLogger(__name__)
 # A dimension of the limits -> the limit setting that configures it.
@@ -175,19 +176,6 @@ class Route:
             scope, limits = (self.scope, self.limits) if level == "org" else (key.scope,
                                                                               key.limits)
             await limiter.cooldown(scope, limits, retry_after_s)
-
-
-class Pool:
-    """A pool's keys and one SDK client per key (connections pooled per key), built once
-    per worker process."""
-
-    def __init__(self, keys: list[PoolKey], clients: dict[str, Any]) -> None:
-        self.keys = keys
-        self.clients = clients
-
-    async def close(self) -> None:
-        for client in self.clients.values():
-            await client.close()
 
 
 def _matches(value: float | None, limit: float | None) -> bool:

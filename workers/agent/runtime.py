@@ -7,7 +7,8 @@ loop and waits for the outcome. On the loop:
 
 - one provider client (``drover.workers.providers``) per process, so HTTP connections
   are pooled across tasks;
-- the ``AsyncLimiter`` over ``redis.asyncio``;
+- the ``AsyncLimiter`` over ``redis.asyncio`` (these two the process's root builds, on
+  this loop: ``Services.loop_parts``; the runtime takes them);
 - a listener on the job-cancel pub/sub channel that sets an ``asyncio.Event`` per job, and
   every HTTP call and limiter wait races against that event, so a cancel aborts the request
   at the transport (the lease is released and the reservation refunded by the caller).
@@ -28,11 +29,8 @@ import traceback
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-from drover.config import PoolKey
 from drover.workers.agent.estimate import Calibration
-from drover.workers.agent.routes import Pool, Route
-from drover.workers.connections.redis_clients import async_redis, client_settings
-from drover.workers.limiter import AsyncLimiter
+from drover.workers.agent.routes import Route
 from drover.workers.providers import Provider, provider
 from drover.workers.services import Services
 from drover.workers.telemetry import with_trace_context
@@ -46,7 +44,8 @@ _POLL_S = 1.0  # how long the cancel listener waits for a message before it look
 class Runtime:
     def __init__(self, shared: Services):
         # ``shared``: the process's parts its root built (the job store, the heartbeat, the
-        # batch queue); what lives on this loop (async Redis, limiter, SDK clients) is its own.
+        # batch queue); what lives on this loop (async Redis, limiter, SDK clients) the root
+        # builds on the loop at start (``shared.loop_parts()``).
         self.shared = shared
         self.settings = settings = shared.settings
         self.provider: Provider = provider(settings.provider)  # DROVER_PROVIDER
@@ -75,45 +74,15 @@ class Runtime:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        self.aredis = async_redis(self.settings.redis_url, **client_settings(self.settings))
-        self.limiter = AsyncLimiter(self.aredis, prefix=self.settings.key_prefix,
-                                    horizon_s=self.settings.horizon_s,
-                                    stats_window_s=self.settings.stats_window_s)
-        openai = self.settings.provider == "openai"
-        key = self.settings.openai_api_key if openai else self.settings.anthropic_api_key
-        base_url = self.settings.openai_base_url if openai else self.settings.anthropic_base_url
-        # No key but a base URL: a proxy that may need none (the client omits the header).
-        keyless = bool(not key and base_url and not openai
-                       and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
-        self.client = self.build_client(key.get_secret_value() if key else None, base_url,
-                                        keyless=keyless)
-        # The Message Batches API's calls are short requests: a total timeout, as before.
-        self.batch_client = self.client.with_options(timeout=self.settings.call_timeout_s)
-        # A pool (DROVER_KEYS): one client per key, of the key's provider, each with the
-        # key's own endpoint (else its provider's).
-        self.pool = Pool(self.settings.keys, {k.alias: self._key_client(k)
-                                              for k in self.settings.keys}
-                         ) if self.settings.pooled else None
+        # What lives on this loop is built by the root, here (it binds to the running loop).
+        self.parts = parts = await self.shared.loop_parts()
+        self.aredis, self.limiter, self.client = parts.redis, parts.limiter, parts.client
+        self.batch_client, self.pool = parts.batch_client, parts.pool
         self._routes: dict[str, Route] = {}
         self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
         self._pulse = asyncio.create_task(self._pulse_forever())
         self._ready.set_result(None)
-
-    def build_client(self, api_key: str | None, base_url: str | None, *,
-                     keyless: bool = False, of: Provider | None = None) -> Any:
-        """The provider's client (``of``, else DROVER_PROVIDER's): every realtime call
-        streams, so a connect timeout and the gap between reads (the stream's idle limit),
-        never a total."""
-        return (of or self.provider).build_client(
-            api_key=api_key, base_url=base_url, connect_s=self.settings.connect_timeout_s,
-            idle_s=self.settings.stream_idle_s, keyless=keyless)
-
-    def _key_client(self, key: PoolKey) -> Any:
-        name = self.settings.key_provider(key)
-        base_url = key.base_url or (self.settings.openai_base_url if name == "openai"
-                                    else self.settings.anthropic_base_url)
-        return self.build_client(key.api_key.get_secret_value(), base_url, of=provider(name))
 
     def route(self, model: str) -> Route:
         """Where calls to ``model`` reserve: the one key's scope, or the pool's levels."""
@@ -251,10 +220,7 @@ class Runtime:
             # Awaited, so the loop does not stop with it pending (an ERROR at exit).
             self._pulse.cancel()
             await asyncio.gather(self._listener, self._pulse, return_exceptions=True)
-            await self.client.close()
-            if self.pool is not None:
-                await self.pool.close()
-            await self.aredis.aclose()
+            await self.parts.close()  # the SDK clients, then the async Redis client
 
         try:
             self.submit(shutdown()).result(timeout=timeout_s)

@@ -4,7 +4,7 @@ Only this room imports a provider SDK. ``provider(name)`` is the one for a name;
 ``describe(error)`` asks each provider whether ``error`` is one of its SDK's errors.
 Message Batches are Anthropic's only: the batcher uses the Anthropic names exported here
 (``Message``, ``MessageBatchIndividualResponse``, ``StatusError``, ``ConnectionFailed``,
-``batch_results_text``).
+``batch_results_text``). ``Pool`` holds a key pool's clients (one per key).
 docs/providers.md tells how a provider is added.
 """
 
@@ -25,10 +25,11 @@ from drover.workers.providers._base import (
     coarse_readings_dropped,
 )
 from drover.workers.providers._openai import OPENAI
+from drover.workers.providers.pool import Pool
 from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
 
 __all__ = ["ANTHROPIC", "OPENAI", "CHARS_PER_TOKEN", "PROVIDERS", "ConnectionFailed", "Failure",
-           "LimitReadings", "Message", "MessageBatchIndividualResponse", "Provider", "Seen",
+           "LimitReadings", "Message", "MessageBatchIndividualResponse", "Pool", "Provider", "Seen",
            "StatusError", "api_errors", "batch_results_text", "coarse_readings_dropped", "describe",
            "provider"]
 
