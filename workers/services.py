@@ -164,7 +164,13 @@ class Services:
     def heartbeat(self) -> Heartbeat:
         """The process's worker heartbeat, started on first use: a process that receives or
         runs drover tasks is a worker, and the sweep takes over what it held once it stops."""
-        return _process_part("heartbeat", self.settings, lambda: Heartbeat(self.settings))
+        s = self.settings
+        # The beats' own client gives up within one beat (no retries, short timeouts); the
+        # rest (the registry, the delete at stop) goes through the process's client.
+        quick = max(0.5, min(s.heartbeat_s, 5.0))
+        return _process_part("heartbeat", s, lambda: Heartbeat(
+            s, client=self.redis, beats=sync_redis(s.redis_url, **client_settings(
+                s, retries=False, socket_timeout=quick, socket_connect_timeout=quick))))
 
     @property
     def worker_heartbeat(self) -> Heartbeat | None:

@@ -86,7 +86,7 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
     store.records.put(SubagentResult(job_id="job2", index=0, status="ok"))
     store.records.put(SubagentResult(job_id="job2", index=1, status="failed"))
     recorders[0].running("job2", +1)
-    beat = liveness.Heartbeat(settings)
+    beat = liveness.Heartbeat(settings, client=client)
     beat.stop()  # one beat is enough: its key lives for DROVER_HEARTBEAT_TTL_S
     client.set(liveness.heartbeat_key(settings.key_prefix, beat.id), "{}", ex=60)
     for rec in recorders:
@@ -211,7 +211,7 @@ def test_only_the_first_scrape_walks_the_keyspace_for_scopes(key_prefix, recorde
 
 
 def test_the_worker_registry_expires_with_the_jobs(settings, redis_client):
-    liveness.Heartbeat(settings).stop()
+    liveness.Heartbeat(settings, client=redis_client).stop()
     ttl = redis_client.ttl(liveness.workers_key(settings.key_prefix))
     assert 0 < ttl <= settings.result_ttl_s
 

@@ -98,7 +98,7 @@ def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_
 
     settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, heartbeat_s=0.2,
                              heartbeat_ttl_s=1, socket_timeout_s=2, progress_stale_s=4.5)
-    heartbeat = Heartbeat(settings)
+    heartbeat = Heartbeat(settings, client=sync_redis(redis_url, **client_settings(settings)))
     key = heartbeat_key(key_prefix, heartbeat.id)
     try:
         heartbeat.pulse("the consumer")  # watched from now on, and then never moves again
@@ -110,6 +110,7 @@ def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_
         assert heartbeat.stuck() == []
     finally:
         heartbeat.stop()
+        heartbeat.r.close()
 
 
 def test_the_cancel_listener_subscribes_again_when_its_connection_goes_silent(

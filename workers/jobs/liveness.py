@@ -37,7 +37,6 @@ import redis
 
 from drover.config import Settings
 from drover.workers.connections import redis_outage
-from drover.workers.connections.redis_clients import client_settings, sync_redis
 from drover.workers.jobs.keys import JobKeys
 
 __all__ = ["Heartbeat", "alive", "mark_message_gap", "workers_key"]
@@ -56,18 +55,20 @@ def heartbeat_key(prefix: str, worker: str) -> str:
 class Heartbeat:
     """This process's worker id and the thread that keeps its heartbeat key alive."""
 
-    def __init__(self, settings: Settings, client: redis.Redis | None = None):
+    def __init__(self, settings: Settings, client: redis.Redis,
+                 beats: redis.Redis | None = None):
+        """``client``: the process's Redis client (the registry, ``stop``'s delete);
+        ``beats``: the client the beating thread uses (default ``client``). Its root hands
+        it one that gives up within a beat (``Services.heartbeat``): a beat blocked for the
+        usual retry minute would say nothing while Redis is away (a pause, a network gone),
+        and the next beat tries again anyway. It is also what notices Redis going and coming
+        back."""
         self.settings = settings
         self.prefix = settings.key_prefix
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.pid = os.getpid()
-        self.r = client or sync_redis(settings.redis_url, **client_settings(settings))
-        # The beats' own client gives up within one beat: a beat blocked for the usual retry
-        # minute would say nothing while Redis is away (a pause, a network gone), and the
-        # next beat tries again anyway. It is also what notices Redis going and coming back.
-        quick = max(0.5, min(settings.heartbeat_s, 5.0))
-        self._beats = client or sync_redis(settings.redis_url, **client_settings(
-            settings, retries=False, socket_timeout=quick, socket_connect_timeout=quick))
+        self.r = client
+        self._beats = beats if beats is not None else client
         self._stop = threading.Event()
         self._pulses: dict[str, float] = {}  # a part that must move -> when it last did
         self._stuck: list[str] = []
