@@ -28,12 +28,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
 
-from drover.config import PoolKey, Settings, get_settings
+from drover.config import Settings, get_settings
 from drover.workers.connections.redis_clients import async_redis, client_settings, sync_redis
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs.batches import BatchStore
@@ -50,8 +50,10 @@ from drover.workers.jobs.spending import Spending
 from drover.workers.jobs.store import JobStore
 from drover.workers.jobs.stream import Stream
 from drover.workers.limiter import AsyncLimiter, Limiter
-from drover.workers.providers import Pool, Provider, provider
 from drover.workers.telemetry import Recorder, use_recorder
+
+if TYPE_CHECKING:
+    from drover.workers.providers import Pool
 
 __all__ = ["LoopParts", "Services", "reset_services", "services", "stop_process", "stop_worker"]
 
@@ -192,10 +194,12 @@ class Services:
         aredis = async_redis(s.redis_url, **client_settings(s))
         limiter = AsyncLimiter(aredis, prefix=s.key_prefix, horizon_s=s.horizon_s,
                                stats_window_s=s.stats_window_s)
-        client = _provider_client(s)
-        # A pool (DROVER_KEYS): one client per key, of the key's provider, each with the
-        # key's own endpoint (else its provider's).
-        pool = Pool(s.keys, {k.alias: _key_client(s, k) for k in s.keys}) if s.pooled else None
+        # Imported here: the SDKs cost seconds of CPU, and the CLI's readers (`drover stats`,
+        # `drover metrics`) build a Services but never call a provider.
+        from drover.workers.providers.clients import key_pool, provider_client
+
+        client = provider_client(s)
+        pool = key_pool(s)
         # The Message Batches API's calls are short requests: a total timeout, as before.
         return LoopParts(redis=aredis, limiter=limiter, client=client,
                          batch_client=client.with_options(timeout=s.call_timeout_s), pool=pool)
@@ -222,34 +226,6 @@ class LoopParts:
         if self.pool is not None:
             await self.pool.close()
         await self.redis.aclose()
-
-
-def _sdk_client(settings: Settings, of: Provider, api_key: str | None, base_url: str | None,
-                *, keyless: bool = False) -> Any:
-    """A provider's client: every realtime call streams, so a connect timeout and the gap
-    between reads (the stream's idle limit), never a total."""
-    return of.build_client(api_key=api_key, base_url=base_url,
-                           connect_s=settings.connect_timeout_s, idle_s=settings.stream_idle_s,
-                           keyless=keyless)
-
-
-def _provider_client(settings: Settings) -> Any:
-    """DROVER_PROVIDER's client, on its key and endpoint."""
-    openai = settings.provider == "openai"
-    key = settings.openai_api_key if openai else settings.anthropic_api_key
-    base_url = settings.openai_base_url if openai else settings.anthropic_base_url
-    # No key but a base URL: a proxy that may need none (the client omits the header).
-    keyless = bool(not key and base_url and not openai
-                   and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
-    return _sdk_client(settings, provider(settings.provider),
-                       key.get_secret_value() if key else None, base_url, keyless=keyless)
-
-
-def _key_client(settings: Settings, key: PoolKey) -> Any:
-    name = settings.key_provider(key)
-    base_url = key.base_url or (settings.openai_base_url if name == "openai"
-                                else settings.anthropic_base_url)
-    return _sdk_client(settings, provider(name), key.api_key.get_secret_value(), base_url)
 
 
 def _identity(settings: Settings) -> tuple[int, str, str]:

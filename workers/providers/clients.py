@@ -1,0 +1,50 @@
+"""The SDK clients a worker's root builds (``Services.loop_parts``): the provider's client
+and a key pool's, each configured from the settings in one place."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from drover.config import PoolKey, Settings
+from drover.workers.providers._base import Provider
+from drover.workers.providers.pool import Pool
+from drover.workers.providers.registry import provider
+
+__all__ = ["key_pool", "provider_client"]
+
+
+def _sdk_client(settings: Settings, of: Provider, api_key: str | None, base_url: str | None,
+                *, keyless: bool = False) -> Any:
+    """A provider's client: every realtime call streams, so a connect timeout and the gap
+    between reads (the stream's idle limit), never a total."""
+    return of.build_client(api_key=api_key, base_url=base_url,
+                           connect_s=settings.connect_timeout_s, idle_s=settings.stream_idle_s,
+                           keyless=keyless)
+
+
+def provider_client(settings: Settings) -> Any:
+    """DROVER_PROVIDER's client, on its key and endpoint."""
+    openai = settings.provider == "openai"
+    key = settings.openai_api_key if openai else settings.anthropic_api_key
+    base_url = settings.openai_base_url if openai else settings.anthropic_base_url
+    # No key but a base URL: a proxy that may need none (the client omits the header).
+    keyless = bool(not key and base_url and not openai
+                   and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+    return _sdk_client(settings, provider(settings.provider),
+                       key.get_secret_value() if key else None, base_url, keyless=keyless)
+
+
+def _key_client(settings: Settings, key: PoolKey) -> Any:
+    name = settings.key_provider(key)
+    base_url = key.base_url or (settings.openai_base_url if name == "openai"
+                                else settings.anthropic_base_url)
+    return _sdk_client(settings, provider(name), key.api_key.get_secret_value(), base_url)
+
+
+def key_pool(settings: Settings) -> Pool | None:
+    """A pool (DROVER_KEYS): one client per key, of the key's provider, each with the key's
+    own endpoint (else its provider's); None without a pool."""
+    if not settings.pooled:
+        return None
+    return Pool(settings.keys, {k.alias: _key_client(settings, k) for k in settings.keys})

@@ -1,0 +1,48 @@
+"""Which provider serves a name, each imported on first use.
+
+A provider's module imports its SDK, and an SDK costs a worker start about half a second of
+CPU (the openai SDK's types) to a second (anthropic's): a fleet on one provider should not
+pay for the other, nor should `drover stats` pay for either.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from drover.workers.providers._base import Failure, Provider
+
+__all__ = ["describe", "loaded", "provider"]
+
+# name -> (module, attribute, its SDK's package) of each provider drover speaks
+_DEFINED: dict[str, tuple[str, str, str]] = {
+    "anthropic": ("drover.workers.providers._anthropic", "ANTHROPIC", "anthropic"),
+    "openai": ("drover.workers.providers._openai", "OPENAI", "openai"),
+}
+_LOADED: dict[str, Provider] = {}
+
+
+def provider(name: str) -> Provider:
+    """The provider called ``name``, its module imported on first use."""
+    found = _LOADED.get(name)
+    if found is None:
+        where = _DEFINED.get(name)
+        if where is None:
+            raise ValueError(f"unknown provider {name!r}: one of {', '.join(_DEFINED)}")
+        found = _LOADED[name] = getattr(importlib.import_module(where[0]), where[1])
+    return found
+
+
+def loaded() -> list[Provider]:
+    """The providers whose SDK this process has imported: only they can have raised one of
+    its errors."""
+    return [provider(name) for name, (_, _, sdk) in _DEFINED.items() if sdk in sys.modules]
+
+
+def describe(error: BaseException) -> Failure | None:
+    """``error`` as a Failure, by the provider whose SDK raised it (None: no provider's)."""
+    for each in loaded():
+        failure = each.describe(error)
+        if failure is not None:
+            return failure
+    return None
