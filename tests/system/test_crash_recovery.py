@@ -22,12 +22,13 @@ import pytest
 import redis
 
 from drover import JobSpec, submit
-from drover.config import load_settings
+from drover.config import Settings, load_settings
 from drover.workers.connections.redis_clients import sync_redis
 from drover.workers.jobs.claims import token_of
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import JobStore
 from drover.workers.recovery import subagent_of, subagents_in_broker, sweep
+from drover.workers.services import Services
 from tests.helpers import configure, wait_until
 from tests.helpers.fleet import SHORT_BROKER_TIMEOUTS, VISIBILITY_TIMEOUT_S, submit_elsewhere
 from tests.helpers.private_redis import PrivateRedis
@@ -116,6 +117,13 @@ def kombu_envelope(job_id: str, index: int) -> str:
                        "properties": {"body_encoding": "base64", "delivery_tag": f"d-{index}"}})
 
 
+def sweep_into(sent: list, store: JobStore, settings: Settings) -> list:
+    """One sweep, its re-sends appended to ``sent``, with the queues' schedulers as the
+    worker's root hands them to its sweeper."""
+    return sweep(store, settings, lambda *args: sent.append(args),
+                 Services(settings, client=store.r).fairshare)
+
+
 def minted(store: JobStore, job_id: str, part: int | str) -> int:
     """The token the part's claim carries now (the one the sweep minted)."""
     token = token_of(store.claims.claim(job_id, part))
@@ -151,10 +159,10 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
 
     def sweep_after_a_stall() -> list:
         unlock(store)  # the locks of the previous sweep
-        first = sweep(store, settings, lambda *args: sent.append(args))
+        first = sweep_into(sent, store, settings)
         time.sleep(RESEND_S + 0.2)  # past DROVER_RESEND_AFTER_S: still missing, so lost
         unlock(store)
-        return first + sweep(store, settings, lambda *args: sent.append(args))
+        return first + sweep_into(sent, store, settings)
 
     assert sweep_after_a_stall() == [(job_id, 3)]
     # with a new claim token (the first one minted: EPOCH * 1000000 + 1, see claims.py)
@@ -187,10 +195,10 @@ def test_the_sweep_sends_the_join_of_a_job_whose_records_are_all_in(redis_url, k
     for job_id in ("joinjob", "ourjob"):
         store.records.put(SubagentResult(job_id=job_id, index=0, status="ok"))
     sent: list[tuple[str, str, int | None]] = []
-    sweep(store, settings, lambda *args: sent.append(args))
+    sweep_into(sent, store, settings)
     time.sleep(RESEND_S + 0.2)  # past DROVER_RESEND_AFTER_S, when the sweep sends what is due
     unlock(store)
-    sweep(store, settings, lambda *args: sent.append(args))
+    sweep_into(sent, store, settings)
     assert sorted(sent) == [("other-queue", "joinjob", "join", minted(store, "joinjob", "join")),
                             ("q-sweep", "ourjob", "join", minted(store, "ourjob", "join"))]
 
@@ -210,8 +218,8 @@ def test_a_message_taken_by_a_worker_that_died_before_recording_it_is_sent_again
     store.r.zadd(f"{key_prefix}:celery:unacked_index", {"d-1": time.time() - 30})
     store.r.zadd(f"{key_prefix}:workers", {"deadhost:1:abc": time.time() - 60})  # no heartbeat
     sent: list[tuple] = []
-    assert sweep(store, settings, lambda *args: sent.append(args)) == [("orphanjob", 1)]
+    assert sweep_into(sent, store, settings) == [("orphanjob", 1)]
     assert sent == [("q-orphan", "orphanjob", 1, minted(store, "orphanjob", 1))]
     unlock(store)
-    sweep(store, settings, lambda *args: sent.append(args))
+    sweep_into(sent, store, settings)
     assert len(sent) == 1  # its claim now carries a token: the old copy is no orphan any more

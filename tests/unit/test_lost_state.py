@@ -18,6 +18,7 @@ from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobStore
 from drover.workers.recovery.sweep import resend_lost_messages, sweep
+from drover.workers.services import Services
 
 AFTER_S = 0.05  # DROVER_RESEND_AFTER_S of these tests: the job counts as stalled at once
 
@@ -51,7 +52,7 @@ def sweep_stalled(settings, store) -> list[tuple[str, int | str, int]]:
 
     deadline = time.monotonic() + 10
     while not sent and time.monotonic() < deadline:
-        sweep(store, settings, send)
+        sweep(store, settings, send, Services(settings, client=store.r).fairshare)
         time.sleep(0.1)
     return sent
 
@@ -84,11 +85,14 @@ def test_a_sub_agent_that_no_live_worker_holds_is_sent_again_with_a_new_token(ra
 def test_a_job_that_keeps_gaining_records_is_left_alone(rabbitmq_job):
     settings, store, job_id = rabbitmq_job
     sent: list[tuple[str, int | str, int]] = []
+    schedulers = Services(settings, client=store.r).fairshare
     for index in range(2):
-        assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
+        assert resend_lost_messages(store, settings, lambda *a: sent.append(a), schedulers,
+                                    AFTER_S) == []
         time.sleep(2 * AFTER_S)
         store.records.put(ok(job_id, index))
-    assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
+    assert resend_lost_messages(store, settings, lambda *a: sent.append(a), schedulers,
+                                AFTER_S) == []
     assert sent == []
 
 
@@ -120,9 +124,11 @@ def test_a_parked_sub_agent_resumed_while_the_sweep_reads_is_not_taken_for_lost(
 
     monkeypatch.setattr(sweep_module, "subagents_in_broker", resumed_meanwhile)
     sent: list[tuple[str, str, int | str, int]] = []
-    assert resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S) == []
+    schedulers = Services(settings, client=store.r).fairshare
+    assert resend_lost_messages(store, settings, lambda *a: sent.append(a), schedulers,
+                                AFTER_S) == []
     time.sleep(2 * AFTER_S)  # the job gains no record for DROVER_RESEND_AFTER_S
-    resend_lost_messages(store, settings, lambda *a: sent.append(a), AFTER_S)
+    resend_lost_messages(store, settings, lambda *a: sent.append(a), schedulers, AFTER_S)
     assert [(job_id_, part) for _queue, job_id_, part, _token in sent] == [(job_id, 1)]
     store.r.close()
 
@@ -136,7 +142,6 @@ def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat
     39 of 40 after 90 s). The window's repair sees a job with a sub-agent out that no live
     worker holds or runs and sends it again after a heartbeat TTL without a record; while a
     live worker runs it, nothing is sent."""
-    from drover.workers.fairshare import FairShare
     from drover.workers.recovery import repair_windows
 
     settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, queue="q-lost",
@@ -147,7 +152,8 @@ def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat
     store.specs.create(job_id, JobSpec(subtasks=["a", "b", "c"], max_tokens=16), ["a", "b", "c"],
                        status="running", queue="q-lost")
     store.meta.claim_launch(job_id)
-    fs = FairShare.from_settings(store.r, settings, "q-lost")
+    schedulers = Services(settings, client=store.r).fairshare
+    fs = schedulers("q-lost")
     fs.published(fs.add(job_id, n=3, tenant="t", weight=1.0, priority="normal"))
     live = "w-live"
     store.r.set(heartbeat_key(store.prefix, live), "1", ex=60)
@@ -160,7 +166,7 @@ def test_a_job_nobody_works_on_has_its_lost_message_sent_again_after_a_heartbeat
     def repair_for(seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not sent and time.monotonic() < deadline:
-            repair_windows(store, settings, lambda *a: sent.append(a))
+            repair_windows(store, settings, lambda *a: sent.append(a), schedulers)
             time.sleep(0.1)
 
     repair_for(3 * settings.heartbeat_ttl_s)

@@ -95,6 +95,7 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
                                      dispatch_window=4, max_attempts=1000)
             self.store = JobStore(r, prefix=self.prefix, ttl_s=600)
             self.fs = FairShare.from_settings(r, self.settings, "q")
+            self._schedulers = {"q": self.fs}.__getitem__  # the sweep's, from its root
             self.store.specs.create("J", JobSpec(subtasks=["x"] * N_PARTS), ["x"] * N_PARTS,
                                     status="running", queue="q")
             # part -> ("queued", token, is_retry) | ("held", worker, token) |
@@ -183,8 +184,8 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
 
         @rule()
         def sweep(self) -> None:
-            take_over_dead_workers(self.store, self.settings, self._send)
-            repair_windows(self.store, self.settings, self._send)
+            take_over_dead_workers(self.store, self.settings, self._send, self._schedulers)
+            repair_windows(self.store, self.settings, self._send, self._schedulers)
             self._publish(self.fs.finished("J", self.store.records.count("J")))
             self._publish(self.fs.fill())
             share = {j.job_id: j for j in self.fs.jobs()}.get("J")

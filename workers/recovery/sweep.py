@@ -78,9 +78,9 @@ from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import JobStore
 
-__all__ = ["Part", "Send", "repair_windows", "stall_after_s", "stalled_jobs", "start_sweeper",
-           "subagent_of", "subagents_in_broker", "sweep", "take_over_dead_workers",
-           "window_repairs"]
+__all__ = ["Part", "Schedulers", "Send", "repair_windows", "stall_after_s", "stalled_jobs",
+           "start_sweeper", "subagent_of", "subagents_in_broker", "sweep",
+           "take_over_dead_workers", "window_repairs"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,9 @@ RECENT_JOBS = 200  # the stalled-job scan looks at this many of the newest jobs
 Part = int | str  # a sub-agent's index, "join" or "plan"
 # Puts a part on the broker again: (queue, job id, part, claim token the message carries).
 Send = Callable[[str, str, Part, int], None]
+# The fair-share scheduler of a queue, from the process's root (``Services.fairshare``): the
+# sweep asks it for each job's queue, so it builds no scheduler (nor client) of its own.
+Schedulers = Callable[[str], FairShare]
 
 
 def sweep_interval_s(settings: Settings) -> float:
@@ -135,17 +138,18 @@ def subagents_in_broker(r: redis.Redis, key_prefix: str, queue: str) -> set[tupl
     return found
 
 
-def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Part]]:
+def sweep(store: JobStore, settings: Settings, send: Send, schedulers: Schedulers
+          ) -> list[tuple[str, Part]]:
     """One pass (if no other worker made one a moment ago); returns what was sent again."""
     r = store.r
     if not r.set(store.keys.recovery("lock"), "1", nx=True,
                  px=int(sweep_interval_s(settings) * 900)):
         return []
     dead: list[str] = []
-    sent = take_over_dead_workers(store, settings, send, dead)
+    sent = take_over_dead_workers(store, settings, send, schedulers, dead)
     death = store.keys.recovery("death")
     if dead and not settings.broker_is_rabbitmq:
-        sent += resend_orphans(store, settings, send)
+        sent += resend_orphans(store, settings, send, schedulers)
         # A dying worker may also have taken a message off the queue whose reply it never
         # read (the BRPOP gap): for a while, a job that stalls is looked at after a heartbeat
         # TTL instead of DROVER_RESEND_AFTER_S.
@@ -154,17 +158,18 @@ def sweep(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Pa
     after_a_death = bool(r.exists(death))
     every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)
     if r.set(store.keys.recovery("scan"), "1", nx=True, px=int(every * 900)):
-        sent += resend_lost_messages(store, settings, send, min(
+        sent += resend_lost_messages(store, settings, send, schedulers, min(
             settings.resend_after_s, settings.heartbeat_ttl_s) if after_a_death else None)
     try:
-        sent += repair_windows(store, settings, send)
+        sent += repair_windows(store, settings, send, schedulers)
     except redis.RedisError as error:  # the other steps are done: the next pass repairs
         log.warning("window repair failed (%s: %s)", type(error).__name__, error)
     return sent
 
 
 def take_over_dead_workers(store: JobStore, settings: Settings, send: Send,
-                           dead: list[str] | None = None) -> list[tuple[str, Part]]:
+                           schedulers: Schedulers, dead: list[str] | None = None
+                           ) -> list[tuple[str, Part]]:
     """Step 1: every part a dead worker held goes back on the broker with a new token."""
     r, claims = store.r, store.claims
     sent: list[tuple[str, Part]] = []
@@ -182,7 +187,7 @@ def take_over_dead_workers(store: JobStore, settings: Settings, send: Send,
             if isinstance(part, int) and _given_up(store, held.job_id, part,
                                                   settings.max_attempts):
                 continue
-            if _send(store, settings, send, held.job_id, part, token):
+            if _send(store, settings, send, schedulers, held.job_id, part, token):
                 sent.append((held.job_id, part))
                 log.warning("worker %s is gone: %s/%s sent again", worker, held.job_id, part)
             else:
@@ -196,7 +201,8 @@ ORPHAN_AGE_S = 2.0  # a live worker records a receipt within milliseconds of tak
 PARTS = {SUBAGENT_TASK: None, "drover.join_results": "join", "drover.plan_job": "plan"}
 
 
-def resend_orphans(store: JobStore, settings: Settings, send: Send) -> list[tuple[str, Part]]:
+def resend_orphans(store: JobStore, settings: Settings, send: Send, schedulers: Schedulers
+                   ) -> list[tuple[str, Part]]:
     """Step 1, Redis broker: unacked messages whose receipt nobody recorded (their worker
     died in between), older than a moment, are sent again with a new token. Reads only what
     the workers hold (the ``unacked`` hash), never the queue."""
@@ -212,7 +218,7 @@ def resend_orphans(store: JobStore, settings: Settings, send: Send) -> list[tupl
                 continue
             job_id, part, token = found
             new = store.claims.takeover(job_id, part, token, "")
-            if new and _send(store, settings, send, job_id, part, new):
+            if new and _send(store, settings, send, schedulers, job_id, part, new):
                 sent.append((job_id, part))
                 log.warning("%s/%s: its message was taken by a worker that died before it "
                             "said so; sent again", job_id, part)
@@ -269,7 +275,8 @@ def _send_join(store: JobStore, send: Send, queue: str | None, job_id: str) -> b
 
 
 def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
-                         after_s: float | None = None) -> list[tuple[str, Part]]:
+                         schedulers: Schedulers, after_s: float | None = None
+                         ) -> list[tuple[str, Part]]:
     """Step 3: a stalled job's join, and its sub-agents whose message is gone.
 
     Redis broker: with late acks every unfinished sub-agent has a message in the broker
@@ -295,15 +302,15 @@ def resend_lost_messages(store: JobStore, settings: Settings, send: Send,
             if not store.outcomes.exists(job_id) and _send_join(store, send, queue, job_id):
                 sent.append((job_id, "join"))
             continue
-        unfinished.append((job_id, queue, _waiting(store, settings, job_id, queue, n)))
+        unfinished.append((job_id, queue, _waiting(store, schedulers(queue), job_id, n)))
     sent += _resend_gone(store, settings, send, unfinished)
     return sent
 
 
-def _waiting(store: JobStore, settings: Settings, job_id: str, queue: str, n: int) -> list[int]:
+def _waiting(store: JobStore, fs: FairShare, job_id: str, n: int) -> list[int]:
     """The job's published sub-agents without a record (nor parked for a Message Batch):
     those the fair-share window has not published yet are not lost, only waiting."""
-    dispatched = FairShare.from_settings(store.r, settings, queue).dispatched(job_id)
+    dispatched = fs.dispatched(job_id)
     waiting = set(range(n if dispatched is None else min(n, dispatched)))
     return sorted(waiting - _accounted_for(store, job_id))
 
@@ -343,8 +350,8 @@ def _resend_gone(store: JobStore, settings: Settings, send: Send,
     return sent
 
 
-def _resend_unheld(store: JobStore, settings: Settings, send: Send, job_id: str, queue: str,
-                   n: int, now: float) -> list[tuple[str, Part]]:
+def _resend_unheld(store: JobStore, settings: Settings, send: Send, fs: FairShare,
+                   job_id: str, n: int, now: float) -> list[tuple[str, Part]]:
     """Redis broker: a job with sub-agents out that no live worker holds or runs, and no
     record for a heartbeat TTL, has its sub-agents whose message is gone sent again (step 3
     for that job, at once).
@@ -359,7 +366,7 @@ def _resend_unheld(store: JobStore, settings: Settings, send: Send, job_id: str,
     if not _stalled(store, job_id, store.records.count(job_id), now, settings.heartbeat_ttl_s):
         return []
     return _resend_gone(store, settings, send,
-                        [(job_id, queue, _waiting(store, settings, job_id, queue, n))])
+                        [(job_id, fs.queue, _waiting(store, fs, job_id, n))])
 
 
 def _accounted_for(store: JobStore, job_id: str) -> set[int]:
@@ -395,11 +402,11 @@ def _count_repair(store: JobStore, kind: str, n: int = 1) -> None:
     store.r.expire(key, store.ttl_s)
 
 
-def repair_windows(store: JobStore, settings: Settings, send: Send,
+def repair_windows(store: JobStore, settings: Settings, send: Send, schedulers: Schedulers,
                    queue: str | None = None) -> list[tuple[str, Part]]:
     """Step 4: every job of the queue's window checked against its claims and the heartbeats."""
     r = store.r
-    fs = FairShare.from_settings(r, settings, queue or settings.queue)
+    fs = schedulers(queue or settings.queue)
     now = store.meta.server_time()
     sent: list[tuple[str, Part]] = []
     stalled_key = store.keys.stalled
@@ -420,14 +427,14 @@ def repair_windows(store: JobStore, settings: Settings, send: Send,
                 continue
             if isinstance(key, int) and _given_up(store, job_id, key, settings.max_attempts):
                 continue
-            if _send(store, settings, send, job_id, key, new):
+            if _send(store, settings, send, schedulers, job_id, key, new):
                 sent.append((job_id, key))
                 resent += 1
                 log.warning("%s/%s: its claim named worker %s, which is gone, but the worker's "
                             "list did not: sent again by the window's repair", job_id, part,
                             holder)
         if share.out > 0 and not any(living.values()) and not settings.broker_is_rabbitmq:
-            gone = _resend_unheld(store, settings, send, job_id, fs.queue, share.n, now)
+            gone = _resend_unheld(store, settings, send, fs, job_id, share.n, now)
             sent += gone
             resent += len(gone)
         handed_back = 0
@@ -502,8 +509,8 @@ def _on_a_live_worker(store: JobStore, job_id: str, index: int, states: tuple[st
     return state in states and bool(worker) and alive(store.r, store.prefix, [worker])[worker]
 
 
-def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Part,
-          token: int) -> bool:
+def _send(store: JobStore, settings: Settings, send: Send, schedulers: Schedulers, job_id: str,
+          part: Part, token: int) -> bool:
     queue = _meta(store, job_id).get("queue") or settings.queue
     if isinstance(part, int):
         store.r.sadd(store.keys.recovering, job_id)
@@ -513,7 +520,7 @@ def _send(store: JobStore, settings: Settings, send: Send, job_id: str, part: Pa
         # Its lost copy may have been waiting out a countdown, counted as such in the window:
         # the copy sent now is a part about to run, so that place goes back at once (the
         # new copy's "resume" then changes nothing).
-        fs = FairShare.from_settings(store.r, settings, queue)
+        fs = schedulers(queue)
         if store.r.sismember(fs.deferred_key(job_id), part):
             fs.undefer(job_id, [part])
     return True
@@ -570,26 +577,30 @@ _started = threading.Lock()
 _thread: threading.Thread | None = None
 
 
-def start_sweeper(send: Send, store: JobStore, settings: Settings | None = None) -> None:
+def start_sweeper(send: Send, store: JobStore, schedulers: Schedulers,
+                  settings: Settings | None = None) -> None:
     """Start this process's sweeper thread (once); called when a worker is ready.
 
     ``send`` puts a part on the broker again (the tasks module passes Celery's; this package
-    knows no Celery); ``store`` is the process's job store (``drover.workers.services``)."""
+    knows no Celery); ``store`` and ``schedulers`` are the process's job store and its
+    queues' schedulers, from the worker's root (``app.drover``)."""
     global _thread
     with _started:
         if _thread is not None and _thread.is_alive():
             return
         settings = settings or get_settings()
-        _thread = threading.Thread(target=_sweep_forever, args=(store, settings, send),
+        _thread = threading.Thread(target=_sweep_forever,
+                                   args=(store, settings, send, schedulers),
                                    name="drover-recovery", daemon=True)
         _thread.start()
 
 
-def _sweep_forever(store: JobStore, settings: Settings, send: Send) -> None:
+def _sweep_forever(store: JobStore, settings: Settings, send: Send,
+                   schedulers: Schedulers) -> None:
     interval = sweep_interval_s(settings)
     while True:
         time.sleep(interval * random.uniform(0.8, 1.2))
         try:
-            sweep(store, settings, send)
+            sweep(store, settings, send, schedulers)
         except Exception as error:  # Redis away, a broker hiccup: try again next time
             log.warning("recovery sweep failed (%s: %s)", type(error).__name__, error)

@@ -56,7 +56,8 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     settings = get_settings()
     shared = app.drover  # the worker's root: built here, at its start, for the process
     shared.heartbeat()  # liveness for recovery, before the first message
-    start_sweeper(send_again, shared.store)  # re-sends what dead workers held (recovery/sweep.py)
+    # Re-sends what dead workers held (recovery/sweep.py), through the root's scheduler.
+    start_sweeper(send_again, shared.store, shared.fairshare, settings)
     # The worker's slots size the fair-share window; worker_ready's sender is the consumer
     # of the node (a prefork child has none: the node's main process reports for it).
     controller = getattr(sender, "controller", None)
