@@ -32,9 +32,10 @@ from drover.workers.telemetry import job_submitted
 from drover.workers.tools import get_tools
 
 
-def _shared(settings: Settings) -> Services:
+def submitter_services(settings: Settings) -> Services:
     """The submitter's root: this process's parts for ``settings``, built on its first call
-    (and again after a fork or for other settings); every handle carries them."""
+    (and again after a fork or for other settings); every handle carries them, and ``plan()``
+    (the submitter's other entry point) runs on them."""
     return services(settings)
 
 
@@ -112,7 +113,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         spec = JobSpec.model_validate(spec)
     check_spec(spec, settings)
     _first_contact(settings)
-    shared = _shared(settings)
+    shared = submitter_services(settings)
     store = shared.store
     job_id = uuid.uuid4().hex
     if spec.goal:
@@ -141,7 +142,7 @@ class JobHandle:
                  shared: Services | None = None):
         self.id = job_id
         self.settings = shared.settings if shared is not None else settings or get_settings()
-        self.shared = shared if shared is not None else _shared(self.settings)
+        self.shared = shared if shared is not None else submitter_services(self.settings)
         self.store: JobStore = self.shared.store
         self._last_event = "0-0"
 
@@ -294,4 +295,4 @@ class JobHandle:
         return True
 
 
-__all__ = ["JobHandle", "JobNotFound", "Unreachable", "submit"]
+__all__ = ["JobHandle", "JobNotFound", "Unreachable", "submit", "submitter_services"]

@@ -6,7 +6,7 @@ import time
 
 from drover.config import get_settings
 from drover.errors import PlanningFailed
-from drover.orchestrator.client.jobs import _shared
+from drover.orchestrator.client.jobs import submitter_services
 from drover.workers.agent import RetryLater
 from drover.workers.agent.planning import plan_goal
 from drover.workers.agent.runtime import get_runtime
@@ -19,7 +19,7 @@ def plan(goal: str, max_subtasks: int = 8, *, model: str | None = None,
         raise ValueError("plan() needs a non-empty goal")
     if max_subtasks < 1:
         raise ValueError("max_subtasks must be at least 1")
-    rt = get_runtime(_shared(get_settings()))  # the submitter's root (client/jobs.py)
+    rt = get_runtime(submitter_services(get_settings()))  # the submitter's root (jobs.py)
     for _ in range(rt.settings.max_attempts):
         try:
             return rt.run(plan_goal(rt, goal, max_subtasks, model=model, system=system))

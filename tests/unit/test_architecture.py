@@ -193,6 +193,20 @@ def test_a_private_module_is_imported_only_inside_its_package():
     assert not leaks, leaks
 
 
+def test_no_module_imports_another_modules_private_name():
+    """A ``_name`` is its module's own: what two modules share is public in one of them (in a
+    private module when only its package may use it)."""
+    leaks = []
+    for path in _sources() + sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("drover"):
+                leaks += [f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}."
+                          f"{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")
+                          and _private_package(f"{node.module}.{alias.name}") is None]
+    assert not leaks, leaks
+
+
 def test_nothing_in_workers_imports_the_package_above_or_the_orchestrator():
     """The package's root imports ``workers/`` (``drover.tool``, ``drover.app``), never the
     other way round: ``from drover import tool`` in a worker module is a cycle through the

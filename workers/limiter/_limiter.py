@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drover.workers.limiter._scopes import Grant, ScopeLimits
-from drover.workers.limiter._scripts import LimiterCore, Readings, _Call
+from drover.workers.limiter._scripts import Call, LimiterCore, Readings
 
 __all__ = ["AsyncLimiter", "Limiter"]
 
@@ -92,7 +92,7 @@ class Limiter(_Operations):
     """The global limiter over a sync ``redis.Redis``. ``clock`` (tests only): a function
     returning the time in microseconds, which the scripts then use instead of Redis TIME."""
 
-    def _run(self, call: _Call | dict[str, int] | None, empty: Any = None) -> Any:
+    def _run(self, call: Call | dict[str, int] | None, empty: Any = None) -> Any:
         if not call:  # nothing to do (None, or nothing to record)
             return empty
         return call.finish(self._scripts[call.script](keys=call.keys, args=call.args))
@@ -114,7 +114,7 @@ class Limiter(_Operations):
 class AsyncLimiter(_Operations):
     """The same limiter over ``redis.asyncio.Redis``; every method is awaited."""
 
-    async def _run(self, call: _Call | dict[str, int] | None, empty: Any = None) -> Any:
+    async def _run(self, call: Call | dict[str, int] | None, empty: Any = None) -> Any:
         if not call:  # nothing to do (None, or nothing to record)
             return empty
         return call.finish(await self._scripts[call.script](keys=call.keys, args=call.args))

@@ -1,4 +1,4 @@
-"""The Lua scripts, a scope's keys, and each operation as a ``_Call``: its script, keys, one
+"""The Lua scripts, a scope's keys, and each operation as a ``Call``: its script, keys, one
 JSON argument and what to make of the reply (the two limiters differ only in running it)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from drover.workers.limiter._scopes import (
     pool_scope,
 )
 
-__all__ = ["Clock", "LimiterCore", "Readings"]
+__all__ = ["Call", "Clock", "LimiterCore", "Readings"]
 
 # What an answer's limit headers said, read by its provider (drover.workers.providers):
 # {"remaining": {dimension: n}, "limit": {dimension: n}}. The scripts count three
@@ -85,7 +85,7 @@ def _counts(counts: Mapping[str, int] | None) -> dict[str, int]:
     return {name: int(n) for name, n in counts.items() if int(n)}
 
 
-class _Call(NamedTuple):
+class Call(NamedTuple):
     script: str
     keys: list[str]
     args: list[str]  # the JSON argument (and, with a test clock, the time)
@@ -123,15 +123,15 @@ class LimiterCore:
         return [base, f"{base}:why"]
 
     def _call(self, script: str, keys: list[str], arg: dict[str, Any],
-              finish: Callable[[Any], Any] = lambda reply: None) -> _Call:
+              finish: Callable[[Any], Any] = lambda reply: None) -> Call:
         """``arg``: the script's named arguments; None values are left out (absent in Lua)."""
         args = [json.dumps({k: v for k, v in arg.items() if v is not None},
                            separators=(",", ":"))]
         if self._clock is not None:
             args.append(str(int(self._clock())))
-        return _Call(script, keys, args, finish)
+        return Call(script, keys, args, finish)
 
-    def _disable(self, alias: str, for_s: float, why: str) -> _Call:
+    def _disable(self, alias: str, for_s: float, why: str) -> Call:
         return self._call("pool_disable", self._off_keys(),
                           {"alias": alias, "for_s": float(for_s), "why": why},
                           lambda reply: bool(int(reply)))
@@ -153,7 +153,7 @@ class LimiterCore:
     # --- the operations ---------------------------------------------------------------------
     def _acquire(self, scope: str, limits: ScopeLimits, input_tokens: int, output_tokens: int,
                  lease_ttl_s: float, pool: list[tuple[str, ScopeLimits]] | None = None,
-                 prefer: str | None = None, sticky_s: float = 0.0) -> _Call:
+                 prefer: str | None = None, sticky_s: float = 0.0) -> Call:
         """One scope's acquire; with ``pool`` (alias, limits) of a model class (``scope``),
         the organisation's and the first key's (acquire.lua)."""
         if input_tokens < 0 or output_tokens < 0:
@@ -187,7 +187,7 @@ class LimiterCore:
     def _settle(self, scope: str, limits: ScopeLimits | None, grant: Grant, sent: bool,
                 input_tokens: int, output_tokens: int,
                 readings: Readings | None,
-                counts: Mapping[str, int] | None = None) -> _Call | None:
+                counts: Mapping[str, int] | None = None) -> Call | None:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token counts must be >= 0")
         extra = _counts(counts)
@@ -203,14 +203,14 @@ class LimiterCore:
             "headers": None if limits is None else reading_args(readings),
             "counts": extra})
 
-    def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> _Call:
+    def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> Call:
         if not retry_after_s >= 0:
             raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s!r}")
         return self._call("cooldown", self.keys(scope), {
             "limits": _limits(limits), "retry_after_s": float(retry_after_s)},
             lambda reply: float(_s(reply)))
 
-    def _hold_back(self, grant: Grant, scopes: list[str]) -> _Call | None:
+    def _hold_back(self, grant: Grant, scopes: list[str]) -> Call | None:
         if not scopes:
             raise ValueError("hold_back needs at least one scope")
         if not grant.granted or grant.lease_id is None:
@@ -221,17 +221,17 @@ class LimiterCore:
         return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key},
                           lambda reply: float(_s(reply)))
 
-    def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> _Call | None:
+    def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> Call | None:
         folded = reading_args(readings)
         return folded and self._call("sync", self.keys(scope), {"limits": _limits(limits),
                                                                 "headers": folded})
 
-    def _record(self, scope: str, counts: Mapping[str, int]) -> _Call | dict[str, int]:
+    def _record(self, scope: str, counts: Mapping[str, int]) -> Call | dict[str, int]:
         added = _counts(counts)  # nothing to add: no call
         return added and self._call("record", self.keys(scope), {
             "stats_window_s": self.stats_window_s, "counts": added})
 
-    def _usage(self, scope: str, seconds: int) -> _Call:
+    def _usage(self, scope: str, seconds: int) -> Call:
         if seconds < 1:
             raise ValueError(f"seconds must be >= 1, got {seconds!r}")
 
@@ -258,7 +258,7 @@ class LimiterCore:
                 names.add(tag + rest)
         return sorted(names)
 
-    def _state(self, scope: str, limits: ScopeLimits | None) -> _Call:
+    def _state(self, scope: str, limits: ScopeLimits | None) -> Call:
         def finish(reply: Any) -> dict[str, Any]:
             r = json.loads(_s(reply))
             got = r["learned"] or {}  # an empty table may come back as a JSON list

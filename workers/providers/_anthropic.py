@@ -9,8 +9,6 @@ errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "messag
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import anthropic
@@ -18,7 +16,14 @@ import httpx2
 from anthropic.types import Message
 from anthropic.types.messages import MessageBatchIndividualResponse
 
-from drover.workers.providers._base import Failure, LimitReadings, Provider, read_limit_headers
+from drover.workers.providers._base import (
+    NOT_SENT,
+    Failure,
+    LimitReadings,
+    Provider,
+    read_limit_headers,
+    read_retry_after,
+)
 from drover.workers.providers.streams import stream_message
 
 __all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse",
@@ -31,11 +36,6 @@ _HEADER_NAMES = {dim: (f"anthropic-ratelimit-{name}-remaining",
                        f"anthropic-ratelimit-{name}-limit")
                  for dim, name in (("requests", "requests"), ("input", "input-tokens"),
                                    ("output", "output-tokens"))}
-# The SDK's HTTP client's errors raised before the request could reach the provider (by
-# name: the SDK's own httpx fork is not ours to import); any other transport error (a read
-# timeout, a dropped connection) came after the send, so the provider may have taken it.
-_NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
-                       "ProxyError"})
 
 async def batch_results_text(client: anthropic.AsyncAnthropic, url: str) -> str:
     """A Message Batch's results (JSONL) at ``url``, in one call: ``batches.results(id)``
@@ -79,7 +79,7 @@ class Anthropic(Provider):
             kind, message = _error_fields(error)
             code = _error_code(error)
             return Failure(kind, message, error.status_code, code,
-                           retry_after_s=_retry_after(error.response.headers),
+                           retry_after_s=read_retry_after(error.response.headers),
                            should_retry=_should_retry_header(error),
                            spend_cap=code == SPEND_CAP_CODE)
         if isinstance(error, anthropic.APIConnectionError):
@@ -94,7 +94,7 @@ class Anthropic(Provider):
         if isinstance(error, anthropic.APIConnectionError):  # APITimeoutError is one too
             cause = error.__cause__ or error.__context__
             return cause is not None and not any(
-                kind.__name__ in _NOT_SENT for kind in type(cause).__mro__)
+                kind.__name__ in NOT_SENT for kind in type(cause).__mro__)
         return False
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
@@ -112,26 +112,6 @@ class Anthropic(Provider):
 def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:
     value = error.response.headers.get("x-should-retry")
     return {"true": True, "false": False}.get(value) if value is not None else None
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after-ms")
-    if value is not None:
-        try:
-            return float(value) / 1000.0
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:  # the header may also be an HTTP date
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
-    except (TypeError, ValueError):
-        return None
 
 
 def _error_code(error: anthropic.APIStatusError) -> str | None:

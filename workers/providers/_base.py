@@ -20,14 +20,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
-__all__ = ["Failure", "LimitReadings", "Provider", "coarse_readings_dropped",
-           "read_limit_headers"]
+__all__ = ["NOT_SENT", "Failure", "LimitReadings", "Provider", "coarse_readings_dropped",
+           "read_limit_headers", "read_retry_after"]
 
 # What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
 # each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
 LimitReadings = dict[str, dict[str, float]]
+
+
+# A provider SDK's HTTP client's errors raised before the request could reach the provider
+# (by name: each SDK's own httpx fork is not ours to import); any other transport error (a read
+# timeout, a dropped connection) came after the send, so the provider may have taken it.
+NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
+                       "ProxyError"})
 
 
 def read_limit_headers(headers: Mapping[str, str | bytes],
@@ -137,3 +146,25 @@ class Provider:
 
     def from_wire(self, answer: Any) -> Any:
         return answer
+
+
+def read_retry_after(headers: Mapping[str, str]) -> float | None:
+    """The seconds a response asks to wait (``retry-after-ms``, or ``retry-after`` in seconds
+    or as an HTTP date), or None when it names none."""
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # the header may also be an HTTP date
+        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+    except (TypeError, ValueError):
+        return None

@@ -23,8 +23,14 @@ from typing import Any
 import openai
 from anthropic.types import Message
 
-from drover.workers.providers._anthropic import _NOT_SENT, _retry_after
-from drover.workers.providers._base import Failure, LimitReadings, Provider, read_limit_headers
+from drover.workers.providers._base import (
+    NOT_SENT,
+    Failure,
+    LimitReadings,
+    Provider,
+    read_limit_headers,
+    read_retry_after,
+)
 
 __all__ = ["OPENAI", "OpenAI"]
 
@@ -134,7 +140,7 @@ class OpenAI(Provider):
             kind = str(inner.get("type") or type(error).__name__)
             message = str(inner.get("message") or error.message)[:500]
             return Failure(kind, message, error.status_code, str(code) if code else None,
-                           retry_after_s=_retry_after(error.response.headers),
+                           retry_after_s=read_retry_after(error.response.headers),
                            spend_cap=code == QUOTA_CODE)
         if isinstance(error, openai.APIConnectionError):
             timeout = isinstance(error, openai.APITimeoutError)
@@ -150,7 +156,7 @@ class OpenAI(Provider):
         if isinstance(error, openai.APIConnectionError):
             cause = error.__cause__ or error.__context__
             return cause is not None and not any(
-                kind.__name__ in _NOT_SENT for kind in type(cause).__mro__)
+                kind.__name__ in NOT_SENT for kind in type(cause).__mro__)
         return isinstance(error, openai.APIError)  # a stream that failed mid-answer
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
