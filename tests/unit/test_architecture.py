@@ -377,3 +377,46 @@ def test_services_is_called_only_at_the_roots():
             calling.add(rel)
     assert calling <= SERVICE_ROOTS, sorted(calling - SERVICE_ROOTS)
     assert len(SERVICE_ROOTS) <= 3
+
+
+# What the root builds (``Services``): the Redis clients, the limiters, the schedulers, the
+# stores, the heartbeat and the recorder. A part built elsewhere has a configuration and
+# connections of its own; the roots themselves ask ``services()`` for them.
+BUILT_AT_THE_ROOT = {"sync_redis", "async_redis", "Limiter", "AsyncLimiter", "FairShare",
+                     "FairShare.from_settings", "JobStore", "BatchStore", "ResultsStore",
+                     "Heartbeat", "Recorder"}
+# The files besides workers/services.py that must build one, each with why.
+BUILDS_ITS_OWN = {
+    "workers/connections/preflight.py":
+        "first contact, before any root has built a part: clients that give up within seconds",
+    "orchestrator/cli/demo.py":
+        "deletes its run's keys once its parts are gone, with a client that gives up at once",
+}
+
+
+def _builds(tree: ast.Module) -> set[str]:
+    """The names in ``BUILT_AT_THE_ROOT`` that ``tree`` calls (``x.Limiter(...)`` too)."""
+    called = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                called.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                called.add(func.attr)
+                if isinstance(func.value, ast.Name):
+                    called.add(f"{func.value.id}.{func.attr}")
+    return called & BUILT_AT_THE_ROOT
+
+
+def test_only_the_root_builds_clients_limiters_schedulers_and_stores():
+    building = {}
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        built = _builds(ast.parse(path.read_text(), str(path)))
+        if built and rel != "workers/services.py":
+            building[rel] = sorted(built)
+    assert set(building) <= set(BUILDS_ITS_OWN), {
+        rel: names for rel, names in building.items() if rel not in BUILDS_ITS_OWN}
+    # The list stays exact: a file that no longer builds one leaves it.
+    assert set(BUILDS_ITS_OWN) <= set(building), sorted(set(BUILDS_ITS_OWN) - set(building))
