@@ -1,10 +1,13 @@
 """The composition root: what one process shares, built once from its settings.
 
-Only a process's roots call ``services()``: the CLI's commands, the submitter's first call
-and the worker's Celery app (``app.drover``); they hand what it makes to the parts that need
-it (the views, the job's handle, the runtime as ``rt.shared``, the window, the tasks), so
-each part is configured in one place (prefix, TTL, window sizes, the Redis client's retries)
-and a process holds one client per Redis, not one per caller (docs/architecture.md, "The
+Only a process's roots call ``services()``: the CLI's commands, the submitter's
+(``submitter_services``, for ``submit``, ``JobHandle`` and ``plan``) and the worker's Celery
+app (``app.drover``); they hand what it makes to the parts that need it (the views, the job's
+handle, the runtime as ``rt.shared``, the window, the tasks, the recovery sweep its job store
+and ``fairshare``), so each part is configured in one place (prefix, TTL, window sizes, the
+Redis client's retries) and a process holds one client per Redis, not one per caller. Nothing
+else builds a client, limiter, scheduler or store (tests/unit/test_architecture.py; first
+contact and the demo's clean-up open clients that give up at once; docs/architecture.md, "The
 roots"). The object is made again after a fork (a prefork child must not share its
 parent's sockets) and when the settings change (tests run several configurations in one
 process).
