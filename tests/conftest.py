@@ -309,14 +309,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: within a rank, the order of collection
 
 
-# --- four test processes by default -------------------------------------------------------
+# --- five test processes by default -------------------------------------------------------
 
 WORKERS = 5  # most tests wait (latency, limits, sweeps): five share two cores well
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
-    """``-n 4 --dist loadgroup`` unless the command line says ``-n`` itself (``-n 0``: one
+    """``-n 5 --dist loadgroup`` unless the command line says ``-n`` itself (``-n 0``: one
     process). Here rather than in pyproject's addopts so that a checkout whose environment
     has not installed the test extra's pytest-xdist yet still runs its tests (in one
     process) instead of refusing ``-n``. Runs before xdist's own hook, which reads these."""
