@@ -69,6 +69,8 @@ def run(n: int) -> dict[str, Any]:
         # slow on a loaded box, is not the limiter's doing); wall: from the submit.
         busy = stats["last_done_ts"] - stats["first_accept_ts"]
         return {"n": n, "ok": result.counts["ok"], "n429": stats["rejected_429"],
+                "n429_by_limit": stats["rejected_429_by_limit"],
+                "n429_after_last_accept_s": stats["rejected_429_gaps_s"],
                 "accepted": stats["accepted"], "input_tokens": counted_in,
                 "output_tokens": out, "wall_s": round(wall, 1), "busy_s": round(busy, 1),
                 "bound_s": round(bound, 1),

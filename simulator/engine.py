@@ -476,6 +476,7 @@ class Engine:
 
     def _rate_limited(self, rejection: Rejection, model: str, req_id: str,
                       buckets: KeyBuckets | NestedBuckets, now: float) -> Reply:
+        self.stats.refused_by(rejection.limit_name, now)
         advice = ("Please reduce the prompt length or the maximum tokens requested, or try "
                   "again later." if rejection.limit_name != "requests"
                   else "Please try again later.")

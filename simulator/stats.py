@@ -45,6 +45,11 @@ class SimStats:
     def __init__(self) -> None:
         self.accepted = 0
         self.rejected_429 = 0
+        # The 429s by the limit that refused ("requests", "input tokens", ...): at a small key
+        # which bucket a late send hit is the question (bench/small_keys.py prints it).
+        self.rejected_429_by_limit: dict[str, int] = {}
+        self.rejected_429_gaps_s: list[float] = []  # each 429's time since the last admission
+        self.last_accept_ts: float | None = None
         self.spend_cap_429 = 0
         self.overloaded_529 = 0
         self.errors_5xx = 0
@@ -109,6 +114,7 @@ class SimStats:
         self.accepted += 1
         if self.first_accept_ts is None:
             self.first_accept_ts = now
+        self.last_accept_ts = now
         if digest in self._seen:
             self.duplicate_accepted += 1
         else:
@@ -164,6 +170,14 @@ class SimStats:
             requests.add(now, 1)
             inputs.add(now, input_tokens)
 
+    def refused_by(self, limit_name: str, now: float) -> None:
+        """A rate-limit 429's limit, and how long after the last admission it came (the first
+        100: at a bucket of one request, how late the send before it was)."""
+        by_limit = self.rejected_429_by_limit
+        by_limit[limit_name] = by_limit.get(limit_name, 0) + 1
+        if self.last_accept_ts is not None and len(self.rejected_429_gaps_s) < 100:
+            self.rejected_429_gaps_s.append(round(now - self.last_accept_ts, 3))
+
     def judged(self, lag_s: float) -> None:
         if lag_s > self.loop_lag_max_s:
             self.loop_lag_max_s = lag_s
@@ -182,6 +196,8 @@ class SimStats:
         return {
             "accepted": self.accepted,
             "rejected_429": self.rejected_429,
+            "rejected_429_by_limit": dict(self.rejected_429_by_limit),
+            "rejected_429_gaps_s": list(self.rejected_429_gaps_s),
             "spend_cap_429": self.spend_cap_429,
             "overloaded_529": self.overloaded_529,
             "errors_5xx": self.errors_5xx,
