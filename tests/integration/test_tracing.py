@@ -201,8 +201,10 @@ def test_the_trace_crosses_real_prefork_worker_processes_over_otlp(spans, spawn_
         def theirs() -> list:
             got = [s for s in receiver.spans if s.trace_id == trace_id]
             names = [s.name for s in got]
-            done = names.count(chat) >= 2 and \
-                "run/drover.join_results" in names
+            # Each span is exported by its own process's batch: a run span ends (and is sent)
+            # after its chat span, from whichever prefork child ran it, so wait for both runs.
+            done = names.count(chat) >= 2 and names.count("run/drover.run_subagent") >= 2 \
+                and "run/drover.join_results" in names
             return got if done else []
 
         remote = wait_until("the workers' spans to reach the OTLP receiver", theirs, timeout=30)
