@@ -1,8 +1,10 @@
 """Which provider serves a name, each imported on first use.
 
 A provider's module imports its SDK, and an SDK costs a worker start about half a second of
-CPU (the openai SDK's types) to a second (anthropic's): a fleet on one provider should not
-pay for the other, nor should `drover stats` pay for either.
+CPU (the openai SDK's types) to a second and a half (anthropic's): a fleet on Anthropic does
+not pay for openai. Anthropic's module is imported with the package anyway (its ``__init__``
+exports the Message Batches names the batcher uses); `drover stats` imports neither, since it
+never imports this room (``Services.loop_parts`` does, on a worker).
 """
 
 from __future__ import annotations
