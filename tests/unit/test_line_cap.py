@@ -97,13 +97,52 @@ def test_a_pump_does_not_write_a_cap_computed_before_a_new_first_call_estimate(
             self.reads += 1
             if self.reads == 2:
                 save_first_call_hint(r, settings, "q", TIGHT, (2_000, 40))  # 30 calls a minute
-                submitted.append(report_line_cap(settings, submitter, r, fs, models))
+                submitted.append(report_line_cap(settings, submitter, r, fs, lambda: models))
             return super().state(scope, limits)
 
     pump = PumpsLimiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
-    assert report_line_cap(settings, pump, r, fs, models) is None  # computed from no estimate
+    # computed from no estimate
+    assert report_line_cap(settings, pump, r, fs, lambda: models) is None
     right = _expected(0.5, settings) + _expected(100.0, settings)
     assert submitted == [right]
     assert fs.cap() == right  # the submitter's, not the pump's
     # The pump's next round reads the estimate and writes the same cap.
-    assert report_line_cap(settings, submitter, r, fs, models) == right == fs.cap()
+    assert report_line_cap(settings, submitter, r, fs, lambda: models) == right == fs.cap()
+
+
+def test_a_pump_that_finds_no_job_in_the_window_leaves_the_cap_alone(r, redis_url, key_prefix):
+    """A pump that read the window empty, a moment before a submitter added its job, wrote
+    the default model's cap over the submitter's (test_wait_in_line's job on a model of its
+    own: cap 1,264 where its class served 25, 13 sub-agents in countdowns). It writes
+    nothing now; the submitter's cap stands until the next round reads the job."""
+    from drover.workers.agent.capacity import report_line_cap
+    from drover.workers.fairshare import FairShare
+
+    settings = _settings(redis_url, key_prefix)
+    fs = FairShare.from_settings(r, settings, "q")
+    limiter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    assert report_line_cap(settings, limiter, r, fs, lambda: [TIGHT]) == fs.cap() == \
+        _expected(1.0, settings)
+    assert report_line_cap(settings, limiter, r, fs, lambda: []) is None
+    assert fs.cap() == _expected(1.0, settings)
+
+
+def test_a_pump_reads_the_window_after_it_watches_the_estimates(r, redis_url, key_prefix):
+    """The submitter saves its estimate, sizes the line and adds its job while the pump reads
+    the window (after the pump's WATCH): the pump's write is refused, the submitter's cap
+    stands."""
+    from drover.workers.agent.capacity import report_line_cap
+    from drover.workers.fairshare import FairShare
+
+    settings = _settings(redis_url, key_prefix)
+    fs = FairShare.from_settings(r, settings, "q")
+    limiter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+
+    def window_read_as_the_submitter_adds() -> list[str]:
+        save_first_call_hint(r, settings, "q", TIGHT, (10, 40))
+        assert report_line_cap(settings, limiter, r, fs, lambda: [TIGHT]) == \
+            _expected(1.0, settings)
+        return [settings.model]  # what the pump read: another job, not the new one
+
+    assert report_line_cap(settings, limiter, r, fs, window_read_as_the_submitter_adds) is None
+    assert fs.cap() == _expected(1.0, settings)

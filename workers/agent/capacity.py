@@ -20,7 +20,7 @@ its window, and by the submitter for its job's class before the job's first gran
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -162,16 +162,30 @@ def active_models(settings: Settings, fs: FairShare, store: JobStore) -> set[str
 
 
 def report_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, fs: FairShare,
-                    models: Iterable[str]) -> int | None:
-    """Compute the queue's line cap for ``models`` and write it for the window (or remove it
-    when no limit applies), unless a submitter saved a new first-call estimate meanwhile: a
-    pump that read none, writing after the submitter's cap, would open the window to the
-    requests limit alone for a whole round. Returns the cap written (None: none)."""
+                    models: Callable[[], Iterable[str]]) -> int | None:
+    """Compute the queue's line cap for the classes ``models()`` names and write it for the
+    window (or remove it when no limit applies), unless a submitter saved a new first-call
+    estimate meanwhile: a pump that read none, writing after the submitter's cap, would open
+    the window to the requests limit alone for a whole round. Returns the cap written (None:
+    none).
+
+    ``models()`` is read after the WATCH, and no model means nothing is written: a pump that
+    read an empty window before a submitter's add, and wrote the default model's cap after
+    it, handed the new job's first places out under another class's limits (seen: cap 1,264
+    for a job whose class serves 25 in the horizon, 13 of its 40 sub-agents in countdowns).
+    A submitter saves its estimate before it adds its job, so a pump that WATCHed first fails
+    and one that WATCHed later reads the job. One gap is left: a job of a second class,
+    added between such a pump's read and its write, waits for the next round (``PUMP_S``)
+    to count in the cap."""
     with r.pipeline() as pipe:
         try:
             pipe.watch(_hint_key(settings.key_prefix, fs.queue))
+            classes = list(models())
+            if not classes:
+                pipe.reset()
+                return None
             cap = queue_line_cap(settings, limiter, pipe, fs.queue,  # type: ignore[arg-type]
-                                 models)
+                                 classes)
             pipe.multi()
             if cap is None:
                 pipe.delete(fs.cap_key)

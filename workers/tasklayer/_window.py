@@ -69,7 +69,7 @@ def _size_the_line(fs: FairShare, shared: Services, queue: str, job_id: str) -> 
         # Again now, not only when none is fresh: a pump's cap from before any call and any
         # hint knows only the requests limit, and none knows this job's model yet.
         report_line_cap(settings, shared.limiter, shared.redis, fs,
-                        active_models(settings, fs, store) | {model})
+                        lambda: active_models(settings, fs, store) | {model})
     except Exception as error:  # the workers' pumps size it within seconds anyway
         log.warning("job %s: could not size the limiter's line (%s: %s)", job_id,
                     type(error).__name__, error)

@@ -65,8 +65,7 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
     node = getattr(sender, "hostname", None) or f"{socket.gethostname()}"
     fs = shared.fairshare(settings.queue)
     size_line = ((lambda: report_line_cap(settings, shared.limiter, shared.redis, fs,
-                                          active_models(settings, fs, shared.store)
-                                          or {settings.model}))
+                                          lambda: active_models(settings, fs, shared.store)))
                  if settings.wait_in_line else None)
     start_pump(fs, shared.store, lambda runs: dispatch(runs, settings.queue), node=node,
                slots=slots, size_line=size_line)
