@@ -26,6 +26,7 @@ from drover.config import SettingsError, get_settings
 from drover.config.celery import celery_config
 from drover.workers.connections.preflight import WorkerCannotStart, check_worker
 from drover.workers.services import Services, services
+from drover.workers.tasklayer._chord_count import count_patiently
 from drover.workers.tasklayer._logs import configure_logging
 from drover.workers.tasklayer._progress import ConsumerPulse
 
@@ -33,7 +34,8 @@ __all__ = ["DroverCelery", "app"]
 
 
 class DroverCelery(Celery):
-    """Celery, with TCP keepalive timings on the Redis result backend's connections too.
+    """Celery, with TCP keepalive timings on the Redis result backend's connections too, and
+    a chord member's count that waits out a Redis that is away (``_chord_count.py``).
 
     Celery's Redis backend takes ``redis_socket_keepalive`` but no timings, so its sockets
     kept others than DROVER_KEEPALIVE_S (read back from the kernel: 30 s idle, a probe every
@@ -48,6 +50,7 @@ class DroverCelery(Celery):
             "socket_keepalive_options")
         if isinstance(params, dict) and params.get("socket_keepalive") and timings:
             params.setdefault("socket_keepalive_options", dict(timings))
+        count_patiently(backend)
         return backend
 
     @property
