@@ -74,6 +74,7 @@ from tests.helpers import (  # noqa: E402,F401  (the names older tests import fr
     stop_process_group,
     wait_for_workers,
     wait_until,
+    zygote,  # noqa: E402
 )
 
 SESSION = uuid.uuid4().hex[:8]
@@ -331,3 +332,14 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
+    if _runs_tests(config):
+        zygote.install()  # drover's worker and CLI processes fork from a pre-imported Python
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    zygote.uninstall()
+
+
+def _runs_tests(config: pytest.Config) -> bool:
+    """This process runs tests: an xdist worker, or the only process (``-n 0``)."""
+    return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)

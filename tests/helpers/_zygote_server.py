@@ -1,0 +1,124 @@
+"""The test processes' zygote: a Python that has imported the heavy libraries once (the
+anthropic SDK alone is 1.7 s of CPU and 3,300 modules) and forks a fresh process for each
+``python -m celery ...`` or ``python -m drover.orchestrator.cli ...`` a test starts, which
+then runs that module as ``python -m`` would (tests/helpers/zygote.py says why and how).
+
+Run as a script, never imported: ``python _zygote_server.py FD``, FD one end of a
+SOCK_SEQPACKET socket pair. Single-threaded (it forks), and it imports no drover module:
+drover reads its settings from the environment, which each child gets from its test. Each
+request is one JSON message, with the child's stdin, stdout and stderr as passed fds for
+``spawn``:
+
+- ``{"op": "spawn", "argv": [...], "env": {...}, "cwd": "...", "session": bool}``
+  -> ``{"pid": N}``
+- ``{"op": "poll", "pid": N}`` -> ``{"status": raw wait status or null}``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+PRELOAD = ("anthropic", "httpx", "redis", "kombu.transport.redis", "celery",
+           "celery.bin.celery", "celery.apps.worker", "celery.worker.worker",
+           "celery.concurrency.thread", "celery.concurrency.prefork", "click",
+           "pydantic_settings")
+MAX_MESSAGE = 1 << 20
+
+
+def _child(request: dict, fds: list[int], sock: socket.socket, ready: int) -> None:
+    """In the forked child: become the process the test asked for, say so on ``ready``
+    (the test may signal its process group the moment it has the pid), then run its
+    module."""
+    import runpy
+    import signal
+
+    sock.close()
+    if request["session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.write(ready, b"1")
+    os.closerange(3, 1 << 16)
+    # As a fresh interpreter has them (SIGPIPE stays ignored, as Python sets it at start: a
+    # write to a socket the broker closed must raise, not kill the worker).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    env = request["env"]
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+    argv = request["argv"]  # [python, "-m", module, *args]
+    sys.path.insert(0, request["cwd"])
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = [p for p in extra if p not in sys.path]
+    if env.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    sys.argv = [argv[2], *argv[3:]]
+    code: object = 0
+    try:
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = stop.code
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 (as the interpreter would: the traceback, exit 1)
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    # Exit as the interpreter would, atexit handlers included (a worker's last spans, logs).
+    raise SystemExit(code)
+
+
+def main() -> None:
+    # Not this script's folder (tests/helpers, where flower.py would shadow Flower): each
+    # child puts its own working folder first, as ``python -m`` does.
+    del sys.path[0]
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock.settimeout(0.2)
+    statuses: dict[int, int] = {}
+    while True:
+        while True:  # reap whatever ended, keeping its status for the test's poll
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            statuses[pid] = status
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+        except TimeoutError:
+            continue
+        if not data:
+            return  # the test process is gone
+        request = json.loads(data)
+        if request["op"] == "spawn":
+            wait_for, ready = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(wait_for)
+                _child(request, fds, sock, ready)
+            os.close(ready)
+            os.read(wait_for, 1)  # empty if the child died setting itself up
+            os.close(wait_for)
+            for fd in fds:
+                os.close(fd)
+            reply: dict = {"pid": pid}
+        else:
+            reply = {"status": statuses.get(request["pid"])}
+        sock.send(json.dumps(reply).encode())
+
+
+if __name__ == "__main__":
+    main()
