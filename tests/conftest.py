@@ -308,6 +308,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (0 if path in LONG_POLES else 1, tier)
 
     items.sort(key=rank)  # stable: within a rank, the order of collection
+    # Importing the Celery app configures it from the settings of that moment, for the rest
+    # of the process: at collection those are the defaults (key prefix "drover"), so pings
+    # and publishes would miss every worker of the session (CI of 18131c0: 25 failed).
+    if "drover.workers.tasklayer.app" in sys.modules:
+        raise pytest.UsageError("a test module imports drover.workers.app (or tasklayer.app) "
+                                "at collection: import it inside the test")
 
 
 # --- five test processes by default -------------------------------------------------------

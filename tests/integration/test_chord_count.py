@@ -14,13 +14,17 @@ from types import SimpleNamespace
 
 from drover.config import Settings
 from drover.config.celery import celery_config
-from drover.workers.tasklayer.app import DroverCelery
 from tests.helpers.private_redis import PrivateRedis
 
 PAUSE_S = 8  # longer than redis-py's own retries of one command at a 2 s socket timeout
 
 
 def test_a_member_counted_while_redis_is_paused_is_counted_when_it_answers(tmp_path):
+    # Imported here, not at collection: importing drover.workers.app configures the test
+    # process's Celery app from the settings of that moment (the default key prefix at
+    # collection, where every worker of the session listens on its own).
+    from drover.workers.tasklayer.app import DroverCelery
+
     server = PrivateRedis(tmp_path)
     server.start()
     try:
