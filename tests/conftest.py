@@ -74,7 +74,7 @@ from tests.helpers import (  # noqa: E402,F401  (the names older tests import fr
     stop_process_group,
     wait_for_workers,
     wait_until,
-    zygote,  # noqa: E402
+    zygote,
 )
 
 SESSION = uuid.uuid4().hex[:8]
