@@ -167,8 +167,10 @@ class ZygotePopen(_REAL_POPEN):  # type: ignore[misc, valid-type]
 
 
 def install() -> None:
-    """Route this process's ``subprocess.Popen`` (and so ``subprocess.run``) through here."""
-    subprocess.Popen = ZygotePopen  # type: ignore[misc]
+    """Route this process's ``subprocess.Popen`` (and so ``subprocess.run``) through here,
+    unless ``TEST_ZYGOTE=0``."""
+    if os.environ.get("TEST_ZYGOTE", "1") != "0":
+        subprocess.Popen = ZygotePopen  # type: ignore[misc]
 
 
 def uninstall() -> None:
