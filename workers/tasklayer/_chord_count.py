@@ -15,11 +15,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis
+
 from drover.workers.connections.redis_outage import noticed
 
 __all__ = ["count_patiently"]
 
 WAIT_S = 120.0  # about what 20 retries of the backend's store wait before giving up
+# redis-py's own (a Sentinel's MasterNotFoundError and a loading replica's BusyLoadingError are
+# ConnectionErrors), not the backend's ``connection_errors``: kombu's list holds OSError and
+# KeyError too, and a KeyError of Celery's own code must not wait two minutes.
+_AWAY = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 _FIRST_PAUSE_S = 0.5
 _MAX_PAUSE_S = 5.0
 
@@ -27,8 +33,7 @@ _MAX_PAUSE_S = 5.0
 def count_patiently(backend: Any) -> None:
     """Wrap ``backend.on_chord_part_return`` (once) to try again while Redis is away."""
     counted = backend.on_chord_part_return
-    errors = getattr(backend, "connection_errors", ())
-    if getattr(counted, "patient", False) or not errors:
+    if getattr(counted, "patient", False):
         return
 
     def on_chord_part_return(request: Any, state: str, result: Any, **kwargs: Any) -> Any:
@@ -36,7 +41,7 @@ def count_patiently(backend: Any) -> None:
         while True:
             try:
                 return counted(request, state, result, **kwargs)
-            except errors as error:
+            except _AWAY as error:
                 if time.monotonic() + pause > deadline:
                     raise
                 noticed("a chord member's count", error)
