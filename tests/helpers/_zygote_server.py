@@ -1,7 +1,8 @@
 """The test processes' zygote: a Python that has imported the heavy libraries once (the
 anthropic SDK alone is 1.7 s of CPU and 3,300 modules) and forks a fresh process for each
-``python -m celery ...`` or ``python -m drover.orchestrator.cli ...`` a test starts, which
-then runs that module as ``python -m`` would (tests/helpers/zygote.py says why and how).
+``python -m celery ...``, ``python -m drover.orchestrator.cli ...``, ``python -m bench...``
+or ``python script.py`` a test starts, which then runs that module or script as ``python``
+would (tests/helpers/zygote.py says why and how).
 
 Run as a script, never imported: ``python _zygote_server.py FD``, FD one end of a
 SOCK_SEQPACKET socket pair. Single-threaded (it forks), and it imports no drover module:
@@ -26,6 +27,7 @@ PRELOAD = ("anthropic", "httpx", "redis", "kombu.transport.redis", "celery",
            "celery.concurrency.thread", "celery.concurrency.prefork", "click",
            "pydantic_settings")
 MAX_MESSAGE = 1 << 20
+_OWN_FRAMES = (os.path.abspath(__file__), "<frozen runpy>")
 
 
 def _child(request: dict, fds: list[int], sock: socket.socket, ready: int) -> None:
@@ -51,25 +53,33 @@ def _child(request: dict, fds: list[int], sock: socket.socket, ready: int) -> No
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(env)
-    argv = request["argv"]  # [python, "-m", module, *args]
-    sys.path.insert(0, request["cwd"])
+    argv = request["argv"]  # [python, "-m", module, *args] or [python, script, *args]
+    script = None if argv[1] == "-m" else os.path.abspath(argv[1])
+    # What ``python -m`` and ``python script`` put first: the working folder, the script's.
+    sys.path.insert(0, request["cwd"] if script is None else os.path.dirname(script))
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[1:1] = [p for p in extra if p not in sys.path]
     if env.get("PYTHONUNBUFFERED"):
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
-    sys.argv = [argv[2], *argv[3:]]
+    sys.argv = [argv[2], *argv[3:]] if script is None else argv[1:]
     code: object = 0
     try:
-        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        if script is None:
+            runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         code = stop.code
     except KeyboardInterrupt:
         code = 130
-    except BaseException:  # noqa: BLE001 (as the interpreter would: the traceback, exit 1)
-        import traceback
-
-        traceback.print_exc()
+    except BaseException as error:  # noqa: BLE001 (as the interpreter would: exit 1)
+        # The traceback a fresh interpreter prints: from the script's or module's own frame
+        # (a test reads how long a user's traceback is), not this file's and runpy's.
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FRAMES:
+            tb = tb.tb_next
+        sys.excepthook(type(error), error.with_traceback(tb), tb)
         code = 1
     # Exit as the interpreter would, atexit handlers included (a worker's last spans, logs).
     raise SystemExit(code)

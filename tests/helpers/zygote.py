@@ -33,6 +33,7 @@ from pathlib import Path
 __all__ = ["ZygotePopen", "install", "uninstall"]
 
 MODULES = ("celery", "drover.orchestrator.cli")
+PACKAGES = ("bench",)  # ``python -m bench.<name>``: the benchmarks the smoke tests run
 _SERVER = Path(__file__).with_name("_zygote_server.py")
 # Variables the interpreter reads at its start: a child must not need other values than the
 # zygote's (PYTHONPATH and PYTHONUNBUFFERED the zygote applies itself).
@@ -93,12 +94,17 @@ def _the_zygote() -> _Zygote:
 
 
 def _as_module(args: object, env: dict[str, str]) -> list[str] | None:
-    """``[python, "-m", module, *rest]`` for a command the zygote can start (None: not)."""
+    """``[python, "-m", module, *rest]`` or ``[python, "script.py", *rest]`` for a command
+    the zygote can start (None: not). Never ``-c``: the tests that run code that way ask
+    which modules a fresh interpreter imports."""
     if not isinstance(args, list | tuple) or not args or not all(isinstance(a, str)
                                                                   for a in args):
         return None
-    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in MODULES:
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and (
+            args[2] in MODULES or args[2].split(".")[0] in PACKAGES):
         return list(args)
+    if len(args) >= 2 and args[0] == sys.executable and args[1].endswith(".py"):
+        return list(args)  # a user's script (the docs' blocks, run_job.py)
     # The ``drover`` console script of this interpreter's environment (bin/drover).
     script = shutil.which(args[0], path=env.get("PATH")) if os.path.basename(args[0]) == \
         "drover" else None
