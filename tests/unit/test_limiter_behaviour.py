@@ -317,7 +317,7 @@ def test_the_learned_share_keeps_its_own_named_state_under_the_scopes_tag(
             **headers, "anthropic-ratelimit-input-tokens-remaining": remaining}))
     bucket, *_, share = lim.keys(scope)
     assert set(redis_client.hkeys(bucket)) <= {
-        "r", "i", "o", "Lr", "Li", "Lo", "burst", "cd", "lx"}
+        "r", "i", "o", "Lr", "Li", "Lo", "burst", "cd", "lx", "ls"}
     learned = {k: float(v) for k, v in redis_client.hgetall(share).items()}
     assert {"lt", "i.share", "i.r1", "i.t1", "i.u1", "i.x1", "i.top"} <= set(learned)
     assert learned["i.share"] == lim.state(scope)["input_tokens"]["share"] < 1
@@ -512,3 +512,32 @@ def test_a_call_held_back_by_a_later_cooldown_keeps_its_reservation_spent(lim):
     # Planned again: behind `last` (sent at t=2), at t=3, not at t=2.2.
     again = lim.acquire(scope, limits)
     assert again.granted and again.wait_s == pytest.approx(2.0)
+
+
+def test_a_bucket_of_less_than_one_request_paces_each_send_on_when_the_last_one_left(lim):
+    """hold_back.lua: where the limiter's request bucket holds less than one request (57
+    RPM in 0.8 s: the defaults' view of a 60 RPM key in 1 s bursts, whose provider bucket
+    holds one), the provider admits a send one interval after the last one *left*. A call
+    that leaves 0.35 s late moves the next one back by as much; on planned times alone the
+    next would go 0.35 s early, a 429 at the provider (bench/RESULTS-small.md). A bucket of
+    a whole request or more is not paced: the late-send allowance covers it."""
+    per = 60 / 57
+    scope, limits = "llm:k:paced", ScopeLimits(rpm=57, burst_s=0.8)
+    at(lim, 0)
+    first, second = lim.acquire(scope, limits), lim.acquire(scope, limits)
+    assert second.wait_s - first.wait_s == pytest.approx(per)
+    at(lim, first.wait_s + 0.35)  # the first leaves late
+    assert lim.hold_back(first, scope) == 0.0
+    at(lim, second.wait_s)  # the second's planned send: one interval after the first's plan
+    assert lim.hold_back(second, scope) == pytest.approx(-0.35, abs=1e-5)
+    assert lim.state(scope)["leases"] == 2  # paced, not held back: its grant stands
+    at(lim, first.wait_s + 0.35 + per + 1e-5)
+    assert lim.hold_back(second, scope) == 0.0
+    whole = "llm:k:whole"  # 60 RPM in 1 s bursts: one request's room
+    at(lim, 10)
+    a, b = lim.acquire(whole, ScopeLimits(rpm=60, burst_s=1)), lim.acquire(
+        whole, ScopeLimits(rpm=60, burst_s=1))
+    at(lim, 10.35)
+    assert lim.hold_back(a, whole) == 0.0
+    at(lim, 10 + b.wait_s)
+    assert lim.hold_back(b, whole) == 0.0

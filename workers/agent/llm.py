@@ -21,7 +21,10 @@
   waited asks, right before it goes out, whether a cooldown began meanwhile, and if so plans
   again behind the calls granted before it (its reservation is not refunded: see
   ``limiter/lua/hold_back.lua``). Sent at their planned times, the queued calls of a 429 were
-  most of a shared key's 429s in a job's first seconds (bench/RESULTS.md).
+  most of a shared key's 429s in a job's first seconds (bench/RESULTS.md). The same question,
+  asked of every call right before it goes out, paces the sends of a scope whose request
+  bucket holds less than one request (60 RPM in 1 s bursts) on when the last one left:
+  planned times alone drew a 429 whenever one send left a little late (bench/RESULTS-small.md).
 """
 
 from __future__ import annotations
@@ -321,7 +324,9 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     try:
         waited = max(grant.wait_s, budget_wait)
         await wait_or_cancel(waited, ctx.cancel)
-        if waited > 0 and await route.hold_back(rt.limiter, grant) > 0:
+        while (held := await route.hold_back(rt.limiter, grant)) < 0:
+            await wait_or_cancel(-held, ctx.cancel)  # a one-request bucket: paced on its last send
+        if held > 0:
             raise HeldBack()  # a 429 came while this call waited: the provider's bucket is empty
         if ctx.check is not None:  # after every wait, right before the send
             await ctx.check(est_in, est_out)

@@ -154,7 +154,8 @@ class Route:
 
     async def hold_back(self, limiter: Any, grant: Grant) -> float:
         """Seconds a cooldown still holds on a level the grant reserved in (0.0: none, send
-        it); when one does, the grant is spent and the call plans again."""
+        it); when one does, the grant is spent and the call plans again. Below 0: the wait
+        before a paced send may go (``Limiter.hold_back``)."""
         if self.pool is None:
             return float(await limiter.hold_back(grant, self.scope))
         return float(await limiter.hold_back(grant, self.scope, self.key(grant).scope))

@@ -10,8 +10,8 @@ under its own hash tag, changed only by the scripts, one script call per operati
     if not grant.granted:          # reason: horizon | cooldown | in_flight; nothing debited
         come back after grant.retry_after_s
     sleep(grant.wait_s)            # the reservation is made: send at the planned instant
-    if grant.wait_s and limiter.hold_back(grant, scope):  # a 429 came meanwhile: the
-        acquire again                                     # grant is spent, not sent
+    while (held := limiter.hold_back(grant, scope)) < 0: sleep(-held)  # paced (one request)
+    if held: acquire again         # a 429 came meanwhile: the grant is spent, not sent
     response = call the API        # on a 429: limiter.cooldown(scope, limits, retry_after)
     limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
                    readings=provider.read_limits(response.headers))  # or release if unsent

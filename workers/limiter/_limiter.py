@@ -41,10 +41,10 @@ class _Operations(LimiterCore):
         return self._run(self._cooldown(scope, limits, retry_after_s))
 
     def hold_back(self, grant: Grant, *scopes: str) -> float:
-        """Right before a granted call that waited goes out: seconds a cooldown still holds
-        on any of ``scopes`` (those the grant reserved in), 0.0 when none does. When one
-        does, the grant's lease is gone and its reservation stays debited: do not send on it
-        (see hold_back.lua). A pool's scopes share a hash tag: one call asks both levels."""
+        """Right before a granted call goes out: seconds a cooldown holds on any of
+        ``scopes`` (the grant's; its lease is gone, its reservation spent: do not send on
+        it); below 0, a one-request bucket's last send left too late: wait that long, ask
+        again; 0.0: send (hold_back.lua). A pool's scopes share a hash tag: one call."""
         return self._run(self._hold_back(grant, list(scopes)), 0.0)
 
     def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> None:

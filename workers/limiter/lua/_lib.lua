@@ -9,7 +9,8 @@
 --                 bucket is full again, all reservations paid; absent or past = full. Ld: the
 --                 per-minute limit of the last write, before our share (absent = not
 --                 limited). And burst: burst_s of the last write; cd: cooldown until (us);
---                 lx: the latest lease expiry (us)
+--                 lx: the latest lease expiry (us); ls: when the last send left, paced
+--                 where the bucket holds less than one request (hold_back.lua; us, 0: none)
 --   leases  zset  lease id -> expiry (us)
 --   learned hash  d: raw per-minute limits from -limit headers (kept 24 h)
 --   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, from _scopes.py; _stats.lua)

@@ -40,10 +40,8 @@ end
 local function judge_window(w, limit)
   local left = (w.r1 - w.r0 + w.u0) / (w.t1 - w.t0) / (limit / 60e6)
   if w.x0 >= 0.9 * w.top then return math.max(w.share + (w.t1 - w.t0) / 60e6, left) end
-  if left > w.share or left < w.share - SHARE_NOISE then
-    return w.share + SHARE_GAIN * (left - w.share)
-  end
-  return w.share
+  if not (left > w.share or left < w.share - SHARE_NOISE) then return w.share end
+  return w.share + SHARE_GAIN * (left - w.share)
 end
 
 -- A response's headers: its -remaining against the key's -limit, per dimension.

@@ -9,22 +9,33 @@
 -- one instant after a cooldown, 7 of them 429s).
 -- A pool's key disabled while the call waited (a 401/403 on another worker) holds it back
 -- the same way, for good: the call moves to another key instead of being refused too.
+-- Else, where the limiter's request bucket holds less than one request (60 RPM in 1 s
+-- bursts), the provider's bucket admits the next send one interval after the last one
+-- *left*, whenever that was planned: a send that left late by more than the planner's
+-- slack (5 % of the interval) drew a 429 on the next. So the sends there are paced on when
+-- each left (the bucket's `ls`, set here as the grant goes), not on planned times alone.
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
 -- KEYS[last]              with ARGV's key (a pool's): the pool's disabled keys (hash alias
 --                         -> until, us)
 -- ARGV[1]                 {lease: the grant's lease id, key: the pool key's alias (a pool's)}
 -- Returns the seconds (a string) the longest of those cooldowns still holds, a day for a
--- disabled key; '0': none, and the grant stands.
+-- disabled key; minus the seconds until the paced send may go (ask again then); '0': none,
+-- and the grant stands (called right before the send: it is its `ls`).
 
-local until_us, scopes = now, A.key and #KEYS - 1 or #KEYS
+local scopes = A.key and #KEYS - 1 or #KEYS
+local off = A.key and tonumber(redis.call('HGET', KEYS[#KEYS], A.key) or '0') > now
+local until_us, due, paced = off and now + 86400 * 1e6 or now, now, {}
 for i = 1, scopes, 2 do
-  until_us = math.max(until_us, tonumber(redis.call('HGET', KEYS[i], 'cd') or '0'))
-end
-if A.key and tonumber(redis.call('HGET', KEYS[#KEYS], A.key) or '0') > now then
-  until_us = math.max(until_us, now + 86400 * 1e6)
+  local f = hash(KEYS[i])
+  until_us = math.max(until_us, f.cd or 0)
+  if f.Lr and f.Lr * f.burst < 60 then
+    due = math.max(due, (f.ls or 0) + 60e6 / f.Lr); table.insert(paced, KEYS[i])
+  end
 end
 if until_us > now then
   for i = 2, scopes, 2 do redis.call('ZREM', KEYS[i], A.lease) end
+elseif due > now then return num((now - due) / 1e6)
+else for _, key in ipairs(paced) do redis.call('HSET', key, 'ls', num(now)) end
 end
 return num((until_us - now) / 1e6)

@@ -10,6 +10,5 @@ until_us = A.for_s > 0 and now + A.for_s * 1e6 or 1e300
 redis.call('HSET', KEYS[1], A.alias, num(until_us))
 redis.call('HSET', KEYS[2], A.alias, string.format('%d', math.floor(now / 1e6)) .. '|' .. A.why)
 -- Operator state, kept a month unless changed (a disabled key stays so until enabled).
-redis.call('PEXPIRE', KEYS[1], 30 * 86400 * 1000)
-redis.call('PEXPIRE', KEYS[2], 30 * 86400 * 1000)
+for k = 1, 2 do redis.call('PEXPIRE', KEYS[k], 30 * 86400 * 1000) end
 return 1
