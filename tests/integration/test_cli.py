@@ -122,6 +122,26 @@ def test_the_worker_refuses_to_start_without_an_api_key(redis_url, tmp_path):
         assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_a_worker_on_openai_asks_for_openai_s_key_and_starts_without_anthropic_s(
+        redis_url, tmp_path, monkeypatch):
+    """DROVER_PROVIDER=openai: the worker asked for ANTHROPIC_API_KEY, so a team on OpenAI
+    alone could not start one. It asks for OPENAI_API_KEY, and starts with that key only."""
+    env = clean_env(DROVER_REDIS_URL=redis_url, DROVER_PROVIDER="openai")
+    env.pop("OPENAI_API_KEY", None)
+    proc = drover(["worker"], env, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no API key: set OPENAI_API_KEY" in proc.stderr and "ANTHROPIC" not in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    from drover.config import Settings
+    from drover.workers.connections.preflight import check_worker
+
+    for name in ("ANTHROPIC_API_KEY", "DROVER_ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN",
+                 "DROVER_ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    check_worker(Settings(provider="openai"), services=False)
+
+
 def test_the_worker_refuses_a_tool_module_that_does_not_import(redis_url, tmp_path):
     (tmp_path / "broken_tools.py").write_text("import nonexistent_dependency_xyz\n")
     env = clean_env(DROVER_REDIS_URL=redis_url, ANTHROPIC_API_KEY="sk-x",

@@ -155,6 +155,9 @@ def check_services(settings: Settings, *, broker: bool = True) -> None:
 
 
 def has_credentials(settings: Settings) -> bool:
+    """A key for the provider the workers call (``DROVER_PROVIDER``)."""
+    if settings.provider == "openai":
+        return settings.openai_api_key is not None
     return bool(settings.anthropic_api_key or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
 
 
@@ -223,6 +226,14 @@ def eviction_problem(settings: Settings) -> tuple[str, str] | None:
 
 def check_worker(settings: Settings, *, services: bool = True) -> None:
     """Raise WorkerCannotStart if this worker could not run a single sub-agent."""
+    if settings.provider == "openai" and not has_credentials(settings):
+        # The openai SDK refuses to build a client without a key, whatever the endpoint.
+        raise WorkerCannotStart(
+            "no API key: set OPENAI_API_KEY on the worker's host (it never travels in a "
+            "task); an OpenAI-compatible server that needs none takes any "
+            "(OPENAI_API_KEY=none). drover's simulator takes any: `drover sim --provider "
+            "openai --port 8080`, then OPENAI_BASE_URL=http://127.0.0.1:8080/v1 "
+            "OPENAI_API_KEY=sk-sim", 2)
     if not has_credentials(settings) and not settings.anthropic_base_url:
         raise WorkerCannotStart(
             "no API key: set ANTHROPIC_API_KEY on the worker's host (it never travels in a "
@@ -250,7 +261,7 @@ def check_worker(settings: Settings, *, services: bool = True) -> None:
             raise WorkerCannotStart(eviction[1], 3)
         if eviction is not None:
             print(f"drover worker: warning: {eviction[1]}", file=sys.stderr, flush=True)
-    if not has_credentials(settings):
+    if not has_credentials(settings):  # Anthropic's, with a DROVER_ANTHROPIC_BASE_URL
         print(f"drover worker: warning: no ANTHROPIC_API_KEY; requests to "
               f"{mask_url(settings.anthropic_base_url or '')} go without a key, and if it "
               "needs one every sub-agent fails with authentication_error (drover's simulator "
