@@ -311,8 +311,11 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
     # bucket: the limiter debits no more than that anyway, and the provider admits a call
     # while its output bucket has room, so a larger reservation only made the call wait for
     # room no bucket holds (a small key's first calls, before the answers calibrate it).
+    # OpenAI charges max_tokens at admission, so that is reserved there (its estimate ran
+    # the limiter behind the provider by every call in flight: 429s at a binding TPM).
     grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=res_in,
-                          output_tokens=route.output_reservation(est_out), route=route)
+                          output_tokens=route.output_reservation(est_out, params["max_tokens"]),
+                          route=route)
     key = route.key(grant)
     scope = key.scope
     if route.pooled:

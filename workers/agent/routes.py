@@ -93,13 +93,16 @@ class Route:
             return self.one
         return next(k for k in self.keys if k.alias == grant.key)
 
-    def output_reservation(self, estimate: int) -> int:
+    def output_reservation(self, estimate: int, max_tokens: int | None = None) -> int:
         """What a call reserves for an output ``estimate``: at most the smallest output bucket
         of the levels it reserves in (the limiter debits no more than a bucket, and a call
-        planned to wait for more waited for room no bucket holds)."""
+        planned to wait for more waited for room no bucket holds). A provider of one tokens
+        bucket (OpenAI) charges ``max_tokens`` at admission: that is what is reserved."""
+        if self.provider.one_tokens_bucket:
+            return estimate if max_tokens is None else max_tokens
         levels = [self.limits] + ([k.limits for k in self.keys] if self.pool else [])
         buckets = [lim.otpm / 60 * lim.burst_s for lim in levels if lim.otpm]
-        if not buckets or self.provider.one_tokens_bucket:
+        if not buckets:
             return estimate
         return max(1, min(estimate, int(min(buckets))))
 
