@@ -43,8 +43,8 @@ class _Operations(LimiterCore):
     def hold_back(self, grant: Grant, *scopes: str) -> float:
         """Right before a granted call goes out: seconds a cooldown holds on any of
         ``scopes`` (the grant's; its lease is gone, its reservation spent: do not send on
-        it); below 0, a one-request bucket's last send left too late: wait that long, ask
-        again; 0.0: send (hold_back.lua). A pool's scopes share a hash tag: one call."""
+        it); below 0, a bucket of less than one request let its last send go too recently:
+        wait that long, ask again; 0.0: send (hold_back.lua). A pool's: one call."""
         return self._run(self._hold_back(grant, list(scopes)), 0.0)
 
     def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> None:
