@@ -15,6 +15,7 @@ import redis
 from pydantic import BaseModel
 
 from drover import JobSpec, submit
+from drover._signals import ClaimLost
 from drover.workers.limiter import Limiter, tool_scope
 from drover.workers.tools import REGISTRY, get_tools, run_turn, tool
 from tests.helpers import agent_tools, configure
@@ -121,6 +122,26 @@ def test_failures_and_unknown_tools_become_error_results_that_say_why():
     assert results[0]["is_error"] and "RuntimeError: disk on fire" in results[0]["content"]
     assert results[1]["is_error"] and "unknown tool 'nope'" in results[1]["content"]
     assert "t_boom" in results[1]["content"]  # names the tools it may use
+
+
+@pytest.mark.parametrize("error", [ClaimLost("j/3: claim 7 was superseded"),
+                                   redis.ConnectionError("Redis went away")])
+def test_a_save_that_fails_ends_the_turn_with_that_error_itself_not_a_group(error):
+    """The sub-agent stops on a superseded claim and retries on Redis away by the error's
+    type; one wrapped in the turn's task group read as a crash (a traceback, a failed record)."""
+    @tool(name="t_echo_save")
+    def echo(x: str) -> str:
+        """Echoes."""
+        return x
+
+    async def save(_id: str, _result: dict) -> None:
+        raise error
+
+    calls = [{"id": str(i), "name": "t_echo_save", "input": {"x": "a"}} for i in range(3)]
+    with pytest.raises(type(error)) as raised:
+        asyncio.run(run_turn(calls, {t.name: t for t in get_tools(["t_echo_save"])}, done={},
+                             max_parallel=4, max_calls=32, default_timeout=5, save=save))
+    assert raised.value is error
 
 
 def _run(calls: list[dict], tools: list) -> list[dict]:

@@ -275,9 +275,14 @@ async def run_turn(calls: list[dict[str, Any]], allowed: dict[str, Tool], *,
             todo.append(call)
     writes = [c for c in todo if c["name"] in allowed and allowed[c["name"]].kind == "write"]
     reads = [c for c in todo if c not in writes]
-    async with asyncio.TaskGroup() as group:
-        for call in reads:
-            group.create_task(one(call))
-        if writes:
-            group.create_task(writes_in_order(writes))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for call in reads:
+                group.create_task(one(call))
+            if writes:
+                group.create_task(writes_in_order(writes))
+    except ExceptionGroup as failed:
+        # A save that failed (Redis away, a claim superseded) ends the turn as itself: the
+        # sub-agent retries or stops on it by type, which a group would hide (it crashed).
+        raise failed.exceptions[0] from None
     return [results[call["id"]] for call in calls]
