@@ -24,6 +24,7 @@ Two brokers (``DROVER_BROKER_URL``); Redis always holds the limiter, job state a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from drover.config.sentinel import is_sentinel
@@ -39,6 +40,20 @@ def restore_interval_s(settings: Settings) -> int:
     a killed worker's tasks come back within ``visibility_timeout_s`` plus this.
     """
     return max(1, min(10, settings.visibility_timeout_s // 10))
+
+
+def restore_mutex_s(settings: Settings) -> int:
+    """How long kombu's lock on that scan (``unacked_mutex``) lives if its holder never lets
+    go of it.
+
+    Kombu takes it with SET NX and a 5-minute expiry. A scan that starts while Redis does not
+    answer (paused, a connection gone silent) times out on the client, but the SET waits in
+    the socket and runs when Redis is back: the lock is then held by nobody for 5 minutes and
+    no worker hands out a task taken but never acked (a consumer that reconnected dropped
+    what it had prefetched) until it expires (CI of dc6d2b9, test_redis_away). A scan takes
+    a few round trips; two at once are harmless (each message is restored in a WATCHed
+    transaction), so the lock only needs to outlive one scan on a slow Redis."""
+    return max(5, math.ceil(2 * settings.socket_timeout_s), restore_interval_s(settings))
 
 
 def rabbitmq_config(settings: Settings) -> dict[str, Any]:
@@ -93,6 +108,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "visibility_timeout": settings.visibility_timeout_s,
         "unacked_restore_interval": restore_interval_s(settings),
         "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": restore_mutex_s(settings),
         # A key prefix of our own keeps tests and several deployments apart on one Redis.
         "global_keyprefix": f"{settings.key_prefix}:celery:",
         **redis_broker_timeouts(settings),

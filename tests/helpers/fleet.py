@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 from drover import JobHandle, JobSpec
 from drover.workers.connections.redis_clients import sync_redis
@@ -63,7 +65,6 @@ class Fleet:
 
     def records_written(self, job_id: str) -> collections.Counter:
         entries = self.r.xrange(f"{self.prefix}:job:{job_id}:events")
-        import json
         # An entry names its record by index ("i"); older entries carried the record.
         return collections.Counter(int(fields["i"]) if "i" in fields
                                    else json.loads(fields["record"])["index"]
@@ -76,8 +77,33 @@ class Fleet:
         live = {w for w in self.r.zrange(f"{self.prefix}:workers", 0, -1)
                 if self.r.exists(f"{self.prefix}:worker:{w}")}
         resent = self.r.hgetall(f"{self.prefix}:job:{job_id}:resent")
-        return "; ".join(f"{i}: claim={claims.get(str(i))!r} resent={resent.get(str(i))}"
-                         for i in range(n) if str(i) not in records) + f" (live: {live})"
+        broker = self._in_broker(job_id)
+        mutex = self.r.pttl(f"{self.prefix}:celery:unacked_mutex")
+        return "; ".join(f"{i}: claim={claims.get(str(i))!r} resent={resent.get(str(i))} "
+                         f"broker={broker.get(i, 'nowhere')}"
+                         for i in range(n) if str(i) not in records) + (
+            f" (live: {live}; kombu's unacked_mutex pttl {mutex} ms)")
+
+    def _in_broker(self, job_id: str) -> dict[int, str]:
+        """Where the Redis broker holds each of the job's sub-agent messages: queued, or
+        unacked since how long (kombu's layout under the test's key prefix)."""
+        from drover.workers.recovery.sweep import subagent_of
+
+        base = f"{self.prefix}:celery:"
+        found: dict[int, str] = {}
+        now = time.time()
+        for key in self.r.scan_iter(f"{base}*"):
+            if self.r.type(key) == "list":
+                for raw in self.r.lrange(key, 0, -1):
+                    with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
+                        if (part := subagent_of(json.loads(raw))) and part[0] == job_id:
+                            found[part[1]] = f"queued in {key[len(base):]}"
+        since = dict(self.r.zrange(f"{base}unacked_index", 0, -1, withscores=True))
+        for tag, raw in self.r.hgetall(f"{base}unacked").items():
+            with contextlib.suppress(ValueError, TypeError, KeyError, IndexError):
+                if (part := subagent_of(json.loads(raw)[0])) and part[0] == job_id:
+                    found[part[1]] = f"unacked for {now - since.get(tag, now):.0f} s"
+        return found
 
     def wait(self, handle: JobHandle, n: int, timeout: float):
         try:

@@ -12,8 +12,11 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    with the length of a queue or the number of jobs.
    On the Redis broker a worker killed after kombu recorded a message as unacked but before
    drover recorded its receipt leaves that message unacked (for the visibility timeout) with
-   its claim still "sent": when the sweep finds a dead worker it also looks at the broker's
-   unacked messages (what workers hold, not the queue) for such orphans and re-sends them.
+   its claim still "sent"; so does a live worker's consumer that took a message while Redis
+   was going away (the receipt's write failed) and dropped it when it reconnected. For a
+   minute after a worker died or a heartbeat got Redis back, the sweep also looks at the
+   broker's unacked messages (what workers hold, not the queue) for such orphans and
+   re-sends them.
 2. **Joins.** A re-sent sub-agent is outside its job's chord, which may then never count to
    the end (on Redis the dead worker's copy stays unacked for the visibility timeout): once
    every record of such a job is in and it has no result, its join is sent.
@@ -147,15 +150,18 @@ def sweep(store: JobStore, settings: Settings, send: Send, schedulers: Scheduler
         return []
     dead: list[str] = []
     sent = take_over_dead_workers(store, settings, send, schedulers, dead)
-    death = store.keys.recovery("death")
     if dead and not settings.broker_is_rabbitmq:
-        sent += resend_orphans(store, settings, send, schedulers)
         # A dying worker may also have taken a message off the queue whose reply it never
         # read (the BRPOP gap): for a while, a job that stalls is looked at after a heartbeat
         # TTL instead of DROVER_RESEND_AFTER_S.
         mark_message_gap(r, store.prefix, settings)
+    after_a_death = bool(r.exists(store.keys.recovery("death")))
+    if after_a_death and not settings.broker_is_rabbitmq:
+        # Not only a dead worker's: a consumer that reconnected after Redis was away drops
+        # what it had prefetched, which stays unacked (kombu hands it out again only after
+        # the visibility timeout), its receipt unrecorded if Redis was away when it came.
+        sent += resend_orphans(store, settings, send, schedulers)
     sent += join_recovered_jobs(store, send)
-    after_a_death = bool(r.exists(death))
     every = sweep_interval_s(settings) if after_a_death else scan_interval_s(settings)
     if r.set(store.keys.recovery("scan"), "1", nx=True, px=int(every * 900)):
         sent += resend_lost_messages(store, settings, send, schedulers, min(
@@ -204,8 +210,8 @@ PARTS = {SUBAGENT_TASK: None, "drover.join_results": "join", "drover.plan_job": 
 def resend_orphans(store: JobStore, settings: Settings, send: Send, schedulers: Schedulers
                    ) -> list[tuple[str, Part]]:
     """Step 1, Redis broker: unacked messages whose receipt nobody recorded (their worker
-    died in between), older than a moment, are sent again with a new token. Reads only what
-    the workers hold (the ``unacked`` hash), never the queue."""
+    died in between, or Redis was away then), older than a moment, are sent again with a new
+    token. Reads only what the workers hold (the ``unacked`` hash), never the queue."""
     r = store.r
     base = f"{store.prefix}:celery:"
     older = store.meta.server_time() - max(ORPHAN_AGE_S, settings.heartbeat_s)
@@ -220,8 +226,8 @@ def resend_orphans(store: JobStore, settings: Settings, send: Send, schedulers: 
             new = store.claims.takeover(job_id, part, token, "")
             if new and _send(store, settings, send, schedulers, job_id, part, new):
                 sent.append((job_id, part))
-                log.warning("%s/%s: its message was taken by a worker that died before it "
-                            "said so; sent again", job_id, part)
+                log.warning("%s/%s: its message was taken by a worker that died or lost Redis "
+                            "before it said so; sent again", job_id, part)
     return sent
 
 
