@@ -53,7 +53,11 @@ def test_a_redis_paused_for_30_s_costs_no_subagent_and_is_said_once_each_way(
         time.sleep(PAUSE_S)  # the condition under test is Redis being away this long
         os.kill(server.proc.pid, signal.SIGCONT)
 
-        result = Fleet(drover_env).wait(handle, SUBAGENTS, 240)
+        try:
+            result = Fleet(drover_env).wait(handle, SUBAGENTS, 240)
+        except AssertionError as error:  # what the workers said, for the next try at a cause
+            raise AssertionError("\n".join([str(error), *(_said(log) for log in logs)])
+                                 ) from None
         assert result.counts["ok"] == SUBAGENTS, [(r.index, r.status, r.error)
                                                   for r in result.results if r.status != "ok"]
         wait_until("each worker to say Redis is back", lambda: all(
@@ -80,6 +84,13 @@ def test_a_redis_paused_for_30_s_costs_no_subagent_and_is_said_once_each_way(
         assert len(tracebacks) <= 3, "\n---\n".join(tracebacks)
         ours = [each for each in tracebacks if f'File "{ROOT}' in each]
         assert not ours, "\n---\n".join(ours)
+
+
+def _said(log: Path, last: int = 40) -> str:
+    """A worker's last warnings and errors (their first lines)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if "WARNING/" in line or "ERROR/" in line]
+    return f"{log.name}:\n" + "\n".join(lines[-last:])
 
 
 def _tracebacks(text: str) -> list[str]:
