@@ -90,20 +90,29 @@ def run(redis_url: str, n: int, sizes: list[int], workers: int, concurrency: int
             with celery_workers("drover.workers.app", env, queue, workers, concurrency, app):
                 for tokens in sizes:
                     sim.configure(output_tokens_mean=tokens)
-                    handle = submit(JobSpec(subtasks=subtasks, model=MODEL, max_tokens=8192,
-                                            max_turns=2), settings=settings)
+                    spec = JobSpec(subtasks=subtasks, model=MODEL, max_tokens=8192, max_turns=2)
+                    started = time.perf_counter()
+                    handle = submit(spec, settings=settings)
+                    submit_s = time.perf_counter() - started
                     pattern = f"{prefix}:job:{handle.id}:*"
                     sampler = Sampler(redis_url, pattern)
                     sampler.start()
-                    result = handle.wait(timeout=1800, poll_s=0.1)
+                    # As a caller of a large job would: the result without its records, then
+                    # the records a page at a time (never all of them in memory at once).
+                    result = handle.wait(timeout=3600, poll_s=0.5, records=False)
+                    done_s = time.perf_counter() - started
                     sampler.stop.set()
                     sampler.join()
+                    paged = sum(1 for record in handle.records() if record.status == "ok")
                     time.sleep(0.5)
                     parts: dict[str, int] = {}
                     rest, rest_keys = job_bytes(client, pattern, parts)
                     answers = [len(handle.report(i).findings.encode())  # type: ignore[union-attr]
                                for i in range(0, n, max(1, n // 50))]
                     answer = statistics.mean(answers)
+                    print(f"  submit {submit_s:.2f} s, joined after {done_s:.0f} s "
+                          f"({n / done_s:.0f} sub-agents/s); records paged: {paged} ok; this "
+                          f"process's peak RSS {_peak_rss_mb():.0f} MB", flush=True)
                     rows.append({"n": n, "tokens": tokens, "ok": result.counts["ok"],
                                  "answer": answer, "peak": sampler.peak / n,
                                  "peak_keys": sampler.peak_keys, "rest": rest / n,
@@ -117,6 +126,14 @@ def run(redis_url: str, n: int, sizes: list[int], workers: int, concurrency: int
         delete_prefix(redis_url, prefix)
         print(f"keys under {prefix}: deleted")
     return rows
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
