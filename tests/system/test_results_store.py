@@ -238,3 +238,50 @@ def test_a_cancelled_jobs_bulk_records_reach_postgres_once_each(
                   "ORDER BY idx", handle.id)
     assert stored == [(r.index, r.status) for r in result.results]  # each once, as in Redis
     assert [idx for idx, _ in stored] == list(range(n))
+
+
+def test_a_job_that_ended_while_the_store_was_away_is_copied_once_it_answers(
+        drover_env, results_url, caplog):
+    """The job's end could not reach PostgreSQL: it is listed, and the recovery sweep copies
+    it (records, spec and result) once PostgreSQL answers, then no longer lists it."""
+    from drover.config import get_settings
+    from drover.workers.jobs.records import JobResult, SubagentResult, Usage, status_counts
+    from drover.workers.recovery.sweep import sweep
+    from drover.workers.services import services
+
+    root = services()
+    store = root.store
+    live = store.archive.store
+    live.check()
+    job_id = f"away-{time.time_ns()}"
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b"]), ["a", "b"], status="running",
+                       queue="q")
+    records = [SubagentResult(job_id=job_id, index=i, status="ok", summary=f"r{i}")
+               for i in range(2)]
+    store.archive.store = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/x",
+                                       connect_timeout_s=1)
+    try:
+        with caplog.at_level("WARNING", logger="drover.workers.jobs.store"):
+            for record in records:
+                store.records.put(record)
+            store.outcomes.save(JobResult(job_id=job_id, status="done", results=records,
+                                          counts=status_counts(records), usage=Usage(),
+                                          wall_s=1.0))
+        assert "once it answers again" in caplog.text and "s3cret-pw" not in caplog.text
+        assert store.outcomes.keep_pending() == []  # still away: kept on the list
+        assert store.r.zscore(store.keys.results_pending, job_id) is not None
+    finally:
+        store.archive.store, store.archive._down_until = live, 0.0
+    assert rows(results_url, "SELECT count(*) FROM drover_jobs WHERE job_id = %s",
+                job_id) == [(0,)]
+
+    store.r.delete(store.keys.recovery("archive"), store.keys.recovery("lock"))
+    with caplog.at_level("WARNING", logger="drover.workers.recovery.sweep"):
+        sweep(store, get_settings(), lambda *a: None, root.fairshare)
+    assert f"job {job_id}: copied to the results store" in caplog.text
+    assert rows(results_url, "SELECT idx FROM drover_records WHERE job_id = %s ORDER BY idx",
+                job_id) == [(0,), (1,)]
+    assert rows(results_url, "SELECT status, n FROM drover_jobs WHERE job_id = %s",
+                job_id) == [("done", 2)]
+    assert store.r.zscore(store.keys.results_pending, job_id) is None
+    store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))

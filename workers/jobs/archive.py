@@ -26,10 +26,11 @@ RESULTS_RETRY_S = 30.0  # how long records skip a results store that did not ans
 _warned = [0.0]
 
 
-def warn(message: str) -> None:
-    """One warning line (no traceback), at most once a minute per process."""
+def warn(message: str, *, each_time: bool = False) -> None:
+    """One warning line (no traceback), at most once a minute per process (``each_time``: a
+    job's end, said for each job)."""
     now = time.monotonic()
-    if now - _warned[0] >= 60 or not _warned[0]:
+    if each_time or now - _warned[0] >= 60 or not _warned[0]:
         _warned[0] = now
         log.warning("drover: %s", message)
 

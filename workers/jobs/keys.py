@@ -13,7 +13,8 @@ own, each under ``{prefix}:`` too.)
     {p}:workers              the worker registry; {p}:worker:{w} a heartbeat,
                              {p}:worker:{w}:claims the parts it holds
     {p}:batch:...            the Message Batches queue
-    {p}:recovering, {p}:stalled, {p}:recovery:{lock|death|scan|repairs}   the sweep's
+    {p}:recovering, {p}:stalled, {p}:recovery:{lock|death|scan|repairs|archive}   the sweep's
+    {p}:results:pending      jobs whose end the results store missed (copied when it answers)
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class JobKeys:
     @property
     def stalled(self) -> str:
         return f"{self.prefix}:stalled"
+
+    @property
+    def results_pending(self) -> str:
+        return f"{self.prefix}:results:pending"
 
     def recovery(self, name: str) -> str:
         return f"{self.prefix}:recovery:{name}"

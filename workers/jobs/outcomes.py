@@ -44,7 +44,28 @@ class Outcomes:
             try:
                 self._keep_job(result)
             except ResultsStoreError as error:
-                warn(f"{error}; job {result.job_id} stays in Redis only (until its TTL)")
+                self.r.zadd(self.keys.results_pending, {result.job_id: time.time()})
+                warn(f"{error}; job {result.job_id} is copied there once it answers again "
+                     "(Redis keeps the job meanwhile, for its TTL)", each_time=True)
+
+    def keep_pending(self, limit: int = 50) -> list[str]:
+        """Copy to the results store the jobs whose end it missed (it did not answer then),
+        oldest first, until one fails (it is still away); returns the ones copied. A job
+        Redis no longer has (its TTL ran out first) is dropped from the list."""
+        if self.archive.store is None:
+            return []
+        copied = []
+        for raw in self.r.zrange(self.keys.results_pending, 0, limit - 1):
+            job_id = _s(raw)
+            stored = self.r.get(self.keys.job(job_id, "result"))
+            if stored:
+                try:
+                    self._keep_job(JobResult.model_validate_json(stored))
+                except ResultsStoreError:
+                    break
+                copied.append(job_id)
+            self.r.zrem(self.keys.results_pending, job_id)
+        return copied
 
     def _keep_job(self, result: JobResult) -> None:
         """The job's end in the results store: first every record Redis holds that is not
@@ -68,7 +89,7 @@ class Outcomes:
         self.archive.store.put_job(result, spec=_s(spec) if spec else None,
                              subtasks=self.specs.subtasks(job_id), n=n,
                              created=float(meta["created"]) if meta.get("created") else None,
-                             finished=time.time())
+                             finished=float(meta.get("finished") or time.time()))
 
     def get(self, job_id: str, *, records: bool = True) -> JobResult | None:
         """The job's result, its records read a page at a time from the records hash and cut

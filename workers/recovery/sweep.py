@@ -55,6 +55,11 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    what: a connection that went silent can take a popped message with it, and the
    heartbeats that would mark that gap may not have been on a silenced connection.
 
+5. **Results the store missed** (with ``DROVER_RESULTS_URL``, at most every
+   ``RESULTS_RETRY_S``): a job that ended while the results store did not answer is listed
+   (``{prefix}:results:pending``) and copied there, records, spec and result, once it answers
+   (while Redis still has the job: its TTL, a week by default).
+
 A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a ``failed`` record instead, so a
 task that kills every worker it lands on cannot keep a job open.
 """
@@ -75,6 +80,7 @@ import redis
 from drover.config import Settings, get_settings
 from drover.workers.fairshare import FairShare
 from drover.workers.jobs import reply_text as _s
+from drover.workers.jobs.archive import RESULTS_RETRY_S
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import alive, forget_worker, mark_message_gap, registered_workers
 from drover.workers.jobs.meta import ACTIVE
@@ -170,6 +176,11 @@ def sweep(store: JobStore, settings: Settings, send: Send, schedulers: Scheduler
         sent += repair_windows(store, settings, send, schedulers)
     except redis.RedisError as error:  # the other steps are done: the next pass repairs
         log.warning("window repair failed (%s: %s)", type(error).__name__, error)
+    if store.archive.store is not None and r.set(
+            store.keys.recovery("archive"), "1", nx=True, px=int(RESULTS_RETRY_S * 1000)):
+        for job_id in store.outcomes.keep_pending():
+            log.warning("job %s: copied to the results store, which did not answer when the "
+                        "job ended", job_id)
     return sent
 
 
