@@ -224,8 +224,12 @@ class JobHandle:
         bounds the whole iteration (WaitTimeout). A cancelled job's stream ends too, once
         every sub-agent has its record. Resumable: the handle remembers the last stream entry
         it yielded (``last_event``), and any handle, in any process, continues from one with
-        ``after=``.
+        ``after=``. A job Redis no longer has (its TTL ran out) yields every record from the
+        results store, in index order: the order of finishing went with Redis's stream.
         """
+        if self.store.archive.gone(self.id):
+            yield from self.records()
+            return
         if after is not None:
             self._last_event = after
         seen: set[int] = set()

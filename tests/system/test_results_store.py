@@ -112,6 +112,7 @@ def test_a_job_reads_back_from_postgres_after_its_redis_keys_are_gone(
     assert old.wait(timeout=5) == before
     assert old.wait(timeout=5, records=False) == bare
     assert list(old.records()) == before.results
+    assert list(old.as_completed(timeout=5)) == before.results  # index order, from there
     assert old.record(5) == before.results[5]
     assert old.report(3) == report and report.findings
     assert old.transcript(3) == transcript
