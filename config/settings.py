@@ -48,6 +48,9 @@ class ModelLimits(BaseModel):
     rpm: PositiveRate | None = Field(default=None, description="Requests per minute.")
     itpm: PositiveRate | None = Field(default=None, description="Input tokens per minute.")
     otpm: PositiveRate | None = Field(default=None, description="Output tokens per minute.")
+    tpm: PositiveRate | None = Field(
+        default=None, description="Tokens per minute, input and output in one bucket: an "
+        "OpenAI model's one tokens limit (instead of itpm and otpm).")
     cache_reads_count: bool = Field(
         default=False,
         description="Whether cache reads count towards ITPM (not on most current models; a few "
@@ -56,6 +59,17 @@ class ModelLimits(BaseModel):
         default_factory=list,
         description="A model class: these models share this entry's one set of limits (the "
         "provider's combined limit of a model family); the entry's name is the class's name.")
+
+
+def _check_dimensions(where: str, entry: ModelLimits | PoolKey, provider: str) -> None:
+    """Limits in the dimensions ``provider`` counts: OpenAI one tokens bucket (tpm),
+    Anthropic input and output apart (itpm, otpm)."""
+    if provider == "openai" and (entry.itpm is not None or entry.otpm is not None):
+        raise ValueError(f"{where} has an itpm or otpm, but it is on openai, whose limit is one "
+                         "tokens bucket (input + max tokens): give it as tpm")
+    if provider != "openai" and getattr(entry, "tpm", None) is not None:
+        raise ValueError(f"{where} has a tpm, but it is on {provider}, which counts input and "
+                         "output tokens apart: give them as itpm and otpm")
 
 
 _NAME = r"^[A-Za-z0-9_.@-]+$"  # an alias or a model class: goes into limiter scope names
@@ -90,6 +104,8 @@ class PoolKey(BaseModel):
         default=None, description="The key's input tokens per minute.")
     otpm: PositiveRate | None = Field(
         default=None, description="The key's output tokens per minute.")
+    tpm: PositiveRate | None = Field(
+        default=None, description="An OpenAI key's tokens per minute (input and output).")
     limits: dict[str, ModelLimits] = Field(
         default_factory=dict, description="The key's limits of other models or classes.")
 
@@ -304,8 +320,8 @@ class Settings(BaseSettings):
         description="Models (or model classes) served by another API than DROVER_PROVIDER, "
         "JSON: `{\"gpt-4o\": \"openai\"}`. Needs a pool (DROVER_KEYS) holding a key of each "
         "provider named; a job's model then picks a key of its provider, so one fleet serves "
-        "both. An OpenAI model's limits go in DROVER_LIMITS with `itpm` as its one tokens per "
-        "minute (and no `otpm`). docs/providers.md.")
+        "both. An OpenAI model's limits go in DROVER_LIMITS as `rpm` and `tpm` (its one "
+        "tokens bucket). docs/providers.md.")
     keys: list[PoolKey] = Field(
         default_factory=list,
         description="A pool of keys, JSON: `[{\"alias\": \"eu\", \"api_key\": \"sk-...\", "
@@ -667,11 +683,12 @@ class Settings(BaseSettings):
                 f"key of each provider (\"provider\": \"{others[0]}\" in its entry), or set "
                 f"DROVER_PROVIDER={others[0]} and name no models")
         for name, entry in self.limits.items():
-            if entry.otpm is not None and self.provider_of(name) == "openai":
-                raise ValueError(
-                    f"DROVER_LIMITS[{name!r}] has an otpm, but {name} is on openai, whose "
-                    "limit is one tokens bucket (input + max tokens): give it as itpm and "
-                    "leave otpm out")
+            _check_dimensions(f"DROVER_LIMITS[{name!r}]", entry, self.provider_of(name))
+        for key in self.keys:
+            _check_dimensions(f"DROVER_KEYS[{key.alias}]", key, self.key_provider(key))
+            for name, entry in key.limits.items():
+                _check_dimensions(f"DROVER_KEYS[{key.alias}].limits[{name!r}]", entry,
+                                  self.key_provider(key))
         if not self.keys:
             return
         needed = {self.provider_of(self.model), *self.model_providers.values()}
@@ -767,9 +784,7 @@ class Settings(BaseSettings):
                     return self.limits[name].model_copy(update={"cache_reads_count": True})
                 return self.limits[name]
         if cls == self.limit_class(self.model) and self.provider_of(self.model) == "openai":
-            # OpenAI's one tokens bucket, kept in the limiter's input dimension; no output one.
-            return ModelLimits(rpm=self.rpm, itpm=self.tpm, otpm=None,
-                               cache_reads_count=True)
+            return ModelLimits(rpm=self.rpm, tpm=self.tpm, cache_reads_count=True)
         if cls == self.limit_class(self.model):
             return ModelLimits(
                 rpm=self.rpm, itpm=self.itpm, otpm=self.otpm,
@@ -791,8 +806,8 @@ class Settings(BaseSettings):
         for name in (cls, model):
             if name in key.limits:
                 return key.limits[name]
-        if cls == self.limit_class(self.model) and (key.rpm or key.itpm or key.otpm):
-            return ModelLimits(rpm=key.rpm, itpm=key.itpm, otpm=key.otpm)
+        if cls == self.limit_class(self.model) and (key.rpm or key.itpm or key.otpm or key.tpm):
+            return ModelLimits(rpm=key.rpm, itpm=key.itpm, otpm=key.otpm, tpm=key.tpm)
         return None
 
     def tenant_weight(self, tenant: str) -> float:

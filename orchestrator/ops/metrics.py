@@ -38,7 +38,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from drover.orchestrator.ops.stats import DIMENSIONS as STAT_DIMENSIONS
 from drover.orchestrator.ops.stats import scope_usage
 from drover.workers.jobs import liveness
 from drover.workers.jobs.meta import ACTIVE
@@ -172,7 +171,7 @@ class DroverCollector(Collector):
         for scope in scopes:
             usage = scope_usage(self.limiter, self.settings, scope, 60)
             last = usage.last(60)
-            for name, _attr, _label in STAT_DIMENSIONS:
+            for name, _attr, _label in usage.dimensions():
                 limit, target = usage.limits.get(name), usage.targets.get(name)
                 planned = last.get(name, 0) / 60.0
                 labels = (scope, name)

@@ -40,10 +40,12 @@ __all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "plot_usage", "
            "rolling_sum",
            "safe_url", "scope_usage", "stats_window_s", "usage_figure"]
 
-# (counter in the limiter, ScopeLimits attribute, label)
+# (counter in the limiter, ScopeLimits attribute, label); "tokens" is input + output, the
+# one tokens bucket of a provider that has one (OpenAI's) instead of the two before it.
 DIMENSIONS = (("requests", "rpm", "requests/min"),
               ("input_tokens", "itpm", "input tokens/min"),
-              ("output_tokens", "otpm", "output tokens/min"))
+              ("output_tokens", "otpm", "output tokens/min"),
+              ("tokens", "tpm", "tokens/min"))
 # (telemetry's outcome label, column): the failed calls, as drover_llm_calls counts them
 OUTCOMES = (("429", "429s"), ("529", "529s"), ("5xx", "5xxs"), ("4xx", "4xxs"),
             ("connection", "conns"))
@@ -61,8 +63,15 @@ class ScopeUsage:
     targets: dict[str, float | None]      # what the limiter aims at (limits x utilisation)
     leases: int = 0
     cooldown_s: float = 0.0
-    fields: tuple[str, ...] = field(default=STAT_FIELDS)
+    fields: tuple[str, ...] = field(default=(*STAT_FIELDS, "tokens"))
     outcomes: dict[str, int] = field(default_factory=dict)  # telemetry's calls by outcome
+
+    def dimensions(self) -> tuple[tuple[str, str, str], ...]:
+        """The scope's dimensions: requests and one tokens bucket where it has one, else
+        requests, input and output tokens."""
+        if self.limits.get("tokens") is not None or self.targets.get("tokens") is not None:
+            return DIMENSIONS[0], DIMENSIONS[3]
+        return DIMENSIONS[:3]
 
     def last(self, seconds: int = 60) -> dict[str, int]:
         """Sums over the last ``seconds`` seconds."""
@@ -172,7 +181,9 @@ def scope_usage(limiter: Limiter, settings: Settings, scope: str, seconds: int) 
     if configured is not None and all(state.get(n) is None for n, _, _ in DIMENSIONS):
         state = limiter.state(scope, configured)
     limits, targets = _limits_of(settings, scope, state, configured)
-    return ScopeUsage(scope=scope, series=limiter.usage(scope, seconds), limits=limits,
+    series = [{**row, "tokens": row.get("input_tokens", 0) + row.get("output_tokens", 0)}
+              for row in limiter.usage(scope, seconds)]
+    return ScopeUsage(scope=scope, series=series, limits=limits,
                       targets=targets, leases=int(state.get("leases", 0)),
                       cooldown_s=float(state.get("cooldown_s", 0.0)))
 
@@ -213,13 +224,14 @@ def limits_table(usages: list[ScopeUsage], window_s: int) -> Table:
     for u in usages:
         last = u.last(60)
         whole = u.last(len(u.series))
-        for k, (name, _, label) in enumerate(DIMENSIONS):
+        dims = u.dimensions()
+        for k, (name, _, label) in enumerate(dims):
             limit = u.limits.get(name)
             peak = u.peak(name)
             table.add_row(u.scope if k == 0 else "", label.removesuffix("/min"),
                           _n(last.get(name, 0)), "-" if limit is None else _n(limit),
                           _pct(last.get(name, 0), limit), _n(peak), _pct(peak, limit),
-                          _n(whole.get(name, 0)), end_section=k == len(DIMENSIONS) - 1)
+                          _n(whole.get(name, 0)), end_section=k == len(dims) - 1)
     return table
 
 
@@ -437,7 +449,7 @@ def usage_figure(settings: Settings, usages: list[ScopeUsage]) -> Any:
     active = active[:MAX_PLOTTED_SCOPES]
     span = _span(active)
     rows = max(1, len(active))
-    fig, axes = plt.subplots(rows, len(DIMENSIONS), figsize=(16, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, 3, figsize=(16, 3.6 * rows), squeeze=False)
     if span is None:
         for ax in axes[0]:
             ax.text(0.5, 0.5, f"no limiter activity under prefix {settings.key_prefix!r}",
@@ -462,8 +474,10 @@ def _draw_scope(axes: Any, u: ScopeUsage, span: tuple[int, int]) -> None:
     if not keep:
         return
     x = [ts[i] - start for i in keep]
-    for ax, (name, attr, label), color in zip(axes, DIMENSIONS,
-                                              ("tab:blue", "tab:green", "tab:purple"), strict=True):
+    for ax in axes[len(u.dimensions()):]:  # a scope of one tokens bucket has two panels
+        ax.set_axis_off()
+    colors = ("tab:blue", "tab:green", "tab:purple")
+    for ax, (name, attr, label), color in zip(axes, u.dimensions(), colors, strict=False):
         sums = rolling_sum([row.get(name, 0) for row in u.series])
         y = [sums[i] for i in keep]
         ax.plot(x, y, color=color, label=f"{label} (rolling 60 s)")

@@ -41,6 +41,20 @@ def test_a_binding_tpm_is_kept_without_a_429(on_openai, worker, monkeypatch, dro
                             max_tokens=400)).wait(timeout=240)
     assert result.counts["ok"] == 12
     assert sim.stats()["rejected_429"] == 0
+    # Its scope is requests and one tokens bucket, as `drover stats` shows it: the bucket
+    # counts input and output together, which the counters keep apart as the answers said.
+    from drover.orchestrator.ops.stats import scope_usage
+    from drover.workers.services import services
+
+    shared = services()
+    scope = next(s for s in shared.limiter.scopes() if s.startswith("llm:"))
+    usage = scope_usage(shared.limiter, shared.settings, scope, 600)
+    assert [name for name, *_ in usage.dimensions()] == ["requests", "tokens"]
+    assert usage.limits["tokens"] == pytest.approx(6000)
+    assert usage.limits["input_tokens"] is None and usage.limits["output_tokens"] is None
+    whole = usage.last(600)
+    assert whole["output_tokens"] >= 12 * 400  # each call settled to its max tokens
+    assert whole["tokens"] == whole["input_tokens"] + whole["output_tokens"]
 
 
 @pytest.mark.parametrize("headers", ["seconds", "ms", "none"])

@@ -22,7 +22,7 @@ def test_one_fleet_serves_an_anthropic_job_and_an_openai_job_each_on_its_key(
              "base_url": openai_sim.url + "/v1"}]
     configure(monkeypatch, drover_env, keys=json.dumps(keys),
               model_providers=json.dumps({GPT: "openai"}),
-              limits=json.dumps({GPT: {"rpm": 6000, "itpm": 10_000_000}}))
+              limits=json.dumps({GPT: {"rpm": 6000, "tpm": 10_000_000}}))
     spawn_worker(concurrency=8)
     wait_for_workers(1)
 

@@ -140,6 +140,32 @@ def test_settle_refunds_overestimates_and_debits_underestimates(lim):
     assert lim.state(scope, limits)["input_tokens"]["level"] == 1000 - 1600
 
 
+def test_a_scope_of_one_tokens_bucket_counts_input_and_output_there_and_nowhere_else(lim):
+    """OpenAI's limits: requests and one tokens bucket. A scope has the dimensions its
+    limits give: the call's input and output both go to ``tokens``, and there is no input or
+    output bucket faked beside it; the headers' "tokens" readings are that bucket's."""
+    from drover.workers.providers import provider
+
+    scope, limits = "llm:k:one-bucket", ScopeLimits(rpm=600, tpm=60_000)  # 1,000/s, cap 1,000
+    at(lim, 0)
+    g = lim.acquire(scope, limits, input_tokens=300, output_tokens=200)
+    s = lim.state(scope, limits)
+    assert s["tokens"]["level"] == 1000 - 500
+    assert s["input_tokens"] is None and s["output_tokens"] is None
+    lim.settle(scope, limits, g, input_tokens=350, output_tokens=200)  # 50 more than reserved
+    assert lim.state(scope, limits)["tokens"]["level"] == 1000 - 550
+    assert lim.acquire(scope, limits, input_tokens=400, output_tokens=100).wait_s == 0.05
+    usage = lim.usage(scope, 5)
+    assert sum(r["input_tokens"] for r in usage) == 350  # counted apart, as the answer said
+    assert sum(r["output_tokens"] for r in usage) == 200
+    learn = ScopeLimits(rpm=600, learned_utilization=0.5)
+    lim.sync_headers("llm:k:one-learned", learn, provider("openai").read_limits({
+        "x-ratelimit-limit-tokens": "30000", "x-ratelimit-remaining-tokens": "30000"}))
+    state = lim.state("llm:k:one-learned", learn)
+    assert state["learned"]["tpm"] == 30_000 and state["learned"]["itpm"] is None
+    assert state["tokens"]["limit_per_min"] == 15_000
+
+
 def test_a_refund_never_lifts_a_level_above_capacity(lim):
     # state() never reports more than capacity, so the proof is in what the next caller gets:
     # a refund on a full bucket must not let it take more than capacity at once
@@ -236,7 +262,7 @@ def test_sync_headers_lowers_but_never_raises(lim):
     assert s["requests"]["level"] == 9
     assert s["input_tokens"]["level"] == 0
     assert s["output_tokens"]["level"] == 42
-    assert s["learned"] == {"rpm": None, "itpm": None, "otpm": None}
+    assert s["learned"] == {"rpm": None, "itpm": None, "otpm": None, "tpm": None}
 
 
 def test_sync_headers_fills_limits_that_were_not_configured(lim):

@@ -82,7 +82,13 @@ _OAI = {"alias": "oai", "api_key": "sk-o", "provider": "openai"}
     ({"DROVER_MODEL_PROVIDERS": '{"gpt-4o": "azure"}'}, "DROVER_MODEL_PROVIDERS"),
     ({"DROVER_KEYS": json.dumps([{**_OAI, "provider": "azure"}])}, "DROVER_KEYS"),
     ({"DROVER_PROVIDER": "openai", "DROVER_LIMITS": '{"gpt-4o": {"rpm": 5, "otpm": 9}}'},
-     "leave otpm out"),
+     "DROVER_LIMITS['gpt-4o'] has an itpm or otpm, but it is on openai"),
+    ({"DROVER_PROVIDER": "openai", "DROVER_LIMITS": '{"gpt-4o": {"itpm": 9}}'}, "give it as tpm"),
+    ({"DROVER_LIMITS": '{"claude-haiku-4-5": {"tpm": 9}}'},
+     "has a tpm, but it is on anthropic, which counts input and output tokens apart"),
+    ({"DROVER_MODEL_PROVIDERS": '{"gpt-4o": "openai"}',
+      "DROVER_KEYS": json.dumps([_ANT, {**_OAI, "itpm": 9}])},
+     "DROVER_KEYS[oai] has an itpm or otpm, but it is on openai"),
 ])
 def test_providers_of_models_and_keys_are_checked_at_start_up(monkeypatch, env, says):
     for key, value in env.items():

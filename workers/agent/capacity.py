@@ -91,7 +91,8 @@ def calls_per_s(state: dict[str, Any], usage: list[dict[str, int]],
     rates = []
     if state.get("requests"):
         rates.append(state["requests"]["rate_per_s"])
-    for name, cost in zip(("input_tokens", "output_tokens"), mean, strict=True):
+    for name, cost in (("input_tokens", mean[0]), ("output_tokens", mean[1]),
+                       ("tokens", mean[0] + mean[1])):  # OpenAI's one bucket counts both
         if state.get(name) and cost > 0:
             rates.append(state[name]["rate_per_s"] / cost)
     return min(rates) if rates else None

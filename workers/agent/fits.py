@@ -31,9 +31,15 @@ from drover.workers.limiter import llm_scope, org_scope, pool_scope
 
 __all__ = ["Level", "levels", "never_fits", "spec_never_fits", "unconfigured_scopes"]
 
-# A ModelLimits attribute: what it limits, the header that teaches it, the noun in messages.
-_DIMS = {"itpm": ("input-tokens", "input-token")}
+# The limit a call's input must fit in a minute of, per provider: the ModelLimits attribute,
+# the header that teaches it, and the noun in messages (OpenAI's counts input and output).
+_TOKENS = {"anthropic": ("itpm", "anthropic-ratelimit-input-tokens-limit", "input-token"),
+           "openai": ("tpm", "x-ratelimit-limit-tokens", "token")}
 Learned = Mapping[str, Mapping[str, float | None]]  # scope -> {"itpm": ...}
+
+
+def _tokens(settings: Settings, model: str) -> tuple[str, str, str]:
+    return _TOKENS.get(settings.provider_of(model), _TOKENS["anthropic"])
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,7 @@ def levels(settings: Settings, model: str) -> list[Level]:
 def unconfigured_scopes(settings: Settings, model: str) -> list[str]:
     """The scopes whose input-token limit only the provider's headers can tell."""
     return [lv.scope for lv in levels(settings, model)
-            if any(getattr(lv.configured, attr, None) is None for attr in _DIMS)]
+            if getattr(lv.configured, _tokens(settings, model)[0], None) is None]
 
 
 def _setting(settings: Settings, model: str, attr: str, key: PoolKey | None) -> str:
@@ -81,8 +87,8 @@ def _limit(settings: Settings, model: str, level: Level, attr: str,
         return float(value), _setting(settings, model, attr, level.key), True
     seen = (learned.get(level.scope) or {}).get(attr)
     if seen:
-        return float(seen), (f"learned from the provider's anthropic-ratelimit-"
-                             f"{_DIMS[attr][0]}-limit header"), False
+        return float(seen), (f"learned from the provider's "
+                             f"{_tokens(settings, model)[1]} header"), False
     return None
 
 
@@ -108,7 +114,8 @@ def never_fits(settings: Settings, model: str, *, input_tokens: int,
     """Why a call of ``input_tokens`` (estimated, as ITPM counts them) could never be sent, in
     a sentence that says what to change; None when it may fit."""
     learned = learned or {}
-    over = _binding(settings, model, "itpm", input_tokens, learned)
+    attr, _, noun = _tokens(settings, model)
+    over = _binding(settings, model, attr, input_tokens, learned)
     if over is not None:
         limit, source, configured, whose = over
         fix = ("Shorten the subtask, the system prompt or the tool results, or raise the limit "
@@ -117,7 +124,7 @@ def never_fits(settings: Settings, model: str, *, input_tokens: int,
                "one the provider reports for your key; set it in DROVER_LIMITS once it is "
                "raised)")
         return (f"this call needs about {input_tokens:,} input tokens (estimated), more than a "
-                f"whole minute of {whose} input-token limit, {limit:,.0f} ({source}): it could "
+                f"whole minute of {whose} {noun} limit, {limit:,.0f} ({source}): it could "
                 f"never be sent. {fix}")
     return None
 
@@ -127,11 +134,12 @@ def spec_never_fits(settings: Settings, model: str, prefix_tokens: int) -> str |
     prompt and tool definitions, about ``prefix_tokens``) over a whole minute of the
     configured input-token limit. Every sub-agent's call would fail then; None when the
     workers may send them."""
-    over = _binding(settings, model, "itpm", prefix_tokens, {})
+    attr, _, noun = _tokens(settings, model)
+    over = _binding(settings, model, attr, prefix_tokens, {})
     if over is not None:
         limit, source, _, whose = over
         return (f"the system prompt and tool definitions alone are about {prefix_tokens:,} "
-                f"tokens, more than a whole minute of {whose} input-token limit, "
+                f"tokens, more than a whole minute of {whose} {noun} limit, "
                 f"{limit:,.0f} ({source}): every sub-agent's call would be refused. Shorten "
                 "the system prompt or use fewer tools, or raise the limit if your key has more")
     return None

@@ -46,5 +46,6 @@ def scaled_limits(settings: Settings, ml: ModelLimits | None, *,
         return None if value is None else value * u
 
     return ScopeLimits(rpm=scaled(ml.rpm if ml else None), itpm=scaled(ml.itpm if ml else None),
-                       otpm=scaled(ml.otpm if ml else None), burst_s=bucket_seconds(settings),
+                       otpm=scaled(ml.otpm if ml else None), tpm=scaled(ml.tpm if ml else None),
+                       burst_s=bucket_seconds(settings),
                        max_in_flight=max_in_flight, learned_utilization=u, learn_share=True)

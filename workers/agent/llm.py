@@ -234,7 +234,7 @@ async def acquire_tenant_budget(rt: Runtime, ctx: CallContext, tokens: int) -> H
     try:
         for scope, per_minute, burst_s in tenant_budget_scopes(
                 ctx.tenant or "", budget.per_minute, budget.per_day):
-            limits = ScopeLimits(itpm=per_minute, burst_s=burst_s)
+            limits = ScopeLimits(tpm=per_minute, burst_s=burst_s)
             held.append((scope, limits, await acquire(rt, scope, limits, ctx,
                                                       input_tokens=tokens, output_tokens=0)))
     except LimiterSaysLater as later:

@@ -42,7 +42,7 @@ __all__ = ["KeyRoute", "Route", "all_disabled_message", "levels_of_readings"]
 
 log = logging.getLogger(__name__)
 # A dimension of the limits -> the limit setting that configures it.
-_SETTING = {"requests": "rpm", "input": "itpm", "output": "otpm", "tokens": "itpm"}
+_SETTING = {"requests": "rpm", "input": "itpm", "output": "otpm", "tokens": "tpm"}
 
 
 @dataclass
@@ -106,16 +106,8 @@ class Route:
             return estimate
         return max(1, min(estimate, int(min(buckets))))
 
-    def _fold(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
-        """A provider of one tokens bucket (OpenAI) counts input and output in it (kept in
-        the limiter's input dimension)."""
-        if self.provider.one_tokens_bucket:
-            return input_tokens + output_tokens, 0
-        return input_tokens, output_tokens
-
     async def acquire(self, limiter: Any, *, input_tokens: int, output_tokens: int,
                       lease_ttl_s: float, prefer: str | None) -> Grant:
-        input_tokens, output_tokens = self._fold(input_tokens, output_tokens)
         if self.pool is None:
             return await limiter.acquire(self.scope, self.limits, input_tokens=input_tokens,
                                          output_tokens=output_tokens, lease_ttl_s=lease_ttl_s)
@@ -137,7 +129,6 @@ class Route:
         key = self.key(grant)
         if self.provider.one_tokens_bucket:
             output_tokens = max(output_tokens, max_tokens)
-        input_tokens, output_tokens = self._fold(input_tokens, output_tokens)
         # A -remaining rounded too coarsely for its bucket reads 0 full or empty: not a
         # level to sync to, nor a share of the key to learn from.
         readings = None if headers is None else coarse_readings_dropped(

@@ -58,25 +58,23 @@ def tool_scope(tool_name: str) -> str:
 
 @dataclass(frozen=True)
 class ScopeLimits:
-    """The limits one scope is held to, per minute, as the limiter enforces them (a target
-    utilisation is already applied by the caller).
-
-    ``None`` leaves a dimension unlimited unless a ``-limit`` header taught one; then that raw
-    limit times ``learned_utilization`` applies. Each bucket holds ``burst_s`` of refill.
-    ``learn_share``: the key may be shared with software drover does not run; learn from the
-    ``-remaining`` headers and 429s which share of each limit is left for us, and plan to it.
-    """
+    """The limits one scope is held to, per minute, after the caller's target utilisation:
+    the dimensions its provider names (``tpm``: input and output in one bucket, OpenAI's).
+    ``None``: unlimited, unless a ``-limit`` header taught one (times ``learned_utilization``).
+    Each bucket holds ``burst_s`` of refill. ``learn_share``: the key may be shared with
+    software drover does not run; learn from the headers and 429s what share is left for us."""
 
     rpm: float | None = None
     itpm: float | None = None
     otpm: float | None = None
+    tpm: float | None = None
     burst_s: float = 1.0
     max_in_flight: int | None = None
     learned_utilization: float = 1.0
     learn_share: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("rpm", "itpm", "otpm"):
+        for name in ("rpm", "itpm", "otpm", "tpm"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"ScopeLimits.{name} must be > 0 or None, got {value!r}")

@@ -22,21 +22,19 @@ from drover.workers.limiter._scopes import (
 __all__ = ["Call", "Clock", "LimiterCore", "Readings"]
 
 # What an answer's limit headers said, read by its provider (drover.workers.providers):
-# {"remaining": {dimension: n}, "limit": {dimension: n}}. The scripts count three
-# dimensions, by letter; a provider's dimension the scripts do not count is left out.
-# (The dimensions are not yet data: issue 38.)
+# {"remaining": {dimension: n}, "limit": {dimension: n}}, a dimension named as the provider
+# names it; one the scripts do not count is left out.
 Readings = Mapping[str, Mapping[str, float]]
-# OpenAI's one tokens bucket is kept where input tokens go (see workers/providers/_openai.py).
-_LETTERS = {"requests": "r", "input": "i", "output": "o", "tokens": "i"}
-# The scripts' dimensions by letter, with their names in ``state`` and in ``ScopeLimits``.
-_DIMS = (("r", "requests", "rpm"), ("i", "input_tokens", "itpm"), ("o", "output_tokens", "otpm"))
+# The one table of dimensions: the scripts' letter (their DIMS), the provider's name of it,
+# its name in ``state`` and its field in ``ScopeLimits``. A scope has those its limits give.
+_DIMS = (("r", "requests", "requests", "rpm"), ("i", "input", "input_tokens", "itpm"),
+         ("o", "output", "output_tokens", "otpm"), ("t", "tokens", "tokens", "tpm"))
+_LETTERS = {name: d for d, name, _, _ in _DIMS}
 
 
 def reading_args(readings: Readings | None) -> dict[str, dict[str, float]] | None:
-    """The scripts' ``headers`` argument ({remaining: {r, i, o}, limit: {r, i, o}})."""
-    if not readings:
-        return None
-    out = {part: {_LETTERS[d]: float(v) for d, v in (readings.get(part) or {}).items()
+    """The scripts' ``headers`` argument ({remaining: {d: n}, limit: {d: n}}), or None."""
+    out = {part: {_LETTERS[d]: float(v) for d, v in ((readings or {}).get(part) or {}).items()
                   if d in _LETTERS} for part in ("remaining", "limit")}
     return out if out["remaining"] or out["limit"] else None
 
@@ -48,8 +46,10 @@ _SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "reco
 # With an injected clock (tests) the scripts get the time as their last argument (after the
 # JSON one) instead of from TIME; everything else is the same text.
 _INJECTED_CLOCK = "local now = tonumber(ARGV[#ARGV])\n"
-# The counter names for _stats.lua, from the one list of them (the order of usage.lua's values).
-_COUNTERS = "local STAT_FIELDS = {" + ", ".join(f"'{name}'" for name in STAT_FIELDS) + "}\n"
+# The counter names for _stats.lua (the order of usage.lua's values) and the dimensions, each
+# from the one list of them.
+_COUNTERS = ("local STAT_FIELDS = {" + ", ".join(f"'{name}'" for name in STAT_FIELDS) + "}\n"
+             "local DIMS = {" + ", ".join(f"'{d}'" for d, *_ in _DIMS) + "}\n")
 
 
 def _source(name: str, clock: Clock | None) -> str:
@@ -69,7 +69,7 @@ def _limits(limits: ScopeLimits | None) -> dict[str, Any] | None:
     """The scripts' ``limits`` argument (see _lib.lua); None: the last write's."""
     if limits is None:
         return None
-    per_min = {d: getattr(limits, lim) for d, _, lim in _DIMS}
+    per_min = {d: getattr(limits, lim) for d, _, _, lim in _DIMS}
     return {"per_min": {d: float(v) for d, v in per_min.items() if v is not None},
             "burst_s": float(limits.burst_s),
             "learned_utilization": float(limits.learned_utilization),
@@ -265,8 +265,8 @@ class LimiterCore:
             out: dict[str, Any] = {
                 "now": float(r["now_us"]) / 1e6, "cooldown_s": float(r["cooldown_s"]),
                 "leases": int(r["leases"]), "burst_s": float(r["burst_s"]),
-                "learned": {lim: float(got[d]) if d in got else None for d, _, lim in _DIMS}}
-            for d, name, _ in _DIMS:  # rate and capacity: with the share
+                "learned": {lim: float(got[d]) if d in got else None for d, *_, lim in _DIMS}}
+            for d, _, name, _ in _DIMS:  # rate and capacity: with the share
                 dim = {k: float(v) for k, v in r.get(d, {}).items()}
                 out[name] = {**dim, "rate_per_s": dim["limit_per_min"] * dim["share"] / 60
                              } if dim else None

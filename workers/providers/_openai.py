@@ -2,9 +2,9 @@
 vLLM, Ollama, LM Studio). ../shared/openai-api.md has the shapes.
 
 Its limits have two dimensions: requests and one tokens bucket (input and output together),
-which counts a call's input estimate plus its max tokens at admission. drover keeps that
-bucket in the limiter's input dimension (``dimensions`` says "tokens"; the limiter's scripts
-store it where Anthropic's input tokens go) and reserves a call's input + max tokens there.
+which counts a call's input estimate plus its max tokens at admission. The limiter keeps that
+bucket as a dimension of its own (``tokens``, ``ScopeLimits.tpm``: a call's input and output
+together) and reserves a call's input + max tokens there.
 
 drover's conversation is the Messages shape; ``to_wire`` turns it into Chat Completions
 (``tool_use`` blocks -> the assistant's ``tool_calls``, each ``tool_result`` -> a ``tool``

@@ -16,7 +16,9 @@ from drover.workers.tools import REGISTRY
 __all__ = ["start_lines"]
 
 log = logging.getLogger(__name__)
-_DIMS = ("rpm", "itpm", "otpm")
+_DIMS = ("rpm", "itpm", "otpm", "tpm")
+# The limits each provider has: OpenAI one tokens bucket, Anthropic input and output apart.
+_OF = {"openai": ("rpm", "tpm")}
 
 
 def _tools_lines(settings: Settings) -> list[str]:
@@ -39,9 +41,9 @@ def _learned(limiter: Limiter, scope: str) -> dict[str, float]:
 
 
 def _scope_line(scope: str, configured: ModelLimits | None, setting: dict[str, str],
-                learned: dict[str, float]) -> str:
+                learned: dict[str, float], provider: str) -> str:
     parts = []
-    for dim in _DIMS:
+    for dim in _OF.get(provider, _DIMS[:3]):
         value = getattr(configured, dim) if configured is not None else None
         if value is not None:
             parts.append(f"{dim} {value:,.0f} ({setting.get(dim, 'drover default')})")
@@ -64,12 +66,13 @@ def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
     aliases = [k.alias for k in settings.keys] or [settings.key_alias]
     for cls, (ml, setting) in classes.items():
         scope = org_scope(cls) if settings.pooled else llm_scope(settings.key_alias, cls)
-        lines.append(_scope_line(scope, ml, setting, _learned(limiter, scope)))
+        lines.append(_scope_line(scope, ml, setting, _learned(limiter, scope),
+                                 settings.provider_of(cls)))
     for key in settings.keys:  # a pool's keys: by alias, never the key itself
         scope = pool_scope(key.alias, default_class)
         own = settings.key_limits_for(key, settings.model)
         lines.append(_scope_line(scope, own, dict.fromkeys(_DIMS, "DROVER_KEYS"),
-                                 _learned(limiter, scope)))
+                                 _learned(limiter, scope), settings.key_provider(key)))
         if key.base_url:
             lines.append(f"pool key {key.alias}: endpoint {mask_url(key.base_url)}")
     try:  # models of no configured class: what earlier calls learned from the headers
@@ -78,7 +81,8 @@ def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
             split = split_llm_scope(scope)
             if split and split[0] in aliases and split[1] not in known and not split[2]:
                 known.add(split[1])
-                lines.append(_scope_line(scope, None, {}, _learned(limiter, scope)))
+                lines.append(_scope_line(scope, None, {}, _learned(limiter, scope),
+                                         settings.provider_of(split[1])))
     except Exception:
         pass
     for name, rps in sorted(settings.tool_rps.items()):

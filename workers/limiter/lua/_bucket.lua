@@ -5,7 +5,8 @@
 
 -- The share hash: "<d>.<name>" (e.g. "r.share", "i.t0") per dimension d, and "lt".
 local function load_share(key)
-  local s = {r = {share = 1}, i = {share = 1}, o = {share = 1}}
+  local s = {}
+  for _, d in ipairs(DIMS) do s[d] = {share = 1} end
   for field, value in pairs(hash(key)) do
     local d, name = string.match(field, '^(%a)%.(.+)$')
     if d then s[d][name] = value else s[field] = value end

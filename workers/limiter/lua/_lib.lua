@@ -4,7 +4,8 @@
 --
 -- One scope's keys, in the order LimiterCore.keys() lists them, all under its hash tag
 -- {prefix}:{scope}:
---   bucket  hash  per dimension d (DIMS: r, i, o = requests, input tokens, output tokens)
+--   bucket  hash  per dimension d (DIMS, from _scripts.py's table: r, i, o, t = requests,
+--                 input tokens, output tokens, tokens: input and output in one bucket)
 --                 d: the theoretical arrival time (GCRA), us of Redis time: the instant its
 --                 bucket is full again, all reservations paid; absent or past = full. Ld: the
 --                 per-minute limit of the last write, before our share (absent = not
@@ -28,9 +29,12 @@
 -- Numbers leave the scripts as strings: Redis would truncate them.
 
 local A = cjson.decode(ARGV[1])
-local DIMS = {'r', 'i', 'o'}
 
 local function num(x) return string.format('%.17g', x) end
+
+-- A call's count per dimension: requests, input and output tokens, and both together (t:
+-- a provider's one tokens bucket, OpenAI's). A scope debits the dimensions it limits.
+local function per_dim(r, i, o) return {r = r, i = i, o = o, t = i + o} end
 
 -- Append a field and its number to an HSET argument list.
 local function put(list, field, x)

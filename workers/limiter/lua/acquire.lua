@@ -22,7 +22,7 @@
 -- ties (within a millisecond) go to the emptiest key (the highest lowest level as a
 -- fraction of capacity), so idle keys fill evenly.
 
-local cost = {r = 1, i = A.input_tokens, o = A.output_tokens}
+local cost = per_dim(1, A.input_tokens, A.output_tokens)
 local horizon = A.horizon_s * 1e6
 
 local function later(reason, us, chosen)

@@ -19,8 +19,8 @@
 
 local keys = scope_keys(1)
 local b = load(keys, A.limits)
-local reserved = {r = 1, i = A.reserved.input, o = A.reserved.output}
-local used = {r = A.sent and 1 or 0, i = A.used.input, o = A.used.output}
+local reserved = per_dim(1, A.reserved.input, A.reserved.output)
+local used = per_dim(A.sent and 1 or 0, A.used.input, A.used.output)
 local held = redis.call('ZREM', keys.leases, A.lease)
 for d, per in pairs(b.per) do
   if used[d] > reserved[d] then
