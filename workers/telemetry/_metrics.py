@@ -49,7 +49,7 @@ TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 CALL_OUTCOMES = ("ok", "429", "529", "5xx", "4xx", "connection", "cancelled", "unanswered",
                  "error")
 TOKEN_TYPES = ("input", "output", "cache_read", "cache_write")
-DIMENSIONS = ("requests", "input_tokens", "output_tokens")
+DIMENSIONS = ("requests", "input_tokens", "output_tokens", "tokens")  # tokens: OpenAI's one bucket
 SUBAGENT_STATUSES = ("waiting", "running", "ok", "failed", "cancelled", "budget_exceeded")
 
 GENAI = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")
