@@ -44,11 +44,13 @@ def test_a_binding_tpm_is_kept_without_a_429(on_openai, worker, monkeypatch, dro
     # Its scope is requests and one tokens bucket, as `drover stats` shows it: the bucket
     # counts input and output together, which the counters keep apart as the answers said.
     from drover.orchestrator.ops.stats import scope_usage
+    from drover.workers.limiter import llm_scope
     from drover.workers.services import services
 
     shared = services()
-    scope = next(s for s in shared.limiter.scopes() if s.startswith("llm:"))
-    usage = scope_usage(shared.limiter, shared.settings, scope, 600)
+    settings = shared.settings
+    scope = llm_scope(settings.key_alias, settings.limit_class(settings.model))
+    usage = scope_usage(shared.limiter, settings, scope, 600)
     assert [name for name, *_ in usage.dimensions()] == ["requests", "tokens"]
     assert usage.limits["tokens"] == pytest.approx(6000)
     assert usage.limits["input_tokens"] is None and usage.limits["output_tokens"] is None

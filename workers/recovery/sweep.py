@@ -50,10 +50,13 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    ``stall_after_s`` and no live worker holding any of its parts is *stalled*: logged once,
    listed in ``{prefix}:stalled`` (``drover jobs``, ``drover watch`` and the metric
    ``drover_jobs_stalled`` show it) until its next record, and repaired by the same step.
-   On the Redis broker a job with sub-agents out that no live worker holds or runs gets
-   step 3's look for lost messages after a heartbeat TTL without a record, whoever noticed
-   what: a connection that went silent can take a popped message with it, and the
-   heartbeats that would mark that gap may not have been on a silenced connection.
+   A job with sub-agents out that no live worker holds or runs gets step 3's look for lost
+   messages after a heartbeat TTL without a record, whoever noticed what: a connection that
+   went silent can take a popped message with it, and the heartbeats that would mark that
+   gap may not have been on a silenced connection. On RabbitMQ too: three sub-agents of a
+   job whose connections went silent were never received and no record came for 32 s (CI
+   of 8a70ee9, test_silent_connections[rabbitmq]); RabbitMQ's queue cannot be read, so each
+   one no live worker holds or runs is sent again (a queued copy is then stale).
 
 5. **Results the store missed** (with ``DROVER_RESULTS_URL``, at most every
    ``RESULTS_RETRY_S``): a job that ended while the results store did not answer is listed
@@ -362,16 +365,18 @@ def _resend_gone(store: JobStore, settings: Settings, send: Send,
             if _send_to(send, queue, job_id, index, token):
                 r.sadd(store.keys.recovering, job_id)
                 sent.append((job_id, index))
-                log.warning("sub-agent %s/%d: its message is gone from the broker; sent again",
-                            job_id, index)
+                log.warning("sub-agent %s/%d: no live worker holds or runs it%s; sent again",
+                            job_id, index, "" if rabbitmq else ", and the broker has no message "
+                            "of it")
     return sent
 
 
 def _resend_unheld(store: JobStore, settings: Settings, send: Send, fs: FairShare,
                    job_id: str, n: int, now: float) -> list[tuple[str, Part]]:
-    """Redis broker: a job with sub-agents out that no live worker holds or runs, and no
-    record for a heartbeat TTL, has its sub-agents whose message is gone sent again (step 3
-    for that job, at once).
+    """A job with sub-agents out that no live worker holds or runs, and no record for a
+    heartbeat TTL, has its sub-agents whose message is gone sent again (step 3 for that job,
+    at once; on RabbitMQ, whose queue cannot be read, every one no live worker holds or runs:
+    a copy still queued is stale at once and stops before any call).
 
     A connection that goes silent can take a message with it: the consumer's BRPOP popped
     it and it never reached the worker's unacked list (seen when the silenced consumer
@@ -450,7 +455,7 @@ def repair_windows(store: JobStore, settings: Settings, send: Send, schedulers: 
                 log.warning("%s/%s: its claim named worker %s, which is gone, but the worker's "
                             "list did not: sent again by the window's repair", job_id, part,
                             holder)
-        if share.out > 0 and not any(living.values()) and not settings.broker_is_rabbitmq:
+        if share.out > 0 and not any(living.values()):
             gone = _resend_unheld(store, settings, send, fs, job_id, share.n, now)
             sent += gone
             resent += len(gone)
