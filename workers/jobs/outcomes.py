@@ -44,7 +44,10 @@ class Outcomes:
             try:
                 self._keep_job(result)
             except ResultsStoreError as error:
-                self.r.zadd(self.keys.results_pending, {result.job_id: time.time()})
+                pipe = self.r.pipeline()
+                pipe.zadd(self.keys.results_pending, {result.job_id: time.time()})
+                pipe.expire(self.keys.results_pending, self.ttl_s)  # its jobs live no longer
+                pipe.execute()
                 warn(f"{error}; job {result.job_id} is copied there once it answers again "
                      "(Redis keeps the job meanwhile, for its TTL)", each_time=True)
 
