@@ -20,13 +20,14 @@ from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from drover.config.settings import ModelLimits, Settings, TenantBudget
+from drover.config.settings import ModelLimits, ModelPrice, Settings, TenantBudget
 
 __all__ = ["COMMAND", "missing_descriptions", "render", "variables"]
 
 COMMAND = "python -m drover.config.docs > docs/settings.md"
 
-_NESTED = {ModelLimits: "model limits", TenantBudget: "tenant budgets"}
+_NESTED = {ModelLimits: "model limits", TenantBudget: "tenant budgets",
+           ModelPrice: "model prices"}
 _SECTION = re.compile(r"^    # --- (.+?) -+$")
 _FIELD = re.compile(r"^    (\w+): ")
 
@@ -55,7 +56,7 @@ def variables(name: str, field: FieldInfo) -> list[str]:
 def missing_descriptions() -> list[str]:
     """Fields of Settings and its nested models with no ``description=`` (the page needs one)."""
     missing = []
-    for model in (Settings, ModelLimits, TenantBudget):
+    for model in (Settings, ModelLimits, TenantBudget, ModelPrice):
         for name, field in model.model_fields.items():
             if not (field.description or "").strip():
                 missing.append(f"{model.__name__}.{name}")
@@ -189,6 +190,10 @@ def render() -> str:
         "One tenant's budget in `DROVER_TENANT_BUDGETS` (input + output tokens):",
         "",
         *_nested(TenantBudget),
+        "",
+        "One model's prices in `DROVER_PRICES` (dollars per million tokens):",
+        "",
+        *_nested(ModelPrice),
         "",
         "## Read by one command each",
         "",

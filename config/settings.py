@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from drover.config.prices import Price, PriceTable, bundled_table
 from drover.config.sentinel import parse_sentinel
 from drover.errors import SettingsError
 
@@ -134,6 +135,22 @@ class TenantBudget(BaseModel):
     per_day: PositiveRate | None = Field(
         default=None,
         description="Tokens per day (a bucket holding a day's worth, refilled continuously).")
+
+
+class ModelPrice(BaseModel):
+    """One model's prices in dollars per million tokens (``DROVER_PRICES``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input: float = Field(ge=0, description="Input tokens, dollars per million.")
+    output: float = Field(ge=0, description="Output tokens, dollars per million.")
+    cache_write: float | None = Field(
+        default=None, ge=0, description="Cache writes, dollars per million (left out: "
+        "Anthropic's 1.25 x input; OpenAI charges none).")
+    cache_read: float | None = Field(
+        default=None, ge=0, description="Cache reads (OpenAI: cached input), dollars per "
+        "million (left out: Anthropic's 0.1 x input; OpenAI's ratio for the model in the "
+        "bundled table, else 0.5 x input).")
 
 
 # What each kind of URL looks like, for the error message.
@@ -362,7 +379,16 @@ class Settings(BaseSettings):
         description="How long the limiter's per-second usage counters are kept (for `drover "
         "stats`).")
 
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description="Prices in dollars per million tokens by model, JSON, over the bundled "
+        "table (drover/config/prices.json): `{\"claude-sonnet-4-5\": {\"input\": 3.0, "
+        "\"output\": 15.0, \"cache_write\": 3.75, \"cache_read\": 0.3}}`; cache prices left "
+        "out are derived from the input price as the provider derives them. A model with no "
+        "price is reported as unpriced. docs/cost.md.")
+
     _classes: dict[str, str] = PrivateAttr(default_factory=dict)  # model -> its class
+    _prices: PriceTable | None = PrivateAttr(default=None)
 
     # --- the call path, retries and the broker ------------------------------------------
     call_timeout_s: float = Field(
@@ -709,6 +735,18 @@ class Settings(BaseSettings):
                 "but no model is: name its models in DROVER_MODEL_PROVIDERS (JSON: "
                 f"{{\"MODEL\": \"{unused[0]}\"}}), or remove the keys")
 
+    @property
+    def price_table(self) -> PriceTable:
+        """The bundled prices with DROVER_PRICES over them (built once per settings)."""
+        if self._prices is None:
+            overrides = {m: p.model_dump(exclude_none=True) for m, p in self.prices.items()}
+            self._prices = bundled_table().with_overrides(overrides, self.provider)
+        return self._prices
+
+    def price_of(self, model: str) -> Price | None:
+        """What ``model``'s tokens cost (None: unpriced)."""
+        return self.price_table.price_of(model)
+
     def provider_of(self, model: str) -> str:
         """The API that serves ``model``: DROVER_MODEL_PROVIDERS by model or by its class,
         else DROVER_PROVIDER."""
@@ -904,8 +942,10 @@ def load_settings(**overrides: object) -> Settings:
         name = f"DROVER_{match.group(1).upper()}" if match else "a DROVER_ variable"
         raise SettingsError(
             f"drover's settings are not valid:\n  {name}: not valid JSON; write it as JSON, "
-            'e.g. DROVER_LIMITS=\'{"claude-haiku-4-5": {"rpm": 50, "itpm": 50000, '
-            '"otpm": 10000}}\' or DROVER_TOOL_RPS=\'{"lookup_fact": 5}\'') from None
+            + ('e.g. DROVER_PRICES=\'{"claude-sonnet-4-5": {"input": 3.0, "output": 15.0}}\' '
+               "(dollars per million tokens)" if name == "DROVER_PRICES" else
+               'e.g. DROVER_LIMITS=\'{"claude-haiku-4-5": {"rpm": 50, "itpm": 50000, '
+            '"otpm": 10000}}\' or DROVER_TOOL_RPS=\'{"lookup_fact": 5}\'')) from None
     _check_names(settings)
     return settings
 

@@ -98,8 +98,7 @@ async def join(rt: Runtime, job_id: str) -> JobResult:
     # The job's own calls (planning, synthesis) count beside its sub-agents'.
     usage = tally.usage
     own = await asyncio.to_thread(store.spending.job_usage, job_id)
-    for name in Usage.model_fields:
-        setattr(usage, name, getattr(usage, name) + getattr(own, name))
+    usage.merge(own)
     result = JobResult(job_id=job_id, status=status, reason=reason, results=results,
                        counts=counts, usage=usage,
                        wall_s=round(time.time() - float(meta["created"]), 3),
@@ -135,8 +134,7 @@ def collect(store: JobStore, job_id: str, n: int, page: int = PAGE, *,
         if record is None:
             raise Incomplete(f"no record yet for sub-agent {index}")
         counts[record.status] += 1
-        for name in Usage.model_fields:
-            setattr(usage, name, getattr(usage, name) + getattr(record.usage, name))
+        usage.merge(record.usage)
         record = compact(record, chars)
         if first_failure is None and record.status == "failed":
             first_failure = record
@@ -148,22 +146,24 @@ def collect(store: JobStore, job_id: str, n: int, page: int = PAGE, *,
 async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
                       results: list[SubagentResult]) -> str:
     subtasks = await asyncio.to_thread(rt.store.specs.subtasks, job_id)
-    params = synthesis_request(spec, spec.model or rt.settings.model, results, subtasks)
+    model = spec.model or rt.settings.model
+    params = synthesis_request(spec, model, results, subtasks)
     by_batch = uses_batch(spec, rt.settings)  # a batch job's synthesis goes by batch too
     if by_batch:
         ctx = CallContext(job_id, -1, asyncio.Event())  # the synthesis outlives a cancel
-        ctx.unanswered = partial(job_unanswered, rt, job_id)
+        ctx.unanswered = partial(job_unanswered, rt, job_id, model=model)
     else:
-        await count_lost_job_call(rt, job_id, "synthesis")
-        ctx = job_call_context(rt, job_id, "synthesis", asyncio.Event())
+        await count_lost_job_call(rt, job_id, "synthesis", model=model)
+        ctx = job_call_context(rt, job_id, "synthesis", asyncio.Event(), model=model)
     for _ in range(rt.settings.max_attempts):
         try:
             if by_batch:
                 message = await job_batch_message(rt, params, ctx, SYNTHESIS_PART)
-                await job_answered(rt, job_id, message.usage, batch=True)
+                await job_answered(rt, job_id, message.usage, model=model, batch=True)
             else:
                 message = await job_call(rt, params, ctx, "synthesis")
-                await job_answered(rt, job_id, message.usage, settles="synthesis")
+                await job_answered(rt, job_id, message.usage, model=model,
+                                   settles="synthesis")
         except Parked:  # the join parks until the batch result is in
             raise
         except RetryLater as later:

@@ -489,28 +489,28 @@ async def _disable_key(rt: Runtime, route: Route, alias: str, decision: Decision
     ctx.key = None
 
 
-async def job_answered(rt: Runtime, job_id: str, usage: Any, *, batch: bool = False,
-                       settles: str | None = None) -> None:
-    """Count a job-level call's answer (planning, synthesis) in the job's own usage (and
-    clear the send mark of ``settles``, the part it answers)."""
+async def job_answered(rt: Runtime, job_id: str, usage: Any, *, model: str,
+                       batch: bool = False, settles: str | None = None) -> None:
+    """Count a job-level call's answer (planning, synthesis) in the job's own usage, priced
+    at ``model``'s price (and clear the send mark of ``settles``, the part it answers)."""
     counted = Usage()
-    counted.add(usage, batch=batch)
+    counted.add(usage, batch=batch, price=rt.settings.price_of(model))
     await asyncio.to_thread(rt.store.spending.add_job_usage, job_id, counted, settles=settles)
 
 
-async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int, *,
+async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int, *, model: str,
                          settles: str | None = None) -> None:
     """Count a job-level call that was sent and never answered, at its estimate."""
     counted = Usage()
-    counted.add_unanswered(est_in, est_out)
+    counted.add_unanswered(est_in, est_out, rt.settings.price_of(model))
     await asyncio.to_thread(rt.store.spending.add_job_usage, job_id, counted, settles=settles)
 
 
 def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
-                     failures: int = 0) -> CallContext:
-    """The context of a job's own call (``part``: "plan" or "synthesis"): counted in the job's
-    usage, and its send marked right before it goes out, so that a delivery which finds the
-    mark (its worker died mid-call: ``count_lost_job_call``) counts that call as
+                     failures: int = 0, *, model: str) -> CallContext:
+    """The context of a job's own call (``part``: "plan" or "synthesis") to ``model``: counted
+    in the job's usage, and its send marked right before it goes out, so that a delivery which
+    finds the mark (its worker died mid-call: ``count_lost_job_call``) counts that call as
     unanswered. The mark goes when the answer is counted, or when the call ends otherwise
     (``job_call``)."""
     ctx = CallContext(job_id, -1, cancel, failures)
@@ -519,7 +519,7 @@ def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
         await asyncio.to_thread(rt.store.spending.mark_job_send, job_id, part, est_in, est_out)
 
     ctx.check = mark
-    ctx.unanswered = partial(job_unanswered, rt, job_id, settles=part)
+    ctx.unanswered = partial(job_unanswered, rt, job_id, model=model, settles=part)
     return ctx
 
 
@@ -533,9 +533,11 @@ async def job_call(rt: Runtime, params: dict[str, Any], ctx: CallContext, part: 
         raise
 
 
-async def count_lost_job_call(rt: Runtime, job_id: str, part: str) -> None:
-    """A job's own call sent by a delivery that died before its answer: counted once, now."""
-    lost = await asyncio.to_thread(rt.store.spending.count_lost_job_send, job_id, part)
+async def count_lost_job_call(rt: Runtime, job_id: str, part: str, *, model: str) -> None:
+    """A job's own call to ``model`` sent by a delivery that died before its answer: counted
+    once, now."""
+    lost = await asyncio.to_thread(rt.store.spending.count_lost_job_send, job_id, part,
+                                   rt.settings.price_of(model))
     if lost is not None:
         log.warning("job %s: its %s call was sent by a delivery that was lost before the "
                     "answer; counted as unanswered (about %d input, up to %d output tokens)",

@@ -73,18 +73,19 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
                     cancel: asyncio.Event | None = None, failures: int = 0,
                     store_usage: bool = False, by_batch: bool = False) -> list[str]:
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
-    params = plan_request(goal, max_subtasks, model or rt.settings.model, system)
+    model = model or rt.settings.model
+    params = plan_request(goal, max_subtasks, model, system)
     cancel = cancel if cancel is not None else asyncio.Event()
     if by_batch:  # a batch job's planning goes by Message Batch too (Parked until it is in)
         ctx = CallContext(job_id, -1, cancel, failures)
-        ctx.unanswered = partial(job_unanswered, rt, job_id)
+        ctx.unanswered = partial(job_unanswered, rt, job_id, model=model)
         message = await job_batch_message(rt, params, ctx, PLAN_PART)
-        await job_answered(rt, job_id, message.usage, batch=True)
+        await job_answered(rt, job_id, message.usage, model=model, batch=True)
     elif store_usage:  # the planning call is the job's: counted in its usage like any other
-        await count_lost_job_call(rt, job_id, "plan")
-        ctx = job_call_context(rt, job_id, "plan", cancel, failures)
+        await count_lost_job_call(rt, job_id, "plan", model=model)
+        ctx = job_call_context(rt, job_id, "plan", cancel, failures, model=model)
         message = await job_call(rt, params, ctx, "plan")
-        await job_answered(rt, job_id, message.usage, settles="plan")
+        await job_answered(rt, job_id, message.usage, model=model, settles="plan")
     else:
         message = await create_message(rt, params, CallContext(job_id, -1, cancel, failures))
     proposed: list[Any] = []

@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from drover.config.prices import Price
 from drover.workers.agent.batch import batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
@@ -132,9 +133,13 @@ class SubagentRun:
 
     async def _unanswered(self, est_in: int, est_out: int) -> None:
         """A call of this delivery went out and its answer never came: billed, so counted."""
-        self.state.usage.add_unanswered(est_in, est_out)
+        self.state.usage.add_unanswered(est_in, est_out, self._price())
         if self.spec.token_budget:
             await self._io(self.store.spending.spend, self.job_id, est_in + est_out)
+
+    def _price(self) -> Price | None:
+        """What this sub-agent's model's tokens cost (None: unpriced)."""
+        return self.rt.settings.price_of(self.spec.model or self.rt.settings.model)
 
     async def _lost_send(self, mark: dict[str, Any]) -> None:
         """The last send's mark is past the checkpoint: a delivery sent that call and was
@@ -220,7 +225,7 @@ class SubagentRun:
             state.messages.append({"role": "assistant", "content": content})
             state.turns += 1
             state.stop_reason = message.stop_reason
-            state.usage.add(message.usage, batch=batched)
+            state.usage.add(message.usage, batch=batched, price=self._price())
             final = not state.pending_tool_calls() and state.stop_reason != "tool_use"
             if not final:
                 await self._io(self.store.checkpoints.save, self.job_id, self.index, state,

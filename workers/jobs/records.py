@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from drover.config.prices import Price
+
 Status = Literal["ok", "failed", "cancelled", "budget_exceeded"]
 STATUSES: tuple[Status, ...] = ("ok", "failed", "cancelled", "budget_exceeded")
 SUMMARY_CHARS = 400
@@ -40,12 +42,38 @@ class Usage(BaseModel):
     unanswered_calls: int = 0
     unanswered_input_tokens: int = 0
     unanswered_output_tokens: int = 0
+    # Dollars at the prices of DROVER_PRICES over the bundled table (config/prices.py), each
+    # call priced when it is counted: answers at their usage (batch results at the Batches
+    # discount), unanswered calls at what they are counted. None while every call counted was
+    # of a model without a price: unpriced is never reported as $0.
+    cost_usd: float | None = 0.0
+    unpriced_calls: int = 0  # calls (answered or not) of a model without a price
 
-    def add_unanswered(self, input_tokens: int, output_tokens: int) -> None:
+    def add_unanswered(self, input_tokens: int, output_tokens: int,
+                       price: Price | None = None) -> None:
         """Count one call that was sent and never answered, at its estimate."""
         self.unanswered_calls += 1
         self.unanswered_input_tokens += input_tokens
         self.unanswered_output_tokens += output_tokens
+        self._price(price, price.cost(input_tokens, output_tokens) if price else 0.0)
+
+    def _price(self, price: Price | None, dollars: float) -> None:
+        if price is None:
+            self.unpriced_calls += 1
+        self.cost_usd = (self.cost_usd or 0.0) + dollars
+        self._unpriced_is_none()
+
+    def _unpriced_is_none(self) -> None:
+        if self.sent_calls and self.unpriced_calls >= self.sent_calls:
+            self.cost_usd = None
+
+    def merge(self, other: Usage) -> None:
+        """Add ``other``'s counts and dollars to these."""
+        for name in Usage.model_fields:
+            if name != "cost_usd":
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.cost_usd = (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
+        self._unpriced_is_none()
 
     @property
     def unanswered_tokens(self) -> int:
@@ -56,17 +84,19 @@ class Usage(BaseModel):
         """Every call the provider took: answered and unanswered."""
         return self.calls + self.unanswered_calls
 
-    def add(self, usage: object, *, batch: bool = False) -> None:
-        """Add an SDK ``Usage`` (or anything with the same attributes) from one LLM call."""
+    def add(self, usage: object, *, batch: bool = False, price: Price | None = None) -> None:
+        """Add an SDK ``Usage`` (or anything with the same attributes) from one LLM call,
+        priced at ``price`` (None: the model has no price)."""
         names = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
                  "cache_read_input_tokens")
         self.calls += 1
         self.batch_calls += batch
-        for name in names:
-            n = getattr(usage, name, 0) or 0
+        counts = [getattr(usage, name, 0) or 0 for name in names]
+        for name, n in zip(names, counts, strict=True):
             setattr(self, name, getattr(self, name) + n)
             if batch:
                 setattr(self, "batch_" + name, getattr(self, "batch_" + name) + n)
+        self._price(price, price.cost(*counts, batch=batch) if price else 0.0)
 
     @property
     def budget_tokens(self) -> int:
@@ -202,8 +232,7 @@ class JobResult(BaseModel):
 def total_usage(results: list[SubagentResult]) -> Usage:
     usage = Usage()
     for result in results:
-        for name in Usage.model_fields:
-            setattr(usage, name, getattr(usage, name) + getattr(result.usage, name))
+        usage.merge(result.usage)
     return usage
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from drover.config.prices import Price
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.records import Usage
@@ -46,7 +47,8 @@ class Spending:
     def clear_job_send(self, job_id: str, part: str) -> None:
         self.r.hdel(self.keys.job(job_id, "sent"), part)
 
-    def count_lost_job_send(self, job_id: str, part: str) -> tuple[int, int] | None:
+    def count_lost_job_send(self, job_id: str, part: str, price: Price | None = None
+                            ) -> tuple[int, int] | None:
         """A send mark of ``part`` left by a delivery that died mid-call: counted now as the
         job's unanswered call, once (the count and the mark's removal are one transaction;
         a second delivery finds no mark). Returns its (input, output) estimate."""
@@ -59,7 +61,7 @@ class Spending:
                     return None
                 mark = json.loads(raw)
                 lost = Usage()
-                lost.add_unanswered(int(mark.get("in", 0)), int(mark.get("out", 0)))
+                lost.add_unanswered(int(mark.get("in", 0)), int(mark.get("out", 0)), price)
                 pipe.multi()
                 pipe.hdel(key, part)
                 self._count_job_usage(pipe, job_id, lost)
@@ -83,12 +85,18 @@ class Spending:
     def job_usage(self, job_id: str) -> Usage:
         raw = self.r.hgetall(self.keys.job(job_id, "usage"))
         known = set(Usage.model_fields)
-        return Usage(**{_s(k): int(v) for k, v in raw.items() if _s(k) in known})
+        counts = {_s(k): v for k, v in raw.items() if _s(k) in known}
+        usage = Usage(**{k: float(v) if k == "cost_usd" else int(v) for k, v in counts.items()})
+        usage.merge(Usage())  # no calls priced: cost_usd None, never $0
+        return usage
 
     def _count_job_usage(self, pipe: Any, job_id: str, usage: Usage) -> None:
         key = self.keys.job(job_id, "usage")
         fields = {name: n for name, n in usage.model_dump().items() if n}
         for name, n in fields.items():
-            pipe.hincrby(key, name, n)
+            if isinstance(n, float):  # dollars
+                pipe.hincrbyfloat(key, name, n)
+            else:
+                pipe.hincrby(key, name, n)
         if fields:
             pipe.expire(key, self.ttl_s)
