@@ -103,10 +103,9 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     admit (max_tokens over a whole minute of the output-token limit), ``Unreachable`` within a
     few seconds when Redis or the broker does not answer; nothing is enqueued then.
     """
-    from drover.workers.tasklayer.tasks import (  # the Celery app is built only when needed
-        launch,
-        plan_job,
-    )
+    # The Celery app is built only when needed; the tasks go by name (no task module, agent
+    # loop or provider SDK is imported here).
+    from drover.workers.tasklayer.submitting import launch, send_plan
 
     settings = settings or get_settings()
     if not isinstance(spec, JobSpec):
@@ -118,7 +117,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     job_id = uuid.uuid4().hex
     if spec.goal:
         store.specs.create(job_id, spec, [], status="planning", queue=settings.queue)
-        plan_job.apply_async((job_id,), queue=settings.queue, ignore_result=True)
+        send_plan(job_id, settings.queue)
     else:
         store.specs.create(job_id, spec, list(spec.subtasks), status="queued",
                            queue=settings.queue)

@@ -420,3 +420,71 @@ def test_only_the_root_builds_clients_limiters_schedulers_and_stores():
         rel: names for rel, names in building.items() if rel not in BUILDS_ITS_OWN}
     # The list stays exact: a file that no longer builds one leaves it.
     assert set(BUILDS_ITS_OWN) <= set(building), sorted(set(BUILDS_ITS_OWN) - set(building))
+
+
+# What the worker's call path loads: a provider SDK, the providers room, the agent loop and the
+# task module. A submitting process and the CLI's read commands load none of it (the tasks go
+# by name): a first submit costs its round trips, not a second of imports (bench/first_submit.py).
+CALL_PATH = ("anthropic", "openai", "httpx", "drover.workers.providers",
+             "drover.workers.tasklayer.tasks", "drover.workers.agent.llm",
+             "drover.workers.agent.subagent", "drover.workers.agent.runtime",
+             "drover.workers.agent.batch", "drover.workers.agent.join",
+             "drover.workers.agent.planning", "drover.workers.agent.retry")
+
+_LOADED = """
+import json, runpy, sys
+{body}
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("anthropic", "openai",
+      "httpx") or m.startswith(("drover.workers.agent.", "drover.workers.providers",
+                                "drover.workers.tasklayer.")))))
+"""
+
+
+def _loaded_after(body: str, redis_url: str, key_prefix: str) -> tuple[list[str], list[str]]:
+    """What ``body`` printed, and the modules of the call path's packages it loaded."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url, "DROVER_KEY_PREFIX": key_prefix,
+           "DROVER_QUEUE": f"q-{key_prefix}"}
+    env.pop("DROVER_BROKER_URL", None)
+    done = subprocess.run([sys.executable, "-c", _LOADED.format(body=body)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    *printed, loaded = done.stdout.splitlines()
+    return printed, json.loads(loaded)
+
+
+def test_a_submit_and_its_handle_load_no_sdk_and_none_of_the_call_path(redis_url, key_prefix):
+    _, loaded = _loaded_after(
+        "from drover import JobHandle, JobSpec, submit\n"
+        "handle = submit(JobSpec(subtasks=[f'item {i}' for i in range(300)], max_tokens=50))\n"
+        "again = JobHandle.attach(handle.id)\n"
+        "again.progress(); again.result(); again.status; list(again.records())\n"
+        "submit(JobSpec(goal='plan three things', max_tokens=50))\n",
+        redis_url, key_prefix)
+    assert "drover.workers.tasklayer.submitting" in loaded  # it did send, from this process
+    assert [m for m in loaded if m.startswith(CALL_PATH)] == []
+
+
+def test_the_clis_read_commands_load_no_sdk_and_none_of_the_call_path(redis_url, key_prefix):
+    # A job that ended (no worker runs here: its result is stored as the join would).
+    printed, _ = _loaded_after(
+        "from drover import JobSpec, submit\n"
+        "from drover.workers.jobs.records import JobResult, Usage\n"
+        "from drover.workers.services import services\n"
+        "handle = submit(JobSpec(subtasks=['a', 'b'], max_tokens=50))\n"
+        "services().store.outcomes.save(JobResult(job_id=handle.id, status='cancelled', "
+        "results=[], counts={}, usage=Usage(), wall_s=1.0))\n"
+        "print(handle.id)\n", redis_url, key_prefix)
+    job_id = printed[-1]
+    for command in (["jobs"], ["result", job_id], ["result", "--json", job_id],
+                    ["watch", job_id]):
+        _, loaded = _loaded_after(
+            f"sys.argv = ['drover', *{command!r}]\n"
+            "try:\n    runpy.run_module('drover.orchestrator.cli', run_name='__main__')\n"
+            "except SystemExit as end:\n    assert end.code in (0, 1), end.code\n",
+            redis_url, key_prefix)
+        assert [m for m in loaded if m.startswith(CALL_PATH)] == [], command

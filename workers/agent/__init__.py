@@ -17,7 +17,8 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from drover.workers.agent.batch import Batcher, Parked, batch_message, uses_batch
+    from drover.workers.agent.batch import Batcher, Parked, batch_message
+    from drover.workers.agent.delivery import uses_batch
     from drover.workers.agent.errors import (
         AgentError,
         CallFailed,
@@ -40,7 +41,7 @@ __all__ = ["AgentError", "Batcher", "CallContext", "CallFailed", "Cancelled", "D
 
 # name -> the module of this package that defines it
 _HOME = {
-    "Batcher": "batch", "Parked": "batch", "batch_message": "batch", "uses_batch": "batch",
+    "Batcher": "batch", "Parked": "batch", "batch_message": "batch", "uses_batch": "delivery",
     "AgentError": "errors", "CallFailed": "errors", "Cancelled": "errors",
     "LimiterSaysLater": "errors", "RetryableFailure": "errors", "RetryLater": "errors",
     "Incomplete": "join", "join": "join",

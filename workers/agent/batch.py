@@ -48,7 +48,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from drover._signals import Parked
-from drover.config import Settings
+from drover.workers.agent.delivery import uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, RetryableFailure
 from drover.workers.agent.limits import bucket_seconds
 from drover.workers.agent.llm import CallContext, counted_input
@@ -57,7 +57,6 @@ from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.batches import Intent, OpenBatch, custom_id
 from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import Checkpoint
-from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
 from drover.workers.providers import (
@@ -83,18 +82,6 @@ QUEUE_LEASE_S = 25 * 3600  # a batch ends within 24 h; a lease outlives it by a 
 # An intent's batch is looked for among the provider's batches created this long before and
 # after it was recorded (the provider's clock against Redis's, and a slow create call).
 ADOPT_BEFORE_S, ADOPT_AFTER_S = 120.0, 900.0
-
-
-def uses_batch(spec: JobSpec, settings: Settings) -> bool:
-    """Whether this job's turns go through the Message Batches API (Anthropic's only: on
-    another provider "auto" is realtime, and "batch" was refused at submit)."""
-    model = getattr(spec, "model", None) or settings.model
-    if settings.provider != "anthropic" or settings.provider_of(model) != "anthropic":
-        return False
-    delivery = getattr(spec, "delivery", "realtime")
-    if delivery == "auto":
-        return spec.deadline_s is None or spec.deadline_s >= settings.batch_auto_min_deadline_s
-    return delivery == "batch"
 
 
 async def _io(fn: Callable[..., T], *args: Any) -> T:

@@ -100,8 +100,9 @@ _ack_not_taken = AckNotTaken()
 
 
 def configure_logging(settings: Any = None) -> None:
-    import drover.workers.providers  # noqa: F401  the SDKs apply ANTHROPIC_LOG on import; ours after
-
+    """Our levels and filters; again after the provider SDKs are imported (``tasks.py``), since
+    each SDK applies its own ``ANTHROPIC_LOG``/``OPENAI_LOG`` when imported. Importing them
+    here would cost a submitting process, which builds the app, seconds of imports."""
     bodies = bool(getattr(settings, "log_http_bodies", False))
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.NOTSET if bodies else logging.WARNING)

@@ -9,13 +9,13 @@ import logging
 from functools import lru_cache
 
 from drover.config import get_settings
-from drover.workers.agent import uses_batch
 from drover.workers.agent.capacity import (
     active_models,
     first_call_hint,
     report_line_cap,
     save_first_call_hint,
 )
+from drover.workers.agent.delivery import uses_batch
 from drover.workers.fairshare import Dispatch, FairShare
 from drover.workers.services import Services
 from drover.workers.tasklayer.app import app

@@ -12,6 +12,7 @@ from typing import Any
 from celery import Task, signature
 from celery.exceptions import Ignore
 
+from drover.config import get_settings
 from drover.workers.agent import (
     CallFailed,
     Cancelled,
@@ -35,14 +36,19 @@ from drover.workers.tasklayer._delivery import (
     token_of,
     with_token,
 )
+from drover.workers.tasklayer._logs import configure_logging
 from drover.workers.tasklayer._window import job_size, launch, refill, window_op
 from drover.workers.tasklayer.app import app
 from drover.workers.tasklayer.dispatch import join_argsrepr, subagent_argsrepr
+from drover.workers.tasklayer.submitting import PLAN_TASK
 
 __all__ = ["join_results", "launch", "plan_job", "resume_parked", "run_subagent", "send_again",
            "subagent_task_result"]
 
 log = logging.getLogger(__name__)
+# The provider SDKs, imported above through the agent loop, set their loggers' levels from
+# their own environment variables on import: ours win, as when the app was built.
+configure_logging(get_settings())
 
 
 ERROR_CHARS = 160  # of a failed sub-agent's error in its task result (Flower's Result column)
@@ -126,7 +132,7 @@ def join_results(self: Task, *args: Any) -> dict[str, Any]:
     return out
 
 
-@app.task(name="drover.plan_job", bind=True, max_retries=None)
+@app.task(name=PLAN_TASK, bind=True, max_retries=None)
 def plan_job(self: Task, job_id: str) -> dict[str, Any]:
     """Plan a job that was submitted with a goal, then fan it out."""
     rt = get_runtime(app.drover)
