@@ -7,6 +7,9 @@ The public API::
     handle = submit(JobSpec(subtasks=["...", "..."], tools=["lookup_fact"]))
     result = handle.wait(timeout=600)
 
+A team's own sub-agent code runs the same way: ``@drover.subagent`` on an ``async def
+name(item, llm)``, then ``submit(JobSpec(subagent="name", inputs=[...]))``.
+
 Every exception drover raises for a user descends from ``drover.DroverError`` (the tree is in
 ``drover/errors.py``); each keeps its standard parent too (``JobNotFound`` is a LookupError).
 
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     from drover.orchestrator.client.planning import plan
     from drover.workers.jobs.records import JobResult, SubagentResult, Usage
     from drover.workers.jobs.spec import JobSpec
-    from drover.workers.tools import tool
+    from drover.workers.tools import subagent, tool
 
     app: Celery
 
@@ -59,7 +62,7 @@ __all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "JobHandle", 
            "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed",
            "ResultsStoreError", "SettingsError",
            "SubagentResult", "Unreachable", "Usage", "WaitTimeout", "WorkerCannotStart", "app",
-           "plan", "submit", "tool"]
+           "plan", "subagent", "submit", "tool"]
 
 _WHERE = {"JobHandle": "drover.orchestrator.client.jobs",
           "submit": "drover.orchestrator.client.jobs",
@@ -67,6 +70,7 @@ _WHERE = {"JobHandle": "drover.orchestrator.client.jobs",
           "JobResult": "drover.workers.jobs.records",
           "SubagentResult": "drover.workers.jobs.records", "Usage": "drover.workers.jobs.records",
           "JobSpec": "drover.workers.jobs.spec", "tool": "drover.workers.tools",
+          "subagent": "drover.workers.tools",
           "app": "drover.workers.app",
           # The exception tree (drover/errors.py) imports nothing, so it costs nothing.
           **dict.fromkeys(_ERRORS, "drover.errors")}

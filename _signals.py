@@ -17,8 +17,8 @@ from typing import Any
 
 from drover.errors import AgentError
 
-__all__ = ["ClaimLost", "FlowerRefused", "HeldBack", "Incomplete", "LimiterSaysLater", "Parked",
-           "Refused", "RetryLater", "RetryableFailure"]
+__all__ = ["ClaimLost", "FlowerRefused", "HeldBack", "Incomplete", "LimiterSaysLater",
+           "OwnFailed", "Parked", "Refused", "RetryLater", "RetryableFailure"]
 
 
 class RetryLater(AgentError):
@@ -74,6 +74,19 @@ class ClaimLost(Exception):
 
     An exception because the claim is checked inside the store's writes, at any depth of the
     sub-agent loop, and the only right answer is to abandon the whole delivery at once."""
+
+
+class OwnFailed(Exception):
+    """A team's ``@subagent`` function failed: it raised (``error_type`` its exception's type),
+    or returned what cannot be a record's output. Its sub-agent ends ``failed`` saying so.
+
+    An exception because the function's failure is found inside ``run_own`` and the record is
+    written by the sub-agent's run, which ends every sub-agent the same way."""
+
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
 
 
 class HeldBack(Exception):

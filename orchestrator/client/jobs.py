@@ -29,7 +29,7 @@ from drover.workers.jobs.spec import JobSpec, thinking_refused
 from drover.workers.jobs.store import JobStore
 from drover.workers.services import Services, services
 from drover.workers.telemetry import job_submitted
-from drover.workers.tools import get_tools
+from drover.workers.tools import SUBAGENTS, get_subagent, get_tools
 
 
 def submitter_services(settings: Settings) -> Services:
@@ -57,6 +57,8 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Refuse, with a message that says what to fix, what the workers would fail on later."""
     import_tool_modules(settings)  # from the working folder too, as the worker does
     tools = get_tools(spec.tools) if spec.tools else []  # JobRefused naming unknown tools
+    if spec.subagent is not None:
+        check_subagent(spec, settings)
     model = spec.model or settings.model
     on = settings.provider_of(model)
     if spec.delivery == "batch" and "openai" in (on, settings.provider):
@@ -72,14 +74,18 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
     no_thinking = thinking_refused(model, spec.thinking)
     if no_thinking is not None:
         raise JobRefused(no_thinking)
-    if len(spec.subtasks) > settings.max_fanout:
-        raise JobRefused(f"{len(spec.subtasks)} subtasks exceed the fan-out cap of "
+    fanout = len(spec.subtasks) + len(spec.inputs)
+    if fanout > settings.max_fanout:
+        what = "inputs" if spec.inputs else "subtasks"
+        raise JobRefused(f"{fanout} {what} exceed the fan-out cap of "
                          f"{settings.max_fanout} (DROVER_MAX_FANOUT)")
     size = spec_bytes(spec)
     if size > settings.max_spec_bytes:
         raise JobRefused(f"the job spec is {size:,} bytes, over the cap of "
                          f"{settings.max_spec_bytes:,} (DROVER_MAX_SPEC_BYTES); send fewer or "
                          "shorter subtasks (or a smaller system prompt), or split the job")
+    if spec.subagent is not None:  # its calls are its code's: each is checked as it is made
+        return
     tool_chars = sum(len(json.dumps(t.definition())) for t in tools)
     never = spec_never_fits(settings, spec.model or settings.model,
                             prefix_tokens(spec, tool_chars))
@@ -87,11 +93,30 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
         raise JobRefused(never)
 
 
+def check_subagent(spec: JobSpec, settings: Settings) -> None:
+    """The job's ``@subagent`` is registered here (from DROVER_TOOL_MODULES, as on the
+    workers) and can run as ``await fn(item, llm)``; else JobRefused saying what to fix."""
+    try:
+        get_subagent(spec.subagent or "")
+    except JobRefused as refused:
+        if spec.subagent in SUBAGENTS:  # it is there, but cannot run: say only that
+            raise
+        modules = ", ".join(settings.tool_modules) or "none"
+        raise JobRefused(f"{refused} (DROVER_TOOL_MODULES here: {modules})") from None
+
+
+def job_tasks(spec: JobSpec) -> list[str]:
+    """What the store keeps per sub-agent: the subtasks, or each input as JSON text."""
+    if spec.subagent is not None:
+        return [json.dumps(item) for item in spec.inputs]
+    return list(spec.subtasks)
+
+
 def spec_bytes(spec: JobSpec) -> int:
-    """What the spec takes in Redis: its JSON without the subtasks, and each subtask (UTF-8),
-    which the store keeps in a list of their own (Specs.create)."""
-    rest = spec.model_copy(update={"subtasks": []}).model_dump_json()
-    return len(rest.encode()) + sum(len(task.encode()) for task in spec.subtasks)
+    """What the spec takes in Redis: its JSON without the subtasks (or inputs), and each one
+    (UTF-8), which the store keeps in a list of their own (Specs.create)."""
+    rest = spec.model_copy(update={"subtasks": [], "inputs": []}).model_dump_json()
+    return len(rest.encode()) + sum(len(task.encode()) for task in job_tasks(spec))
 
 
 @job_submitted
@@ -99,9 +124,10 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     """Validate ``spec``, store it and start the job; returns at once with a handle.
 
     Raises pydantic's ValidationError for a bad spec, ``JobRefused`` (a ValueError) for a job
-    the workers would refuse (an unknown tool, too many subtasks) or whose calls no limit could
-    admit (max_tokens over a whole minute of the output-token limit), ``Unreachable`` within a
-    few seconds when Redis or the broker does not answer; nothing is enqueued then.
+    the workers would refuse (an unknown tool or @subagent, too many subtasks) or whose calls
+    no limit could admit (max_tokens over a whole minute of the output-token limit),
+    ``Unreachable`` within a few seconds when Redis or the broker does not answer; nothing is
+    enqueued then.
     """
     # The Celery app is built only when needed; the tasks go by name (no task module, agent
     # loop or provider SDK is imported here).
@@ -119,10 +145,10 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         store.specs.create(job_id, spec, [], status="planning", queue=settings.queue)
         send_plan(job_id, settings.queue)
     else:
-        store.specs.create(job_id, spec, list(spec.subtasks), status="queued",
-                           queue=settings.queue)
+        tasks = job_tasks(spec)
+        store.specs.create(job_id, spec, tasks, status="queued", queue=settings.queue)
         if store.meta.claim_launch(job_id):
-            launch(job_id, len(spec.subtasks), settings.queue, tenant=spec.tenant,
+            launch(job_id, len(tasks), settings.queue, tenant=spec.tenant,
                    priority=spec.priority, shared=shared)
     return JobHandle(job_id, settings=settings, shared=shared)
 

@@ -15,6 +15,9 @@ wait, right before the send (``CallContext.check``), so a worker paused while it
 nothing once it wakes. A worker that is shutting down hands its sub-agents back to the broker
 (checkpointed) instead of starting another call.
 
+A job of a team's own ``@subagent`` runs its function here instead of the loop, under the same
+claim, cancel event and deadline, and ends with the same record (``own.py``).
+
 The loop never raises for an expected failure: it ends with a ``SubagentResult``
 (``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
 """
@@ -22,6 +25,7 @@ The loop never raises for an expected failure: it ends with a ``SubagentResult``
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from functools import partial
@@ -29,10 +33,12 @@ from typing import Any
 
 import redis
 
+from drover._signals import OwnFailed
 from drover.config.prices import Price
 from drover.workers.agent.batch import batch_message, uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
 from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
+from drover.workers.agent.own import run_own
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.runtime import Runtime
 from drover.workers.connections import redis_outage
@@ -102,7 +108,7 @@ class SubagentRun:
         spec = start.spec
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
-        self.spec, self.state = spec, state
+        self.spec, self.state, self.task = spec, state, start.task
         if start.sent and int(start.sent.get("seq", 0)) > state.sends:
             await self._lost_send(start.sent)
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
@@ -194,8 +200,23 @@ class SubagentRun:
             return await self._fail(spec, state, Decision(
                 "fail", type(error).__name__, str(error)[:500] or type(error).__name__))
 
+    async def _own(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
+                   ) -> SubagentResult:
+        """The team's ``@subagent`` function on this sub-agent's input, to its record."""
+        if self.rt.shared.heartbeat().draining:  # SIGTERM: no new start, hand it back
+            raise LimiterSaysLater(0.0, "worker shutting down")
+        try:
+            output = await run_own(self.rt, spec.subagent or "", self.task or "null", ctx)
+        except OwnFailed as failed:
+            state.failures += 1
+            return await self._finish(state, "failed", error=failed.message,
+                                      error_type=failed.error_type)
+        return await self._finish(state, "ok", output=output)
+
     async def _loop(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                     ) -> SubagentResult:
+        if spec.subagent is not None:
+            return await self._own(spec, state, ctx)
         settings = self.rt.settings
         model = spec.model or settings.model
         tools = get_tools(spec.tools)
@@ -315,15 +336,16 @@ class SubagentRun:
 
     @subagent_finished
     async def _finish(self, state: Checkpoint, status: str, *, error: str | None = None,
-                      error_type: str | None = None, status_code: int | None = None
-                      ) -> SubagentResult:
-        findings = state.findings()
+                      error_type: str | None = None, status_code: int | None = None,
+                      output: Any = None) -> SubagentResult:
+        # An @subagent's output is its answer: the summary shows the start of its JSON.
+        findings = state.findings() if output is None else json.dumps(output)
         result = SubagentResult(
             job_id=self.job_id, index=self.index, status=status,  # type: ignore[arg-type]
             summary=findings[:SUMMARY_CHARS], usage=state.usage,
             turns=state.turns,
             attempts=state.failures + (0 if status == "failed" else 1), error_type=error_type,
-            status_code=status_code, error=error, finished_at=time.time())
+            status_code=status_code, error=error, finished_at=time.time(), output=output)
         # The report is not stored apart: it is read from the final state (state.report()).
         stored, self.records_in = await self._io(partial(
             self.store.records.put_counted, result, None, token=self.token,

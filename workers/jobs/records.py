@@ -189,6 +189,8 @@ class SubagentResult(BaseModel):
     status_code: int | None = None
     error: str | None = None
     finished_at: float = 0.0
+    # What a team's own @subagent function returned (JSON); None for drover's own loop.
+    output: Any = None
 
     @property
     def calls(self) -> int:

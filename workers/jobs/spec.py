@@ -7,6 +7,8 @@ It lives in ``workers`` because workers read it back from Redis; users import it
 from __future__ import annotations
 
 import difflib
+import json
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,6 +18,7 @@ from pydantic import (
     StringConstraints,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -32,7 +35,9 @@ class JobSpec(BaseModel):
     """One fan-out job: the sub-agents' tasks (or a goal to plan from) and how to run them.
 
     ``subtasks`` are plain strings, each one sub-agent's task. Give ``goal`` instead to have
-    the model plan at most ``max_subtasks`` subtasks first.
+    the model plan at most ``max_subtasks`` subtasks first. Or run a team's own code:
+    ``subagent`` names an ``@subagent`` function and ``inputs`` gives one JSON value per
+    sub-agent (``workers/tools/subagents.py``).
     """
 
     # hide_input: a bad value's error never repeats it (a subtask or a system prompt).
@@ -64,6 +69,25 @@ class JobSpec(BaseModel):
     # budget are settings; the priority orders the jobs of one tenant.
     tenant: TenantName = DEFAULT_TENANT
     priority: Priority = "normal"
+    # A team's own sub-agent (an @subagent function) run once per input, instead of drover's
+    # loop over subtasks; each input is any JSON value, stored with the job like a subtask.
+    subagent: str | None = Field(default=None, min_length=1, max_length=200)
+    inputs: list[Any] = Field(default_factory=list)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs_are_json(cls, value: Any) -> Any:
+        """Each input must survive JSON (it is stored as JSON and handed back from it); the
+        error names the position and the type, never the value (it may be private)."""
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"inputs must be a list of JSON values (one sub-agent each), not "
+                             f"{type(value).__name__}")
+        for position, item in enumerate(value):
+            problem = json_problem(item)
+            if problem is not None:
+                raise ValueError(f"inputs[{position}] is not JSON ({problem}): give each "
+                                 "input as a dict, list, string, number, boolean or None")
+        return list(value)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -81,6 +105,8 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_source_of_work(self) -> JobSpec:
+        if self.subagent is not None or self.inputs or "inputs" in self.model_fields_set:
+            return self._own_code()
         if self.subtasks and self.goal:
             raise ValueError("give either subtasks or a goal to plan from, not both")
         if not self.subtasks and not self.goal:
@@ -93,6 +119,63 @@ class JobSpec(BaseModel):
                              f"({self.max_tokens}): the thinking budget is part of the answer's "
                              "max_tokens, as the API requires")
         return self
+
+    def _own_code(self) -> JobSpec:
+        """A job of a team's own ``@subagent``: its inputs, and none of the fields that only
+        drover's own loop reads (said, so nobody believes they took effect)."""
+        if self.subagent is None:
+            raise ValueError("inputs are for a job of your own sub-agent: name its @subagent "
+                             "function with subagent='name' (or give subtasks, not inputs)")
+        if self.subtasks or self.goal:
+            raise ValueError(f"subagent={self.subagent!r} runs your function once per input: "
+                             "give inputs=[...], and no subtasks or goal (those are for "
+                             "drover's own loop)")
+        if not self.inputs:
+            raise ValueError(f"subagent={self.subagent!r} needs inputs: a non-empty list of "
+                             "JSON values, one sub-agent each")
+        # A value at its default is no request (a spec dumped whole names every field).
+        loop_only = [name for name in LOOP_ONLY if getattr(self, name) != type(self)
+                     .model_fields[name].get_default(call_default_factory=True)]
+        if loop_only:
+            raise ValueError(f"{', '.join(loop_only)}: only drover's own loop reads "
+                             f"{'it' if len(loop_only) == 1 else 'them'}; your @subagent "
+                             f"function {self.subagent!r} makes its own calls (its model, "
+                             "max_tokens and prompts are in its code): leave "
+                             f"{'it' if len(loop_only) == 1 else 'them'} out")
+        return self
+
+
+# What a job of a team's own @subagent refuses: drover's loop alone reads these (the
+# function passes its own model, max_tokens and system prompt to the client), or they count
+# turns of that loop.
+LOOP_ONLY = ("system", "model", "max_tokens", "thinking", "tools", "max_turns",
+             "max_parallel_tools", "synthesize", "delivery", "max_subtasks",
+             "subagent_token_budget", "token_budget")
+
+
+def json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` is not plain JSON (its type, never its content), or None."""
+    if depth > 100:
+        return "nested deeper than 100 levels"
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"the float {value}"
+    if isinstance(value, list | tuple):
+        return next((p for v in value if (p := json_problem(v, depth + 1))), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "a dict with a key that is not a string"
+        return next((p for v in value.values() if (p := json_problem(v, depth + 1))), None)
+    return f"a {type(value).__name__}"
+
+
+def output_json(value: Any) -> str:
+    """``value`` as JSON text; ValueError naming what is not JSON."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return json.dumps(value, allow_nan=False)
 
 
 # Models known to have no extended thinking (the Claude 3 and 3.5 families; 3.7 Sonnet and

@@ -1,5 +1,6 @@
 """What a job was asked to do: its spec (without its subtasks) and its subtasks, a list of
-their own that a sub-agent reads one of. Writing them creates the job."""
+their own that a sub-agent reads one of (a job of a team's own ``@subagent``: its inputs, each
+as JSON text). Writing them creates the job."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ class Specs:
     def create(self, job_id: str, spec: JobSpec, subtasks: list[str], *, status: str,
                queue: str) -> None:
         """The job: its spec, its subtasks, its meta hash and its place in the job index."""
-        stored = spec.model_copy(update={"subtasks": []})  # they go to the "tasks" list
+        # They go to the "tasks" list (the inputs of an @subagent job too).
+        stored = spec.model_copy(update={"subtasks": [], "inputs": []})
         now = time.time()
         pipe = self.r.pipeline()
         pipe.set(self.keys.job(job_id, "spec"), stored.model_dump_json(), ex=self.ttl_s)

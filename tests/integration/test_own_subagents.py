@@ -1,0 +1,166 @@
+"""A team's own sub-agents (``@drover.subagent``) run as jobs: real Redis, real Celery
+workers, the real SDK over HTTP to the simulator. The functions are in
+``tests/helpers/own_subagents.py``, loaded through DROVER_TOOL_MODULES as a team's are.
+(A worker killed mid-job: tests/system/test_own_subagents_loss.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from pydantic import ValidationError
+
+from drover import JobRefused, JobSpec, submit
+from tests.helpers import configure, wait_until
+from tests.helpers.cli import clean_env, drover
+
+MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.own_subagents"])
+
+
+@pytest.fixture
+def own(monkeypatch, drover_env):
+    """The team's module on DROVER_TOOL_MODULES, here and on the workers."""
+    configure(monkeypatch, drover_env, tool_modules=MODULES)
+    return drover_env
+
+
+def _jobs(redis_url: str, prefix: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return client.zcard(f"{prefix}:jobs")
+    finally:
+        client.close()
+
+
+def test_a_job_of_a_teams_function_ends_ok_with_each_output(own, worker, sim):
+    worker(concurrency=8)
+    inputs = [{"topic": f"supplier {i}", "checks": 1 + i % 4} for i in range(8)]
+    handle = submit(JobSpec(subagent="research", inputs=inputs))
+    result = handle.wait(timeout=120)
+
+    assert result.status == "done" and result.counts["ok"] == 8, [
+        r.error for r in result.results]
+    for record, item in zip(result.results, inputs, strict=True):
+        assert record.output["topic"] == item["topic"]
+        assert len(record.output["checks"]) == item["checks"]  # parsed each answer
+        assert all(words > 0 for words in record.output["checks"])
+        assert handle.record(record.index).output == record.output
+    # Every call the functions made reached the simulator, each body once.
+    calls = sum(item["checks"] + 2 for item in inputs)
+    stats = sim.stats()
+    assert stats["accepted"] == calls and stats["duplicate_accepted"] == 0
+
+
+def test_an_exception_fails_that_sub_agent_only(own, worker):
+    worker(concurrency=4)
+    inputs = [{"topic": "a"}, {"topic": "b", "fail": "raise"}, {"topic": "c"},
+              {"topic": "d", "fail": "not_json"}]
+    result = submit(JobSpec(subagent="fragile", inputs=inputs)).wait(timeout=120)
+
+    assert [r.status for r in result.results] == ["ok", "failed", "ok", "failed"]
+    raised, not_json = result.results[1], result.results[3]
+    assert raised.error == "KeyError: 'no source for b'" and raised.error_type == "KeyError"
+    assert raised.output is None
+    assert "returned a set, which is not JSON" in not_json.error
+    assert not_json.error_type == "output_not_json"
+    assert result.results[0].output == {"topic": "a"}
+
+
+def test_a_cancel_stops_the_running_functions_and_the_rest(own, worker, sim):
+    sim.configure(latency_mean_s=0.3, latency_p95_s=0.5)
+    worker(concurrency=4)
+    inputs = [{"topic": f"slow {i}", "checks": 6, "pause_s": 0.5} for i in range(12)]
+    handle = submit(JobSpec(subagent="research", inputs=inputs))
+    wait_until("calls under way", lambda: sim.stats()["accepted"] >= 4, 60)
+    assert handle.cancel("enough")
+    result = handle.wait(timeout=60)
+
+    assert result.status == "cancelled"
+    assert result.counts["cancelled"] == 12, [r.status for r in result.results]
+    assert all(r.error == "enough" for r in result.results)
+    sent = sim.stats()["accepted"]
+    time.sleep(1.5)
+    assert sim.stats()["accepted"] == sent  # nothing more goes out after the cancel
+
+
+def test_a_deadline_ends_the_functions_still_running(own, worker, sim):
+    worker(concurrency=4)
+    inputs = [{"topic": f"long {i}", "checks": 3, "pause_s": 30} for i in range(4)]
+    handle = submit(JobSpec(subagent="research", inputs=inputs, deadline_s=3))
+    result = handle.wait(timeout=60)
+
+    assert result.counts["cancelled"] == 4, [(r.status, r.error) for r in result.results]
+    assert all(r.error == "deadline" for r in result.results)
+
+
+# --- bad input: refused at submit, nothing enqueued -------------------------------------------
+
+def test_an_unknown_name_is_refused_with_the_closest_registered_one(own, redis_url):
+    before = _jobs(redis_url, own["DROVER_KEY_PREFIX"])
+    with pytest.raises(JobRefused) as refused:
+        submit(JobSpec(subagent="reserch", inputs=[1]))
+    message = str(refused.value)
+    assert "unknown sub-agent 'reserch' (did you mean 'research'?)" in message
+    assert "registered sub-agents: fragile, not_async, research, takes_one" in message
+    assert "tests.helpers.own_subagents" in message and "\n" not in message
+    assert _jobs(redis_url, own["DROVER_KEY_PREFIX"]) == before
+
+
+@pytest.mark.parametrize("name, says", [
+    ("not_async", "the @subagent function 'not_async' is not `async def`: write it as "
+                  "`async def not_async(item, llm)`"),
+    ("takes_one", "the @subagent function 'takes_one' takes (item), not (item, "
+                  "llm): write it as `async def takes_one(item, llm)`"),
+])
+def test_a_function_that_cannot_run_as_one_is_refused(own, redis_url, name, says):
+    before = _jobs(redis_url, own["DROVER_KEY_PREFIX"])
+    with pytest.raises(JobRefused) as refused:
+        submit(JobSpec(subagent=name, inputs=[1]))
+    assert str(refused.value) == says
+    assert _jobs(redis_url, own["DROVER_KEY_PREFIX"]) == before
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"inputs": [{"when": time}]}, "inputs[0] is not JSON (a module)"),
+    ({"inputs": [1, float("inf")]}, "inputs[1] is not JSON (the float inf)"),
+    ({"inputs": [{1: "a"}]}, "inputs[0] is not JSON (a dict with a key that is not a string)"),
+    ({"inputs": [1], "subtasks": ["a"]}, "give inputs=[...], and no subtasks or goal"),
+    ({"inputs": [1], "goal": "plan it"}, "give inputs=[...], and no subtasks or goal"),
+    ({"inputs": []}, "needs inputs: a non-empty list of JSON values"),
+    ({"inputs": [1], "tools": ["lookup_fact"]}, "tools: only drover's own loop reads it"),
+])
+def test_a_bad_spec_of_an_own_job_says_what_to_fix(fields, says):
+    with pytest.raises(ValidationError) as refused:
+        JobSpec(subagent="research", **fields)
+    assert says in str(refused.value)
+    assert "the float" in says or "{" not in str(refused.value)  # no input value repeated
+
+
+def test_inputs_without_a_subagent_are_refused():
+    with pytest.raises(ValidationError, match="name its @subagent function with subagent="):
+        JobSpec(inputs=[1, 2])
+
+
+# --- the CLI --------------------------------------------------------------------------------
+
+def test_drover_submit_runs_an_own_job_and_refuses_a_bad_one(own, worker, tmp_path, redis_url):
+    worker(concurrency=4)
+    env = clean_env(**own)
+    before = _jobs(redis_url, own["DROVER_KEY_PREFIX"])
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"subagent": "research",
+                                "inputs": [{"topic": "x", "checks": 1}, {"topic": "y"}]}))
+    proc = drover(["submit", str(spec), "--wait"], env, tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    spec.write_text(json.dumps({"subagent": "reserch", "inputs": [1]}))
+    proc = drover(["submit", str(spec)], env, tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "did you mean 'research'?" in proc.stderr
+    spec.write_text(json.dumps({"subagent": "research", "inputs": [1], "subtasks": ["a"]}))
+    proc = drover(["submit", str(spec)], env, tmp_path)
+    assert proc.returncode == 2 and "no subtasks or goal" in proc.stderr, proc.stderr
+    assert _jobs(redis_url, own["DROVER_KEY_PREFIX"]) == before + 1  # the first job only

@@ -1,0 +1,66 @@
+"""A team's own sub-agent (an ``@subagent`` function) run where drover's loop runs.
+
+``SubagentRun`` (``subagent.py``) takes the claim, the checkpoint, the cancel event and the
+deadline as for its own loop, then hands the function its input and a limited client bound to
+this sub-agent (``CallContext``: the claim check and the send mark before each call, the
+cancel). The function runs raced against the job's cancel event, so a cancel or a deadline
+closes the call it is in, as it does for drover's loop.
+
+What the function raises is its own failure (that sub-agent ends ``failed`` with the
+exception's type and message; the others go on), except drover's signals passing through it:
+a cancel, a claim another delivery holds, a wait the limiter hands back to Celery.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from drover._signals import ClaimLost, OwnFailed
+from drover.errors import AgentError
+from drover.workers.agent.llm import CallContext, race
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.spec import output_json
+from drover.workers.tools import get_subagent
+
+__all__ = ["OUTPUT_BYTES", "limited_llm", "run_own"]
+
+# The most JSON one sub-agent's output may take: every record is read back whole by the join
+# and by JobHandle.wait, so a large result belongs elsewhere, its reference in the output.
+OUTPUT_BYTES = 64_000
+ERROR_CHARS = 2_000  # of an exception's message kept in the record
+
+
+def limited_llm(rt: Runtime, ctx: CallContext) -> Any:
+    """The client a sub-agent's function calls through (Anthropic or OpenAI by the fleet's
+    provider), bound to this sub-agent's ``ctx``."""
+    return rt.client
+
+
+async def run_own(rt: Runtime, name: str, item_json: str, ctx: CallContext) -> Any:
+    """Run the ``@subagent`` function ``name`` on its input; its JSON-able output.
+
+    Raises ``OwnFailed`` for the function's own failure, ``Cancelled`` when the job's cancel
+    event fires first, and drover's signals the client raised inside it."""
+    own = get_subagent(name)  # JobRefused (a ValueError): the worker's modules lack it
+    item = json.loads(item_json)
+    try:
+        value = await race(own.fn(item, limited_llm(rt, ctx)), ctx.cancel)
+    except (AgentError, ClaimLost):  # a cancel, a Celery retry, a failed call: drover's
+        raise
+    except Exception as error:
+        text = str(error)[:ERROR_CHARS]
+        kind = type(error).__name__
+        raise OwnFailed(kind, f"{kind}: {text}" if text else kind) from None
+    try:
+        text = output_json(value)
+    except ValueError as problem:
+        raise OwnFailed("output_not_json", f"the @subagent function {name!r} returned "
+                        f"{problem}, which is not JSON: return a dict, list, string, number, "
+                        "boolean or None") from None
+    size = len(text.encode())
+    if size > OUTPUT_BYTES:
+        raise OwnFailed("output_too_large", f"the @subagent function {name!r} returned "
+                        f"{size:,} bytes of JSON, over the {OUTPUT_BYTES:,} a record keeps: "
+                        "return less (keep a large result elsewhere and return its reference)")
+    return value
