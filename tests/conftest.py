@@ -34,7 +34,11 @@ def redis_service() -> Iterator[RedisService]:
 
 @pytest.fixture(scope="session")
 def redis_url(redis_service: RedisService) -> str:
+    _SESSION_REDIS.append(redis_service.url)
     return redis_service.url
+
+
+_SESSION_REDIS: list[str] = []  # the session's Redis, once a test has asked for it
 
 
 @pytest.fixture
@@ -70,6 +74,7 @@ from tests.helpers import (  # noqa: E402,F401  (the names older tests import fr
     DEFAULT_AMQP_PORT,
     ROOT,
     amqp_answers,
+    celery_app_target,
     configure,
     stop_process_group,
     wait_for_workers,
@@ -257,6 +262,25 @@ def sentinel_set() -> Iterator[object]:
     cluster = start_sentinel_set()
     yield cluster
     cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def _celery_app_left_as_found() -> Iterator[None]:
+    """Each test leaves this process's Celery app where it found it: built once per process
+    and kept, an app left pointing at a test's proxy, private Redis or RabbitMQ vhost fails
+    every later test of the process that pings, cancels or submits ("Connection refused",
+    or messages no worker reads). The test that moved it errors here, by name."""
+    before = celery_app_target()
+    yield
+    after = celery_app_target()
+    want = before or (_SESSION_REDIS and (_SESSION_REDIS[0], _SESSION_REDIS[0],
+                                          f"{SESSION_PREFIX}:celery:"))
+    if after is not None and want and after != want:
+        pytest.fail(f"this test left the process's Celery app (broker, result backend, key "
+                    f"prefix) at {after}, not {want}: later tests here would use it. Change "
+                    f"where workers connect with tests.helpers.configure (it builds the app "
+                    f"first), and submit through the test's own broker with submit_elsewhere",
+                    pytrace=False)
 
 
 # --- a failure says what failed at once ---------------------------------------------------

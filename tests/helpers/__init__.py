@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 __all__ = ["DEFAULT_AMQP_HOST", "DEFAULT_AMQP_PORT", "EXAMPLES", "ROOT", "amqp_answers",
-           "configure",
-           "stop_process_group", "wait_for_workers", "wait_until"]
+           "celery_app_target", "configure", "stop_process_group", "wait_for_workers", "wait_until"]
 
 ROOT = Path(__file__).resolve().parents[2]
 # Examples a property test runs: many in CI (where hypothesis also loads its "ci" profile,
@@ -24,17 +23,49 @@ EXAMPLES = 300 if os.environ.get("CI") else 40
 DEFAULT_AMQP_HOST, DEFAULT_AMQP_PORT = "127.0.0.1", 5672
 
 
+# The settings this process's Celery app is built from (config/celery.py): its connections.
+# The app is built once, when first imported, from the settings of that moment, and kept for
+# the rest of the process.
+APP_CONNECTIONS = frozenset({"DROVER_REDIS_URL", "DROVER_BROKER_URL", "DROVER_RESULT_BACKEND",
+                             "DROVER_KEY_PREFIX", "DROVER_SENTINEL_MASTER",
+                             "DROVER_SENTINEL_PASSWORD"})
+
+
 def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], **values: object) -> None:
-    """Change DROVER_* settings of the running test (before its workers start)."""
+    """Change DROVER_* settings of the running test (before its workers start).
+
+    A change of where the workers connect (a proxy, a private Redis, RabbitMQ) builds this
+    process's Celery app first, from the test's settings before the change: an app first
+    built under the change would keep pointing at a proxy or server the test closes, for
+    every later test in the process (issue 53: the silent-connections test's ``wait()``
+    asked for workers through it, and the next tests' pings met "Connection refused"). A
+    test whose jobs must go through its own broker submits them from a process of its own
+    (``tests.helpers.fleet.submit_elsewhere``)."""
     from drover.config import get_settings
     from drover.workers.agent.runtime import reset_runtime
 
-    for key, value in values.items():
-        name = key if key.startswith(("DROVER_", "ANTHROPIC_")) else f"DROVER_{key.upper()}"
+    names = {key if key.startswith(("DROVER_", "ANTHROPIC_")) else f"DROVER_{key.upper()}": value
+             for key, value in values.items()}
+    if APP_CONNECTIONS & names.keys():
+        import drover.workers.app  # noqa: F401  (built now, from the settings before the change)
+    for name, value in names.items():
         env[name] = str(value)
         monkeypatch.setenv(name, str(value))
     get_settings.cache_clear()
     reset_runtime()
+
+
+def celery_app_target() -> tuple[str, str, str] | None:
+    """Where this process's Celery app publishes, stores results and keys its Redis entries
+    (None before it is built)."""
+    import sys
+
+    module = sys.modules.get("drover.workers.tasklayer.app")
+    if module is None:
+        return None
+    conf = module.app.conf
+    prefix = (conf.broker_transport_options or {}).get("global_keyprefix", "")
+    return (str(conf.broker_url), str(conf.result_backend), str(prefix))
 
 
 def wait_until(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:

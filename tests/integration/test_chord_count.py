@@ -19,10 +19,10 @@ from tests.helpers.private_redis import PrivateRedis
 PAUSE_S = 8  # longer than redis-py's own retries of one command at a 2 s socket timeout
 
 
-def test_a_member_counted_while_redis_is_paused_is_counted_when_it_answers(tmp_path):
-    # Imported here, not at collection: importing drover.workers.app configures the test
-    # process's Celery app from the settings of that moment (the default key prefix at
-    # collection, where every worker of the session listens on its own).
+def test_a_member_counted_while_redis_is_paused_is_counted_when_it_answers(tmp_path, drover_env):
+    # Imported here, under drover_env, not at collection: importing drover.workers.app
+    # configures the test process's Celery app from the settings of that moment (the default
+    # key prefix at collection, where no worker of the session listens).
     from drover.workers.tasklayer.app import DroverCelery
 
     server = PrivateRedis(tmp_path)

@@ -155,13 +155,13 @@ def _keepalive(sock: socket.socket) -> tuple[int, int, int, int]:
 
 
 def test_the_keepalive_and_timeout_options_reach_the_sockets_of_every_redis_client(
-        redis_url, key_prefix):
+        redis_url, key_prefix, drover_env):
     """Read back from the kernel, not from our own dicts: the sockets drover's sync and
     asyncio clients and Celery's Redis broker connection open carry SO_KEEPALIVE with
     DROVER_KEEPALIVE_S's timings (idle 6 s, every 2 s, 3 probes) and the socket timeout;
     the result backend's too (Celery has no setting for its timings: drover's app adds them,
     and before they were not DROVER_KEEPALIVE_S's: read here as 30 s idle, every 5 s)."""
-    from drover.workers.app import DroverCelery
+    from drover.workers.app import DroverCelery  # under drover_env: the process's app is built
 
     settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, socket_timeout_s=7,
                              keepalive_s=6)
