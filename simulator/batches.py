@@ -111,7 +111,8 @@ class Batches:
     def _inner_config(self) -> Any:
         return self.engine.config.replaced(
             rpm=None, itpm=None, otpm=None, overload_rate=0.0, error_5xx_rate=0.0,
-            inject_429_rate=0.0, latency_mean_s=0.0, latency_p95_s=0.0)
+            inject_429_rate=0.0, latency_mean_s=0.0, latency_p95_s=0.0,
+            spend_limit_calls=None, key_spend_limit_calls={})  # realtime calls count there
 
     # -- progress ------------------------------------------------------------------------
 
@@ -374,6 +375,7 @@ class Batches:
             "output_tokens": inner.output_tokens,
             "cache_creation_input_tokens": inner.cache_creation_input_tokens,
             "cache_read_input_tokens": inner.cache_read_input_tokens,
+            "billing": self.inner.billing(self.engine.config.batch_discount),
         }
 
 

@@ -37,6 +37,12 @@ _HELP = {
     "ttft_s": "time to first token, on top of the latency",
     "output_share_min": "a text answer's length as a share of max_tokens, at least (0: off)",
     "output_share_max": "a text answer's length as a share of max_tokens, at most (0: off)",
+    "prices": "JSON, dollars per million tokens by model, e.g. '{\"claude-sonnet-4-6\": "
+              "{\"input\": 3, \"output\": 15}}': /_sim/stats' billing is the bill at these",
+    "batch_discount": "the fraction of the price a Message Batch result pays",
+    "spend_limit_calls": "the organisation's spend limit in paid calls: past it every request "
+                         "is refused (429 enforced_spend_limit_reached / insufficient_quota)",
+    "key_spend_limit_calls": "JSON, a pool key's (workspace's) spend limit: alias -> paid calls",
 }
 
 

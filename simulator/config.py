@@ -117,6 +117,17 @@ class SimConfig:
     # dropped (the connection closed, no answer), so a test can stop the client in between.
     batch_create_delay_s: float = 0.0
     batch_create_drop: bool = False
+    # --- money (simulator/billing.py) ---
+    # Dollars per million tokens by model: {"claude-sonnet-4-6": {"input": 3.0, "output":
+    # 15.0[, "cache_write": 3.75, "cache_read": 0.3]}}; stats()["billing"] is the bill at these.
+    prices: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    batch_discount: float = 0.5  # a Message Batch result pays this fraction of the price
+    # The organisation's spend limit, in paid (admitted) calls of every key; once reached,
+    # every request is refused (429 enforced_spend_limit_reached / insufficient_quota) until
+    # it is raised or set to None through /_sim/config.
+    spend_limit_calls: int | None = None
+    # A pool key's (its workspace's) spend limit: alias -> paid calls of that key.
+    key_spend_limit_calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.provider not in ("anthropic", "openai"):
@@ -186,6 +197,17 @@ class SimConfig:
             aliases.append(entry["alias"])
         if len(set(aliases)) != len(aliases):
             raise ValueError("pool aliases must be unique")
+        for model, entry in self.prices.items():
+            if not isinstance(entry, dict) or not {"input", "output"} <= set(entry) or not all(
+                    isinstance(v, int | float) and v >= 0 for v in entry.values()):
+                raise ValueError(f"prices[{model!r}] must hold numbers >= 0 for input and "
+                                 "output (cache_write and cache_read optional)")
+        if not 0.0 < self.batch_discount <= 1.0:
+            raise ValueError("batch_discount must be within (0, 1]")
+        if self.spend_limit_calls is not None and self.spend_limit_calls < 0:
+            raise ValueError("spend_limit_calls must be >= 0 or None (no limit)")
+        if not all(isinstance(v, int) and v >= 0 for v in self.key_spend_limit_calls.values()):
+            raise ValueError("key_spend_limit_calls maps pool aliases to paid calls (>= 0)")
         if not all(isinstance(k, str) and isinstance(v, str)
                    for k, v in self.model_classes.items()):
             raise ValueError("model_classes maps model names to class names (strings)")
@@ -203,12 +225,12 @@ class SimConfig:
 
 
 _FLOAT_OR_NONE = {"rpm", "itpm", "otpm", "tpm", "batch_rpm"}
-_INT_OR_NONE = {"batch_queue_cap"}
+_INT_OR_NONE = {"batch_queue_cap", "spend_limit_calls"}
 _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_429_rate",
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
            "batch_expires_s", "batch_errored_rate", "batch_expired_rate",
            "batch_create_delay_s", "output_tokens_per_s", "ttft_s", "output_share_min",
-           "output_share_max"}
+           "output_share_max", "batch_discount"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
          "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
 _BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop", "refuse_oversized"}
@@ -216,13 +238,13 @@ _BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop", "refu
 
 def _coerce(name: str, value: Any) -> Any:
     """JSON bodies and CLI strings arrive loosely typed; accept the obvious spellings."""
-    if name in ("pool", "revoked", "model_classes"):
+    if name in ("pool", "revoked", "model_classes", "prices", "key_spend_limit_calls"):
         if isinstance(value, str):
             try:
                 value = json.loads(value) if value.strip() else None
             except ValueError:
                 raise ValueError(f"{name} must be JSON, got {value!r}") from None
-        if name == "model_classes":
+        if name in ("model_classes", "prices", "key_spend_limit_calls"):
             return dict(value or {})
         return tuple(value or ())
     if name in _FLOAT_OR_NONE:

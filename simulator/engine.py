@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import generate, openai, responses, streaming, triggers
+from . import billing, generate, openai, responses, streaming, triggers
 from .buckets import KeyBuckets, NestedBuckets, Rejection
 from .cache import PromptCache
 from .config import LIMIT_FIELDS, SimConfig
@@ -131,9 +131,15 @@ class Engine:
         self.config = new
         return new
 
+    def billing(self, factor: float = 1.0) -> dict[str, Any]:
+        """The bill at the configured prices (``factor``: a batch engine's discount)."""
+        c = self.config
+        return billing.bill(self.stats.billed_by_model, c.prices, c.provider, factor)
+
     def snapshot(self) -> dict[str, Any]:
         c = self.config
-        snap = self.stats.snapshot({"rpm": c.rpm, "itpm": c.itpm, "otpm": c.otpm})
+        snap = self.stats.snapshot({"rpm": c.rpm, "itpm": c.itpm, "otpm": c.otpm},
+                                   self.billing())
         snap["config"] = c.to_dict()
         # The other consumer of a shared key (other_model="draws"): its requests taken/refused.
         snap["other"] = {"admitted": sum(b.other_admitted for b in self._buckets.values()),
@@ -301,6 +307,11 @@ class Engine:
         model: str = body["model"]
         buckets = self._buckets_for(api_key, now, model)
         alias = self._alias(api_key)
+        whose = billing.spend_limited(
+            self.stats.accepted, self.stats.per_key.get(alias or "", {}).get("accepted"),
+            alias, cfg.spend_limit_calls, cfg.key_spend_limit_calls)
+        if whose is not None:
+            return self._spend_limit_reply(whose, req_id, buckets, now)
         max_tokens: int = body["max_tokens"]
         messages: list[dict[str, Any]] = body["messages"]
         digest = canonical_digest(body)
@@ -393,7 +404,7 @@ class Engine:
         usage = {"input_tokens": input_tokens, "output_tokens": generated.output_tokens,
                  "cache_creation_input_tokens": cache_creation,
                  "cache_read_input_tokens": cache_read}
-        self.stats.admitted(now, digest, counted_input, usage)
+        self.stats.admitted(now, digest, counted_input, usage, model)
 
         delay = 0.0
         if cfg.latency_mean_s > 0:
@@ -421,7 +432,7 @@ class Engine:
             def close(sent_tokens: int, how: str) -> None:
                 done = time.monotonic()
                 buckets.settle_output(sent_tokens, max_tokens, done, debited[0])
-                self.stats.stream_closed(done, out_tokens, sent_tokens, how)
+                self.stats.stream_closed(done, out_tokens, sent_tokens, how, model)
 
             chunk = max(3, math.ceil(tps * 0.1)) if tps > 0 else 256
             cut = first_only.get("cut_error", first_only.get("cut"))
@@ -467,12 +478,20 @@ class Engine:
                                f"(simulated, model: {model}). {_RATE_LIMIT_DOCS}",
                                req_id, buckets, now, retry_after=self.config.inject_429_retry_after)
         if name == "spend_cap":
-            return self._error(429, "rate_limit_error",
-                               "You have reached your specified API usage limits. You will "
-                               "regain access on the first day of next month at 00:00 UTC.",
-                               req_id, buckets, now,
-                               details={"error_code": "enforced_spend_limit_reached"})
+            return self._spend_limit_reply("organization", req_id, buckets, now)
         return None  # unknown trigger names are ignored, like any other text
+
+    def _spend_limit_reply(self, whose: str, req_id: str,
+                           buckets: KeyBuckets | NestedBuckets, now: float) -> Reply:
+        """The spend limit reached, in the provider's words (simulator/openai.py turns it
+        into OpenAI's ``insufficient_quota``); no retry-after: it will keep failing."""
+        self.stats.spend_limited[whose] = self.stats.spend_limited.get(whose, 0) + 1
+        return self._error(429, "rate_limit_error",
+                           "You have reached your specified "
+                           + ("workspace " if whose == "workspace" else "")
+                           + "API usage limits. You will regain access on the first day of "
+                           "next month at 00:00 UTC.", req_id, buckets, now,
+                           details={"error_code": "enforced_spend_limit_reached"})
 
     def _rate_limited(self, rejection: Rejection, model: str, req_id: str,
                       buckets: KeyBuckets | NestedBuckets, now: float) -> Reply:

@@ -154,6 +154,12 @@ def snapshot(engine: Engine, batches: Batches) -> dict[str, Any]:
     """/_sim/stats: the realtime counters, with the batches' under "batches"."""
     snap = engine.snapshot()
     snap["batches"] = batches.snapshot()
+    # The whole bill: realtime calls at the prices, batch results at the batch discount.
+    bill, batch = snap["billing"], snap["batches"]["billing"]
+    snap["billing"] = {"usd": bill["usd"] + batch["usd"], "realtime_usd": bill["usd"],
+                       "batch_usd": batch["usd"], "by_model": bill["by_model"],
+                       "unpriced_requests": bill["unpriced_requests"]
+                       + batch["unpriced_requests"]}
     return snap
 
 

@@ -51,6 +51,7 @@ class SimStats:
         self.rejected_429_gaps_s: list[float] = []  # each 429's time since the last admission
         self.last_accept_ts: float | None = None
         self.spend_cap_429 = 0
+        self.spend_limited: dict[str, int] = {}  # spend-limit refusals by whose limit
         self.overloaded_529 = 0
         self.errors_5xx = 0
         self.errors_4xx = 0
@@ -60,6 +61,9 @@ class SimStats:
         # generated reply, counted at admission, whether or not the client stayed for it
         # (output_tokens counts only replies that were delivered).
         self.billed_output_tokens = 0
+        # The same bill by model (the dollars are billing.bill's): [requests, input, cache
+        # write, cache read, output] tokens billed.
+        self.billed_by_model: dict[str, list[int]] = {}
         self.cache_creation_input_tokens = 0
         self.cache_read_input_tokens = 0
         self.in_flight = 0
@@ -109,9 +113,13 @@ class SimStats:
         if status == 200:
             self.last_done_ts = now
 
-    def admitted(self, now: float, digest: bytes, counted_input: int, usage: dict[str, int]
-                 ) -> None:
+    def admitted(self, now: float, digest: bytes, counted_input: int, usage: dict[str, int],
+                 model: str = "") -> None:
         self.accepted += 1
+        row = self.billed_by_model.setdefault(model, [0, 0, 0, 0, 0])
+        for i, n in enumerate((1, usage["input_tokens"], usage["cache_creation_input_tokens"],
+                               usage["cache_read_input_tokens"], usage["output_tokens"])):
+            row[i] += n
         if self.first_accept_ts is None:
             self.first_accept_ts = now
         self.last_accept_ts = now
@@ -143,12 +151,15 @@ class SimStats:
     def stream_sent(self, tokens: int) -> None:
         self.stream_tokens_sent += tokens
 
-    def stream_closed(self, now: float, total: int, sent: int, how: str) -> None:
+    def stream_closed(self, now: float, total: int, sent: int, how: str,
+                      model: str = "") -> None:
         """A streamed reply ended: ``done``, ``cut`` (a fault) or ``abandoned`` (its client
         closed it). What was generated until then is billed and counted; the rest of the
         answer never was (closing the stream stops the bill)."""
         self.generated(now, sent)
         self.billed_output_tokens -= total - sent
+        if model in self.billed_by_model:
+            self.billed_by_model[model][4] -= total - sent
         if how == "cut":
             self.streams_cut += 1
         elif how == "abandoned":
@@ -192,13 +203,16 @@ class SimStats:
         self.overloaded_529 += 1
         self._row(now)[_529] += 1
 
-    def snapshot(self, limits: dict[str, float | None]) -> dict[str, Any]:
+    def snapshot(self, limits: dict[str, float | None],
+                 billing: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
+            "billing": billing or {},
             "accepted": self.accepted,
             "rejected_429": self.rejected_429,
             "rejected_429_by_limit": dict(self.rejected_429_by_limit),
             "rejected_429_gaps_s": list(self.rejected_429_gaps_s),
             "spend_cap_429": self.spend_cap_429,
+            "spend_limited": dict(self.spend_limited),
             "overloaded_529": self.overloaded_529,
             "errors_5xx": self.errors_5xx,
             "errors_4xx": self.errors_4xx,

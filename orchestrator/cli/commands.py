@@ -323,11 +323,11 @@ def _cache_line(handle: Any, result: Any) -> str | None:
 def _print_result(result: Any, handle: Any = None) -> int:
     table = Table(title=f"job {result.job_id}: {result.status}"
                   + (f" ({result.reason})" if result.reason else ""))
-    from drover.orchestrator.cli.watch import usage_lines
+    from drover.orchestrator.cli.watch import dollars, usage_lines
 
     unanswered = result.usage.unanswered_calls > 0
     columns = ("#", "status", "calls", *(("unanswered",) if unanswered else ()), "in", "out",
-               "attempts", "error / summary")
+               "cost", "attempts", "error / summary")
     for column in columns:
         table.add_column(column, no_wrap=column != "error / summary")
     for r in result.results:
@@ -336,7 +336,8 @@ def _print_result(result: Any, handle: Any = None) -> int:
         note = f"{r.status_code or ''} {r.error_type}: {error}" if r.error else r.summary
         lost = (str(r.usage.unanswered_calls),) if unanswered else ()
         table.add_row(str(r.index), r.status, str(r.usage.calls), *lost,
-                      str(r.usage.input_tokens), str(r.usage.output_tokens), str(r.attempts),
+                      str(r.usage.input_tokens), str(r.usage.output_tokens), dollars(r.usage),
+                      str(r.attempts),
                       (note or "")[:80])
     console.print(table)
     console.print(" ".join(f"{k}={v}" for k, v in result.counts.items()),

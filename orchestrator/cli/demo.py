@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from drover.orchestrator.cli.watch import dollars
 from drover.orchestrator.ops.services import FIRST_CONTACT_TIMEOUT_S, ensure_redis, redis_problem
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -313,6 +314,10 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
         if stats is not None and "batches" in stats:
             table.add_row("batch requests seen by the provider",
                           str(stats["batches"]["requests"]))
+    table.add_row("cost at list prices (the job's)", dollars(usage))
+    if stats is not None and stats.get("billing"):  # the simulator bills at its own prices
+        table.add_row("the provider's bill (the simulator's)",
+                      f"${stats['billing']['usd']:,.4f}")
     if stats is not None:  # only the simulator can tell what the provider saw
         table.add_row("429s seen by the provider", str(stats["rejected_429"]))
         table.add_row("529s seen by the provider", str(stats["overloaded_529"]))

@@ -59,12 +59,29 @@ def _plain_progress(handle: JobHandle, console: Console) -> Iterator[None]:
         printer.join(timeout=5)
 
 
+def dollars(usage: Usage) -> str:
+    """A usage's cost as a short cell: ``$0.0123``, ``unpriced``, or ``$0.0123 + 2 unpriced``
+    (calls of a model without a price are never shown as $0)."""
+    if usage.cost_usd is None:
+        return "unpriced"
+    text = f"${usage.cost_usd:,.4f}"
+    return text + (f" + {usage.unpriced_calls} unpriced" if usage.unpriced_calls else "")
+
+
 def usage_lines(usage: Usage) -> list[str]:
     """What a job used, as ``watch`` and ``result`` print it: the answered calls' tokens, the
-    calls sent and never answered (billed; their estimate), and the batch-rate part."""
+    calls sent and never answered (billed; their estimate), the batch-rate part and the cost."""
     lines = [f"usage: {usage.calls} answered calls, {usage.input_tokens:,} input, "
              f"{usage.output_tokens:,} output, {usage.cache_creation_input_tokens:,} cache "
              f"write, {usage.cache_read_input_tokens:,} cache read tokens"]
+    if usage.cost_usd is None:
+        lines.append(f"cost: unpriced ({usage.unpriced_calls} calls of a model without a "
+                     "price: set its prices in DROVER_PRICES, docs/cost.md)")
+    elif usage.sent_calls:
+        unpriced = (f", and {usage.unpriced_calls} calls of a model without a price "
+                    "(DROVER_PRICES)" if usage.unpriced_calls else "")
+        lines.append(f"cost: ${usage.cost_usd:,.4f} at list prices (DROVER_PRICES over the "
+                     f"bundled table; unanswered calls at their estimate){unpriced}")
     if usage.unanswered_calls:
         lines.append(f"unanswered: {usage.unanswered_calls} calls sent whose answer never came "
                      f"back (billed by the provider): about {usage.unanswered_input_tokens:,} "
@@ -108,7 +125,9 @@ def _follow(handle: JobHandle, console: Console, total: int, show_records: bool)
                 if record.usage.unanswered_calls:
                     batch += f" unanswered={record.usage.unanswered_calls}"
                 progress.console.print(f"#{record.index} {record.status} "
-                                       f"calls={record.usage.calls}{batch} {(text or '')[:70]}")
+                                       f"calls={record.usage.calls}{batch} "
+                                       f"cost={dollars(record.usage)} {(text or '')[:70]}",
+                                       markup=False)
         progress.update(bar, description="joining")
         result = handle.wait()
         progress.update(bar, description=result.status)

@@ -36,7 +36,8 @@ from drover.workers.limiter import STAT_FIELDS, Limiter, ScopeLimits, split_llm_
 from drover.workers.services import Services
 from drover.workers.telemetry import TelemetryReader
 
-__all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "plot_usage", "print_stats",
+__all__ = ["DIMENSIONS", "ScopeUsage", "cache_lines", "collect", "fleet_cost", "plot_usage",
+           "print_stats",
            "rolling_sum",
            "safe_url", "scope_usage", "stats_window_s", "usage_figure"]
 
@@ -334,6 +335,7 @@ def print_stats(console: Console, shared: Services, plot: Path | None = None) ->
         console.print(f"[dim]{where}; drover aims at {settings.target_utilization:.0%} of "
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
     _print_unanswered(console, shared)
+    _print_cost(console, shared)
     print_keys(console, shared)
     _print_shares(console, shared)
     _print_batches(console, shared, usages)
@@ -377,6 +379,36 @@ def _print_unanswered(console: Console, shared: Services) -> None:
                       f"{since} (billed by the provider): about {int(n.get('input_tokens', 0)):,}"
                       f" input and up to {int(n.get('output_tokens', 0)):,} output tokens, "
                       "their reservations", markup=False)
+
+
+def fleet_cost(shared: Services) -> tuple[dict[tuple[str, str], float], dict[str, int]]:
+    """(model, tenant) -> dollars, and model -> unpriced calls, from telemetry's
+    drover_cost_usd and drover_unpriced_calls (fleet totals since the counters began)."""
+    dollars: dict[tuple[str, str], float] = {}
+    unpriced: dict[str, int] = {}
+    reader = TelemetryReader(shared.redis, shared.settings.key_prefix)
+    for name, labels, part, value in reader.counters():
+        if name == "drover_cost_usd" and part is None and len(labels) == 2:
+            dollars[(labels[0], labels[1])] = value
+        elif name == "drover_unpriced_calls" and part is None and len(labels) == 1:
+            unpriced[labels[0]] = int(value)
+    return dollars, unpriced
+
+
+def _print_cost(console: Console, shared: Services) -> None:
+    """What the fleet's calls cost at list prices, by model and tenant, and the calls of
+    models without a price (never shown as $0)."""
+    dollars, unpriced = fleet_cost(shared)
+    for (model, tenant), usd in sorted(dollars.items()):
+        console.print(f"cost {model} tenant={tenant}: ${usd:,.4f} at list prices",
+                      markup=False, highlight=False)
+    for model, n in sorted(unpriced.items()):
+        console.print(f"cost {model}: unpriced ({n} calls; set its prices in DROVER_PRICES)",
+                      markup=False, highlight=False)
+    if dollars:
+        console.print(f"cost of the fleet's calls: ${sum(dollars.values()):,.4f} (since the "
+                      "counters began; prices: DROVER_PRICES over the bundled table of "
+                      f"{shared.settings.price_table.date})", markup=False, highlight=False)
 
 
 def _print_batches(console: Console, shared: Services, usages: list[ScopeUsage]) -> None:

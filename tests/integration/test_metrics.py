@@ -70,6 +70,8 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
         rec.observe("drover_tool_call_duration_seconds", ("lookup",), 0.01)
         rec.inc("drover_subagents_finished", ("ok",))
         rec.inc("drover_jobs_submitted", ("acme",))
+        rec.inc("drover_cost_usd", ("claude-test", "acme"), 0.25)
+        rec.inc("drover_unpriced_calls", ("claude-test",))
     limiter = Limiter(client, prefix=settings.key_prefix)
     grant = limiter.acquire(SCOPE, LIMITS, input_tokens=120, output_tokens=50, lease_ttl_s=60)
     limiter.settle(SCOPE, LIMITS, grant, input_tokens=120, output_tokens=30)

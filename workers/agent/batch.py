@@ -67,6 +67,7 @@ from drover.workers.providers import (
     StatusError,
     batch_results_text,
 )
+from drover.workers.telemetry import call_cost
 
 __all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
            "job_batch_message", "uses_batch"]
@@ -161,7 +162,12 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
     kind = result.get("type")
     settings = rt.settings
     if kind == "succeeded":
-        return Message.model_validate(result["message"])
+        message = Message.model_validate(result["message"])
+        try:  # the fleet's dollars (drover_cost_usd), at the batch discount
+            call_cost(settings, message.model, ctx.tenant, message.usage, batch=True)
+        except Exception as problem:  # a metric must never fail the turn
+            log.debug("batch cost not counted (%s)", type(problem).__name__)
+        return message
     if kind == "errored":
         decision = classify(_status_error(rt, result.get("error") or {}), attempt=ctx.failures,
                             base_s=settings.backoff_base_s, cap_s=settings.countdown_cap_s)

@@ -196,6 +196,11 @@ class SubagentResult(BaseModel):
     def calls(self) -> int:
         return self.usage.calls
 
+    @property
+    def cost_usd(self) -> float | None:
+        """What this sub-agent's calls cost in dollars (None: its model has no price)."""
+        return self.usage.cost_usd
+
 
 class SubagentReport(BaseModel):
     """The structured report of one sub-agent: not stored apart, but read from its final
@@ -226,6 +231,12 @@ class JobResult(BaseModel):
     # As stored: True when ``results`` is left out, to be read from the job's records
     # (Outcomes.get does, so a caller never sees it True).
     by_reference: bool = False
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the job's calls cost in dollars, its planning and synthesis included (None:
+        its model has no price; ``usage.unpriced_calls`` counts calls left unpriced)."""
+        return self.usage.cost_usd
 
     def by_status(self, status: Status) -> list[SubagentResult]:
         return [r for r in self.results if r.status == status]

@@ -46,11 +46,12 @@ def _settings() -> Any:
     return get_settings()
 
 
-def _safe(what: str, fn: Callable[[], None]) -> None:
+def _safe(what: str, fn: Callable[[], T]) -> T | None:
     try:
-        fn()
+        return fn()
     except Exception as error:  # a metric must never break the call it measures
         log.debug("telemetry: %s skipped (%s: %s)", what, type(error).__name__, error)
+        return None
 
 
 # --- the LLM call ------------------------------------------------------------------------
@@ -143,6 +144,12 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 if lost is not None:  # sent, never answered: billed at its estimate
                     outcome = "unanswered"
                     _safe("unanswered", lambda: _record_unanswered(model, lost))
+                if message is not None or lost is not None:
+                    usd = _safe("cost", lambda: call_cost(
+                        settings, model, getattr(ctx, "tenant", None),
+                        message.usage if message is not None else None, lost))
+                    if usd is not None and span.is_recording():
+                        span.set_attribute("drover.cost_usd", round(usd, 8))
                 if outcome:
                     if getattr(ctx, "key", None):  # a pool: the series of the key it went to
                         scope = route.key_scope(ctx.key)
@@ -230,6 +237,26 @@ def _timing_attributes(span: Any, timing: tuple[float | None, float | None]) -> 
     if per_s:
         span.set_attribute("gen_ai.server.time_per_output_token", round(1.0 / per_s, 6))
         span.set_attribute("drover.output_tokens_per_s", round(per_s, 2))
+
+
+def call_cost(settings: Any, model: str, tenant: str | None, usage: Any,
+              lost: tuple[int, int] | None = None, *, batch: bool = False) -> float | None:
+    """Count one call's dollars in ``drover_cost_usd`` (model, tenant) and return them: an
+    answer's ``usage``, or the (input, output) a call sent and never answered is counted at;
+    None, counted in ``drover_unpriced_calls``, when the model has no price."""
+    rec = get_recorder()
+    price = settings.price_of(model)
+    if price is None:
+        rec.inc("drover_unpriced_calls", (model,))
+        return None
+    if usage is not None:
+        usd = price.cost(int(usage.input_tokens or 0), int(usage.output_tokens or 0),
+                         int(getattr(usage, "cache_creation_input_tokens", 0) or 0),
+                         int(getattr(usage, "cache_read_input_tokens", 0) or 0), batch=batch)
+    else:
+        usd = price.cost(*(lost or (0, 0)))
+    rec.inc("drover_cost_usd", (model, tenant or "default"), usd)
+    return usd
 
 
 def _record_unanswered(model: str, lost: tuple[int, int]) -> None:

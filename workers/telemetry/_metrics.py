@@ -90,6 +90,14 @@ METRICS: tuple[Metric, ...] = (
            "unanswered_input, unanswered_output = calls sent whose answer never came back, "
            "which the provider bills: what their stream had generated, or the estimate)",
            "process"),
+    Metric("drover_cost_usd", "counter", ("gen_ai_request_model", "tenant"),
+           "dollars the LLM calls cost at list prices (DROVER_PRICES over the bundled table): "
+           "answers at their usage, Message Batch results at the batch discount, calls sent "
+           "and never answered at what they are counted; a model without a price adds to "
+           "drover_unpriced_calls instead", "process"),
+    Metric("drover_unpriced_calls", "counter", ("gen_ai_request_model",),
+           "LLM calls (answered or sent and never answered) of a model without a price "
+           "(set it in DROVER_PRICES)", "process"),
     Metric("drover_llm_calls", "counter", ("scope", "outcome"),
            "LLM calls by outcome: ok, 429, 529, 5xx, 4xx, connection (incl. timeouts), "
            "cancelled (the job was cancelled or ran out of time before the send), unanswered "
