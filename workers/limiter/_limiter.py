@@ -1,11 +1,14 @@
 """The limiter over a sync ``redis.Redis`` and over ``redis.asyncio.Redis``. Each operation is
 written once: it hands its script call (``_scripts.LimiterCore``) to ``_run``, which the sync
-limiter runs and the async one returns as an awaitable (as redis-py shares its commands)."""
+limiter runs and the async one returns as an awaitable (as redis-py shares its commands).
+Their return types are the class's type parameters: each operation's result for
+``Limiter``, a coroutine of it for ``AsyncLimiter``, so that a caller that forgets an
+``await`` (or awaits a sync limiter's result) is a type error."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 from drover.workers.limiter._scopes import Grant, ScopeLimits
 from drover.workers.limiter._scripts import Call, LimiterCore, Readings
@@ -13,51 +16,61 @@ from drover.workers.limiter._scripts import Call, LimiterCore, Readings
 __all__ = ["AsyncLimiter", "Limiter"]
 
 
-class _Operations(LimiterCore):
+GrantT = TypeVar("GrantT")  # a Grant
+NoneT = TypeVar("NoneT")  # None
+FloatT = TypeVar("FloatT")  # a float
+BoolT = TypeVar("BoolT")  # a bool
+UsageT = TypeVar("UsageT")  # list[dict[str, int]]
+StateT = TypeVar("StateT")  # dict[str, Any]
+_T = TypeVar("_T")
+_Co = Coroutine[Any, Any, _T]  # what an AsyncLimiter's operation returns: awaited, a _T
+
+
+class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, StateT]):
     def _run(self, call: Any, empty: Any = None) -> Any:
         raise NotImplementedError
 
     def acquire(self, scope: str, limits: ScopeLimits, *, input_tokens: int = 0,
-                output_tokens: int = 0, lease_ttl_s: float = 180.0) -> Grant:
+                output_tokens: int = 0, lease_ttl_s: float = 180.0) -> GrantT:
         """Reserve one request and its token estimate; see ``Grant``."""
         return self._run(self._acquire(scope, limits, int(input_tokens), int(output_tokens),
                                        lease_ttl_s))
 
     def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
                output_tokens: int, readings: Readings | None = None,
-               counts: Mapping[str, int] | None = None) -> None:
+               counts: Mapping[str, int] | None = None) -> NoneT:
         """True the grant up to what the call used; with the ``readings`` of the response's
         limit headers (read by its provider), also what ``sync_headers`` would do, and with
         ``counts`` (STAT_FIELDS names) what ``record`` would, in the same round trip."""
         return self._run(self._settle(scope, limits, grant, True, input_tokens, output_tokens,
                                       readings, counts))
 
-    def release(self, scope: str, grant: Grant) -> None:
+    def release(self, scope: str, grant: Grant) -> NoneT:
         """The request never went out: refund all of it."""
         return self._run(self._settle(scope, None, grant, False, 0, 0, None))
 
-    def cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> float:
+    def cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> FloatT:
         """A 429: hold back every host until ``retry_after_s`` from now; seconds left."""
         return self._run(self._cooldown(scope, limits, retry_after_s))
 
-    def hold_back(self, grant: Grant, *scopes: str) -> float:
+    def hold_back(self, grant: Grant, *scopes: str) -> FloatT:
         """Right before a granted call goes out: seconds a cooldown holds on any of
         ``scopes`` (the grant's; its lease is gone, its reservation spent: do not send on
         it); below 0, a bucket of less than one request let its last send go too recently:
         wait that long, ask again; 0.0: send (hold_back.lua). A pool's: one call."""
         return self._run(self._hold_back(grant, list(scopes)), 0.0)
 
-    def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> None:
+    def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> NoneT:
         """Fold in what an answer's limit headers said (``Provider.read_limits``)."""
         return self._run(self._sync(scope, limits, readings))
 
-    def record(self, scope: str, **counts: int) -> None:
+    def record(self, scope: str, **counts: int) -> NoneT:
         return self._run(self._record(scope, counts))
 
-    def usage(self, scope: str, seconds: int = 60) -> list[dict[str, int]]:
+    def usage(self, scope: str, seconds: int = 60) -> UsageT:
         return self._run(self._usage(scope, seconds))
 
-    def state(self, scope: str, limits: ScopeLimits | None = None) -> dict[str, Any]:
+    def state(self, scope: str, limits: ScopeLimits | None = None) -> StateT:
         """Levels at now (``limits`` None: those of the last write)."""
         return self._run(self._state(scope, limits))
 
@@ -65,7 +78,7 @@ class _Operations(LimiterCore):
     def acquire_pool(self, model_class: str, org_limits: ScopeLimits,
                      keys: Sequence[tuple[str, ScopeLimits]], *, input_tokens: int = 0,
                      output_tokens: int = 0, prefer: str | None = None, sticky_s: float = 0.0,
-                     lease_ttl_s: float = 180.0) -> Grant:
+                     lease_ttl_s: float = 180.0) -> GrantT:
         """Reserve in the organisation's buckets (``org_scope(model_class)``) and in those of
         the key, of ``keys`` (alias, its limits), whose grant comes first; ``Grant.key``
         names it. Settle, release and cool down each level as a scope of its own
@@ -74,7 +87,7 @@ class _Operations(LimiterCore):
                                        int(output_tokens), lease_ttl_s, list(keys), prefer,
                                        sticky_s))
 
-    def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> bool:
+    def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> BoolT:
         """Take a pool's key out of every acquire, fleet-wide (``for_s`` 0: until enabled);
         True when this call disabled it (False: it already was)."""
         return self._run(self._disable(alias, for_s, why))
@@ -88,12 +101,12 @@ class _Operations(LimiterCore):
         return self._client.pipeline(transaction=False).hgetall(off).hgetall(why).time()
 
 
-class Limiter(_Operations):
+class Limiter(_Operations[Grant, None, float, bool, list[dict[str, int]], dict[str, Any]]):
     """The global limiter over a sync ``redis.Redis``. ``clock`` (tests only): a function
     returning the time in microseconds, which the scripts then use instead of Redis TIME."""
 
-    def _run(self, call: Call | dict[str, int] | None, empty: Any = None) -> Any:
-        if not call:  # nothing to do (None, or nothing to record)
+    def _run(self, call: Call | None, empty: Any = None) -> Any:
+        if call is None:  # nothing to do (nothing to settle or record)
             return empty
         return call.finish(self._scripts[call.script](keys=call.keys, args=call.args))
 
@@ -111,11 +124,12 @@ class Limiter(_Operations):
         return self._disabled_from(*self._disabled_pipe().execute())
 
 
-class AsyncLimiter(_Operations):
+class AsyncLimiter(_Operations[_Co[Grant], _Co[None], _Co[float], _Co[bool],
+                                _Co[list[dict[str, int]]], _Co[dict[str, Any]]]):
     """The same limiter over ``redis.asyncio.Redis``; every method is awaited."""
 
-    async def _run(self, call: Call | dict[str, int] | None, empty: Any = None) -> Any:
-        if not call:  # nothing to do (None, or nothing to record)
+    async def _run(self, call: Call | None, empty: Any = None) -> Any:
+        if call is None:  # nothing to do (nothing to settle or record)
             return empty
         return call.finish(await self._scripts[call.script](keys=call.keys, args=call.args))
 

@@ -159,7 +159,7 @@ class LimiterCore:
         if input_tokens < 0 or output_tokens < 0:
             raise ValueError("token estimates must be >= 0")
         lease = uuid.uuid4().hex
-        arg = {"limits": _limits(limits), "input_tokens": input_tokens,
+        arg: dict[str, Any] = {"limits": _limits(limits), "input_tokens": input_tokens,
                "output_tokens": output_tokens, "horizon_s": self.horizon_s,
                "max_in_flight": limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
                "lease": lease}
@@ -223,13 +223,13 @@ class LimiterCore:
 
     def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> Call | None:
         folded = reading_args(readings)
-        return folded and self._call("sync", self.keys(scope), {"limits": _limits(limits),
-                                                                "headers": folded})
+        return None if folded is None else self._call(
+            "sync", self.keys(scope), {"limits": _limits(limits), "headers": folded})
 
-    def _record(self, scope: str, counts: Mapping[str, int]) -> Call | dict[str, int]:
+    def _record(self, scope: str, counts: Mapping[str, int]) -> Call | None:
         added = _counts(counts)  # nothing to add: no call
-        return added and self._call("record", self.keys(scope), {
-            "stats_window_s": self.stats_window_s, "counts": added})
+        return self._call("record", self.keys(scope), {
+            "stats_window_s": self.stats_window_s, "counts": added}) if added else None
 
     def _usage(self, scope: str, seconds: int) -> Call:
         if seconds < 1:
