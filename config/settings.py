@@ -398,10 +398,11 @@ class Settings(BaseSettings):
         "`DROVER_STREAM_IDLE_S` and `DROVER_CONNECT_TIMEOUT_S` judge them.")
     stream_idle_s: float = Field(
         default=60.0, gt=0,
-        description="The longest gap between two events of a streamed LLM call (the "
-        "provider pings an idle stream): a stream silent for this long is closed, counted "
-        "with what it had generated, and retried like a timeout. A call that is making "
-        "progress is never abandoned, however long its answer.")
+        description="The longest a streamed LLM call's connection may carry no byte (the "
+        "provider's pings count: the API pings a stream whose first token is minutes away): "
+        "a stream silent for this long is closed, counted with what it had generated, and "
+        "retried like a timeout. A call that is making progress or kept alive is never "
+        "abandoned, however long its answer or its first token takes.")
     record_thinking: bool = Field(
         default=False,
         description="Show extended thinking (`JobSpec.thinking`) in `handle.transcript()`. "

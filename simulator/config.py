@@ -86,6 +86,11 @@ class SimConfig:
     output_tokens_per_s: float = 0.0
     # Time to first token, after admission (on top of the latency draw).
     ttft_s: float = 0.0
+    # A Messages stream waiting for its next event (a long prompt read, hidden thinking, a
+    # `[[sim:think=S]]` first token) sends a `ping` event after this many seconds without
+    # bytes, as the API does; 0: never. A stall (`[[sim:stall=S]]`: a dead connection) sends
+    # nothing, and neither do OpenAI's streams.
+    ping_every_s: float = 5.0
     # Answers of a chosen share of max_tokens: a final text answer's length is drawn within
     # [output_share_min, output_share_max] x max_tokens (both 0: output_tokens_mean rules).
     output_share_min: float = 0.0
@@ -156,8 +161,8 @@ class SimConfig:
             raise ValueError("inject_429_retry_after must be >= 0")
         if self.latency_mean_s < 0 or self.latency_p95_s < 0:
             raise ValueError("latency_mean_s and latency_p95_s must be >= 0")
-        if self.output_tokens_per_s < 0 or self.ttft_s < 0:
-            raise ValueError("output_tokens_per_s and ttft_s must be >= 0")
+        if self.output_tokens_per_s < 0 or self.ttft_s < 0 or self.ping_every_s < 0:
+            raise ValueError("output_tokens_per_s, ttft_s and ping_every_s must be >= 0")
         if not 0.0 <= self.output_share_min <= self.output_share_max <= 1.0:
             raise ValueError("output shares must satisfy 0 <= output_share_min <= "
                              "output_share_max <= 1")
@@ -230,7 +235,7 @@ _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
            "batch_expires_s", "batch_errored_rate", "batch_expired_rate",
            "batch_create_delay_s", "output_tokens_per_s", "ttft_s", "output_share_min",
-           "output_share_max", "batch_discount"}
+           "output_share_max", "batch_discount", "ping_every_s"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
          "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
 _BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop", "refuse_oversized"}

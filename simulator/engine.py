@@ -72,6 +72,15 @@ class Streamed:
     cut_after: int | None = None
     cut_mode: str = "drop"
     error_data: bytes = b""  # the error frame of cut_mode "error" (empty: Messages' own)
+    # A ping after this many seconds without bytes while the next event is not due (0: none).
+    ping_every_s: float = 0.0
+
+
+def _seconds(arg: str | None) -> float:
+    try:
+        return max(0.0, float(arg or 0))
+    except ValueError:
+        return 0.0
 
 
 def canonical_digest(body: dict[str, Any]) -> bytes:
@@ -412,7 +421,8 @@ class Engine:
             latency_rng = fault_rng or random.Random(_seed(cfg.seed, digest, "latency"))
             delay = latency_rng.lognormvariate(mu, sigma) if sigma > 0 else math.exp(mu)
         # The physics: the first token after ttft_s, then the rest at output_tokens_per_s.
-        first_s = delay + cfg.ttft_s + first_only.get("stall", 0.0)
+        think = sum(_seconds(t.arg) for t in found if t.name == "think")
+        first_s = delay + cfg.ttft_s + think + first_only.get("stall", 0.0)
         tps = cfg.output_tokens_per_s
         out_tokens = generated.output_tokens
 
@@ -443,7 +453,9 @@ class Engine:
                 first_s, tps, close, sent, None if cut is None else max(1, int(cut)),
                 "error" if "cut_error" in first_only else "drop",
                 openai.error_frame("The server is overloaded") if cfg.provider == "openai"
-                else b"")
+                else b"",
+                # A stalled connection is dead: it sends nothing, pings included.
+                0.0 if cfg.provider == "openai" or "stall" in first_only else cfg.ping_every_s)
             return Pending(0.0, lambda: Reply(500, b"", {}), out_tokens, streamed)
 
         if tps > 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -15,7 +15,7 @@ from .batches import Batches
 from .config import SimConfig
 from .engine import Engine, Pending, Reply, Streamed
 from .responses import error_body, json_body, request_id
-from .streaming import error_frame
+from .streaming import PING, error_frame
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 BATCHES_KEY = web.AppKey("batches", Batches)
@@ -60,9 +60,11 @@ def _gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-async def _sleep_until(request: web.Request, due: float) -> bool:
+async def _sleep_until(request: web.Request, due: float,
+                       keepalive: Callable[[], Awaitable[None]] | None = None) -> bool:
     """Sleep until ``due`` (monotonic) in short steps; False as soon as the client is gone
-    (aiohttp does not cancel a handler whose client left, so it is looked at)."""
+    (aiohttp does not cancel a handler whose client left, so it is looked at). ``keepalive``
+    is awaited at each step (a stream's pings)."""
     loop = asyncio.get_running_loop()
     while True:
         if _gone(request):
@@ -70,6 +72,8 @@ async def _sleep_until(request: web.Request, due: float) -> bool:
         left = due - loop.time()
         if left <= 0:
             return True
+        if keepalive is not None:
+            await keepalive()
         await asyncio.sleep(min(left, 0.05))
 
 
@@ -80,6 +84,14 @@ async def _stream(request: web.Request, streamed: Streamed) -> web.StreamRespons
     loop = asyncio.get_running_loop()
     response = web.StreamResponse(status=200, headers=streamed.headers)
     sent_tokens, how = 0, "abandoned"
+    last_write = [loop.time()]
+
+    async def ping() -> None:
+        # The API keeps a stream whose next event is far off alive with pings.
+        if streamed.ping_every_s > 0 and loop.time() - last_write[0] >= streamed.ping_every_s:
+            await response.write(PING)
+            last_write[0] = loop.time()
+
     try:
         await response.prepare(request)
         start = loop.time()
@@ -99,7 +111,7 @@ async def _stream(request: web.Request, streamed: Streamed) -> web.StreamRespons
             if i >= 2:  # message_start and its ping go out at once; content from first_s
                 due = first + (event.tokens / streamed.tokens_per_s
                                if streamed.tokens_per_s > 0 else 0.0)
-                if not await _sleep_until(request, due):
+                if not await _sleep_until(request, due, ping):
                     return response
             # Events due at once go out in one write (an instant answer is three writes).
             j = i + 1
@@ -111,6 +123,7 @@ async def _stream(request: web.Request, streamed: Streamed) -> web.StreamRespons
                     j += 1
             chunk = [e.data for e in events[i:j]]
             await response.write(b"".join(chunk))
+            last_write[0] = loop.time()
             streamed.sent(events[j - 1].tokens - sent_tokens)
             sent_tokens = events[j - 1].tokens
             i = j

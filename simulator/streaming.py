@@ -29,6 +29,9 @@ def frame(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {_dumps(data)}\n\n".encode()
 
 
+PING = frame("ping", {"type": "ping"})
+
+
 def error_frame(error_type: str, message: str) -> bytes:
     return frame("error", {"type": "error", "error": {"type": error_type, "message": message}})
 
@@ -58,7 +61,7 @@ def events(model: str, content: list[dict[str, Any]], stop_reason: str,
     out.append(Event(0, frame("message_start", {"type": "message_start", "message": {
         "id": message_id(), "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}})))
-    out.append(Event(0, frame("ping", {"type": "ping"})))
+    out.append(Event(0, PING))
     seen = 0
     for index, block in enumerate(content):
         kind = block["type"]

@@ -3,7 +3,10 @@
 `[[sim:400]]`, `[[sim:500]]`, `[[sim:529]]`, `[[sim:429]]`, `[[sim:spend_cap]]` fail every
 attempt of that body; `[[sim:529:2]]` (also 500 / 429) fails only the first 2 attempts of
 that body, then the request goes through (to test recovery). `[[sim:tool=NAME]]` makes the
-first tool turn call NAME, known to the request or not.
+first tool turn call NAME, known to the request or not. `[[sim:think=S]]` holds the first
+token S seconds more on every attempt (a long prompt read or hidden thinking), the stream
+pinged meanwhile as the API pings it; `[[sim:stall=S]]` holds the first attempt's first token
+S seconds on a silent connection (no bytes at all, pings included).
 
 Two knobs hold for a whole conversation and are read from its *first* user message (the
 task), so one workload can mix short and long sub-agents: `[[sim:turns=N]]` gives it N tool

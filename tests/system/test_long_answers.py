@@ -129,3 +129,23 @@ def test_a_stream_silent_for_the_idle_limit_is_closed_and_retried(
     assert stats["streams"]["abandoned"] == 1
     assert result.usage.unanswered_calls == 1 and result.usage.calls == 1
     assert result.usage.unanswered_output_tokens == 0  # nothing generated before the silence
+
+
+def test_a_first_token_a_minute_and_more_away_on_a_pinged_stream_is_waited_for(
+        sim, spawn_worker, drover_env):
+    # 16 calls whose first token comes 75 s after admission, the stream pinged every 5 s
+    # meanwhile (as the API pings a long prompt's read or hidden thinking), at the default
+    # idle limit (60 s): the connection is alive, so each call is sent once and answered.
+    # Timed on the SDK's events (which drop pings) every one was abandoned at 60 s and sent
+    # again, each attempt billed.
+    sim.configure(tool_turns=0, ping_every_s=5.0)
+    spawn_worker(concurrency=16)
+    wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=[f"Read the whole archive {i} [[sim:think=75]]"
+                                      for i in range(16)]))
+    result = handle.wait(timeout=400)
+    stats = sim.stats()
+    assert result.counts["ok"] == 16, [r.error for r in result.results if r.status != "ok"]
+    assert stats["accepted"] == 16 and stats["duplicate_accepted"] == 0
+    assert (stats["streams"]["begun"], stats["streams"]["abandoned"]) == (16, 0)
+    assert result.usage.unanswered_calls == 0

@@ -336,8 +336,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         in_flight = True
         client = key.client if route.pooled else rt.client  # the one key: the runtime's own
         seen.opened = time.monotonic()
-        message = await race(route.provider.stream_turn(client, params, seen,
-                                                     settings.stream_idle_s, ctx.generating),
+        message = await race(route.provider.stream_turn(client, params, seen, ctx.generating),
                              ctx.cancel)
     except route.provider.api_error as error:
         # The request reached the provider (or tried to): it stays counted; its tokens too

@@ -71,8 +71,8 @@ class Anthropic(Provider):
                                       pool=connect_s))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          idle_s: float, generating: Any = None) -> Message:
-        return await stream_message(client, params, seen, idle_s, generating)
+                          generating: Any = None) -> Message:
+        return await stream_message(client, params, seen, generating)
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, anthropic.APIStatusError):

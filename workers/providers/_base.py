@@ -124,9 +124,12 @@ class Provider:
         raise NotImplementedError
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          idle_s: float, generating: Any = None) -> Any:
+                          generating: Any = None) -> Any:
         """One turn as a stream, recording what came in ``seen``; ``generating`` (an async
-        callable) is told True at the first token and False when the stream ends."""
+        callable) is told True at the first token and False when the stream ends. A stream is
+        abandoned when its connection carries no byte for the client's read timeout (the
+        ``idle_s`` it was built with), never by the gap between parsed events: a provider's
+        keep-alives (Anthropic's pings) are bytes the SDK drops before any event."""
         raise NotImplementedError
 
     def describe(self, error: BaseException) -> Failure | None:

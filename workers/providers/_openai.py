@@ -55,16 +55,16 @@ class OpenAI(Provider):
                                    pool=connect_s))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          idle_s: float, generating: Any = None) -> Message:
+                          generating: Any = None) -> Message:
         """``generating`` is told True at the first token and False when the stream ends."""
         told: list[bool] = []
         try:
-            return await self._stream(client, params, seen, idle_s, generating, told)
+            return await self._stream(client, params, seen, generating, told)
         finally:
             if told:
                 await asyncio.shield(generating(False))
 
-    async def _stream(self, client: Any, params: dict[str, Any], seen: Any, idle_s: float,
+    async def _stream(self, client: Any, params: dict[str, Any], seen: Any,
                       generating: Any, told: list[bool]) -> Message:
         wire = self.to_wire(params)
         raw = await client.chat.completions.with_raw_response.create(
@@ -75,16 +75,10 @@ class OpenAI(Provider):
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         usage: Any = None
-        chunks = stream.__aiter__()
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(idle_s):
-                        chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    raise openai.APITimeoutError(request=raw.http_request) from None
+            # The client's read timeout (the stream's idle limit) bounds each gap between
+            # bytes; the SDK raises it as an APITimeoutError.
+            async for chunk in stream:
                 now = time.monotonic() - seen.opened
                 seen.last_event_s = now
                 seen.started = True

@@ -1,13 +1,20 @@
 """One realtime Messages call as a stream (the SDK's ``messages.stream``), judged by the gap
 between its events, never by a total time.
 
-A call that is making progress is never abandoned: the stream is closed only when no event
-(a ``ping`` included) came for ``DROVER_STREAM_IDLE_S`` (an APITimeoutError, retried like a
-timeout), when the connection drops or an ``error`` event arrives mid-answer (retried like a
-5xx / 529), or when the caller cancels it (a job cancel or deadline: ``llm.race`` cancels the
-task, which closes the stream at once). ``Seen`` keeps what had arrived, so a stream that
-ends early still counts what it cost: the input from ``message_start`` and the output
-generated until then (the last usage seen, or the characters received / 4).
+A call that is making progress is never abandoned: the stream is closed only when its
+connection carried no byte for ``DROVER_STREAM_IDLE_S`` (the client's read timeout, which the
+SDK raises as an APITimeoutError, retried like a timeout), when the connection drops or an
+``error`` event arrives mid-answer (retried like a 5xx / 529), or when the caller cancels it
+(a job cancel or deadline: ``llm.race`` cancels the task, which closes the stream at once).
+The idle limit is timed on the connection's bytes, not on the SDK's events: the API keeps a
+stream whose first token is minutes away (a long prompt read, hidden thinking) alive with
+``ping`` events, which the SDK drops before any event reaches drover. Timed per event, such a
+healthy stream was abandoned at the idle limit and sent again, each attempt billed (16 calls
+whose first token came after 75 s: none answered, 80 sent in 5 minutes).
+
+``Seen`` keeps what had arrived, so a stream that ends early still counts what it cost: the
+input from ``message_start`` and the output generated until then (the last usage seen, or the
+characters received / 4).
 """
 
 from __future__ import annotations
@@ -87,25 +94,17 @@ class Seen:
 
 
 async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
-                         idle_s: float,
                          generating: Callable[[bool], Awaitable[None]] | None = None
                          ) -> Message:
     """Send one turn as a stream and return the final message; raises the SDK's errors
-    (APITimeoutError when no event came for ``idle_s``). ``generating`` is told True at the
+    (APITimeoutError when the connection carried no byte for the client's read timeout,
+    ``DROVER_STREAM_IDLE_S``: see the module docstring). ``generating`` is told True at the
     first token and False when the stream ends."""
     told = False
     try:
         async with client.messages.stream(**params) as stream:
             seen.headers = stream.response.headers
-            events = stream.__aiter__()
-            while True:
-                try:
-                    async with asyncio.timeout(idle_s):
-                        event = await events.__anext__()
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    raise anthropic.APITimeoutError(request=stream.response.request) from None
+            async for event in stream:
                 seen.on(event)
                 if not told and generating is not None and seen.first_token_s is not None:
                     told = True
