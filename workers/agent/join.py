@@ -127,7 +127,7 @@ def collect(store: JobStore, job_id: str, n: int, page: int = PAGE, *,
     """
     chars = record_chars(n)
     results: list[SubagentResult] = []
-    counts = dict.fromkeys(STATUSES, 0)
+    counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
     usage = Usage()
     first_failure = None
     for index, record in store.records.walk(job_id, n, page):

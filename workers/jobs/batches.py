@@ -31,6 +31,7 @@ from typing import Any
 
 import redis
 
+from drover.workers.jobs._decode import members as _members
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.meta import JobMeta
@@ -186,7 +187,7 @@ class BatchStore:
 
     def take(self, scope: str, limit: int) -> dict[str, list[tuple[str, dict[str, Any]]]]:
         """Up to ``limit`` of the oldest pending requests, grouped by job (still pending)."""
-        cids = [_s(x) for x in self.r.zrange(self._pending(scope), 0, limit - 1)]
+        cids = _members(self.r.zrange(self._pending(scope), 0, limit - 1))
         if not cids:
             return {}
         bodies = self.r.hmget(self._bodies(scope), cids)
@@ -278,7 +279,7 @@ class BatchStore:
         dropped = 0
         for scope in self.scopes(key_alias):
             prefix = f"{job_id}_"
-            cids = [c for c in (_s(x) for x in self.r.zrange(self._pending(scope), 0, -1))
+            cids = [c for c in _members(self.r.zrange(self._pending(scope), 0, -1))
                     if c.startswith(prefix)]
             if not cids:
                 continue

@@ -9,6 +9,7 @@ import time
 import redis
 
 from drover.errors import JobNotFound
+from drover.workers.jobs._decode import members as _members
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs.archive import Archive
 from drover.workers.jobs.keys import JobKeys
@@ -49,7 +50,7 @@ class JobMeta:
 
     def recent(self, limit: int = 20) -> list[str]:
         """The ids of the ``limit`` newest jobs, newest first."""
-        return [_s(x) for x in self.r.zrevrange(self.keys.jobs, 0, limit - 1)]
+        return _members(self.r.zrevrange(self.keys.jobs, 0, limit - 1))
 
     def claim_launch(self, job_id: str) -> bool:
         """True for the one caller that may send the job's chord (a replanned job is not resent)."""

@@ -8,6 +8,7 @@ import time
 import redis
 
 from drover.errors import ResultsStoreError
+from drover.workers.jobs._decode import members as _members
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs._stored import PAGE
 from drover.workers.jobs.archive import Archive, warn
@@ -58,8 +59,7 @@ class Outcomes:
         if self.archive.store is None:
             return []
         copied = []
-        for raw in self.r.zrange(self.keys.results_pending, 0, limit - 1):
-            job_id = _s(raw)
+        for job_id in _members(self.r.zrange(self.keys.results_pending, 0, limit - 1)):
             stored = self.r.get(self.keys.job(job_id, "result"))
             if stored:
                 try:

@@ -116,7 +116,7 @@ class Records:
             return self.archive.store.status_counts(job_id)  # type: ignore[union-attr]
         if stored and not raw:  # records written before the counters existed
             return status_counts([r for _, r in self.walk(job_id, n) if r is not None])
-        counts = dict.fromkeys(STATUSES, 0)
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         counts.update({_s(k): int(v) for k, v in raw.items()})
         return counts
 

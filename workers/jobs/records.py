@@ -250,7 +250,7 @@ def total_usage(results: list[SubagentResult]) -> Usage:
 
 
 def status_counts(results: list[SubagentResult]) -> dict[str, int]:
-    counts = dict.fromkeys(STATUSES, 0)
+    counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
     for result in results:
         counts[result.status] += 1
     return counts

@@ -242,7 +242,7 @@ class ResultsStore:
         rows = self._run(lambda cur: cur.execute(
             "SELECT status, count(*) FROM drover_records WHERE job_id = %s GROUP BY status",
             (job_id,)).fetchall())
-        counts = dict.fromkeys(STATUSES, 0)
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         counts.update({status: int(n) for status, n in rows})
         return counts
 

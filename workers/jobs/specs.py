@@ -8,6 +8,7 @@ import json
 import time
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from drover.errors import JobNotFound
 from drover.workers.jobs._decode import text as _s
@@ -38,7 +39,8 @@ class Specs:
             pipe.rpush(self.keys.job(job_id, "tasks"), *subtasks)
             pipe.expire(self.keys.job(job_id, "tasks"), self.ttl_s)
         # The queue is where the recovery sweep re-sends lost tasks of this job.
-        meta = {"status": status, "n": len(subtasks), "created": now, "queue": queue}
+        meta: dict[FieldT, EncodableT] = {"status": status, "n": len(subtasks),
+                                          "created": now, "queue": queue}
         if spec.deadline_s:
             # On Redis's clock, like every check of it: the hosts' clocks may disagree.
             seconds, micros = self.r.time()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 
+from drover.workers.jobs._decode import entries as _entries
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs._stored import field
 from drover.workers.jobs.keys import JobKeys
@@ -26,7 +28,7 @@ class Stream:
         """Records from the job's stream after the entry id ``after``, oldest first."""
         reply = self.r.xread({self.keys.job(job_id, "events"): after}, count=count,
                              block=block_ms)
-        for _stream, entries in reply or []:
+        for _stream, entries in _entries(reply):
             # An entry names the record (its index); the record itself is read from the
             # records hash, a page of entries in one round trip.
             parts = [_s(field(fields, "i") or "") for _id, fields in entries]
@@ -44,10 +46,11 @@ class Stream:
         given for it, for many jobs in one call (at most ``count`` per job)."""
         if not after:
             return {}
-        streams = {self.keys.job(job_id, "events"): last for job_id, last in after.items()}
+        streams: dict[Any, Any] = {self.keys.job(job_id, "events"): last
+                                   for job_id, last in after.items()}
         jobs = {key: job_id for key, job_id in zip(streams, after, strict=True)}
         found: dict[str, list[tuple[str, str]]] = {}
-        for stream, entries in self.r.xread(streams, count=count) or []:
+        for stream, entries in _entries(self.r.xread(streams, count=count)):
             rows = found.setdefault(jobs[_s(stream)], [])
             for entry_id, fields in entries:
                 status = field(fields, "s")

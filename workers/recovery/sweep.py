@@ -76,7 +76,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -123,6 +123,8 @@ def subagent_of(message: dict[str, Any]) -> tuple[str, int] | None:
     if (message.get("headers") or {}).get("task") != SUBAGENT_TASK:
         return None
     body = message.get("body")
+    if not isinstance(body, str | bytes):
+        return None
     if (message.get("properties") or {}).get("body_encoding") == "base64":
         body = base64.b64decode(body)
     args = json.loads(body)[0]  # Celery's message protocol 2: [args, kwargs, embed]
@@ -229,7 +231,8 @@ def resend_orphans(store: JobStore, settings: Settings, send: Send, schedulers: 
     r = store.r
     base = f"{store.prefix}:celery:"
     older = store.meta.server_time() - max(ORPHAN_AGE_S, settings.heartbeat_s)
-    tags = r.zrangebyscore(base + "unacked_index", "-inf", older)
+    # Members only (redis-py types the reply with WITHSCORES' pairs too).
+    tags = cast(list[bytes], r.zrangebyscore(base + "unacked_index", "-inf", older))
     sent: list[tuple[str, Part]] = []
     for start in range(0, len(tags), 500):
         for raw in r.hmget(base + "unacked", tags[start:start + 500]):
@@ -245,7 +248,7 @@ def resend_orphans(store: JobStore, settings: Settings, send: Send, schedulers: 
     return sent
 
 
-def _part_of(raw: bytes | None) -> tuple[str, Part, int] | None:
+def _part_of(raw: bytes | str | None) -> tuple[str, Part, int] | None:
     """(job id, part, claim token) of one of our messages in kombu's unacked hash."""
     if raw is None:
         return None
@@ -504,10 +507,11 @@ def _note_stall(store: JobStore, stalled_key: str, share: Any, now: float, held_
         if r.hdel(stalled_key, job_id):
             log.warning("job %s is moving again (%d/%d records)", job_id, share.done, share.n)
         return
-    quiet_s = now - float(seen[1] or now)
+    since = float(seen[1] or now)
+    quiet_s = now - since
     if share.out <= 0 or held_alive or quiet_s < stall_after_s(settings):
         return
-    info = {"since": float(seen[1]), "out": share.out, "done": share.done, "n": share.n,
+    info = {"since": since, "out": share.out, "done": share.done, "n": share.n,
             "resent": resent, "handed_back": handed_back}
     if r.hsetnx(stalled_key, job_id, json.dumps(info)):
         r.expire(stalled_key, store.ttl_s)
@@ -543,7 +547,7 @@ def _send(store: JobStore, settings: Settings, send: Send, schedulers: Scheduler
         # the copy sent now is a part about to run, so that place goes back at once (the
         # new copy's "resume" then changes nothing).
         fs = schedulers(queue)
-        if store.r.sismember(fs.deferred_key(job_id), part):
+        if store.r.sismember(fs.deferred_key(job_id), str(part)):
             fs.undefer(job_id, [part])
     return True
 

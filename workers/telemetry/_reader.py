@@ -4,7 +4,7 @@ one place besides ``_recorder`` that knows telemetry's Redis keys and field enco
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import redis
 
@@ -59,8 +59,9 @@ class TelemetryReader:
 
     def jobs(self) -> list[ActiveJob]:
         """The jobs counted as active, newest first."""
-        return [ActiveJob(*parse_job(_s(m)), _s(m))
-                for m in self.r.zrevrange(self.keys["jobs"], 0, -1)]
+        # Members only (redis-py types the reply with WITHSCORES' pairs too).
+        members = cast(list[bytes | str], self.r.zrevrange(self.keys["jobs"], 0, -1))
+        return [ActiveJob(*parse_job(_s(m)), _s(m)) for m in members]
 
     def forget_jobs(self, jobs: Iterable[ActiveJob]) -> None:
         """Stop counting these as active: they ended."""
