@@ -81,3 +81,23 @@ def test_a_batch_job_is_refused_at_submit_saying_why(on_openai):
     on_openai()
     with pytest.raises(ValueError, match="Message Batches"):
         submit(JobSpec(subtasks=["a"], delivery="batch"))
+
+
+def test_a_stream_cut_mid_answer_counts_the_prompt_it_was_billed(on_openai, worker):
+    # OpenAI says a prompt's count only in a stream's last chunk, and bills the prompt at
+    # admission: a stream cut before that chunk cost its whole prompt (it counted 0 input).
+    sim = on_openai(tool_turns=0, output_tokens_per_s=4000.0)
+    worker(concurrency=2)
+    result = submit(JobSpec(subtasks=["Write the long report [[sim:out=3000]] [[sim:cut=6]] "
+                                      + "with the background below. " + "context " * 400],
+                            max_tokens=8000)).wait(timeout=120)
+    stats = sim.stats()
+    assert result.counts["ok"] == 1
+    assert stats["streams"]["cut"] == 1 and stats["accepted"] == 2
+    usage = result.usage
+    assert usage.unanswered_calls == 1
+    # Billed twice (the cut attempt and its retry); the answered one's count is exact, the
+    # cut one's is drover's estimate of the same prompt (it counted 0).
+    answered_in = usage.input_tokens
+    assert stats["billed"]["input_tokens"] == 2 * answered_in
+    assert 0.9 * answered_in <= usage.unanswered_input_tokens <= 1.5 * answered_in

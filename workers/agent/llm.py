@@ -440,9 +440,12 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
 def _lost_usage(seen: Seen, est_in: int, est_out: int, cache_reads_count: bool
                 ) -> tuple[int, int]:
     """What a call that ended without its answer cost: once its stream began, the input it
-    said and the output generated until it closed; before that, the estimate."""
+    said (the estimate where it said none: an OpenAI stream tells its prompt's count only in
+    its last chunk, and the prompt is billed at admission) and the output generated until it
+    closed; before that, the estimate."""
     if seen.started:
-        return seen.partial_input(cache_reads_count), seen.partial_output()
+        said_in = seen.partial_input(cache_reads_count) if seen.input_said else est_in
+        return said_in, seen.partial_output()
     return est_in, est_out
 
 

@@ -84,6 +84,7 @@ class OpenAI(Provider):
                 seen.started = True
                 if chunk.usage is not None:
                     usage = chunk.usage
+                    seen.input_said = True
                 for choice in chunk.choices:
                     delta = choice.delta
                     piece = delta.content or ""

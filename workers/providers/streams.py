@@ -39,6 +39,9 @@ class Seen:
     opened: float = field(default_factory=time.monotonic)
     headers: Any = None  # the response's headers (the limiter reads its rate-limit headers)
     started: bool = False  # message_start arrived: the provider admitted the request
+    # The stream said its input count (Anthropic: message_start; OpenAI: only the last
+    # chunk's usage, so a stream cut before it has admitted, and billed, an unsaid prompt).
+    input_said: bool = False
     input_tokens: int = 0  # message_start's usage (input, cache creation and reads)
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
@@ -53,6 +56,7 @@ class Seen:
         kind = event.type
         if kind == "message_start":
             self.started = True
+            self.input_said = True
             usage = event.message.usage
             self.input_tokens = usage.input_tokens or 0
             self.cache_creation_input_tokens = usage.cache_creation_input_tokens or 0
