@@ -306,7 +306,8 @@ class Settings(BaseSettings):
 
     # --- the model and its limits -------------------------------------------------------
     model: str = Field(
-        default="claude-sonnet-4-6", description="The model of jobs that name none.")
+        default="claude-sonnet-4-6", description="The model of jobs that name none (the "
+        "submitting process's, fixed in the job when it is submitted).")
     rpm: PositiveRate = Field(
         default=50, description="The default model's requests per minute, as the console "
         "shows it.")

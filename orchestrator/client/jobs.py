@@ -137,6 +137,8 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     if not isinstance(spec, JobSpec):
         spec = JobSpec.model_validate(spec)
     check_spec(spec, settings)
+    if spec.model is None:  # the job's model is fixed now, as checked: not each reader's
+        spec = spec.model_copy(update={"model": settings.model})  # or worker's DROVER_MODEL
     _first_contact(settings)
     shared = submitter_services(settings)
     store = shared.store

@@ -179,3 +179,29 @@ def test_every_drover_variable_the_code_reads_is_a_setting_or_known_elsewhere():
     assert read, "the scan found no read at all"
     assert read <= setting_names() | READ_ELSEWHERE, sorted(read - setting_names()
                                                             - READ_ELSEWHERE)
+
+
+def test_a_worker_on_openai_names_its_own_endpoint_and_no_claude_limits():
+    from drover.config import load_settings
+    from drover.workers.tasklayer.startup import start_lines
+
+    class NoRedis:
+        def state(self, scope):
+            raise ConnectionError
+
+        def scopes(self):
+            raise ConnectionError
+
+    settings = load_settings(provider="openai", openai_base_url="http://u:pw@llm.internal/v1")
+    text = "\n".join(start_lines(settings, NoRedis()))
+    assert "provider endpoint http://u:***@llm.internal/v1 (openai)" in text, text
+    assert "Anthropic API" not in text and "limits of llm:default:claude" not in text, text
+    assert "default model: none for openai (DROVER_MODEL unset" in text, text
+    named = load_settings(provider="openai", model="gpt-4o", rpm=500, tpm=90_000)
+    text = "\n".join(start_lines(named, NoRedis()))
+    assert "limits of llm:default:gpt-4o: rpm 500 (DROVER_RPM), tpm 90,000 (DROVER_TPM)" in text
+    assert "the OpenAI API (the SDK's default; OPENAI_BASE_URL unset)" in text, text
+    both = load_settings(model_providers={"gpt-4o": "openai"}, keys=[
+        {"alias": "a", "api_key": "sk-a"}, {"alias": "o", "api_key": "sk-o", "provider": "openai"}])
+    text = "\n".join(start_lines(both, NoRedis()))
+    assert "provider endpoints the Anthropic API" in text and "; the OpenAI API" in text, text

@@ -54,11 +54,18 @@ def _scope_line(scope: str, configured: ModelLimits | None, setting: dict[str, s
     return f"limits of {scope}: {', '.join(parts)}"
 
 
+def _no_default_model(settings: Settings) -> bool:
+    """drover's default model is Anthropic's: a worker on another provider with no
+    DROVER_MODEL has no default model of its own, and no limits to show for one."""
+    return settings.provider != "anthropic" and "model" not in settings.model_fields_set
+
+
 def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
     own = {dim: f"DROVER_{dim.upper()}" for dim in _DIMS if dim in settings.model_fields_set}
     default_class = settings.limit_class(settings.model)
-    classes: dict[str, tuple[ModelLimits | None, dict[str, str]]] = {
-        default_class: (settings.limits_for(settings.model), own)}
+    classes: dict[str, tuple[ModelLimits | None, dict[str, str]]] = {}
+    if not _no_default_model(settings):
+        classes[default_class] = (settings.limits_for(settings.model), own)
     for name, ml in settings.limits.items():
         classes[settings.limit_class(name)] = (
             ml, {dim: "DROVER_LIMITS" for dim in _DIMS if getattr(ml, dim) is not None})
@@ -90,15 +97,31 @@ def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
     return lines
 
 
+# provider -> (the setting of its endpoint, its name when that is unset)
+_ENDPOINTS = {"anthropic": ("anthropic_base_url", "DROVER_ANTHROPIC_BASE_URL", "Anthropic"),
+              "openai": ("openai_base_url", "OPENAI_BASE_URL", "OpenAI")}
+
+
+def _endpoint(settings: Settings, provider: str) -> str:
+    field, variable, name = _ENDPOINTS[provider]
+    url = getattr(settings, field)
+    return (f"{mask_url(url)} ({provider})" if url else
+            f"the {name} API (the SDK's default; {variable} unset)")
+
+
 def start_lines(settings: Settings, limiter: Limiter) -> list[str]:
     """The lines a ready worker logs: what it loaded and where it sends."""
-    endpoint = mask_url(settings.anthropic_base_url) if settings.anthropic_base_url else (
-        "the Anthropic API (the SDK's default; DROVER_ANTHROPIC_BASE_URL unset)")
-    return [*_tools_lines(settings), *_limit_lines(settings, limiter),
+    providers = dict.fromkeys([settings.provider, *settings.model_providers.values()])
+    endpoint = "; ".join(_endpoint(settings, p) for p in providers)
+    default = ([f"default model: none for {settings.provider} (DROVER_MODEL unset, and "
+                f"drover's default, {settings.model}, is Anthropic's): jobs must name their "
+                "model, or set DROVER_MODEL to one the endpoint serves"]
+               if _no_default_model(settings) else [])
+    return [*_tools_lines(settings), *default, *_limit_lines(settings, limiter),
             f"target utilization {settings.target_utilization:g}, burst "
             f"{settings.burst_seconds:g} s, at most {settings.max_in_flight} in flight per scope",
-            f"key prefix {settings.key_prefix}, queue {settings.queue}, provider endpoint "
-            f"{endpoint}"]
+            f"key prefix {settings.key_prefix}, queue {settings.queue}, provider endpoint"
+            f"{'s' if len(providers) > 1 else ''} {endpoint}"]
 
 
 def log_start(settings: Settings, limiter: Any) -> None:
