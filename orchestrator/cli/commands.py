@@ -192,19 +192,42 @@ def _flower(args: argparse.Namespace) -> int:
 
 # --- submit, watch, result, cancel ------------------------------------------------------------
 
-SPEC_FORMAT = """\
-The job spec is a JSON object (a JobSpec): either "subtasks", a list of tasks (one sub-agent
-each), or a "goal" the model plans into at most "max_subtasks" sub-agents. Other fields:
-system, model, max_tokens, tools, mode (partial | all_or_nothing), max_turns, token_budget,
-subagent_token_budget, deadline_s, max_parallel_tools, synthesize, metadata.
+def _spec_fields() -> str:
+    """JobSpec's fields but the three named first, each with its choices where it has some:
+    read from the model, so the help never leaves a field out."""
+    import typing
+
+    from drover.workers.jobs.spec import JobSpec
+
+    names = []
+    for name, field in JobSpec.model_fields.items():
+        if name in ("subtasks", "goal", "max_subtasks"):
+            continue
+        kind = field.annotation
+        while typing.get_origin(kind) is typing.Annotated:
+            kind = typing.get_args(kind)[0]
+        choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
+        names.append(f"{name} ({' | '.join(map(str, choices))})" if choices else name)
+    return ", ".join(names)
+
+
+def spec_format() -> str:
+    import textwrap
+
+    fields = textwrap.fill(
+        'The job spec is a JSON object (a JobSpec): either "subtasks", a list of tasks (one '
+        'sub-agent each), or a "goal" the model plans into at most "max_subtasks" sub-agents. '
+        f"Other fields (docs/jobs.md): {_spec_fields()}.", width=95, break_on_hyphens=False)
+    return f"""\
+{fields}
 
 Example (job.json):
-  {"subtasks": ["Summarise vendor A", "Summarise vendor B"],
+  {{"subtasks": ["Summarise vendor A", "Summarise vendor B"],
    "system": "You are a careful analyst.", "max_tokens": 400,
-   "tools": ["lookup_fact"], "deadline_s": 600}
+   "tools": ["lookup_fact"], "deadline_s": 600, "tenant": "research"}}
 
   drover submit job.json --wait
-  echo '{"goal": "Compare vendors A and B", "max_subtasks": 4}' | drover submit -
+  echo '{{"goal": "Compare vendors A and B", "max_subtasks": 4}}' | drover submit -
 
 Exit status: 0 enqueued (with --wait: done, every sub-agent ok); 1 (--wait) the job ended
 with failed, cancelled or over-budget sub-agents, or failed; 2 a bad spec or setting (nothing
@@ -574,7 +597,7 @@ def parser() -> argparse.ArgumentParser:
                  "Validate a job spec and enqueue it: prints the job id at once (the job "
                  "runs on the workers; nothing is enqueued when the spec or a setting is "
                  "wrong). With --wait, follow it to the end and print the result table.",
-                 SPEC_FORMAT)
+                 spec_format())
     submit.add_argument("spec", metavar="SPEC", help="a JSON file with the JobSpec, or - "
                         "for stdin")
     submit.add_argument("--wait", action="store_true", help="wait for the job and print "

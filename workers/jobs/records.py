@@ -212,7 +212,8 @@ class SubagentReport(BaseModel):
 
 
 class JobResult(BaseModel):
-    """A finished job: one record per sub-agent, in index order.
+    """A finished job: one record per sub-agent, in index order (``records``, stored as the
+    field ``results``).
 
     The records' ``summary`` and ``error`` are cut to ``record_chars`` characters (see
     RESULT_TEXT_CHARS); the full record is ``JobHandle.record(index)`` and the full findings
@@ -237,6 +238,13 @@ class JobResult(BaseModel):
         """What the job's calls cost in dollars, its planning and synthesis included (None:
         its model has no price; ``usage.unpriced_calls`` counts calls left unpriced)."""
         return self.usage.cost_usd
+
+    @property
+    def records(self) -> list[SubagentResult]:
+        """The job's records, one per sub-agent in index order: the docs' word for them
+        (``handle.records()`` pages the same). ``results`` is the field's name as stored and
+        in ``drover result --json``, and stays."""
+        return self.results
 
     def by_status(self, status: Status) -> list[SubagentResult]:
         return [r for r in self.results if r.status == status]
