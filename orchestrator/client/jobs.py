@@ -137,8 +137,9 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
     if not isinstance(spec, JobSpec):
         spec = JobSpec.model_validate(spec)
     check_spec(spec, settings)
-    if spec.model is None:  # the job's model is fixed now, as checked: not each reader's
-        spec = spec.model_copy(update={"model": settings.model})  # or worker's DROVER_MODEL
+    if spec.model is None and spec.subagent is None:  # (an @subagent's calls name their own)
+        # The job's model is fixed now, as checked: not each reader's or worker's DROVER_MODEL.
+        spec = spec.model_copy(update={"model": settings.model})
     _first_contact(settings)
     shared = submitter_services(settings)
     store = shared.store

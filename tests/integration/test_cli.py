@@ -328,25 +328,29 @@ def test_result_names_the_jobs_model_not_the_readers_drover_model(redis_url, key
                                                                   monkeypatch, tmp_path):
     """The job's model is fixed when it is submitted (DROVER_MODEL there); a shell that reads
     it later, with another DROVER_MODEL or none, names the job's."""
-    from drover import JobSpec, submit
     from drover.config import get_settings
     from drover.workers.jobs.records import JobResult, Usage
     from drover.workers.services import services
 
-    for name, value in (("DROVER_REDIS_URL", redis_url), ("DROVER_KEY_PREFIX", key_prefix),
-                        ("DROVER_QUEUE", f"q-{key_prefix}"), ("DROVER_PROVIDER", "openai"),
-                        ("DROVER_MODEL", "gpt-4o"), ("DROVER_TPM", "100000")):
-        monkeypatch.setenv(name, value)
+    env = clean_env(DROVER_REDIS_URL=redis_url, DROVER_KEY_PREFIX=key_prefix,
+                    DROVER_QUEUE=f"q-{key_prefix}")
+    spec = tmp_path / "job.json"
+    spec.write_text('{"subtasks": ["a"], "system": "You are brief.", "max_tokens": 16}')
+    sent = drover(["submit", str(spec)], {**env, "DROVER_PROVIDER": "openai",
+                                          "DROVER_MODEL": "gpt-4o", "DROVER_TPM": "100000"},
+                  tmp_path)
+    assert sent.returncode == 0, sent.stderr
+    job_id = sent.stdout.split()[-1]
+    for name in ("DROVER_REDIS_URL", "DROVER_KEY_PREFIX"):
+        monkeypatch.setenv(name, env[name])
     get_settings.cache_clear()
     try:
-        handle = submit(JobSpec(subtasks=["a"], system="You are brief.", max_tokens=16))
         store = services().store
-        assert store.specs.get(handle.id).model == "gpt-4o"
-        store.outcomes.save(JobResult(job_id=handle.id, status="done", results=[], counts={},
+        assert store.specs.get(job_id).model == "gpt-4o"
+        store.outcomes.save(JobResult(job_id=job_id, status="done", results=[], counts={},
                                       usage=Usage(), wall_s=1.0))
     finally:
         get_settings.cache_clear()
-    env = clean_env(DROVER_REDIS_URL=redis_url, DROVER_KEY_PREFIX=key_prefix)
-    proc = drover(["result", handle.id], env, tmp_path)
+    proc = drover(["result", job_id], env, tmp_path)  # a shell with no DROVER_MODEL
     assert "below gpt-4o's minimum cacheable length" in proc.stdout, proc.stdout + proc.stderr
     assert "claude" not in proc.stdout
