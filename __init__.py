@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         WaitTimeout,
         WorkerCannotStart,
     )
+    from drover.orchestrator.client.estimates import Estimate, estimate
     from drover.orchestrator.client.jobs import JobHandle, submit
     from drover.orchestrator.client.planning import plan
     from drover.workers.jobs.records import JobResult, SubagentResult, Usage
@@ -58,13 +59,16 @@ _ERRORS = ("AgentError", "CallFailed", "Cancelled", "DroverError", "JobNotFound"
            "NeverFits", "PlanningFailed", "ResultsStoreError", "SettingsError", "Unreachable",
            "WaitTimeout", "WorkerCannotStart")
 
-__all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "JobHandle", "JobNotFound",
+__all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "Estimate", "JobHandle",
+           "JobNotFound",
            "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed",
            "ResultsStoreError", "SettingsError",
            "SubagentResult", "Unreachable", "Usage", "WaitTimeout", "WorkerCannotStart", "app",
-           "plan", "subagent", "submit", "tool"]
+           "estimate", "plan", "subagent", "submit", "tool"]
 
 _WHERE = {"JobHandle": "drover.orchestrator.client.jobs",
+          "estimate": "drover.orchestrator.client.estimates",
+          "Estimate": "drover.orchestrator.client.estimates",
           "submit": "drover.orchestrator.client.jobs",
           "plan": "drover.orchestrator.client.planning",
           "JobResult": "drover.workers.jobs.records",

@@ -286,6 +286,19 @@ def _submit(args: argparse.Namespace) -> int:
     return OK if result is None else _print_result(result, handle)
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.spec)  # nothing is sent: no Redis, no broker needed
+    settings = _settings()
+    from drover.orchestrator.client.estimates import estimate
+    try:
+        found = estimate(spec, settings=settings,  # type: ignore[arg-type]
+                         mean_output_tokens=args.mean_output)
+    except ValueError as error:
+        raise Refused(str(error)) from None
+    console.print(found.table())
+    return OK
+
+
 def _wait(handle: Any, settings: Any) -> Any:
     """The job's result; if nothing finishes for a while, the handle's wait says whether a
     worker serves the queue (orchestrator/client/workers.py), here as a `drover:` line."""
@@ -603,6 +616,20 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="wait for the job and print "
                         "the result")
     submit.set_defaults(fn=_submit)
+
+    estimate = add("estimate", "what a job spec will cost and take, before it runs",
+                   "Estimate a job spec's LLM calls, tokens, cost (at DROVER_PRICES over the "
+                   "bundled price table) and duration at the key's limits, expected and worst "
+                   "case, without sending anything. Expected: one call per sub-agent (two "
+                   "with tools), answers of --mean-output tokens; worst case: every sub-agent "
+                   "uses max_turns, every answer max_tokens, a full-size tool result a turn. "
+                   "docs/cost.md explains the figures.",
+                   "Exit status: 0; 2 a bad spec or setting, or a spec it cannot estimate.")
+    estimate.add_argument("spec", metavar="SPEC", help="a JSON file with the JobSpec, or - "
+                          "for stdin")
+    estimate.add_argument("--mean-output", type=int, default=None, metavar="TOKENS",
+                          help="expected answer length (default: half of max_tokens)")
+    estimate.set_defaults(fn=_estimate)
 
     job_help = "the job id that drover submit printed"
     watch = add("watch", "follow a job live", "Show a progress bar and each sub-agent's "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from drover import JobSpec, submit
+from drover import JobSpec, estimate, submit
 from drover.orchestrator.ops.stats import fleet_cost
 from drover.workers.services import services
 from tests.helpers import configure, stop_process_group, wait_for_workers, wait_until
@@ -28,8 +28,10 @@ def test_a_jobs_cost_matches_the_providers_bill_at_the_same_prices(
     workers = [spawn_worker(concurrency=8), spawn_worker(concurrency=8)]
     wait_for_workers(2)
     tenant = f"cost-{uuid.uuid4().hex[:6]}"  # its own series in the fleet's counters
-    handle = submit(JobSpec(subtasks=[f"Assess supplier {i}" for i in range(120)],
-                            tools=["lookup_fact"], max_tokens=300, tenant=tenant))
+    spec = JobSpec(subtasks=[f"Assess supplier {i}" for i in range(120)],
+                   tools=["lookup_fact"], max_tokens=300, tenant=tenant)
+    worst = estimate(spec).worst
+    handle = submit(spec)
     result = handle.wait(timeout=300)
     # drover_cost_usd{model, tenant}, as `drover metrics` and `drover stats` read it.
     fleet = wait_until("the workers' cost counters flushed", lambda: (
@@ -44,6 +46,9 @@ def test_a_jobs_cost_matches_the_providers_bill_at_the_same_prices(
     print(f"\n120 sub-agents, {result.usage.sent_calls} calls: the job's cost_usd "
           f"${result.cost_usd:.6f}, the simulator's bill ${bill['usd']:.6f}, ratio {ratio:.4f}")
     assert 0.95 <= ratio <= 1.20, (result.cost_usd, bill)
+    # What drover estimate said before: the worst case bounds what it cost.
+    assert worst.cost_usd is not None and result.cost_usd <= worst.cost_usd
+    assert result.usage.sent_calls <= worst.calls
     assert fleet and fleet_cost(services())[0][("claude-sonnet-4-6", tenant)] < (
         result.cost_usd * 1.0001)
     # Each record's dollars add up to the job's (no planning or synthesis call here).
