@@ -4,6 +4,7 @@ a server of its own in this process, never the configured provider."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 
 from drover.workers.providers.warmup import warm_up
@@ -41,3 +42,29 @@ def test_a_failed_warm_up_does_not_stop_the_worker(monkeypatch):
 
     monkeypatch.setattr(asyncio, "start_server", refuse)
     assert asyncio.run(warm_up()) == []
+
+
+def test_a_worker_on_openai_also_streams_one_chat_completion_through_its_provider(monkeypatch,
+                                                                                  caplog):
+    # The openai SDK is as cold as Anthropic's, and the Anthropic call warms none of it: a
+    # worker that calls OpenAI streams one answer through drover's OpenAI provider too,
+    # still never to the configured endpoint.
+    provider = socket.socket()
+    provider.bind(("127.0.0.1", 0))
+    provider.listen()
+    provider.setblocking(False)
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{provider.getsockname()[1]}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-be-sent")
+
+    with caplog.at_level(logging.DEBUG, logger="drover.workers.providers.warmup"):
+        seen = asyncio.run(warm_up({"anthropic", "openai"}))
+
+    assert seen == ["POST /v1/messages HTTP/1.1", "POST /v1/chat/completions HTTP/1.1"]
+    # and both answers were read to their end (the stream's chunks, usage and [DONE])
+    assert not [r.message for r in caplog.records if "failed" in r.getMessage()]
+    try:
+        conn, _ = provider.accept()
+    except BlockingIOError:
+        conn = None
+    provider.close()
+    assert conn is None, "the warm-up dialled the configured base URL"

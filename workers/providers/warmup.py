@@ -15,8 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable
 
 import anthropic
+
+from drover.workers.providers.registry import provider
+from drover.workers.providers.streams import Seen
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,16 @@ _BODY = json.dumps({
     "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
     "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1},
 }).encode()
+# A streamed Chat Completions answer, as OpenAI sends it with include_usage: a chunk of text,
+# the finish, the usage chunk and [DONE].
+_CHUNK = {"id": "chatcmpl-warmup", "object": "chat.completion.chunk", "created": 0,
+          "model": "warm-up"}
+_STREAM = b"".join(b"data: " + json.dumps({**_CHUNK, **part}).encode() + b"\n\n" for part in (
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"},
+                  "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
+)) + b"data: [DONE]\n\n"
 
 
 async def _answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -36,17 +50,21 @@ async def _answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
         length = next((int(line.split(":", 1)[1]) for line in lines[1:]
                        if line.lower().startswith("content-length:")), 0)
         await reader.readexactly(length)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(_BODY) + _BODY)
+        streamed = "chat/completions" in lines[0]
+        body, kind = (_STREAM, b"text/event-stream") if streamed else (_BODY, b"application/json")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: close\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (kind, len(body)) + body)
         await writer.drain()
     finally:
         writer.close()
 
 
-async def warm_up(timeout_s: float = 10.0) -> list[str]:
-    """One Messages call through the SDK to a local one-shot server; the request lines it
-    received (one, unless something went wrong). Never raises: a failed warm-up only leaves
-    the first real call slow."""
+async def warm_up(providers: Iterable[str] = ("anthropic",), timeout_s: float = 10.0
+                  ) -> list[str]:
+    """One call through each of ``providers``' SDKs (the worker's: Anthropic's Messages
+    always, OpenAI's streamed Chat Completions when it calls OpenAI) to a local server; the
+    request lines it received (one per call, unless something went wrong). Never raises: a
+    failed warm-up only leaves the first real call slow."""
     seen: list[str] = []
     try:
         server = await asyncio.start_server(
@@ -66,6 +84,23 @@ async def warm_up(timeout_s: float = 10.0) -> list[str]:
         log.debug("sdk warm-up failed: %s", exc)
     finally:
         await client.close()
-        server.close()
-        await server.wait_closed()
+    if "openai" in providers:
+        await _warm_openai(f"http://127.0.0.1:{port}/v1", timeout_s)
+    server.close()
+    await server.wait_closed()
     return seen
+
+
+async def _warm_openai(base_url: str, timeout_s: float) -> None:
+    """One streamed answer through drover's OpenAI provider, as a real call makes it."""
+    openai = provider("openai")
+    client = openai.build_client(api_key="warm-up", base_url=base_url, connect_s=timeout_s,
+                                 idle_s=timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await openai.stream_turn(client, {"model": "warm-up", "max_tokens": 1, "messages": [
+                {"role": "user", "content": "ok"}]}, Seen())
+    except Exception as exc:  # noqa: BLE001 - only the first real call stays slow
+        log.debug("openai sdk warm-up failed: %s", exc)
+    finally:
+        await client.close()

@@ -50,10 +50,12 @@ def import_tool_modules() -> None:
 def _on_worker_start(sender: Any = None, **_: Any) -> None:
     import_tool_modules()
     # The SDK's first call in a process is slow (lazy imports): made here, to a local one-shot
-    # server, so a job's first granted sends are not late (providers/warmup.py).
-    get_runtime(app.drover).run(warm_up())
-    worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
+    # server, so a job's first granted sends are not late (providers/warmup.py); through each
+    # provider's SDK the worker calls.
     settings = get_settings()
+    get_runtime(app.drover).run(warm_up({settings.provider, *settings.model_providers.values(),
+                                         *(settings.key_provider(k) for k in settings.keys)}))
+    worker_started(sender)  # traces when asked for; the heartbeat that counts it alive
     shared = app.drover  # the worker's root: built here, at its start, for the process
     shared.heartbeat()  # liveness for recovery, before the first message
     # Re-sends what dead workers held (recovery/sweep.py), through the root's scheduler.
