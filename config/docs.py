@@ -16,7 +16,7 @@ import types
 import typing
 
 import annotated_types
-from pydantic import AliasChoices, SecretStr
+from pydantic import AliasChoices, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -147,7 +147,7 @@ def _entry(name: str, field: FieldInfo) -> list[str]:
     ]
 
 
-def _nested(model: type) -> list[str]:
+def _nested(model: type[BaseModel]) -> list[str]:
     lines = []
     for name, field in model.model_fields.items():
         bounds = _bounds(field)

@@ -888,7 +888,7 @@ _reported: set[str] = set()
 
 def setting_names() -> set[str]:
     """Every variable a setting reads (DROVER_X, and the aliases such as ANTHROPIC_API_KEY)."""
-    names = set()
+    names: set[str] = set()
     for name, field in Settings.model_fields.items():
         alias = field.validation_alias
         choices = alias.choices if isinstance(alias, AliasChoices) else [alias] if alias else []

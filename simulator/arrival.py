@@ -69,6 +69,7 @@ class StampingListener(socket.socket):
         conn = _StampedConnection(self.family, self.type, self.proto, fileno=fd)
         if socket.getdefaulttimeout() is None and self.gettimeout():
             conn.setblocking(True)  # as socket.socket.accept does
+        assert SO_TIMESTAMP is not None  # made only where supported() (below)
         conn.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
         return conn, addr
 

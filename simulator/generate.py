@@ -150,9 +150,9 @@ def value_for(schema: Any, rng: random.Random, plan_items: int, counter: _Counte
         hi = int(schema.get("maximum", max(lo, 100)))
         return rng.randint(lo, max(lo, hi))
     if kind == "number":
-        lo = float(schema.get("minimum", 0.0))
-        hi = float(schema.get("maximum", max(lo, 100.0)))
-        return round(rng.uniform(lo, max(lo, hi)), 2)
+        low = float(schema.get("minimum", 0.0))
+        high = float(schema.get("maximum", max(low, 100.0)))
+        return round(rng.uniform(low, max(low, high)), 2)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "null":

@@ -221,6 +221,7 @@ def error_frame(message: str) -> bytes:
 def error_reply(status: int, error_type: str, message: str,
                 details: dict[str, Any] | None, limit_name: str | None) -> tuple[int, bytes]:
     """(status, body) of the engine's error (Anthropic's type) in OpenAI's words."""
+    code: str | None
     if status == 429:
         if details:  # the spend cap: no credit left, retrying does not help
             kind, code = "insufficient_quota", "insufficient_quota"

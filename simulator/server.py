@@ -26,7 +26,7 @@ def _response(reply: Reply) -> web.Response:
     return web.Response(body=reply.body, status=reply.status, headers=reply.headers)
 
 
-async def _messages(request: web.Request) -> web.Response:
+async def _messages(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     raw = await request.read()
     # Judged at the kernel's receive time: a loop starved under load must not turn requests
@@ -329,7 +329,11 @@ class SimulatorServer:
         return self._on_loop(lambda: snapshot(self.engine, self.batches))
 
     def reset(self) -> None:
-        self._on_loop(lambda: (self.engine.reset(), self.batches.reset()))
+        def both() -> None:
+            self.engine.reset()
+            self.batches.reset()
+
+        self._on_loop(both)
 
     def arrivals(self) -> list[float]:
         """Wall-clock arrival time of every Messages request since the last reset."""

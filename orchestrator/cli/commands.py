@@ -380,9 +380,9 @@ def _print_result(result: Any, handle: Any = None) -> int:
                   f"wall={result.wall_s:.1f}s")
     for line in usage_lines(result.usage):
         console.print(line, markup=False)
-    line = _cache_line(handle, result) if handle is not None else None
-    if line:
-        console.print(line, highlight=False)
+    cache = _cache_line(handle, result) if handle is not None else None
+    if cache:
+        console.print(cache, highlight=False)
     if result.synthesis:
         console.print("\n[bold]Synthesis[/]\n" + result.synthesis)
     return exit_code(result)

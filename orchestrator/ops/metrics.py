@@ -136,6 +136,7 @@ class DroverCollector(Collector):
                     calls.setdefault((scope, outcome), 0.0)
         out: list[Metric] = []
         for m in known.values():
+            family: CounterMetricFamily | HistogramMetricFamily
             if m.kind == "counter":
                 family = CounterMetricFamily(m.name, m.help, labels=m.labels)
                 for labels, value in sorted(counters.get(m.name, {}).items()):
@@ -319,7 +320,7 @@ class DroverCollector(Collector):
                                           transport_options=conf["broker_transport_options"])
             virtual = self._broker.transport.driver_type == "redis"
             channel = self._broker.channel()
-            out = []
+            out: list[tuple[tuple[str, ...], float]] = []
             try:
                 for queue in queues:
                     if virtual:

@@ -58,7 +58,7 @@ class SentinelSet:
             with contextlib.suppress(redis.RedisError), contextlib.closing(
                     self.client(port)) as client:
                 addr = client.sentinel_get_master_addr_by_name(self.master_name)
-                if addr:
+                if isinstance(addr, tuple):  # (host, port); redis-py types a miss as a bool
                     return int(addr[1])
         return None
 
@@ -178,7 +178,7 @@ def start_sentinel_set(timeout: float = 60.0) -> SentinelSet:
             for port in sentinels:
                 with contextlib.closing(cluster.client(port)) as client:
                     state = client.sentinel_master(cluster.master_name)
-                    if int(state.get("num-slaves", 0)) < 1 or int(
+                    if not isinstance(state, dict) or int(state.get("num-slaves", 0)) < 1 or int(
                             state.get("num-other-sentinels", 0)) < 2:
                         return False
             return True

@@ -113,7 +113,8 @@ def budget_text(limiter: Limiter | None, tenant: str, budget: TenantBudget | Non
             parts.append(f"{used:,}/{budget.per_minute:,.0f} a minute")
         else:
             bucket = (limiter.state(scope).get("input_tokens") if limiter else None) or {}
-            left = bucket.get("level", budget.per_day)
+            level = bucket.get("level")
+            left = float(level if level is not None else budget.per_day or 0.0)
             parts.append(f"{max(0.0, left):,.0f} of {budget.per_day:,.0f} a day left")
     return ", ".join(parts)
 

@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -369,7 +370,7 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
         else:
             failure = CallFailed(decision)
         if lost:
-            failure.unanswered = (lost_in, lost_out)  # type: ignore[attr-defined]  # telemetry
+            _mark_unanswered(failure, lost_in, lost_out)  # for telemetry
         raise failure from None
     except HeldBack:
         # Planned before the 429 that emptied the provider's bucket: its lease is gone, its
@@ -546,14 +547,18 @@ async def count_lost_job_call(rt: Runtime, job_id: str, part: str, *, model: str
                     job_id, part, lost[0], lost[1])
 
 
+def _mark_unanswered(error: BaseException, est_in: int, est_out: int) -> None:
+    """What telemetry reads (``getattr(error, "unanswered")``) on whatever exception ended a
+    call sent and never answered, the SDK's own among them."""
+    with contextlib.suppress(TypeError):  # an exception type without a __dict__
+        vars(error)["unanswered"] = (est_in, est_out)
+
+
 async def _unanswered(rt: Runtime, scope: str, ctx: CallContext, error: BaseException,
                       est_in: int, est_out: int) -> None:
     """Tell the caller of a call sent and never answered, count it for ``drover stats``, and
     mark ``error`` for the metrics."""
-    try:
-        error.unanswered = (est_in, est_out)  # type: ignore[attr-defined]
-    except AttributeError:  # an exception type without a __dict__
-        pass
+    _mark_unanswered(error, est_in, est_out)
     try:
         await asyncio.to_thread(rt.store.counters.count_unanswered, scope, est_in, est_out,
                                 rt.settings.stats_window_s)

@@ -76,14 +76,12 @@ def retry_reason(decision: Decision, attempt: int, max_attempts: int) -> str:
 def full_jitter(attempt: int, base_s: float, cap_s: float,
                 rng: random.Random | None = None) -> float:
     """AWS's "full jitter": uniform in [0, min(cap, base * 2**attempt)]."""
-    rng = rng or random
-    return rng.uniform(0.0, min(cap_s, base_s * 2 ** max(0, attempt)))
+    return (rng or random).uniform(0.0, min(cap_s, base_s * 2 ** max(0, attempt)))
 
 
 def retry_after_jitter(retry_after: float, rng: random.Random | None = None) -> float:
     """Spread the retries after a 429 so workers do not all come back at the same instant."""
-    rng = rng or random
-    return rng.uniform(0.0, 1.0 + 0.25 * retry_after)
+    return (rng or random).uniform(0.0, 1.0 + 0.25 * retry_after)
 
 
 def limiter_countdown(retry_after_s: float, cap_s: float,
@@ -93,15 +91,13 @@ def limiter_countdown(retry_after_s: float, cap_s: float,
     Jittered so the workers it sends away do not all come back at the same instant, and
     capped like every other countdown (a long retry-after would otherwise outlast the
     broker's visibility timeout and be delivered twice)."""
-    rng = rng or random
-    return min(cap_s, retry_after_s + rng.uniform(0.0, 0.5))
+    return min(cap_s, retry_after_s + (rng or random).uniform(0.0, 0.5))
 
 
 def poll_wait(retry_after_s: float, rng: random.Random | None = None) -> float:
     """How long to wait in the slot before asking the limiter again (in-flight full, or a
     short refusal): a little longer than it said, by a random amount, so pollers spread."""
-    rng = rng or random
-    return retry_after_s * rng.uniform(1.0, 1.5)
+    return retry_after_s * (rng or random).uniform(1.0, 1.5)
 
 
 KEY_REFUSED = {401, 403}  # authentication_error, permission_error: the key itself is refused

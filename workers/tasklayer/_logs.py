@@ -62,7 +62,8 @@ class AckNotTaken(logging.Filter):
         record.msg = ("the broker did not take the ack of task message %r (%s: %s): it hands "
                       "the message out again, and that copy stops at the sub-agent's claim or "
                       "record")
-        record.args = (*(record.args or ())[:1], type(error).__name__, error)
+        first = record.args[:1] if isinstance(record.args, tuple) else ()
+        record.args = (*first, type(error).__name__, error)
         record.exc_info = record.exc_text = None
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True

@@ -109,7 +109,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 set_status_on_exception=False) as span:
             if span.is_recording():
                 _safe("span", lambda: _request_attributes(span, settings, scope, params, ctx))
-            outcome, error_type, message, lost = "ok", "", None, None
+            outcome, error_type, lost = "ok", "", None
+            message: Any = None  # the provider's message (an SDK's type, or OpenAI's adapted)
             try:
                 message = await fn(rt, params, ctx)
                 return message
