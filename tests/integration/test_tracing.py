@@ -215,3 +215,16 @@ def test_the_trace_crosses_real_prefork_worker_processes_over_otlp(spans, spawn_
             assert s.parent_span_id in remote_ids, s.name
     finally:
         receiver.close()
+
+
+def test_an_openai_call_is_named_openai_in_its_span(spans, worker, monkeypatch, drover_env,
+                                                    sim_factory):
+    # The GenAI attributes name the API that served the call (every call was "anthropic").
+    from tests.helpers.openai import on_openai
+
+    on_openai(monkeypatch, drover_env, sim_factory, tool_turns=0)
+    worker(concurrency=2)
+    handle = submit(JobSpec(subtasks=["Say hello"], max_tokens=100))
+    assert handle.wait(timeout=60).counts["ok"] == 1
+    chats = [s for s in _job_spans(spans, handle.id) if s.name.startswith("chat ")]
+    assert chats and {c.attributes["gen_ai.provider.name"] for c in chats} == {"openai"}

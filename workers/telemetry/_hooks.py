@@ -28,7 +28,6 @@ __all__ = ["acquire_wait", "job_submitted", "llm_call", "subagent_finished", "su
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-PROVIDER = "anthropic"
 # How long the current LLM call waited for the limiter (set by acquire_wait, read by llm_call:
 # both run in the same task, so they share the context).
 _WAITED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
@@ -99,6 +98,7 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         model = str(params.get("model"))
         route = rt.route(model)
         scope = route.scope
+        provider = route.provider.name  # the API that serves the model: its series and spans
         waited: list[float] = []
         token = _WAITED.set(waited)
         timing: list[tuple[float | None, float | None]] = []
@@ -108,7 +108,8 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 f"chat {model}", kind=SpanKind.CLIENT, record_exception=False,
                 set_status_on_exception=False) as span:
             if span.is_recording():
-                _safe("span", lambda: _request_attributes(span, settings, scope, params, ctx))
+                _safe("span", lambda: _request_attributes(span, provider, settings, scope, params,
+                                                          ctx))
             outcome, error_type, lost = "ok", "", None
             message: Any = None  # the provider's message (an SDK's type, or OpenAI's adapted)
             try:
@@ -139,12 +140,12 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 _WAITED.reset(token)
                 _TIMING.reset(timing_token)
                 if timing:
-                    _safe("stream timing", lambda: _record_timing(model, timing[-1]))
+                    _safe("stream timing", lambda: _record_timing(provider, model, timing[-1]))
                     if span.is_recording():
                         _safe("span", lambda: _timing_attributes(span, timing[-1]))
                 if lost is not None:  # sent, never answered: billed at its estimate
                     outcome = "unanswered"
-                    _safe("unanswered", lambda: _record_unanswered(model, lost))
+                    _safe("unanswered", lambda: _record_unanswered(provider, model, lost))
                 if message is not None or lost is not None:
                     usd = _safe("cost", lambda: call_cost(
                         settings, model, getattr(ctx, "tenant", None),
@@ -156,7 +157,7 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                         scope = route.key_scope(ctx.key)
                     duration = max(0.0, time.monotonic() - started - sum(waited))
                     _safe("llm call", lambda: _record_call(
-                        scope, model, outcome, error_type, duration, message))
+                        provider, scope, model, outcome, error_type, duration, message))
                     if span.is_recording():
                         _safe("span", lambda: _response_attributes(
                             span, settings, outcome, error_type, message, sum(waited)))
@@ -164,10 +165,10 @@ def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     return wrapper
 
 
-def _request_attributes(span: Any, settings: Any, scope: str, params: dict[str, Any],
-                        ctx: Any) -> None:
+def _request_attributes(span: Any, provider: str, settings: Any, scope: str,
+                        params: dict[str, Any], ctx: Any) -> None:
     span.set_attributes({
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": PROVIDER,
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
         "gen_ai.request.model": str(params.get("model")),
         "gen_ai.request.max_tokens": int(params.get("max_tokens") or 0),
         "drover.scope": scope, "drover.job_id": str(getattr(ctx, "job_id", "")),
@@ -204,11 +205,11 @@ def _response_attributes(span: Any, settings: Any, outcome: str, error_type: str
             [block.model_dump(mode="json") for block in message.content]))
 
 
-def _record_call(scope: str, model: str, outcome: str, error_type: str, duration: float,
-                 message: Any) -> None:
+def _record_call(provider: str, scope: str, model: str, outcome: str, error_type: str,
+                 duration: float, message: Any) -> None:
     rec = get_recorder()
     rec.inc("drover_llm_calls", (scope, outcome))
-    genai = ("chat", PROVIDER, model)
+    genai = ("chat", provider, model)
     rec.observe("drover_gen_ai_client_operation_duration_seconds",
                 (*genai, "" if outcome == "ok" else error_type or outcome), duration)
     if message is None:
@@ -221,9 +222,9 @@ def _record_call(scope: str, model: str, outcome: str, error_type: str, duration
         rec.inc("drover_gen_ai_client_token_usage", (*genai, kind), float(value or 0))
 
 
-def _record_timing(model: str, timing: tuple[float | None, float | None]) -> None:
+def _record_timing(provider: str, model: str, timing: tuple[float | None, float | None]) -> None:
     rec = get_recorder()
-    genai = ("chat", PROVIDER, model)
+    genai = ("chat", provider, model)
     first, per_s = timing
     if first is not None:
         rec.observe("drover_gen_ai_server_time_to_first_token_seconds", genai, first)
@@ -260,9 +261,9 @@ def call_cost(settings: Any, model: str, tenant: str | None, usage: Any,
     return usd
 
 
-def _record_unanswered(model: str, lost: tuple[int, int]) -> None:
+def _record_unanswered(provider: str, model: str, lost: tuple[int, int]) -> None:
     rec = get_recorder()
-    genai = ("chat", PROVIDER, model)
+    genai = ("chat", provider, model)
     rec.inc("drover_gen_ai_client_token_usage", (*genai, "unanswered_input"), float(lost[0]))
     rec.inc("drover_gen_ai_client_token_usage", (*genai, "unanswered_output"), float(lost[1]))
 
