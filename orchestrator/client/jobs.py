@@ -19,7 +19,7 @@ from typing import Any
 
 from drover.config import Settings, get_settings
 from drover.errors import JobNotFound, JobRefused, Unreachable, WaitTimeout
-from drover.orchestrator.client.workers import WorkerWatch, workers_line
+from drover.orchestrator.client.workers import WorkerWatch, warn_if_unserved, workers_line
 from drover.workers.agent.caching import prefix_tokens
 from drover.workers.agent.fits import spec_never_fits
 from drover.workers.connections.preflight import check_services, import_tool_modules
@@ -153,6 +153,7 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         if store.meta.claim_launch(job_id):
             launch(job_id, len(tasks), settings.queue, tenant=spec.tenant,
                    priority=spec.priority, shared=shared)
+    warn_if_unserved(shared.fairshare(settings.queue).live_slots, store.r, settings, job_id)
     return JobHandle(job_id, settings=settings, shared=shared)
 
 

@@ -1,17 +1,20 @@
-"""Is anyone serving the job? What ``JobHandle.wait()``, ``as_completed()`` and ``drover submit
---wait`` say when nothing finishes: no worker consumes the job's queue, or none is alive."""
+"""Is anyone serving the job? What ``submit`` says when no worker serves the job's queue, and
+``JobHandle.wait()``, ``as_completed()`` and ``drover submit --wait`` when nothing finishes: no
+worker consumes the job's queue, or none is alive."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 
 from drover.config import Settings
 from drover.workers.jobs.liveness import registered_workers
 
-__all__ = ["NO_WORKER_HINT_AFTER_S", "WorkerWatch", "no_worker_hint", "workers_line"]
+__all__ = ["NO_WORKER_HINT_AFTER_S", "WorkerWatch", "no_worker_hint", "warn_if_unserved",
+           "workers_line"]
 
 log = logging.getLogger("drover.orchestrator.client")
 
@@ -48,6 +51,24 @@ def workers_line(r: redis.Redis, settings: Settings) -> str:
         return f"{live} worker process(es) alive under DROVER_KEY_PREFIX={settings.key_prefix}"
     return (f"no worker alive under DROVER_KEY_PREFIX={settings.key_prefix}: start one with "
             f"`drover worker` (DROVER_QUEUE={settings.queue})")
+
+
+def warn_if_unserved(live_slots: Callable[[], int], r: redis.Redis, settings: Settings,
+                     job_id: str) -> None:
+    """At submit: one warning line when no worker serves the job's queue (each reports its
+    slots there every 2 s: ``live_slots``), so a user without workers hears it now, not only
+    from a ``wait()`` later. The job stays queued and runs once one starts."""
+    try:
+        if live_slots():
+            return
+    except redis.RedisError:  # the submit worked; this is a nicety
+        return
+    live = workers_line(r, settings)
+    why = (f"no worker consumes queue {settings.queue!r} (DROVER_QUEUE), though {live}: "
+           f"start one with `drover worker` and DROVER_QUEUE={settings.queue}"
+           if live[:1].isdigit() else live)
+    log.warning("job %s is queued, but no worker serves it yet: %s; it runs once one does",
+                job_id, why)
 
 
 class WorkerWatch:

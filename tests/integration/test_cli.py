@@ -354,3 +354,29 @@ def test_result_names_the_jobs_model_not_the_readers_drover_model(redis_url, key
     proc = drover(["result", job_id], env, tmp_path)  # a shell with no DROVER_MODEL
     assert "below gpt-4o's minimum cacheable length" in proc.stdout, proc.stdout + proc.stderr
     assert "claude" not in proc.stdout
+
+
+def test_submit_says_at_once_when_no_worker_serves_the_queue(redis_url, key_prefix,
+                                                             monkeypatch, tmp_path):
+    from drover.config import get_settings
+    from drover.workers.services import services
+
+    queue = f"q-{key_prefix}"
+    env = clean_env(DROVER_REDIS_URL=redis_url, DROVER_KEY_PREFIX=key_prefix,
+                    DROVER_QUEUE=queue)
+    sent = drover(["submit", "-"], env, tmp_path, stdin='{"subtasks": ["a"]}')
+    assert sent.returncode == 0, sent.stderr
+    job_id = sent.stdout.split()[-1]
+    assert (f"job {job_id} is queued, but no worker serves it yet: no worker alive under "
+            f"DROVER_KEY_PREFIX={key_prefix}: start one with `drover worker` "
+            f"(DROVER_QUEUE={queue}); it runs once one does") in sent.stderr, sent.stderr
+
+    for name in ("DROVER_REDIS_URL", "DROVER_KEY_PREFIX", "DROVER_QUEUE"):
+        monkeypatch.setenv(name, env[name])
+    get_settings.cache_clear()
+    try:  # a worker serving the queue reports its slots there, as each does every 2 s
+        services().fairshare(queue).report_slots("node-a", 4, ttl_s=60)
+    finally:
+        get_settings.cache_clear()
+    served = drover(["submit", "-"], env, tmp_path, stdin='{"subtasks": ["a"]}')
+    assert served.returncode == 0 and "no worker" not in served.stderr, served.stderr

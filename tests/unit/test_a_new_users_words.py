@@ -32,3 +32,22 @@ def test_submit_help_lists_every_field_a_job_spec_takes():
     for shown in ("thinking", "delivery (realtime | batch | auto)", "tenant",
                   "priority (interactive | normal | batch)"):
         assert shown in text, shown
+
+
+def test_the_jobs_walkthrough_gives_the_workers_the_simulators_limits():
+    """docs/jobs.md's walk-through ran the simulator without limits and the workers at their
+    defaults (50 RPM): 60 calls took 83 s and the page never said why."""
+    import re
+
+    from tests.helpers import ROOT
+
+    page = (ROOT / "docs" / "jobs.md").read_text()
+    shell = page[page.index("## Write your own tools and jobs"):]
+    shell = shell[shell.index("```sh"):]
+    shell = shell[:shell.index("```", 5)]
+    sim = next(line for line in shell.splitlines() if line.startswith("drover sim"))
+    for dim in ("rpm", "itpm", "otpm"):
+        given = re.search(rf"--{dim} (\d+)", sim)
+        told = re.search(rf"DROVER_{dim.upper()}=(\d+)", shell)
+        assert given and told and given.group(1) == told.group(1), (dim, shell)
+    assert "1.2 s" in page  # and it says what the defaults would cost
