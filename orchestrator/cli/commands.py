@@ -299,6 +299,30 @@ def _estimate(args: argparse.Namespace) -> int:
     return OK
 
 
+def _retry(args: argparse.Namespace) -> int:
+    _need_services(_settings(), broker=True)  # the sub-agents go out again
+    handle = _handle(args.job)
+    from drover.errors import JobNotFound, JobRefused
+    try:
+        indexes = handle.retry()
+    except (JobNotFound, JobRefused) as error:
+        raise Refused(str(error)) from None
+    if not indexes:
+        _say(f"nothing to retry: every sub-agent of job {handle.id} ended ok")
+        return OK
+    shown = ", ".join(map(str, indexes[:20])) + (", ..." if len(indexes) > 20 else "")
+    _say(f"job {handle.id}: {len(indexes)} sub-agents sent again ({shown}); the ok ones are "
+         "kept")
+    if not args.wait:
+        return OK
+    try:
+        result = _wait(handle, handle.settings)
+    except KeyboardInterrupt:
+        _say(f"stopped waiting; job {handle.id} keeps running on the workers")
+        return INTERRUPTED
+    return _print_result(result, handle)
+
+
 def _wait(handle: Any, settings: Any) -> Any:
     """The job's result; if nothing finishes for a while, the handle's wait says whether a
     worker serves the queue (orchestrator/client/workers.py), here as a `drover:` line."""
@@ -646,6 +670,20 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("job", metavar="JOB", help=job_help)
     result.add_argument("--json", action="store_true", help="print the JobResult as JSON")
     result.set_defaults(fn=_result)
+
+    retry = add("retry", "re-run a finished job's sub-agents that did not end ok",
+                "Run a finished job's sub-agents that did not end ok (failed, budget_exceeded, "
+                "cancelled) again, as a continuation of the same job: the same id, their "
+                "records replaced, the join run again once they are in. Sub-agents that "
+                "succeeded are never sent again (nor paid for again). For a job that stopped "
+                "on the provider's spend limit, raise the limit first (docs/cost.md).",
+                "Exit status: 0 sent again, or nothing to retry (with --wait: done, every "
+                "sub-agent ok); 1 (--wait) some still did not end ok; 2 unknown job, or one "
+                "still running; 3 Redis or the broker does not answer.")
+    retry.add_argument("job", metavar="JOB", help=job_help)
+    retry.add_argument("--wait", action="store_true", help="wait for the job and print the "
+                       "result")
+    retry.set_defaults(fn=_retry)
 
     cancel = add("cancel", "cancel a job on every host",
                  "Cancel a job everywhere: running calls are aborted, queued sub-agents end "

@@ -311,6 +311,26 @@ class JobHandle:
         return [{**m, "content": [_without_thinking(b) for b in m["content"]]}
                 if isinstance(m.get("content"), list) else m for m in messages]
 
+    def retry(self) -> list[int]:
+        """Run the job's sub-agents that did not end ``ok`` (failed, budget_exceeded,
+        cancelled) again, as a continuation of this job: the same id, their records replaced,
+        the join run again when they are in (``wait()`` then returns the new result). Those
+        that succeeded are never sent again. The replaced records' usage stays in the job's
+        (every call is counted once). Returns the indexes re-run (none: all were ok).
+
+        JobNotFound for an unknown job, JobRefused for one still running (or one whose
+        planning failed: submit it again)."""
+        _first_contact(self.settings)
+        spec = self.store.specs.get(self.id)
+        indexes = self.store.outcomes.reopen(self.id, spec.deadline_s)
+        if indexes:
+            from drover.workers.tasklayer.submitting import relaunch
+
+            meta = self.store.meta.get(self.id)
+            relaunch(self.id, indexes, meta.get("queue") or self.settings.queue,
+                     int(meta.get("retries") or 1))
+        return indexes
+
     def cancel(self, reason: str = "cancelled") -> bool:
         """Stop the job on every host; False when it had already ended.
 

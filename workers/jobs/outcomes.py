@@ -7,11 +7,12 @@ import time
 
 import redis
 
-from drover.errors import ResultsStoreError
+from drover.errors import JobNotFound, JobRefused, ResultsStoreError
 from drover.workers.jobs._decode import members as _members
 from drover.workers.jobs._decode import text as _s
 from drover.workers.jobs._stored import PAGE
 from drover.workers.jobs.archive import Archive, warn
+from drover.workers.jobs.claims import LUA
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.meta import JobMeta
 from drover.workers.jobs.record_store import Records
@@ -28,6 +29,7 @@ class Outcomes:
         self.keys = keys
         self.ttl_s = ttl_s
         self.archive = archive
+        self._reopen = client.register_script((LUA / "reopen.lua").read_text())
         self.records = records
         self.specs = specs
         self.meta = meta
@@ -114,6 +116,30 @@ class Outcomes:
                 result.results = [compact(r, result.record_chars)
                                   for _, r in self.records.walk(job_id, n) if r is not None]
         return result
+
+    def reopen(self, job_id: str, deadline_s: float | None = None) -> list[int]:
+        """Open a finished job again to re-run its sub-agents that did not end ok
+        (``lua/reopen.lua``): their records go, their usage moves to the job's own usage
+        (every call stays counted once), and the job runs again (a new deadline of
+        ``deadline_s`` if it has one). Returns their indexes (none: every one was ok).
+
+        JobNotFound for an unknown job, JobRefused for one still running or that never
+        fanned out."""
+        keys = [self.keys.job(job_id, part) for part in (
+            "meta", "records", "counts", "final", "claims", "sent", "result", "usage")]
+        reply = self._reopen(keys=keys, args=["" if deadline_s is None else deadline_s,
+                                              self.ttl_s])
+        code = int(reply[0])
+        if code == -1:
+            raise JobNotFound(f"no job {job_id!r} in Redis (wrong id, or its records expired): "
+                              "nothing to retry")
+        if code == -2:
+            raise JobRefused(f"job {job_id} is still {_s(reply[1])}: wait for it to end (or "
+                             f"cancel it: `drover cancel {job_id}`), then retry it")
+        if code == -3:
+            raise JobRefused(f"job {job_id} has no sub-agents (its planning failed): submit "
+                             "it again")
+        return sorted(int(_s(i)) for i in reply[1:])
 
     def exists(self, job_id: str) -> bool:
         if self.r.exists(self.keys.job(job_id, "result")):

@@ -39,7 +39,7 @@ from redis.exceptions import RedisError
 from drover.workers.tasklayer.app import app
 
 __all__ = ["DISPATCH_BATCH", "dispatch", "join_argsrepr", "join_signature", "open_fanout",
-           "send_join", "subagent_argsrepr"]
+           "retry_group", "send_join", "subagent_argsrepr"]
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +67,27 @@ def join_argsrepr(job_id: str, n: int | str | None = None) -> str:
     return f"job={job_id} join" + (f" of {n}" if n is not None else "")
 
 
-def join_signature(job_id: str, queue: str, n: int | str | None = None) -> Signature:
+def join_signature(job_id: str, queue: str, n: int | str | None = None,
+                   group: str | None = None) -> Signature:
     """The chord body: ``join_results(job_id)`` on the job's queue, immutable, so its args
-    are the job id and not the members' results (the join reads the records)."""
+    are the job id and not the members' results (the join reads the records). ``group``:
+    the chord's id (the job's; a retry's chord has its own, ``retry_group``)."""
     return app.signature(JOIN_TASK, args=(job_id,), immutable=True,
                          options={"queue": queue, "ignore_result": True,
-                                  "task_id": f"{job_id}-join", "group_id": _chord_id(job_id),
+                                  "task_id": f"{job_id}-join",
+                                  "group_id": group or _chord_id(job_id),
                                   "argsrepr": join_argsrepr(job_id, n)})
 
 
-def open_fanout(job_id: str, n: int) -> None:
+def retry_group(job_id: str, round_: int) -> str:
+    """The chord of a job's ``round_``-th retry (``drover retry``): a chord of its own, since
+    the job's first one has counted to its size and ended."""
+    return f"{job_id}.retry{round_}"
+
+
+def open_fanout(job_id: str, n: int, group: str | None = None) -> None:
     """Register the job's chord of ``n`` sub-agents with the result backend (before dispatch)."""
-    app.backend.set_chord_size(_chord_id(job_id), n)
+    app.backend.set_chord_size(group or _chord_id(job_id), n)
 
 
 def send_join(job_id: str, queue: str) -> None:
@@ -111,8 +120,8 @@ def _drop_producer() -> None:
             pass
 
 
-def dispatch(job_id: str, indexes: Iterable[int], queue: str, n: int | str | None = None
-             ) -> int:
+def dispatch(job_id: str, indexes: Iterable[int], queue: str, n: int | str | None = None,
+             group: str | None = None) -> int:
     """Publish ``run_subagent(job_id, i)`` for each index, as members of the job's chord.
 
     ``n``, the job's size, is only for Flower's display of the args (``sub=<i>/<n>``).
@@ -120,9 +129,9 @@ def dispatch(job_id: str, indexes: Iterable[int], queue: str, n: int | str | Non
     One Redis pipeline per ``DISPATCH_BATCH`` messages; returns how many were published. At
     least once: a batch that fails is published again whole (see the module's docstring).
     """
-    body = dict(join_signature(job_id, queue, n))
+    body = dict(join_signature(job_id, queue, n, group))
     options = {"queue": queue, "ignore_result": True, "chord": body,
-               "group_id": _chord_id(job_id)}
+               "group_id": group or _chord_id(job_id)}
     sent = 0
     batch: list[int] = []
     for index in indexes:
