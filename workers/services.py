@@ -210,8 +210,9 @@ class Services:
     def close(self) -> None:
         if "redis" in self.__dict__:
             self.redis.close()
-        if self.__dict__.get("results") is not None:
-            self.results.close()
+        results = self.__dict__.get("results")  # only when made (a cached_property)
+        if results is not None:
+            results.close()
 
 
 @dataclass

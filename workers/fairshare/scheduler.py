@@ -277,7 +277,7 @@ class FairShare:
         """Hand out the free places of the window (after it grew, or a lost update)."""
         return self._call("fill", "")
 
-    def _call(self, op: str, job_id: str, *args: object) -> list[Dispatch]:
+    def _call(self, op: str, job_id: str, *args: str | int | float) -> list[Dispatch]:
         reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
                                    f"{self.base}:tenants", self.granted_key,
                                    self.deferred_key(job_id), self.cap_key],

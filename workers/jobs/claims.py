@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -110,10 +111,11 @@ class Claims:
                                  args=[part_name(part), token, worker, job_id, self.ttl_s]))
 
     def start(self, job_id: str, part: int | str, token: int, worker: str,
-              client: redis.client.Pipeline | None = None) -> object:
+              client: redis.client.Pipeline | None = None) -> Any:
         """Take the claim to run the part (new token > 0; 0 finished; -1 stale).
 
-        With ``client`` a pipeline, the call is queued there (its reply comes with the rest)."""
+        With ``client`` a pipeline, the call is queued there (its reply comes with the rest,
+        and this returns the pipeline)."""
         return self._start(keys=[*self._keys(job_id, worker), self.fence_key()],
                            args=[part_name(part), token, worker, job_id, self.ttl_s],
                            client=client)

@@ -65,7 +65,10 @@ class Anthropic(Provider):
             api_key=api_key, base_url=base_url,
             # No key but a base URL: a proxy that may need none. The SDK would refuse to send
             # without a credential unless the header is omitted on purpose.
-            default_headers={"Authorization": anthropic.omit} if keyless else None,
+            # The SDK removes a header whose value is Omit (build_headers), but types
+            # default_headers as str values only.
+            default_headers=(
+                {"Authorization": anthropic.omit} if keyless else None),  # type: ignore[dict-item]
             max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
             timeout=anthropic.Timeout(idle_s, connect=connect_s, read=idle_s, write=idle_s,
                                       pool=connect_s))

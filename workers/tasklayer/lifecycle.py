@@ -73,14 +73,15 @@ def _on_worker_start(sender: Any = None, **_: Any) -> None:
                slots=slots, size_line=size_line)
 
 
-PARTS = {"drover.run_subagent": 1, "drover.join_results": "join", "drover.plan_job": "plan"}
+PARTS: dict[str, int | str] = {"drover.run_subagent": 1, "drover.join_results": "join",
+                               "drover.plan_job": "plan"}
 
 
 @task_received.connect
 def _on_task_received(request: Any = None, **_: Any) -> None:
     """A message was taken off the broker (to run now, or held: prefetched, a countdown):
     this worker becomes its holder, so the sweep re-sends it should the worker die."""
-    part = PARTS.get(getattr(request, "task_name", None) or getattr(request, "name", ""))
+    part = PARTS.get(str(getattr(request, "task_name", None) or getattr(request, "name", "")))
     if part is None:
         return
     try:

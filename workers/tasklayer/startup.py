@@ -71,14 +71,14 @@ def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
             ml, {dim: "DROVER_LIMITS" for dim in _DIMS if getattr(ml, dim) is not None})
     lines = []
     aliases = [k.alias for k in settings.keys] or [settings.key_alias]
-    for cls, (ml, setting) in classes.items():
+    for cls, (configured, setting) in classes.items():
         scope = org_scope(cls) if settings.pooled else llm_scope(settings.key_alias, cls)
-        lines.append(_scope_line(scope, ml, setting, _learned(limiter, scope),
+        lines.append(_scope_line(scope, configured, setting, _learned(limiter, scope),
                                  settings.provider_of(cls)))
     for key in settings.keys:  # a pool's keys: by alias, never the key itself
         scope = pool_scope(key.alias, default_class)
-        own = settings.key_limits_for(key, settings.model)
-        lines.append(_scope_line(scope, own, dict.fromkeys(_DIMS, "DROVER_KEYS"),
+        key_limits = settings.key_limits_for(key, settings.model)
+        lines.append(_scope_line(scope, key_limits, dict.fromkeys(_DIMS, "DROVER_KEYS"),
                                  _learned(limiter, scope), settings.key_provider(key)))
         if key.base_url:
             lines.append(f"pool key {key.alias}: endpoint {mask_url(key.base_url)}")

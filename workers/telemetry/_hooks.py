@@ -13,7 +13,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -28,6 +28,7 @@ __all__ = ["acquire_wait", "job_submitted", "llm_call", "subagent_finished", "su
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_AsyncFn = Callable[..., Coroutine[Any, Any, T]]  # an async def (a coroutine function)
 # How long the current LLM call waited for the limiter (set by acquire_wait, read by llm_call:
 # both run in the same task, so they share the context).
 _WAITED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
@@ -55,7 +56,7 @@ def _safe(what: str, fn: Callable[[], T]) -> T | None:
 
 # --- the LLM call ------------------------------------------------------------------------
 
-def acquire_wait(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def acquire_wait(fn: _AsyncFn[T]) -> _AsyncFn[T]:
     """For ``acquire(rt, scope, limits, ctx, ...)``: the wait until the grant may be sent."""
 
     @functools.wraps(fn)
@@ -89,7 +90,7 @@ def stream_timing(first_token_s: float | None, output_per_s: float | None) -> No
         box.append((first_token_s, output_per_s))
 
 
-def llm_call(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
     """For ``create_message(rt, params, ctx)``: the chat span, call outcome, duration, tokens."""
 
     @functools.wraps(fn)
@@ -270,8 +271,7 @@ def _record_unanswered(provider: str, model: str, lost: tuple[int, int]) -> None
 
 # --- tools, sub-agents, jobs -------------------------------------------------------------
 
-def tool_call(fn: Callable[..., Awaitable[dict[str, Any]]]
-              ) -> Callable[..., Awaitable[dict[str, Any]]]:
+def tool_call(fn: _AsyncFn[dict[str, Any]]) -> _AsyncFn[dict[str, Any]]:
     """For a tool's ``_invoke(tool_, call, default_timeout)``: its span, outcome and duration."""
 
     @functools.wraps(fn)
@@ -306,7 +306,7 @@ def tool_call(fn: Callable[..., Awaitable[dict[str, Any]]]
     return wrapper
 
 
-def subagent_run(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def subagent_run(fn: _AsyncFn[T]) -> _AsyncFn[T]:
     """For ``SubagentRun.run(self)``: the sub-agent's span, and it counts as running here."""
 
     @functools.wraps(fn)
@@ -328,7 +328,7 @@ def subagent_run(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
     return wrapper
 
 
-def subagent_finished(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def subagent_finished(fn: _AsyncFn[T]) -> _AsyncFn[T]:
     """For ``SubagentRun._finish(self, state, status, ...)``: one finished sub-agent."""
 
     @functools.wraps(fn)

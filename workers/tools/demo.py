@@ -10,6 +10,7 @@ import ast
 import hashlib
 import operator
 import threading
+from collections.abc import Callable
 
 from drover.workers.tools import tool
 
@@ -27,9 +28,10 @@ def lookup_fact(topic: str) -> str:
     return f"{topic}: {_FACTS[digest % len(_FACTS)]} (source: kb#{digest % 997})"
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-        ast.Div: operator.truediv, ast.Pow: operator.pow, ast.USub: operator.neg,
-        ast.Mod: operator.mod}
+_OPS: dict[type[ast.AST], Callable[..., float]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.Pow: operator.pow, ast.USub: operator.neg,
+    ast.Mod: operator.mod}
 
 
 def _eval(node: ast.AST) -> float:
