@@ -45,6 +45,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from drover._signals import Parked
@@ -111,7 +112,8 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
     if await _io(rt.store.cancels.cancelled, ctx.job_id):
         raise Cancelled()
     scope = llm_scope(rt.settings.key_alias, params["model"])
-    if cid and await _io(store.waiting, scope, cid):
+    waiting: bool = bool(cid) and await _io(store.waiting, scope, cid)
+    if waiting:
         raise Parked()
     state.batch_n += 1
     state.batch_cid = cid = custom_id(ctx.job_id, ctx.index, state.turns, state.batch_n)
@@ -135,7 +137,7 @@ async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContex
     store = rt.shared.batches
     key = rt.store.keys.job(ctx.job_id, "bjob")
     raw = await _io(store.r.hget, key, str(part))
-    state = json.loads(raw) if raw else {"cid": None, "n": 0}
+    state: dict[str, Any] = json.loads(raw) if raw else {"cid": None, "n": 0}
     cid = state["cid"]
     if cid:
         got = await _io(store.result, ctx.job_id, part)
@@ -193,7 +195,7 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
 
 def _status_error(rt: Runtime, body: dict[str, Any]) -> BaseException:
     """The SDK exception a realtime call would have raised for this error body."""
-    inner = body.get("error") if isinstance(body.get("error"), dict) else body
+    inner: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else body
     status = ERROR_STATUS.get(str(inner.get("type")), 500)
     return ANTHROPIC.status_error(rt.client, status, body)
 
@@ -337,7 +339,7 @@ class Batcher:
             if batch.processing_status == "ended" and batch.results_url:
                 seen = OpenBatch(id=batch.id, scope=intent.scope, job_id=intent.job_id,
                                  custom_ids=[], results_url=batch.results_url)
-                lines = await self._call("results", lambda b=seen: self._results(b))
+                lines = await self._call("results", partial(self._results, seen))
                 if lines is None or set(lines) != set(intent.custom_ids):
                     continue
             return batch
@@ -363,7 +365,7 @@ class Batcher:
                     if batch.id in open_ids and not batch.cancel_sent:
                         done = await self._call(
                             "cancel",
-                            lambda b=batch: self.rt.batch_client.messages.batches.cancel(b.id))
+                            partial(self.rt.batch_client.messages.batches.cancel, batch.id))
                         if done is not None:
                             batch.cancel_sent, batch.polled = True, 0.0
                             await _io(self.store.update, batch)
@@ -453,7 +455,7 @@ class Batcher:
             if not (batch.ended and batch.results_url):
                 if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
                     continue
-                seen = await self._call("retrieve", lambda b=batch: batches.retrieve(b.id))
+                seen = await self._call("retrieve", partial(batches.retrieve, batch.id))
                 if seen is None:
                     continue
                 batch.polled = now
@@ -462,7 +464,7 @@ class Batcher:
                 await _io(self.store.update, batch)
                 if not batch.ended:
                     continue
-            lines = await self._call("results", lambda b=batch: self._results(b))
+            lines = await self._call("results", partial(self._results, batch))
             if lines is None:
                 continue
             await _io(self.store.store_results, batch, lines)
@@ -476,6 +478,8 @@ class Batcher:
 
         ``batches.results(id)`` would retrieve the batch first: two calls back to back, which
         the endpoints' RPM can refuse every time (the second one) when it is tight."""
+        if batch.results_url is None:  # asked for only once the batch has ended with them
+            raise ValueError(f"batch {batch.id} has no results_url yet")
         text = await batch_results_text(self.rt.batch_client, batch.results_url)
         out: dict[str, dict[str, Any]] = {}
         for raw in text.splitlines():
