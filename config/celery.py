@@ -165,6 +165,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend_max_retries": 20,
         "redis_socket_keepalive": True,
         "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # After a reconnect Celery lowers the prefetch count and raises it again from each
+        # task's ack callback, which on the thread pool runs in the task's thread: a
+        # ``basic.qos`` there waits for its reply on the consumer's connection while the
+        # consumer's loop reads the same socket. Two readers split the frames: the consumer
+        # waited 10-20 s for a qos-ok another thread had read, then failed with py-amqp's
+        # UnexpectedFrame, again on each new connection (the consumer that did not come
+        # back after its broker connection went silent, issue 53). Without the reduction
+        # only the consumer's loop reads its connection; the cost is a full prefetch at
+        # once after a reconnect.
+        "worker_enable_prefetch_count_reduction": False,
         "worker_hijack_root_logger": False,
     }
     if sentinel_broker:
