@@ -498,6 +498,8 @@ class Engine:
         """The spend limit reached, in the provider's words (simulator/openai.py turns it
         into OpenAI's ``insufficient_quota``); no retry-after: it will keep failing."""
         self.stats.spend_limited[whose] = self.stats.spend_limited.get(whose, 0) + 1
+        if self.stats.first_spend_limited_at is None:  # wall clock: a test times the job's end
+            self.stats.first_spend_limited_at = time.time()
         return self._error(429, "rate_limit_error",
                            "You have reached your specified "
                            + ("workspace " if whose == "workspace" else "")

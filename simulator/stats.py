@@ -52,6 +52,7 @@ class SimStats:
         self.last_accept_ts: float | None = None
         self.spend_cap_429 = 0
         self.spend_limited: dict[str, int] = {}  # spend-limit refusals by whose limit
+        self.first_spend_limited_at: float | None = None  # wall clock (time.time())
         self.overloaded_529 = 0
         self.errors_5xx = 0
         self.errors_4xx = 0
@@ -213,6 +214,7 @@ class SimStats:
             "rejected_429_gaps_s": list(self.rejected_429_gaps_s),
             "spend_cap_429": self.spend_cap_429,
             "spend_limited": dict(self.spend_limited),
+            "first_spend_limited_at": self.first_spend_limited_at,
             "overloaded_529": self.overloaded_529,
             "errors_5xx": self.errors_5xx,
             "errors_4xx": self.errors_4xx,

@@ -322,6 +322,7 @@ class JobHandle:
         planning failed: submit it again)."""
         _first_contact(self.settings)
         spec = self.store.specs.get(self.id)
+        self._refuse_on_stopped_keys()
         indexes = self.store.outcomes.reopen(self.id, spec.deadline_s)
         if indexes:
             from drover.workers.tasklayer.submitting import relaunch
@@ -330,6 +331,20 @@ class JobHandle:
             relaunch(self.id, indexes, meta.get("queue") or self.settings.queue,
                      int(meta.get("retries") or 1))
         return indexes
+
+    def _refuse_on_stopped_keys(self) -> None:
+        """JobRefused when no key could serve a retry: the one key, or every key of the
+        pool, is stopped for the provider's spend limit (the retry would end at once)."""
+        from drover.workers.agent.spend_limit import is_spend_limit
+
+        off = self.shared.limiter.disabled_keys()
+        aliases = [k.alias for k in self.settings.keys] or [self.settings.key_alias]
+        stopped = [a for a in aliases if is_spend_limit((off.get(a) or {}).get("reason"))]
+        if stopped and len(stopped) == len(aliases):
+            enable = " and ".join(f"`drover keys enable {a}`" for a in stopped)
+            raise JobRefused(f"the key(s) {', '.join(stopped)} are stopped for the provider's "
+                             f"spend limit: raise the limit with the provider, run {enable}, "
+                             "then retry the job")
 
     def cancel(self, reason: str = "cancelled") -> bool:
         """Stop the job on every host; False when it had already ended.

@@ -107,8 +107,10 @@ def probe_poison(item: str) -> str:
     """A lookup whose first answer (in the whole test) makes the next model call fail."""
     r, key = _redis()
     first = r.incr(f"{key}:poison") == 1
-    # A simulator trigger in a tool result: the sub-agent's next call hits the spend cap.
-    return "[[sim:spend_cap]]" if first else f"clean {item}"
+    # A simulator trigger in a tool result: the sub-agent's next calls are 500s (its
+    # attempts run out). Not a 400, whose message repeats the trigger (the synthesis prompt
+    # quotes the failure), nor the spend cap, which stops the key and ends the whole job.
+    return "[[sim:500]]" if first else f"clean {item}"
 
 
 class Quote(BaseModel):

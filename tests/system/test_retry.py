@@ -20,7 +20,7 @@ PRICES = {"claude-sonnet-4-6": {"input": 3.0, "output": 15.0}}
 
 
 def test_a_retry_after_the_spend_limit_is_raised_finishes_the_job_paying_nothing_twice(
-        sim, spawn_worker, drover_env):
+        sim, spawn_worker, drover_env, tmp_path):
     sim.configure(tool_turns=0, prices=PRICES, spend_limit_calls=50)
     spawn_worker(concurrency=8)
     wait_for_workers(1)
@@ -29,10 +29,15 @@ def test_a_retry_after_the_spend_limit_is_raised_finishes_the_job_paying_nothing
     first = handle.wait(timeout=300)
     paid = {r.index: r for r in first.results if r.status == "ok"}
     assert len(paid) == 50 and sim.stats()["accepted"] == 50, (first.counts, sim.stats())
-    assert all("usage limits" in (r.error or "") for r in first.results if r.status != "ok")
+    assert all("spend limit" in (r.error or "") for r in first.results if r.status != "ok")
     cost_before = first.cost_usd
 
     sim.configure(spend_limit_calls=None)  # the owner raised the limit
+    alias = drover_env["DROVER_KEY_ALIAS"]
+    with pytest.raises(JobRefused, match=f"drover keys enable {alias}"):
+        handle.retry()  # drover still holds the key stopped: it says how to go on
+    enabled = run_drover(["keys", "enable", alias], clean_env(**drover_env), tmp_path)
+    assert enabled.returncode == 0, enabled.stderr
     again = handle.retry()
     assert again == sorted(set(range(120)) - set(paid))
     result = handle.wait(timeout=300)

@@ -63,6 +63,12 @@ from drover.workers.agent.retry import (
 )
 from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
+from drover.workers.agent.spend_limit import (
+    is_spend_limit,
+    key_stopped,
+    spend_limit_decision,
+    stop_key,
+)
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.jobs.records import Usage
 from drover.workers.limiter import Grant, ScopeLimits
@@ -167,7 +173,12 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
 
 async def _no_key_left(rt: Runtime, route: Route | None) -> Decision:
     disabled = await rt.limiter.disabled_keys()
-    aliases = [k.alias for k in rt.settings.keys]
+    aliases = [k.alias for k in route.keys] if route is not None and route.pooled else [
+        k.alias for k in rt.settings.keys]
+    if all(is_spend_limit(disabled.get(a, {}).get("reason")) for a in aliases):
+        provider = route.provider.name if route is not None else rt.settings.provider
+        return spend_limit_decision(Decision("fail", "", "", 429), aliases, provider,
+                                    pooled=True)
     return Decision("fail", AUTHENTICATION_ERROR,
                     all_disabled_message(aliases, disabled, pooled=True), 401, job_wide=True)
 
@@ -332,6 +343,10 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             await wait_or_cancel(-held, ctx.cancel)  # a one-request bucket: paced on its last send
         if held > 0:
             raise HeldBack()  # a 429 came while this call waited: the provider's bucket is empty
+        if await key_stopped(rt, route, key.alias):  # its spend limit, found meanwhile
+            await route.release(rt.limiter, grant)
+            ctx.key = None
+            return None  # a pool's other keys
         if ctx.check is not None:  # after every wait, right before the send
             await ctx.check(est_in, est_out)
         in_flight = True
@@ -353,7 +368,13 @@ async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallCont
             await _unanswered(rt, scope, ctx, error, lost_in, lost_out)
         decision = classify(error, attempt=ctx.failures, base_s=settings.backoff_base_s,
                             cap_s=settings.countdown_cap_s, rng=ctx.rng)
-        if key_refused(decision):
+        if decision.spend_limit:  # stopped fleet-wide; a pool goes on with its other keys
+            if await _spend_limited(rt, route, key.alias, decision, ctx, grant.wait_s,
+                                    started):
+                return None
+            decision = spend_limit_decision(decision, [key.alias], route.provider.name,
+                                            pooled=False)
+        elif key_refused(decision):
             if route.pooled:
                 await _disable_key(rt, route, key.alias, decision, ctx, grant.wait_s, started)
                 return None
@@ -470,6 +491,25 @@ def _only_key_refused(settings: Any, decision: Decision) -> Decision:
         message = message.replace(" (a simulator takes any non-empty key: "
                                   f"{var}=sk-sim)", "")
     return replace(decision, message=message, job_wide=True)
+
+
+async def _spend_limited(rt: Runtime, route: Route, alias: str, decision: Decision,
+                         ctx: CallContext, wait_s: float, started: float) -> bool:
+    """The key reached the provider's spend limit: stop it on every worker and client. True
+    when the call moves to a pool's other keys; False for the one key (the job ends)."""
+    if await stop_key(rt, alias, decision):  # logged once, by the call that found it out
+        log.error("key %s reached the provider's spend limit: stopped fleet-wide until it is "
+                  "raised (`drover keys enable %s`) or the month turns%s", alias, alias,
+                  "; its calls move to the pool's other keys" if route.pooled else "")
+    if not route.pooled:
+        return False
+    await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
+    log.warning("llm call outcome=%s scope=%s status=429 type=spend_limit job=%s sub=%d "
+                "wait_s=%.3f call_s=%.3f in=0 out=0 next=another_key", decision.counter,
+                route.key_scope(alias), ctx.job_id, ctx.index, wait_s,
+                time.monotonic() - started - wait_s)
+    ctx.key = None
+    return True
 
 
 async def _disable_key(rt: Runtime, route: Route, alias: str, decision: Decision,

@@ -49,6 +49,9 @@ class Decision:
     # No call of the job can succeed (the fleet's only key, or every key of its pool, was
     # refused): every unfinished sub-agent of the job fails at once with this message.
     job_wide: bool = False
+    # The provider's spend limit (enforced_spend_limit_reached, insufficient_quota): the key
+    # is stopped fleet-wide until it is raised (workers/agent/spend_limit.py).
+    spend_limit: bool = False
 
     @property
     def counter(self) -> str:
@@ -134,7 +137,8 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
             should_retry = (code in RETRYABLE_STATUS or code == 429 or code >= 500) and not (
                 code == 429 and failure.spend_cap)
         if not should_retry:
-            return Decision("fail", kind, message, code)
+            return Decision("fail", kind, message, code,
+                            spend_limit=code == 429 and failure.spend_cap)
         retry_after = failure.retry_after_s if code == 429 else None
         if retry_after is not None:
             countdown = min(cap_s, retry_after + retry_after_jitter(retry_after, rng))

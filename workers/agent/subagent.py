@@ -326,9 +326,12 @@ class SubagentRun:
                                     error_type=decision.error_type,
                                     status_code=decision.status_code)
         if decision.job_wide:  # no call of this job can succeed: end the others now
+            # The spend limit: the calls in flight were admitted before it and are paid for,
+            # so they finish; a 401/403: nothing will answer, they are aborted.
             await self._io(partial(self.store.cancels.fail_unfinished, self.job_id,
                                    decision.message, error_type=decision.error_type,
-                                   status_code=decision.status_code))
+                                   status_code=decision.status_code,
+                                   abort=not decision.spend_limit))
         elif spec.mode == "all_or_nothing" and result.status == "failed":
             await self._io(self.store.cancels.cancel, self.job_id,
                            f"sub-agent {self.index} failed: {decision.error_type}")

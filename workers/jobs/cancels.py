@@ -71,12 +71,17 @@ class Cancels:
         return self._record_unfinished(job_id, "cancelled", reason, "cancelled", None, False)
 
     def fail_unfinished(self, job_id: str, reason: str, *, error_type: str,
-                        status_code: int | None = None) -> bool:
+                        status_code: int | None = None, abort: bool = True) -> bool:
         """End the job now: every sub-agent without a record is recorded ``failed`` with this
         one reason (the fleet's only key was refused: no call of the job can succeed), calls
         in flight are aborted (the cancel channel) and the join says ``failed``. Sub-agents
         waiting for a retry are recorded with their checkpoint's usage. False when the job
-        had already ended or this was done before."""
+        had already ended or this was done before.
+
+        ``abort`` False (the provider's spend limit: the calls in flight were admitted before
+        it and are paid for): the calls in flight are left to finish, and their sub-agents
+        record themselves (an answer that ends one is ``ok``; its next call finds the job
+        failed and ends ``failed`` with this reason without being sent)."""
         meta = self.meta.get(job_id)
         if meta.get("status") not in ACTIVE:
             return False
@@ -84,10 +89,12 @@ class Cancels:
         pipe = self.r.pipeline()
         pipe.hsetnx(self.keys.job(job_id, "meta"), "failed_all", why)
         pipe.hsetnx(self.keys.job(job_id, "meta"), "cancelled", reason)
-        pipe.publish(self.keys.cancel_channel, job_id)
-        first, _, _ = pipe.execute()
+        if abort:
+            pipe.publish(self.keys.cancel_channel, job_id)
+        first = pipe.execute()[0]
         if first:
-            self._record_unfinished(job_id, "failed", reason, error_type, status_code, True)
+            self._record_unfinished(job_id, "failed", reason, error_type, status_code, True,
+                                    leave_running=not abort)
         return bool(first)
 
     def failed_all(self, job_id: str) -> dict[str, Any] | None:
@@ -119,7 +126,8 @@ class Cancels:
         return None
 
     def _record_unfinished(self, job_id: str, status: str, reason: str, error_type: str,
-                           status_code: int | None, checkpointed: bool) -> int:
+                           status_code: int | None, checkpointed: bool, *,
+                           leave_running: bool = False) -> int:
         n = int(self.r.hget(self.keys.job(job_id, "meta"), "n") or 0)
         records, events = self.keys.job(job_id, "records"), self.keys.job(job_id, "events")
         claims = {_s(k): _s(v) for k, v in self.r.hgetall(self.keys.job(job_id, "claims")).items()}
@@ -144,8 +152,10 @@ class Cancels:
             # its worker died, its re-sent copy does). A cancel leaves to themselves the ones
             # a live worker runs, or holds in a countdown after calls it made; the rest, those
             # of dead workers too, are recorded here (with their checkpoint's usage).
+            # ``leave_running``: a sub-agent running on a live worker records itself too.
             todo = {i: flags[3 * k + 1] for k, i in enumerate(indexes)
                     if not flags[3 * k] and not flags[3 * k + 2]
+                    and not (leave_running and i in running)
                     and (checkpointed or not (i in running or (i in held and flags[3 * k + 1])))}
             if not checkpointed:
                 # A turn waiting in a Message Batch: the sub-agent records itself when its

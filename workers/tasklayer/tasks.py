@@ -98,9 +98,9 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
         window_op(rt.shared, job_id, "defer", index)  # its slot is free while it waits
         raise retry(self, later, (job_id, index, run.token)) from None
     # A failed sub-agent may have ended its job (its only key refused, all_or_nothing): the
-    # job is then cancelled too, and its sub-agents never published need the join sent.
-    ended = outcome.status == "cancelled" or (
-        outcome.status == "failed" and bool(rt.store.meta.get(job_id).get("cancelled")))
+    # job is then cancelled too, and its sub-agents never published need the join sent. So
+    # may an ok one: a call in flight when its key's spend limit ended the job finishes.
+    ended = outcome.status == "cancelled" or bool(rt.store.meta.get(job_id).get("cancelled"))
     refill(rt.shared, job_id, cancelled=ended, done=run.records_in)
     return subagent_task_result(outcome)
 
