@@ -1,0 +1,56 @@
+"""A worker killed (-9) in the middle of a job of a team's own ``@subagent`` functions: the
+sub-agents it ran resume on the other worker and every one ends ok, its record written once.
+Real worker processes with the default recovery settings; the functions are in
+``tests/helpers/own_subagents.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from drover import JobSpec
+from tests.helpers import configure, wait_until
+from tests.helpers.fleet import Fleet, assert_complete, kill_group, submit_elsewhere
+
+MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.own_subagents"])
+THREADS = 8
+N = 24
+
+
+@pytest.fixture
+def fleet(drover_env: dict[str, str]) -> Iterator[Fleet]:
+    f = Fleet(drover_env)
+    yield f
+    f.close()
+
+
+def test_a_worker_killed_mid_job_of_own_functions_loses_none(sim, drover_env, spawn_worker,
+                                                            monkeypatch, fleet):
+    configure(monkeypatch, drover_env, tool_modules=MODULES)
+    sim.configure(latency_mean_s=0.3, latency_p95_s=0.6)
+    inputs = [{"topic": f"berth {i}", "checks": 4, "pause_s": 0.3} for i in range(N)]
+    handle = submit_elsewhere(drover_env, JobSpec(subagent="research", inputs=inputs))
+    victim = spawn_worker(concurrency=THREADS)
+    survivor = spawn_worker(concurrency=THREADS)
+    victim_id, _ = fleet.wait_for(victim, survivor)
+    wait_until("the victim running sub-agents mid-function",
+               lambda: len(fleet.running(victim_id)) >= 4 and sim.stats()["accepted"] >= 8, 120)
+
+    in_flight = sim.stats()["in_flight"]  # both workers' calls: a bound on the victim's
+    held = fleet.held(victim_id)
+    kill_group(victim)  # SIGKILL: no shutdown, no acks
+    killed = time.monotonic()
+    victim.wait()
+    result = fleet.wait(handle, N, timeout=120)
+    stats = sim.stats()
+    print(f"\nkill -9 of a worker holding {len(held)} own sub-agents: job done "
+          f"{time.monotonic() - killed:.1f} s after it; calls {stats['accepted']}, sent twice "
+          f"{stats['duplicate_accepted']} (in flight at the kill: {in_flight})")
+
+    assert_complete(result, fleet, N)
+    for record, item in zip(result.results, inputs, strict=True):
+        assert record.output["topic"] == item["topic"] and len(record.output["checks"]) == 4
