@@ -1,7 +1,7 @@
 """What a worker says once it is ready (after Celery's banner): the tool modules it imported
-and their tools, the limits it holds per scope and where each came from (a setting, learned
-from the provider's headers, or drover's default), the key prefix, the queue and the provider
-endpoint. Never a key: a pool's keys are named by their aliases."""
+and their tools and @subagent functions, the limits it holds per scope and where each came
+from (a setting, learned from the provider's headers, or drover's default), the key prefix,
+the queue and the provider endpoint. Never a key: a pool's keys are named by their aliases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from drover.config import ModelLimits, Settings
 from drover.config.settings import mask_url
 from drover.workers.limiter import Limiter, llm_scope, org_scope, pool_scope, split_llm_scope
-from drover.workers.tools import REGISTRY
+from drover.workers.tools import REGISTRY, SUBAGENTS
 
 __all__ = ["start_lines"]
 
@@ -25,7 +25,10 @@ def _tools_lines(settings: Settings) -> list[str]:
     lines = []
     for module in settings.tool_modules:
         names = sorted(n for n, t in REGISTRY.items() if t.fn.__module__ == module)
-        lines.append(f"tool module {module}: {', '.join(names) or 'no @tool functions'}")
+        own = sorted(n + (" (cannot run: see submit)" if s.problem else "")
+                     for n, s in SUBAGENTS.items() if s.fn.__module__ == module)
+        lines.append(f"tool module {module}: {', '.join(names) or 'no @tool functions'}"
+                     + (f"; @subagent: {', '.join(own)}" if own else ""))
     others = sorted(n for n, t in REGISTRY.items() if t.fn.__module__ not in settings.tool_modules)
     if others:
         lines.append(f"tools registered elsewhere: {', '.join(others)}")
