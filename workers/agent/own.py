@@ -31,6 +31,19 @@ OUTPUT_BYTES = 64_000
 ERROR_CHARS = 2_000  # of an exception's message kept in the record
 
 
+def _drovers(error: BaseException) -> BaseException | None:
+    """drover's own signal behind ``error`` (its cause or context, as the SDK wraps what its
+    transport raised in a connection error), if any."""
+    seen: set[int] = set()
+    cause = error.__cause__ or error.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, AgentError | ClaimLost):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def limited_llm(rt: Runtime, ctx: CallContext) -> Any:
     """The client a sub-agent's function calls through (Anthropic or OpenAI by the fleet's
     provider), bound to this sub-agent's ``ctx``."""
@@ -49,6 +62,9 @@ async def run_own(rt: Runtime, name: str, item_json: str, ctx: CallContext) -> A
     except (AgentError, ClaimLost):  # a cancel, a Celery retry, a failed call: drover's
         raise
     except Exception as error:
+        signal = _drovers(error)
+        if signal is not None:  # wrapped on its way through the SDK or the team's code
+            raise signal from None
         text = str(error)[:ERROR_CHARS]
         kind = type(error).__name__
         raise OwnFailed(kind, f"{kind}: {text}" if text else kind) from None
