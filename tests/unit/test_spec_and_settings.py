@@ -205,3 +205,13 @@ def test_a_worker_on_openai_names_its_own_endpoint_and_no_claude_limits():
         {"alias": "a", "api_key": "sk-a"}, {"alias": "o", "api_key": "sk-o", "provider": "openai"}])
     text = "\n".join(start_lines(both, NoRedis()))
     assert "provider endpoints the Anthropic API" in text and "; the OpenAI API" in text, text
+
+
+@pytest.mark.parametrize("spec", [
+    JobSpec(subtasks=["a", "b"], max_tokens=60),
+    JobSpec(goal="plan a trip"),
+])
+def test_a_spec_dumped_whole_loads_as_itself(spec):
+    # drover submit reads a spec written out with every field (model_dump_json): the default
+    # empty inputs of a subtasks job are no request for a job of one's own sub-agent.
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec

@@ -105,7 +105,9 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_source_of_work(self) -> JobSpec:
-        if self.subagent is not None or self.inputs or "inputs" in self.model_fields_set:
+        # An empty inputs list is the default, not a request: a spec dumped whole (drover
+        # submit's JSON, model_dump_json) names every field.
+        if self.subagent is not None or self.inputs:
             return self._own_code()
         if self.subtasks and self.goal:
             raise ValueError("give either subtasks or a goal to plan from, not both")
