@@ -415,7 +415,9 @@ class Settings(BaseSettings):
         "never connected was not sent, and costs nothing).")
     max_attempts: int = Field(
         default=8, ge=1,
-        description="Failed attempts (429, 529, 5xx, timeouts) before a sub-agent is `failed`.")
+        description="Failed attempts (429, 529, 5xx, timeouts) before a sub-agent is `failed`; "
+        "also how many workers may die while running one sub-agent before it is `failed` "
+        "(`task_lost`). A broker's faults (a lost message, a stuck connection) never count.")
     backoff_base_s: float = Field(
         default=1.0, gt=0,
         description="The base of the exponential backoff with full jitter after a failed "

@@ -138,11 +138,12 @@ def minted(store: JobStore, job_id: str, part: int | str) -> int:
 RESEND_S = 1.0
 
 
-def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_the_end(
+def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_never_gives_them_up(
         redis_url, key_prefix):
     """The sweep leaves a queued and an unacked message alone, re-sends a lost one with a new
-    claim token, re-sends it once more when lost again, and gives it up (a failed record)
-    after DROVER_MAX_ATTEMPTS: what it proved with 0.2 s, with RESEND_S."""
+    claim token, and again each time it is lost again: past DROVER_MAX_ATTEMPTS too, since a
+    message the broker lost is the broker's fault, not the sub-agent's (issue 53: a stuck
+    connection's messages spent the budget and sub-agents nobody lost failed)."""
     settings = load_settings(key_prefix=key_prefix, queue="q-sweep", resend_after_s=RESEND_S,
                              max_attempts=2)
     store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
@@ -168,15 +169,52 @@ def test_the_sweep_resends_only_tasks_the_broker_no_longer_has_and_gives_up_in_t
     # with a new claim token (the first one minted: EPOCH * 1000000 + 1, see claims.py)
     assert sent == [("q-sweep", job_id, 3, minted(store, job_id, 3))]
     assert minted(store, job_id, 3) % 1_000_000 == 1
-    sweep_after_a_stall()  # lost again: sent a second time (DROVER_MAX_ATTEMPTS=2)
+    sweep_after_a_stall()  # lost again: sent a second time
     assert sent[-1] == ("q-sweep", job_id, 3, minted(store, job_id, 3)) and len(sent) == 2
     assert minted(store, job_id, 3) == sent[0][3] + 1
-    sweep_after_a_stall()  # and a third time it is given up on
-    assert len(sent) == 2
-    record = store.records.get(job_id, 3)
-    assert record is not None and record.status == "failed"
-    assert record.error_type == "task_lost"
-    assert store.records.get(job_id, 1) is None and store.records.get(job_id, 2) is None
+    sweep_after_a_stall()  # and a third time, past DROVER_MAX_ATTEMPTS=2: not given up
+    assert sent[-1] == ("q-sweep", job_id, 3, minted(store, job_id, 3)) and len(sent) == 3
+    assert all(store.records.get(job_id, i) is None for i in (1, 2, 3))
+
+
+def test_only_a_worker_that_died_running_a_sub_agent_spends_its_budget(redis_url, key_prefix):
+    """A dead worker's parts are sent again every time; a sub-agent is failed as lost only
+    once workers died running it DROVER_MAX_ATTEMPTS times (a task that kills its worker). A
+    part a dead worker merely held, and one running on a worker that stopped beating because
+    its broker connection was stuck (``{prefix}:worker:{id}:stuck``), spend nothing."""
+    settings = load_settings(key_prefix=key_prefix, queue="q-deaths", max_attempts=2)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    job_id = "deathjob"
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b", "c"]), ["a", "b", "c"],
+                       status="queued", queue="q-deaths")
+    store.meta.claim_launch(job_id)
+    sent: list[tuple] = []
+
+    def die(worker: str, index: int, running: bool, stuck: bool = False) -> None:
+        """``worker`` took the sub-agent's message (and ran it), then its heartbeat went."""
+        token = token_of(store.claims.claim(job_id, index))
+        assert store.claims.receive(job_id, index, token, worker) == 1
+        if running:
+            assert store.claims.start(job_id, index, token, worker) > 0
+        store.r.zadd(f"{key_prefix}:workers", {worker: time.time()})  # no heartbeat key
+        if stuck:
+            store.r.set(f"{key_prefix}:worker:{worker}:stuck", '["the Celery consumer"]')
+        unlock(store)
+        sweep_into(sent, store, settings)
+
+    for attempt in range(4):  # held only, or running on a worker stuck on its broker: free
+        die(f"held:{attempt}:w", 0, running=False)
+        die(f"stuck:{attempt}:w", 1, running=True, stuck=True)
+    for attempt in range(2):  # two deaths while running it: within DROVER_MAX_ATTEMPTS=2
+        die(f"dead:{attempt}:w", 2, running=True)
+    assert [s[2] for s in sent].count(2) == 2
+    assert all(store.records.get(job_id, i) is None for i in range(3))
+    die("dead:2:w", 2, running=True)  # the third: given up on
+    record = store.records.get(job_id, 2)
+    assert record is not None and record.status == "failed" and record.error_type == "task_lost"
+    assert "died while running it 2 times" in (record.error or "")
+    assert [s[2] for s in sent].count(0) == 4 and [s[2] for s in sent].count(1) == 4
+
 
 
 def unlock(store: JobStore) -> None:

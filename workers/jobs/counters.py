@@ -22,7 +22,14 @@ class Counters:
 
     def add_resend(self, job_id: str, index: int) -> int:
         """Count one re-send of a sub-agent's lost task; returns the count so far."""
-        key = self.keys.job(job_id, "resent")
+        return self._add(self.keys.job(job_id, "resent"), index)
+
+    def add_death(self, job_id: str, index: int) -> int:
+        """Count one worker that died while it ran the sub-agent; returns the count so far
+        (the sweep's budget: a task that kills every worker it lands on)."""
+        return self._add(self.keys.job(job_id, "deaths"), index)
+
+    def _add(self, key: str, index: int) -> int:
         pipe = self.r.pipeline()
         pipe.hincrby(key, str(index), 1)
         pipe.expire(key, self.ttl_s)

@@ -11,7 +11,8 @@ own, each under ``{prefix}:`` too.)
     {p}:fence                the fencing-token counter and its epoch
     {p}:unanswered:{scope}   calls sent whose answer never came (per limiter scope)
     {p}:workers              the worker registry; {p}:worker:{w} a heartbeat,
-                             {p}:worker:{w}:claims the parts it holds
+                             {p}:worker:{w}:claims the parts it holds,
+                             {p}:worker:{w}:stuck why it stopped beating though it runs
     {p}:batch:...            the Message Batches queue
     {p}:recovering, {p}:stalled, {p}:recovery:{lock|death|scan|repairs|archive}   the sweep's
     {p}:results:pending      jobs whose end the results store missed (copied when it answers)
@@ -55,6 +56,9 @@ class JobKeys:
 
     def claims_of(self, worker: str) -> str:
         return f"{self.prefix}:worker:{worker}:claims"
+
+    def stuck(self, worker: str) -> str:
+        return f"{self.prefix}:worker:{worker}:stuck"
 
     @property
     def batch(self) -> str:

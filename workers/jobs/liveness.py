@@ -20,6 +20,12 @@ is not running on purpose (the consumer while it reconnects to a broker that is 
 ``unwatch``-ed until it runs again, so an outage the worker waits out is not a death. Should
 the stuck part move again, the worker beats again; its old deliveries then find newer claims
 and stop before any call.
+
+A part may be the worker's broker connection (``pulse(part, broker=True)``: the Celery
+consumer). A worker that stops beating only because such a part is stuck says so in Redis
+(``{prefix}:worker:{id}:stuck``) until it moves again: its sub-agents did not kill it, so the
+sweep sends them again without counting a death against their budget (a silent broker
+connection is the broker's fault, not the task's).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from drover.config import Settings
 from drover.workers.connections import redis_outage
 from drover.workers.jobs.keys import JobKeys
 
-__all__ = ["Heartbeat", "alive", "mark_message_gap", "workers_key"]
+__all__ = ["Heartbeat", "alive", "mark_message_gap", "stuck_on_its_broker", "workers_key"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,7 @@ class Heartbeat:
         self._beats = beats if beats is not None else client
         self._stop = threading.Event()
         self._pulses: dict[str, float] = {}  # a part that must move -> when it last did
+        self._broker_parts: set[str] = set()  # parts that are the broker's connection
         self._stuck: list[str] = []
         # Warm shutdown (SIGTERM): draining = start no new LLM call, hand sub-agents back;
         # handing_back = the grace for calls in flight is over, abort them and hand back too.
@@ -92,9 +99,12 @@ class Heartbeat:
         pipe.expire(workers_key(self.prefix), self.settings.result_ttl_s)
         pipe.execute()
 
-    def pulse(self, part: str) -> None:
-        """``part`` of this worker moved (and is watched from now on)."""
+    def pulse(self, part: str, broker: bool = False) -> None:
+        """``part`` of this worker moved (and is watched from now on). ``broker``: the part
+        is the worker's broker connection (stuck, it is the broker's fault, not a task's)."""
         self._pulses[part] = time.monotonic()
+        if broker:
+            self._broker_parts.add(part)
 
     def unwatch(self, part: str) -> None:
         """``part`` stops on purpose (its broker connection is down): not a lack of progress."""
@@ -111,11 +121,26 @@ class Heartbeat:
             log.warning("this worker makes no progress: %s has not moved for %g s (stuck on a "
                         "connection?); its heartbeat stops so that its sub-agents are sent "
                         "again elsewhere", ", ".join(stuck), self.settings.progress_stale_s)
+            self._say_stuck(stuck)
         elif self._stuck and not stuck:
             log.warning("this worker moves again (%s); its heartbeat resumes",
                         ", ".join(self._stuck))
+            self._say_stuck([])
         self._stuck = stuck
         return not stuck
+
+    def _say_stuck(self, stuck: list[str]) -> None:
+        """Tell the sweep the worker stopped beating only because its broker connection is
+        stuck (or, with ``[]``, that it moves again)."""
+        key = JobKeys(self.prefix).stuck(self.id)
+        try:
+            if stuck and set(stuck) <= self._broker_parts:
+                self._beats.set(key, json.dumps(stuck), ex=max(
+                    3600, int(self.settings.progress_stale_s * 10)))
+            else:
+                self._beats.delete(key)
+        except redis.RedisError as error:  # the sweep then counts a death: the old way
+            redis_outage.noticed("the heartbeat", error)
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_s):
@@ -161,6 +186,12 @@ def mark_message_gap(r: redis.Redis, prefix: str, settings: Settings) -> None:
     the Redis broker's BRPOP gap, workers/recovery/sweep.py step 3)."""
     r.set(JobKeys(prefix).recovery("death"), "1",
           px=int(max(60.0, 4 * settings.heartbeat_ttl_s) * 1000))
+
+
+def stuck_on_its_broker(r: redis.Redis, prefix: str, worker: str) -> bool:
+    """Whether ``worker`` stopped beating only because its broker connection was stuck
+    (its process runs on: nothing it ran killed it)."""
+    return bool(r.exists(JobKeys(prefix).stuck(worker)))
 
 
 def alive(r: redis.Redis, prefix: str, workers: list[str]) -> dict[str, bool]:

@@ -63,8 +63,11 @@ Every ``celery worker`` process runs a sweep in a thread; one worker at a time d
    (``{prefix}:results:pending``) and copied there, records, spec and result, once it answers
    (while Redis still has the job: its TTL, a week by default).
 
-A sub-agent sent again ``DROVER_MAX_ATTEMPTS`` times gets a ``failed`` record instead, so a
-task that kills every worker it lands on cannot keep a job open.
+A sub-agent whose worker died while running it ``DROVER_MAX_ATTEMPTS`` times gets a ``failed``
+record instead, so a task that kills every worker it lands on cannot keep a job open. Only
+that counts: a part a dead worker merely held (prefetched, waiting out a countdown), a worker
+that stopped beating because its broker connection was stuck (liveness.py), and a message the
+broker lost are the broker's faults, and are sent again for as long as it takes.
 """
 
 from __future__ import annotations
@@ -85,7 +88,13 @@ from drover.workers.fairshare import FairShare
 from drover.workers.jobs import reply_text as _s
 from drover.workers.jobs.archive import RESULTS_RETRY_S
 from drover.workers.jobs.keys import JobKeys
-from drover.workers.jobs.liveness import alive, forget_worker, mark_message_gap, registered_workers
+from drover.workers.jobs.liveness import (
+    alive,
+    forget_worker,
+    mark_message_gap,
+    registered_workers,
+    stuck_on_its_broker,
+)
 from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import SubagentResult
 from drover.workers.jobs.store import JobStore
@@ -200,14 +209,16 @@ def take_over_dead_workers(store: JobStore, settings: Settings, send: Send,
             continue
         if dead is not None:
             dead.append(worker)
+        broker_fault = stuck_on_its_broker(r, store.prefix, worker)
         for held in claims.held_by(worker):
             part: Part = int(held.part) if held.part.isdigit() else held.part
             previous = claims.claim(held.job_id, part)
             token = claims.takeover(held.job_id, part, held.token, worker)
             if not token:
                 continue  # finished, or it moved on before the worker died
-            if isinstance(part, int) and _given_up(store, held.job_id, part,
-                                                  settings.max_attempts):
+            if isinstance(part, int) and _given_up(
+                    store, held.job_id, part, settings.max_attempts,
+                    died_running=_state(previous) == "running" and not broker_fault):
                 continue
             if _send(store, settings, send, schedulers, held.job_id, part, token):
                 sent.append((held.job_id, part))
@@ -363,7 +374,8 @@ def _resend_gone(store: JobStore, settings: Settings, send: Send,
                                  else ("running",)):
                 continue  # kombu handed its message out again and a late copy acked it
             token = store.claims.takeover(job_id, index, -1, "")
-            if not token or _given_up(store, job_id, index, settings.max_attempts):
+            if not token or _given_up(store, job_id, index, settings.max_attempts,
+                                      died_running=False):  # the broker's loss, not a death
                 continue
             if _send_to(send, queue, job_id, index, token):
                 r.sadd(store.keys.recovering, job_id)
@@ -450,7 +462,9 @@ def repair_windows(store: JobStore, settings: Settings, send: Send, schedulers: 
             new = store.claims.takeover(job_id, key, int(token), holder)
             if not new:
                 continue
-            if isinstance(key, int) and _given_up(store, job_id, key, settings.max_attempts):
+            if isinstance(key, int) and _given_up(
+                    store, job_id, key, settings.max_attempts, died_running=state == "running"
+                    and not stuck_on_its_broker(r, store.prefix, holder)):
                 continue
             if _send(store, settings, send, schedulers, job_id, key, new):
                 sent.append((job_id, key))
@@ -562,18 +576,26 @@ def _send_to(send: Send, queue: str | None, job_id: str, part: Part, token: int)
         return False
 
 
-def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int) -> bool:
-    """Count one more re-send; past ``max_attempts`` the sub-agent gets a failed record."""
-    if store.counters.add_resend(job_id, index) <= max_attempts:
+def _given_up(store: JobStore, job_id: str, index: int, max_attempts: int,
+              died_running: bool) -> bool:
+    """Count one more re-send (``died_running``: its worker died while running it, which
+    counts against ``max_attempts``); past that the sub-agent gets a failed record."""
+    store.counters.add_resend(job_id, index)
+    if not died_running or store.counters.add_death(job_id, index) <= max_attempts:
         return False
-    message = (f"this sub-agent's task was lost {max_attempts} times (its worker died, or the "
-               "broker lost the message); gave up")
+    message = (f"this sub-agent's worker died while running it {max_attempts} times (the task "
+               "may kill the worker it runs on); gave up")
     log.error("sub-agent %s/%d: %s", job_id, index, message)
     store.records.put(SubagentResult(job_id=job_id, index=index, status="failed",
                                      attempts=max_attempts, error_type="task_lost", error=message,
                                      finished_at=time.time()))
     store.r.sadd(store.keys.recovering, job_id)
     return True
+
+
+def _state(raw: str | bytes | None) -> str:
+    """The state of a claim's raw value ``token|state|worker`` ("" for none)."""
+    return (_s(raw).split("|", 2) + ["", ""])[1] if raw else ""
 
 
 def _meta(store: JobStore, job_id: str) -> dict[str, str]:

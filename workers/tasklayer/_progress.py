@@ -4,7 +4,9 @@ A consumer bootstep that, while the consumer is connected, has the consumer's ow
 event loop, the thread that takes messages off the broker and acks them) tell the worker's
 heartbeat every ``DROVER_HEARTBEAT_S`` that it moves. A consumer stuck on a connection that
 went silent stops pulsing, and after ``DROVER_PROGRESS_STALE_S`` the heartbeat stops: the
-sweep sends the worker's sub-agents again elsewhere. While the consumer reconnects (its
+sweep sends the worker's sub-agents again elsewhere, without counting that as a death
+against their budget (the consumer is the worker's broker connection: its fault is the
+broker's, not a task's). While the consumer reconnects (its
 blueprint stopped: the broker is down or its connection was dropped) it is not watched: a
 broker outage the worker waits out is not a death.
 """
@@ -29,13 +31,13 @@ class ConsumerPulse(bootsteps.StartStopStep):
 
     def start(self, c: Any) -> None:
         heartbeat = c.app.drover.heartbeat()  # the worker's root (tasklayer/app.py)
-        heartbeat.pulse(CONSUMER_PART)
+        heartbeat.pulse(CONSUMER_PART, broker=True)
         timer = getattr(c, "timer", None)
         if timer is None:  # no timer to pulse from: not watched
             heartbeat.unwatch(CONSUMER_PART)
             return
         self.tref = timer.call_repeatedly(c.app.drover.settings.heartbeat_s, heartbeat.pulse,
-                                          (CONSUMER_PART,))
+                                          (CONSUMER_PART, True))
 
     def stop(self, c: Any) -> None:
         if self.tref is not None:
