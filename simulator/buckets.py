@@ -180,6 +180,14 @@ class KeyBuckets:
         self.refill(now)
         self.output.level -= tokens
 
+    def adjust_tokens(self, tokens: float, now: float) -> None:
+        """Give back ``tokens`` to the one tokens bucket (a negative number takes more):
+        Bedrock's count of an answer once it is done."""
+        if self.input is None:
+            return
+        self.refill(now)
+        self.input.level = min(self.input.capacity, self.input.level + tokens)
+
     def settle_output(self, output_tokens: int, max_tokens: int, now: float,
                       debited: int = 0) -> None:
         """Generated mode debits what was generated and not yet debited (``debited``: what
@@ -229,6 +237,10 @@ class NestedBuckets:
                       debited: int = 0) -> None:
         for _, buckets in self.levels:
             buckets.settle_output(output_tokens, max_tokens, now, debited)
+
+    def adjust_tokens(self, tokens: float, now: float) -> None:
+        for _, buckets in self.levels:
+            buckets.adjust_tokens(tokens, now)
 
     def tightest(self, dim: str) -> TokenBucket | None:
         """The bucket of ``dim`` ('requests', 'input', 'output') with the least left."""

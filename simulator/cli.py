@@ -13,8 +13,11 @@ from .engine import Engine
 from .server import make_app, start_runner
 
 _HELP = {
-    "provider": "the API it speaks: anthropic (/v1/messages) or openai (/v1/chat/completions, "
-                "limits --rpm and --tpm)",
+    "provider": "the API it speaks: anthropic (/v1/messages), openai (/v1/chat/completions, "
+                "limits --rpm and --tpm), bedrock (Claude on Amazon Bedrock: /model/{id}/invoke, "
+                "limits --rpm and --tpm, output counted --output-burndown times) or vertex "
+                "(Claude on Google Vertex AI: .../publishers/anthropic/models/{id}:rawPredict)",
+    "output_burndown": "bedrock: how many times an output token counts against --tpm",
     "tpm": "openai: tokens per minute per API key (input + max tokens, charged at admission)",
     "retry_after_headers": "openai: what a 429 carries: retry-after (seconds), retry-after-ms "
                            "(ms), both or none",
@@ -68,7 +71,8 @@ def build_parser(prog: str = "python -m drover.simulator") -> argparse.ArgumentP
             parser.add_argument(flag, dest=f.name, choices=["generated", "max_tokens"],
                                 default=default, help=help_text)
         elif f.name == "provider":
-            parser.add_argument(flag, dest=f.name, choices=["anthropic", "openai"],
+            parser.add_argument(flag, dest=f.name,
+                                choices=["anthropic", "openai", "bedrock", "vertex"],
                                 default=default, help=help_text)
         elif f.name == "retry_after_headers":
             parser.add_argument(flag, dest=f.name, choices=["seconds", "ms", "both", "none"],
@@ -91,6 +95,14 @@ async def _serve(config: SimConfig, host: str, port: int) -> None:
         print(f"simulator (OpenAI Chat Completions) listening on http://{shown}:{bound} (it "
               f"takes any API key: the OpenAI SDK with "
               f"OPENAI_BASE_URL=http://{reach}:{bound}/v1 OPENAI_API_KEY=sk-sim)", flush=True)
+    elif config.provider == "bedrock":
+        print(f"simulator (Claude on Amazon Bedrock) listening on http://{shown}:{bound} (it "
+              "takes any Bedrock API key or AWS access key: the SDK's AnthropicBedrock with "
+              f"base_url=http://{reach}:{bound})", flush=True)
+    elif config.provider == "vertex":
+        print(f"simulator (Claude on Google Vertex AI) listening on http://{shown}:{bound} (it "
+              "takes any access token: the SDK's AnthropicVertex with "
+              f"base_url=http://{reach}:{bound}/v1)", flush=True)
     else:
         print(f"simulator listening on http://{shown}:{bound} (it takes any API key: on the "
               f"workers, DROVER_ANTHROPIC_BASE_URL=http://{reach}:{bound} "

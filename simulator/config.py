@@ -18,7 +18,7 @@ OtherModel = Literal["refill", "draws"]
 # Changing one of these rebuilds the rate-limit buckets (they start full again).
 LIMIT_FIELDS = frozenset({"rpm", "itpm", "otpm", "tpm", "burst_s", "otpm_mode", "pool",
                           "model_classes", "refuse_oversized", "provider"})
-Provider = Literal["anthropic", "openai"]
+Provider = Literal["anthropic", "openai", "bedrock", "vertex"]
 RetryAfterHeaders = Literal["seconds", "ms", "both", "none"]
 _POOL_ENTRY = {"alias", "api_key", "rpm", "itpm", "otpm", "revoke_after_s"}
 
@@ -29,7 +29,13 @@ class SimConfig:
     # Completions, /v1/chat/completions: simulator/openai.py). OpenAI's limits are rpm and
     # tpm, one tokens bucket charged input + max_completion_tokens at admission, nothing
     # given back within the minute (../shared/openai-api.md); itpm/otpm are Anthropic's.
+    # "bedrock" and "vertex": Claude on Amazon Bedrock (rpm and tpm, output counted
+    # output_burndown times) or Google Vertex AI (rpm/itpm/otpm), their routes, credentials,
+    # errors and streams (simulator/clouds.py).
     provider: Provider = "anthropic"
+    # Bedrock: how many times an output token counts against the tokens quota once the answer
+    # is done (AWS's quota docs: 5 for the current Claude models).
+    output_burndown: float = 5.0
     tpm: float | None = None
     # OpenAI's 429s: which retry headers they carry (retry-after, retry-after-ms, both, none).
     retry_after_headers: RetryAfterHeaders = "seconds"
@@ -135,8 +141,11 @@ class SimConfig:
     key_spend_limit_calls: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.provider not in ("anthropic", "openai"):
-            raise ValueError(f"provider must be 'anthropic' or 'openai', got {self.provider!r}")
+        if self.provider not in ("anthropic", "openai", "bedrock", "vertex"):
+            raise ValueError("provider must be 'anthropic', 'openai', 'bedrock' or 'vertex', "
+                             f"got {self.provider!r}")
+        if self.output_burndown < 1:
+            raise ValueError("output_burndown must be >= 1")
         if self.retry_after_headers not in ("seconds", "ms", "both", "none"):
             raise ValueError("retry_after_headers must be seconds, ms, both or none, got "
                              f"{self.retry_after_headers!r}")
@@ -235,7 +244,7 @@ _FLOATS = {"burst_s", "other_share", "overload_rate", "error_5xx_rate", "inject_
            "latency_mean_s", "latency_p95_s", "cache_ttl_s", "batch_processing_s",
            "batch_expires_s", "batch_errored_rate", "batch_expired_rate",
            "batch_create_delay_s", "output_tokens_per_s", "ttft_s", "output_share_min",
-           "output_share_max", "batch_discount", "ping_every_s"}
+           "output_share_max", "batch_discount", "ping_every_s", "output_burndown"}
 _INTS = {"inject_429_retry_after", "output_tokens_mean", "tool_turns", "tools_per_turn",
          "plan_items", "cache_min_tokens", "seed", "batch_max_requests"}
 _BOOLS = {"cache_reads_count", "round_token_headers", "batch_create_drop", "refuse_oversized"}

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import billing, generate, openai, responses, streaming, triggers
+from . import billing, clouds, generate, openai, responses, streaming, triggers
 from .buckets import KeyBuckets, NestedBuckets, Rejection
 from .cache import PromptCache
 from .config import LIMIT_FIELDS, SimConfig
@@ -181,8 +181,9 @@ class Engine:
                     ) -> KeyBuckets:
         buckets = self._buckets.get(name)
         if buckets is None:
-            if limits is None and self.config.provider == "openai":
-                # OpenAI's structure: requests and one tokens bucket (input + max tokens).
+            if limits is None and self.config.provider in ("openai", "bedrock"):
+                # OpenAI's and Bedrock's structure: requests and one tokens bucket (input +
+                # max tokens at admission).
                 limits = (self.config.rpm, self.config.tpm, None)
             buckets = self._buckets[name] = KeyBuckets(self.config, now, limits)
         return buckets
@@ -222,6 +223,8 @@ class Engine:
     def _headers(self, req_id: str, buckets: KeyBuckets | NestedBuckets | None, now: float
                  ) -> dict[str, str]:
         headers = {"Content-Type": _JSON, "request-id": req_id}
+        if self.config.provider in clouds.CLOUDS:  # neither cloud tells its quotas' levels
+            return headers
         if buckets is not None and self.config.provider == "openai":
             headers.update(openai.ratelimit_headers(buckets, now))
         elif buckets is not None:
@@ -253,11 +256,22 @@ class Engine:
         if self.config.provider == "openai":
             status, body = openai.error_reply(status, error_type, message, details, limit_name)
             return Reply(status, body, headers)
+        if self.config.provider in clouds.CLOUDS:  # no retry-after there: the SDK backs off
+            headers.pop("retry-after", None)
+            status, body, extra = clouds.error_reply(self.config.provider, status, error_type,
+                                                     message)
+            return Reply(status, body, headers | extra)
         return Reply(status, responses.error_body(error_type, message, req_id, details), headers)
 
     def _parse(self, headers: Mapping[str, str], raw: bytes, req_id: str, now: float,
                need_max_tokens: bool) -> tuple[str, dict[str, Any]] | Reply:
-        api_key = headers.get("x-api-key")
+        cloud = self.config.provider in clouds.CLOUDS
+        api_key = clouds.caller(self.config.provider, headers) if cloud else headers.get(
+            "x-api-key")
+        if not api_key and cloud:
+            return self._error(401, "authentication_error", "the request carries no "
+                               "credential (drover's simulator takes any bearer token or SigV4 "
+                               "access key)", req_id, None, now)
         if not api_key:
             auth = headers.get("authorization", "")
             api_key = auth[7:] if auth.lower().startswith("bearer ") else ""
@@ -393,7 +407,7 @@ class Engine:
         input_tokens = total - cache_read - cache_creation
         counted_input = input_tokens + cache_creation + (cache_read if cfg.cache_reads_count else 0)
 
-        if cfg.provider == "openai":  # one tokens bucket: input and max tokens, at admission
+        if cfg.provider in ("openai", "bedrock"):  # one tokens bucket: input + max tokens
             rejection = buckets.try_admit(counted_input + max_tokens, 0, now)
         else:
             rejection = buckets.try_admit(counted_input, max_tokens, now)
@@ -426,6 +440,12 @@ class Engine:
         tps = cfg.output_tokens_per_s
         out_tokens = generated.output_tokens
 
+        def burn_down(output_tokens: int, done: float) -> None:
+            # Bedrock took input + max_tokens at admission; once the answer is done it counts
+            # input + burndown x output instead (more than it took when the answer is long).
+            if cfg.provider == "bedrock":
+                buckets.adjust_tokens(max_tokens - cfg.output_burndown * output_tokens, done)
+
         if body.get("stream") is True:
             self.stats.streams += 1
 
@@ -442,20 +462,28 @@ class Engine:
             def close(sent_tokens: int, how: str) -> None:
                 done = time.monotonic()
                 buckets.settle_output(sent_tokens, max_tokens, done, debited[0])
+                burn_down(sent_tokens, done)
                 self.stats.stream_closed(done, out_tokens, sent_tokens, how, model)
 
             chunk = max(3, math.ceil(tps * 0.1)) if tps > 0 else 256
             cut = first_only.get("cut_error", first_only.get("cut"))
             make = openai.chunk_events if cfg.provider == "openai" else streaming.events
+            events = make(model, generated.content, generated.stop_reason, usage, chunk)
+            kind, error_data = "text/event-stream; charset=utf-8", b""
+            if cfg.provider == "openai":
+                error_data = openai.error_frame("The server is overloaded")
+            elif cfg.provider == "bedrock":  # AWS's binary event stream, never pinged
+                events = [streaming.Event(e.tokens, clouds.bedrock_chunk(e.data)) for e in events
+                          if e.data != streaming.PING]
+                kind = "application/vnd.amazon.eventstream"
+                error_data = clouds.bedrock_stream_error("The server is overloaded")
             streamed = Streamed(self._headers(req_id, buckets, now) | {
-                "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"},
-                make(model, generated.content, generated.stop_reason, usage, chunk),
-                first_s, tps, close, sent, None if cut is None else max(1, int(cut)),
-                "error" if "cut_error" in first_only else "drop",
-                openai.error_frame("The server is overloaded") if cfg.provider == "openai"
-                else b"",
+                "Content-Type": kind, "Cache-Control": "no-cache"},
+                events, first_s, tps, close, sent, None if cut is None else max(1, int(cut)),
+                "error" if "cut_error" in first_only else "drop", error_data,
                 # A stalled connection is dead: it sends nothing, pings included.
-                0.0 if cfg.provider == "openai" or "stall" in first_only else cfg.ping_every_s)
+                0.0 if cfg.provider in ("openai", "bedrock") or "stall" in first_only
+                else cfg.ping_every_s)
             return Pending(0.0, lambda: Reply(500, b"", {}), out_tokens, streamed)
 
         if tps > 0:
@@ -466,6 +494,7 @@ class Engine:
         def finish() -> Reply:
             done = time.monotonic()
             buckets.settle_output(generated.output_tokens, max_tokens, done)
+            burn_down(generated.output_tokens, done)
             self.stats.generated(done, generated.output_tokens)
             shape = openai.completion_body if cfg.provider == "openai" else responses.message_body
             return Reply(200, shape(model, generated.content, generated.stop_reason, usage),

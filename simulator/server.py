@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import arrival
+from . import arrival, clouds
 from .batches import Batches
 from .config import SimConfig
 from .engine import Engine, Pending, Reply, Streamed
@@ -27,8 +27,20 @@ def _response(reply: Reply) -> web.Response:
 
 
 async def _messages(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, await request.read())
+
+
+def _cloud_messages(stream: bool) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Bedrock's invoke routes and Vertex AI's rawPredict routes (simulator/clouds.py): the
+    model from the path, the body as the Messages request it stands for."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raw = clouds.messages_body(await request.read(), request.match_info["model"], stream)
+        return await _serve(request, raw)
+    return handler
+
+
+async def _serve(request: web.Request, raw: bytes) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    raw = await request.read()
     # Judged at the kernel's receive time: a loop starved under load must not turn requests
     # that waited in their sockets into a burst (simulator/arrival.py).
     arrived = arrival.received_at(request.transport)
@@ -224,6 +236,13 @@ def make_app(config: SimConfig | None = None, engine: Engine | None = None,
     app[BATCHES_KEY] = batches or Batches(app[ENGINE_KEY])
     app.router.add_post("/v1/messages", _messages)
     app.router.add_post("/v1/chat/completions", _messages)  # SimConfig.provider="openai"
+    # SimConfig.provider "bedrock" and "vertex" (simulator/clouds.py)
+    app.router.add_post("/model/{model}/invoke", _cloud_messages(stream=False))
+    app.router.add_post("/model/{model}/invoke-with-response-stream",
+                        _cloud_messages(stream=True))
+    vertex = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model}"
+    app.router.add_post(vertex + ":rawPredict", _cloud_messages(stream=False))
+    app.router.add_post(vertex + ":streamRawPredict", _cloud_messages(stream=True))
     app.router.add_post("/v1/messages/count_tokens", _count_tokens)
     app.router.add_post("/v1/messages/batches", _batch_route("create"))
     app.router.add_get("/v1/messages/batches", _batch_route("list"))
