@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         AgentError,
         CallFailed,
         Cancelled,
+        CostCapReached,
         DroverError,
         JobNotFound,
         JobRefused,
@@ -55,12 +56,13 @@ if TYPE_CHECKING:
 
     app: Celery
 
-_ERRORS = ("AgentError", "CallFailed", "Cancelled", "DroverError", "JobNotFound", "JobRefused",
+_ERRORS = ("AgentError", "CallFailed", "Cancelled", "CostCapReached", "DroverError",
+           "JobNotFound", "JobRefused",
            "NeverFits", "PlanningFailed", "ResultsStoreError", "SettingsError", "Unreachable",
            "WaitTimeout", "WorkerCannotStart")
 
-__all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "Estimate", "JobHandle",
-           "JobNotFound",
+__all__ = ["AgentError", "CallFailed", "Cancelled", "CostCapReached", "DroverError",
+           "Estimate", "JobHandle", "JobNotFound",
            "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed",
            "ResultsStoreError", "SettingsError",
            "SubagentResult", "Unreachable", "Usage", "WaitTimeout", "WorkerCannotStart", "app",

@@ -15,6 +15,7 @@ TimeoutError`` (``JobHandle.wait``) go on working::
     ├── PlanningFailed (RuntimeError)    plan() used up its attempts
     └── AgentError                       an agent step ended early
         ├── Cancelled                    the job was cancelled or ran out of time
+        ├── CostCapReached               a call would pass a cap in dollars; not sent
         └── CallFailed                   an LLM call that retrying will not fix
             └── NeverFits                a request the limits could never admit
 
@@ -33,9 +34,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AgentError", "CallFailed", "Cancelled", "DroverError", "JobNotFound", "JobRefused",
-           "NeverFits", "PlanningFailed", "ResultsStoreError", "SettingsError", "Unreachable",
-           "WaitTimeout", "WorkerCannotStart"]
+__all__ = ["AgentError", "CallFailed", "Cancelled", "CostCapReached", "DroverError",
+           "JobNotFound", "JobRefused", "NeverFits", "PlanningFailed", "ResultsStoreError",
+           "SettingsError", "Unreachable", "WaitTimeout", "WorkerCannotStart"]
 
 
 class DroverError(Exception):
@@ -94,6 +95,13 @@ class Cancelled(AgentError):
     """The job was cancelled (or its deadline passed) while this step waited or ran."""
 
     call_outcome = "cancelled"
+
+
+class CostCapReached(AgentError):
+    """A call's worst case would pass a cap in dollars (``JobSpec.max_cost_usd``, or the
+    tenant's monthly cap): it was not sent. The message names the cap and what was spent."""
+
+    call_outcome = "not_sent"
 
 
 class CallFailed(AgentError):

@@ -135,6 +135,10 @@ class TenantBudget(BaseModel):
     per_day: PositiveRate | None = Field(
         default=None,
         description="Tokens per day (a bucket holding a day's worth, refilled continuously).")
+    usd_per_month: PositiveRate | None = Field(
+        default=None,
+        description="Dollars per calendar month (UTC) at DROVER_PRICES, across all the "
+        "tenant's jobs: a call whose worst case would pass it is not sent (docs/cost.md).")
 
 
 class ModelPrice(BaseModel):

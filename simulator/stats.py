@@ -53,6 +53,7 @@ class SimStats:
         self.spend_cap_429 = 0
         self.spend_limited: dict[str, int] = {}  # spend-limit refusals by whose limit
         self.first_spend_limited_at: float | None = None  # wall clock (time.time())
+        self.max_request_input_tokens = 0  # the largest input of one admitted request
         self.overloaded_529 = 0
         self.errors_5xx = 0
         self.errors_4xx = 0
@@ -117,6 +118,9 @@ class SimStats:
     def admitted(self, now: float, digest: bytes, counted_input: int, usage: dict[str, int],
                  model: str = "") -> None:
         self.accepted += 1
+        whole_input = (usage["input_tokens"] + usage["cache_creation_input_tokens"]
+                       + usage["cache_read_input_tokens"])
+        self.max_request_input_tokens = max(self.max_request_input_tokens, whole_input)
         row = self.billed_by_model.setdefault(model, [0, 0, 0, 0, 0])
         for i, n in enumerate((1, usage["input_tokens"], usage["cache_creation_input_tokens"],
                                usage["cache_read_input_tokens"], usage["output_tokens"])):
@@ -215,6 +219,7 @@ class SimStats:
             "spend_cap_429": self.spend_cap_429,
             "spend_limited": dict(self.spend_limited),
             "first_spend_limited_at": self.first_spend_limited_at,
+            "max_request_input_tokens": self.max_request_input_tokens,
             "overloaded_529": self.overloaded_529,
             "errors_5xx": self.errors_5xx,
             "errors_4xx": self.errors_4xx,

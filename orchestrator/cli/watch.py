@@ -74,14 +74,6 @@ def usage_lines(usage: Usage) -> list[str]:
     lines = [f"usage: {usage.calls} answered calls, {usage.input_tokens:,} input, "
              f"{usage.output_tokens:,} output, {usage.cache_creation_input_tokens:,} cache "
              f"write, {usage.cache_read_input_tokens:,} cache read tokens"]
-    if usage.cost_usd is None:
-        lines.append(f"cost: unpriced ({usage.unpriced_calls} calls of a model without a "
-                     "price: set its prices in DROVER_PRICES, docs/cost.md)")
-    elif usage.sent_calls:
-        unpriced = (f", and {usage.unpriced_calls} calls of a model without a price "
-                    "(DROVER_PRICES)" if usage.unpriced_calls else "")
-        lines.append(f"cost: ${usage.cost_usd:,.4f} at list prices (DROVER_PRICES over the "
-                     f"bundled table; unanswered calls at their estimate){unpriced}")
     if usage.unanswered_calls:
         lines.append(f"unanswered: {usage.unanswered_calls} calls sent whose answer never came "
                      f"back (billed by the provider): about {usage.unanswered_input_tokens:,} "
@@ -90,6 +82,14 @@ def usage_lines(usage: Usage) -> list[str]:
     if usage.batch_calls:
         lines.append(f"by Message Batch: {usage.batch_calls} of {usage.calls} calls, "
                      f"{usage.batch_tokens:,} tokens billed at the batch rate (50%)")
+    if usage.cost_usd is None:
+        lines.append(f"cost: unpriced ({usage.unpriced_calls} calls of a model without a "
+                     "price: set its prices in DROVER_PRICES, docs/cost.md)")
+    elif usage.sent_calls:
+        unpriced = (f", and {usage.unpriced_calls} calls of a model without a price "
+                    "(DROVER_PRICES)" if usage.unpriced_calls else "")
+        lines.append(f"cost: ${usage.cost_usd:,.4f} at list prices (DROVER_PRICES over the "
+                     f"bundled table; unanswered calls at their estimate){unpriced}")
     return lines
 
 

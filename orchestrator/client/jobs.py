@@ -71,6 +71,10 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
                    "on anthropic runs the batcher")
         raise JobRefused(f"delivery='batch' goes through Anthropic's Message Batches API, and "
                          f"{why}: send the job with delivery='realtime'")
+    if spec.max_cost_usd is not None and settings.price_of(model) is None:
+        raise JobRefused(f"max_cost_usd caps the job in dollars, and the model {model!r} has no "
+                         "price: set its prices in DROVER_PRICES (JSON, dollars per million "
+                         f"tokens: '{{\"{model}\": {{\"input\": 3.0, \"output\": 15.0}}}}')")
     no_thinking = thinking_refused(model, spec.thinking)
     if no_thinking is not None:
         raise JobRefused(no_thinking)

@@ -12,7 +12,7 @@ out of time. The ones a user can meet are defined in ``drover.errors`` (under
 from __future__ import annotations
 
 from drover._signals import LimiterSaysLater, RetryableFailure, RetryLater
-from drover.errors import AgentError, CallFailed, Cancelled, NeverFits
+from drover.errors import AgentError, CallFailed, Cancelled, CostCapReached, NeverFits
 
-__all__ = ["AgentError", "CallFailed", "Cancelled", "LimiterSaysLater", "NeverFits",
-           "RetryLater", "RetryableFailure"]
+__all__ = ["AgentError", "CallFailed", "Cancelled", "CostCapReached", "LimiterSaysLater",
+           "NeverFits", "RetryLater", "RetryableFailure"]

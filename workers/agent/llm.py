@@ -43,6 +43,7 @@ import redis
 
 from drover._signals import HeldBack
 from drover.workers.agent.caching import cache_counts
+from drover.workers.agent.caps import reserve_cost, settle_cost
 from drover.workers.agent.errors import (
     CallFailed,
     Cancelled,
@@ -100,6 +101,7 @@ class CallContext:
     # Told True when the call's answer starts streaming in (its first token), False when that
     # stream ends, however it ends (``drover watch`` shows sub-agents generating).
     generating: Callable[[bool], Awaitable[None]] | None = None
+    max_cost_usd: float | None = None  # the job's cap in dollars (workers/agent/caps.py)
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -293,20 +295,33 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
                else rt.calibration.output_tokens(route.scope, params["max_tokens"]))
     await refuse_if_never_fits(rt, model, route.scope, ctx, est_in)
 
-    budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
+    # The caps in dollars: the call's worst case reserved before anything else (caps.py).
+    cost = await reserve_cost(rt, ctx.job_id, ctx.tenant, ctx.max_cost_usd, model, res_in,
+                              params["max_tokens"])
+    answer: Any = None
+    lost: tuple[int, int] | None = None
+    try:
+        budget = await acquire_tenant_budget(rt, ctx, est_in + est_out)
+    except BaseException:
+        await settle_cost(rt, cost)
+        raise
     budget_wait = max((g.wait_s for _, _, g in budget), default=0.0)
     spent: list[int | None] = [None]  # the tenant's budget settles with it (None: not sent)
     try:
         while True:
-            message = await _send(rt, route, params, ctx, (est_in, res_in), est_out,
-                                  cache_reads_count, budget_wait, spent)
-            if message is not None:
-                return message
+            answer = await _send(rt, route, params, ctx, (est_in, res_in), est_out,
+                                 cache_reads_count, budget_wait, spent)
+            if answer is not None:
+                return answer
             # The key was refused (the call moves to another key), or a cooldown began while
             # the call waited (it plans again behind it).
             budget_wait = 0.0
+    except BaseException as error:
+        lost = getattr(error, "unanswered", None)  # sent, never answered: what it counts
+        raise
     finally:
         await release_tenant_budget(rt, budget, spent=spent[0])
+        await settle_cost(rt, cost, answer.usage if answer is not None else None, lost)
 
 
 async def _send(rt: Runtime, route: Route, params: dict[str, Any], ctx: CallContext,

@@ -36,7 +36,13 @@ import redis
 from drover._signals import OwnFailed
 from drover.config.prices import Price
 from drover.workers.agent.batch import batch_message, uses_batch
-from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, RetryableFailure
+from drover.workers.agent.errors import (
+    CallFailed,
+    Cancelled,
+    CostCapReached,
+    LimiterSaysLater,
+    RetryableFailure,
+)
 from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
 from drover.workers.agent.own import run_own
 from drover.workers.agent.retry import Decision
@@ -114,7 +120,8 @@ class SubagentRun:
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
                               tenant=spec.tenant, check=self._check,
-                              unanswered=self._unanswered, generating=self._generating)
+                              unanswered=self._unanswered, generating=self._generating,
+                              max_cost_usd=spec.max_cost_usd)
             return await self._run(spec, state, ctx)
 
     async def _check(self, est_in: int, est_out: int) -> None:
@@ -178,6 +185,9 @@ class SubagentRun:
                                           status_code=failed["status"])
             reason = reason or "cancelled"
             return await self._finish(state, "cancelled", error=reason, error_type="cancelled")
+        except CostCapReached as capped:  # not sent: the job's (or tenant's) cap in dollars
+            return await self._finish(state, "budget_exceeded", error=str(capped),
+                                      error_type="budget_exceeded")
         except RetryableFailure as failure:
             return await self._failed_attempt(spec, state, failure)
         except LimiterSaysLater:

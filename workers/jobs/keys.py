@@ -16,6 +16,7 @@ own, each under ``{prefix}:`` too.)
     {p}:batch:...            the Message Batches queue
     {p}:recovering, {p}:stalled, {p}:recovery:{lock|death|scan|repairs|archive}   the sweep's
     {p}:results:pending      jobs whose end the results store missed (copied when it answers)
+    {p}:tenant:{t}:usd:{month}   a tenant's dollars reserved and spent in a month (its cap)
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class JobKeys:
     @property
     def results_pending(self) -> str:
         return f"{self.prefix}:results:pending"
+
+    def tenant_usd(self, tenant: str, month: str) -> str:
+        """A tenant's dollars of one calendar month (``YYYY-MM``, UTC)."""
+        return f"{self.prefix}:tenant:{tenant}:usd:{month}"
 
     def recovery(self, name: str) -> str:
         return f"{self.prefix}:recovery:{name}"

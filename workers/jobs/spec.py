@@ -57,6 +57,9 @@ class JobSpec(BaseModel):
     max_turns: int | None = Field(default=None, ge=1, le=200)
     token_budget: int | None = Field(default=None, ge=1)
     subagent_token_budget: int | None = Field(default=None, ge=1)
+    # A cap in dollars (DROVER_PRICES): each call reserves its worst case before it is sent
+    # and a call that would pass the cap is not sent (its sub-agent ends budget_exceeded).
+    max_cost_usd: float | None = Field(default=None, gt=0)
     deadline_s: float | None = Field(default=None, gt=0)
     max_parallel_tools: int | None = Field(default=None, ge=1, le=256)
     synthesize: bool | str = False

@@ -4,16 +4,21 @@ own calls (planning, synthesis) and the send marks of those calls until they are
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import redis
 
 from drover.config.prices import Price
 from drover.workers.jobs._decode import text as _s
+from drover.workers.jobs.claims import LUA
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.records import Usage
 
 __all__ = ["Spending"]
+
+
+NANO = 1_000_000_000  # dollars are kept as integer nano-dollars (HINCRBY is exact)
 
 
 class Spending:
@@ -21,6 +26,25 @@ class Spending:
         self.r = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self._reserve_usd = client.register_script((LUA / "reserve_usd.lua").read_text())
+
+    def reserve_usd(self, key: str, cap_usd: float, worst_usd: float, ttl_s: int,
+                    why: str = "") -> tuple[bool, float, str]:
+        """Reserve ``worst_usd`` under ``cap_usd`` in ``key`` (lua/reserve_usd.lua): (True,
+        the total now, "") or (False, the total, the reason it is capped). ``why``: kept as
+        the reason on a refusal, so every later reservation is refused too."""
+        reply = self._reserve_usd(keys=[key], args=[round(cap_usd * NANO),
+                                                    math.ceil(worst_usd * NANO), ttl_s, why])
+        total = float(reply[1]) / NANO
+        return bool(int(reply[0])), total, _s(reply[2]) if len(reply) > 2 else ""
+
+    def settle_usd(self, holds: list[tuple[str, float]], paid_usd: float) -> None:
+        """Replace each (key, reserved) reservation by what the call cost, ``paid_usd``."""
+        pipe = self.r.pipeline(transaction=False)
+        for key, reserved in holds:
+            pipe.hincrby(key, "usd", round(paid_usd * NANO) - math.ceil(reserved * NANO))
+        if holds:
+            pipe.execute()
 
     def spend(self, job_id: str, tokens: int) -> int:
         """Add to the job's shared token spend (atomic) and return the new total."""

@@ -1,0 +1,76 @@
+"""Caps in dollars: ``JobSpec(max_cost_usd=...)`` and a tenant's ``usd_per_month``, checked
+before each call with its worst case reserved, so a job stops within one call's worth of its
+cap. Worker subprocesses, real Redis, the real SDK over HTTP to the simulator, which bills at
+the same prices (``stats()["billing"]``).
+
+``python -m pytest tests/system/test_caps.py -n 0 -q -s -p no:cacheprovider``"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from drover import JobSpec, submit
+from drover.config.prices import derive_price
+from tests.helpers import configure, wait_for_workers
+
+PRICES = {"claude-sonnet-4-6": {"input": 3.0, "output": 15.0}}
+PRICE = derive_price(PRICES["claude-sonnet-4-6"], "anthropic")
+MAX_TOKENS = 200
+
+
+def _one_call_worst(stats: dict) -> float:
+    """The worst case of the job's largest call: its input at the cache-write price (the
+    dearer), max_tokens of output."""
+    return (stats["max_request_input_tokens"] * PRICE.cache_write
+            + MAX_TOKENS * PRICE.output) / 1e6
+
+
+def _spec(n: int, **more: object) -> JobSpec:
+    return JobSpec(subtasks=[f"Assess supplier {i}" for i in range(n)], tools=["lookup_fact"],
+                   max_tokens=MAX_TOKENS, **more)
+
+
+def test_a_job_capped_in_dollars_stops_within_one_calls_worth(
+        sim, spawn_worker, drover_env, monkeypatch):
+    sim.configure(prices=PRICES, tool_turns=1, output_tokens_mean=80,
+                  latency_mean_s=0.2, latency_p95_s=0.4)
+    configure(monkeypatch, drover_env, prices=json.dumps(PRICES))
+    for _ in range(2):
+        spawn_worker(concurrency=8)
+    wait_for_workers(2)
+    cap = 0.20
+    result = submit(_spec(120, max_cost_usd=cap)).wait(timeout=300)
+    stats = sim.stats()
+    bill, worst = stats["billing"]["usd"], _one_call_worst(stats)
+    over = result.by_status("budget_exceeded")
+    print(f"\ncap ${cap:.2f}: the provider billed ${bill:.4f} (the job counts "
+          f"${result.cost_usd:.4f}); one call's worst case ${worst:.4f}; {result.counts}")
+    assert bill <= cap + worst, (bill, cap, worst)
+    assert result.cost_usd is not None and result.cost_usd <= cap + worst
+    assert result.counts["ok"] >= 1 and over, result.counts
+    assert all("cost cap of $0.2000 (JobSpec.max_cost_usd)" in (r.error or "") for r in over)
+    never = [r for r in over if r.usage.sent_calls == 0]
+    assert never, "the sub-agents that had not started ended without a call"
+
+
+def test_a_tenants_monthly_cap_holds_across_its_jobs(
+        sim, spawn_worker, drover_env, monkeypatch):
+    tenant = f"team-{uuid.uuid4().hex[:6]}"  # this month's tally is this test's alone
+    cap = 0.15
+    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80)
+    configure(monkeypatch, drover_env, prices=json.dumps(PRICES),
+              tenant_budgets=json.dumps({tenant: {"usd_per_month": cap}}))
+    spawn_worker(concurrency=8)
+    wait_for_workers(1)
+    first = submit(_spec(30, tenant=tenant)).wait(timeout=300)
+    assert first.counts["ok"] == 30, first.counts
+    second = submit(_spec(200, tenant=tenant)).wait(timeout=300)
+    stats = sim.stats()
+    bill, worst = stats["billing"]["usd"], _one_call_worst(stats)
+    over = second.by_status("budget_exceeded")
+    print(f"\ntenant cap ${cap:.2f} a month: two jobs billed ${bill:.4f} in all (one call's "
+          f"worst case ${worst:.4f}); the second {second.counts}")
+    assert bill <= cap + worst, (bill, cap, worst)
+    assert over and all(f"monthly cost cap of tenant {tenant}" in (r.error or "")
+                        for r in over)
