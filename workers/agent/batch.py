@@ -63,6 +63,7 @@ from drover.workers.limiter import Grant, ScopeLimits, llm_scope
 from drover.workers.providers import (
     ANTHROPIC,
     ConnectionFailed,
+    Failure,
     Message,
     MessageBatchIndividualResponse,
     StatusError,
@@ -171,7 +172,7 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
             log.debug("batch cost not counted (%s)", type(problem).__name__)
         return message
     if kind == "errored":
-        decision = classify(_status_error(rt, result.get("error") or {}), attempt=ctx.failures,
+        decision = classify(_body_failure(result.get("error") or {}), attempt=ctx.failures,
                             base_s=settings.backoff_base_s, cap_s=settings.countdown_cap_s)
         await _io(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
         log.warning("batch result errored job=%s sub=%d type=%s next=%s", ctx.job_id,
@@ -193,11 +194,11 @@ async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Mes
                                          "outside drover; sent again"))
 
 
-def _status_error(rt: Runtime, body: dict[str, Any]) -> BaseException:
-    """The SDK exception a realtime call would have raised for this error body."""
+def _body_failure(body: dict[str, Any]) -> Failure:
+    """What a realtime answer with this error body would have said."""
     inner: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else body
     status = ERROR_STATUS.get(str(inner.get("type")), 500)
-    return ANTHROPIC.status_error(rt.client, status, body)
+    return ANTHROPIC.body_failure(status, body)
 
 
 # --- the batcher ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from drover.workers.providers import describe
+from drover.workers.providers import Failure, describe
 
 RETRYABLE_STATUS = {408, 409, 500, 502, 503, 504, 529}
 # The status an `error` event of a stream stands for (the stream answered 200 before it).
@@ -118,10 +118,11 @@ def missing_credentials(error: BaseException) -> bool:
         error)
 
 
-def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
+def classify(error: BaseException | Failure, *, attempt: int, base_s: float, cap_s: float,
              rng: random.Random | None = None) -> Decision:
-    """Decide about one failed call; ``attempt`` counts the failures so far (0 for the first)."""
-    failure = describe(error)  # the provider's error, in drover's words
+    """Decide about one failed call (an exception, or a provider's error already in drover's
+    words); ``attempt`` counts the failures so far (0 for the first)."""
+    failure = error if isinstance(error, Failure) else describe(error)
     if failure is not None and failure.status_code is not None:
         code = failure.status_code
         kind, message = failure.kind, failure.message
@@ -147,7 +148,7 @@ def classify(error: BaseException, *, attempt: int, base_s: float, cap_s: float,
     if failure is not None:  # no answer: a connection error or a timeout
         return Decision("retry", failure.kind, failure.message, None,
                         full_jitter(attempt, base_s, cap_s, rng))
-    if missing_credentials(error):
+    if isinstance(error, BaseException) and missing_credentials(error):
         return Decision("fail", AUTHENTICATION_ERROR, "no API key: set ANTHROPIC_API_KEY on "
                         "the workers' hosts", None)
     return Decision("fail", type(error).__name__, str(error)[:500], None)

@@ -79,8 +79,9 @@ class Anthropic(Provider):
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, anthropic.APIStatusError):
-            kind, message = _error_fields(error)
-            code = _error_code(error)
+            body = error.body if isinstance(error.body, dict) else {}
+            kind, message = _error_fields(body, type(error).__name__, str(error))
+            code = _error_code(body)
             return Failure(kind, message, error.status_code, code,
                            retry_after_s=read_retry_after(error.response.headers),
                            should_retry=_should_retry_header(error),
@@ -104,12 +105,13 @@ class Anthropic(Provider):
         """{remaining: {dim: n}, limit: {dim: n}} from ``anthropic-ratelimit-*``."""
         return read_limit_headers(headers, _HEADER_NAMES)
 
-    def status_error(self, client: Any, status: int, body: dict[str, Any]) -> BaseException:
-        """The SDK exception a realtime call would have raised for this error body (a
-        Message Batch's errored result, judged like a realtime answer)."""
-        request = httpx2.Request("POST", "https://batch.invalid/v1/messages")
-        response = httpx2.Response(status, json=body, request=request)
-        return client._make_status_error_from_response(response)
+    def body_failure(self, status: int, body: dict[str, Any]) -> Failure:
+        """What a realtime answer of ``status`` with this error body would have said (a
+        Message Batch's errored result, judged like a realtime answer): read from the body
+        itself, as ``describe`` reads an SDK error's."""
+        kind, message = _error_fields(body, "api_error", f"Error code: {status}")
+        code = _error_code(body)
+        return Failure(kind, message, status, code, spend_cap=code == SPEND_CAP_CODE)
 
 
 def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:
@@ -117,21 +119,21 @@ def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:
     return {"true": True, "false": False}.get(value) if value is not None else None
 
 
-def _error_code(error: anthropic.APIStatusError) -> str | None:
-    body = error.body if isinstance(error.body, dict) else {}
+def _error_code(body: dict[str, Any]) -> str | None:
     inner = body.get("error", body)
     details = inner.get("details") if isinstance(inner, dict) else None
     code = details.get("error_code") if isinstance(details, dict) else None
     return str(code) if code else None
 
 
-def _error_fields(error: anthropic.APIStatusError) -> tuple[str, str]:
-    body = error.body if isinstance(error.body, dict) else {}
+def _error_fields(body: dict[str, Any], kind_else: str, message_else: str) -> tuple[str, str]:
+    """An error body's type and message (``kind_else`` / ``message_else`` where it names
+    none), the message with its finer code."""
     inner = body.get("error", body)
     inner = inner if isinstance(inner, dict) else {}
-    kind = inner.get("type") or type(error).__name__
-    message = inner.get("message") or str(error)
-    code = _error_code(error)
+    kind = inner.get("type") or kind_else
+    message = inner.get("message") or message_else
+    code = _error_code(body)
     if code:
         message = f"{message} ({code})"
     return str(kind), str(message)[:500]
