@@ -91,6 +91,10 @@ def redis_broker_timeouts(settings: Settings) -> dict[str, Any]:
 
 
 SENTINEL_TRANSPORT = "drover.workers.connections.sentinel_transport:Transport"
+# kombu's Redis transport whose connections reconnect once one of them went silent, so the
+# consumer waits out one socket timeout after a silence, not one per pooled connection
+# (drover/workers/connections/silence.py).
+REDIS_TRANSPORT = "drover.workers.connections.redis_transport:Transport"
 
 
 def sentinel_options(settings: Settings) -> dict[str, Any]:
@@ -181,6 +185,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # kombu's own Sentinel transport with a connection that finds the new master after a
         # failover (drover/workers/connections/sentinel_transport.py says why).
         config["broker_transport"] = SENTINEL_TRANSPORT
+    elif settings.broker.startswith("redis://"):
+        config["broker_transport"] = REDIS_TRANSPORT
     if settings.broker_is_rabbitmq:
         config.update(rabbitmq_config(settings))
     return config

@@ -31,6 +31,33 @@ def test_a_sync_client_answers_again_on_a_new_connection_after_its_own_went_sile
         client.close()
 
 
+def test_once_one_connection_timed_out_the_others_made_before_it_reconnect_at_once(
+        redis_url, key_prefix):
+    """Silence-aware connections (drover/workers/connections/silence.py): a pool's second
+    silent connection reconnects before its command instead of waiting out a timeout of its
+    own (the Celery consumer on the Redis broker waited one per connection, 30 s in all)."""
+    import pytest
+    import redis
+
+    with _proxy(redis_url) as proxy:
+        client = sync_redis(proxy.url(), socket_timeout=1.0, retries=False)
+        client.set(f"{key_prefix}:s", "before")
+        pool = client.connection_pool
+        first, second = pool.get_connection(), pool.get_connection()
+        for conn in (first, second):
+            conn.send_command("PING")
+            assert conn.read_response() == b"PONG"
+        assert proxy.silence() == 2
+        first.send_command("GET", f"{key_prefix}:s")
+        with pytest.raises(redis.TimeoutError):
+            first.read_response()
+        second.send_command("GET", f"{key_prefix}:s")  # made before the timeout: a new one
+        assert second.read_response() == b"before"
+        pool.release(first)
+        pool.release(second)
+        client.close()
+
+
 def test_an_async_client_answers_again_on_a_new_connection_after_its_own_went_silent(
         redis_url, key_prefix):
     async def run(url: str) -> bytes | None:
@@ -93,7 +120,7 @@ def test_every_client_has_a_timeout_keepalive_and_health_checks(redis_url):
 
 def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_once_it_moves(
         redis_url, key_prefix):
-    from drover.workers.jobs.liveness import Heartbeat, heartbeat_key
+    from drover.workers.jobs.liveness import Heartbeat, heartbeat_key, stuck_on_its_broker
     from tests.helpers import wait_until
 
     settings = load_settings(redis_url=redis_url, key_prefix=key_prefix, heartbeat_s=0.2,
@@ -101,11 +128,15 @@ def test_a_worker_whose_watched_part_stops_moving_stops_beating_and_beats_again_
     heartbeat = Heartbeat(settings, client=sync_redis(redis_url, **client_settings(settings)))
     key = heartbeat_key(key_prefix, heartbeat.id)
     try:
-        heartbeat.pulse("the consumer")  # watched from now on, and then never moves again
+        # watched from now on, and then never moves again; it is the broker connection
+        heartbeat.pulse("the consumer", broker=True)
         wait_until("the heartbeat key expired", lambda: not heartbeat.r.exists(key), 20)
         assert heartbeat.stuck() == ["the consumer"]
+        # it says why, so the sweep counts no death against its sub-agents (issue 53)
+        assert stuck_on_its_broker(heartbeat.r, key_prefix, heartbeat.id)
         heartbeat.pulse("the consumer")  # it moves again
         wait_until("the heartbeat back", lambda: heartbeat.r.exists(key), 10)
+        assert not stuck_on_its_broker(heartbeat.r, key_prefix, heartbeat.id)
         heartbeat.unwatch("the consumer")  # stopped on purpose (reconnecting): not stuck
         assert heartbeat.stuck() == []
     finally:

@@ -27,7 +27,9 @@ poll), TCP keepalive with short timings (``DROVER_KEEPALIVE_S``) and a PING befo
 connection idle for ``DROVER_HEALTH_CHECK_S`` is used. A command that times out drops its
 connection (redis-py disconnects it) and is retried on a new one like a command cut by a
 restart: it may have run, and what depends on that is already guarded for a restart (claims
-with fencing tokens, the records' once-only rule, the limiter's leases that expire).
+with fencing tokens, the records' once-only rule, the limiter's leases that expire). The sync
+clients' connections are silence-aware (``silence.py``): once one timed out, the others made
+before it reconnect before their next command instead of each waiting out a timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from redis.retry import Retry
 
 from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
 from drover.config.sockets import redis_socket_options
+from drover.workers.connections.silence import SilenceAware, SilenceAwareConnection
 
 __all__ = ["REDIS_RETRIES", "SentinelConnection", "SentinelTarget", "async_redis",
            "client_settings", "is_sentinel", "parse_sentinel",
@@ -98,6 +101,8 @@ def sync_redis(url: str, *, master: str | None = None, sentinel_password: str | 
     settings: dict[str, Any] = {**redis_socket_options(), **options}
     retry = _retry() if retries else Retry(NoBackoff(), 0)
     if not is_sentinel(url):
+        if url.startswith("redis://"):  # TCP: silence-aware (TLS and unix sockets as they are)
+            settings.setdefault("connection_class", SilenceAwareConnection)
         return redis.Redis.from_url(url, retry=retry, retry_on_error=_RETRY_ON, **settings)
     target = _target(url, master, sentinel_password)
     sentinel = sentinel_for(target, settings["socket_connect_timeout"])
@@ -106,7 +111,7 @@ def sync_redis(url: str, *, master: str | None = None, sentinel_password: str | 
                                **target.master_options(), **settings)
 
 
-class SentinelConnection(redis.sentinel.SentinelManagedConnection):
+class SentinelConnection(SilenceAware, redis.sentinel.SentinelManagedConnection):
     """redis-py's Sentinel connection asks the sentinels only in ``connect()``, which the pool
     calls when it hands the connection out; a connection that reconnects itself on its next
     command (``send_packed_command``) goes straight back to the address it had. A client that
