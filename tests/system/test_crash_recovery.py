@@ -217,6 +217,36 @@ def test_only_a_worker_that_died_running_a_sub_agent_spends_its_budget(redis_url
 
 
 
+def test_the_stalled_job_scan_leaves_a_sub_agent_running_on_a_live_worker(redis_url, key_prefix):
+    """Redis broker: a sub-agent that runs past the visibility timeout has no message left in
+    the broker (kombu handed it out again and the late copy acked it), but its claim says
+    ``running`` on a worker whose heartbeat lives: the stalled-job scan leaves it be. Beside
+    it, a sub-agent that is nowhere is sent again (so the scan did run)."""
+    from drover.workers.jobs.liveness import heartbeat_key
+
+    settings = load_settings(key_prefix=key_prefix, queue="q-live", resend_after_s=RESEND_S)
+    store = JobStore(sync_redis(redis_url), prefix=key_prefix, ttl_s=600)
+    job_id = "livejob"
+    store.specs.create(job_id, JobSpec(subtasks=["a", "b"]), ["a", "b"], status="queued",
+                       queue="q-live")
+    store.meta.claim_launch(job_id)
+    worker = "livehost:1:abc"
+    store.r.zadd(f"{key_prefix}:workers", {worker: time.time()})
+    store.r.set(heartbeat_key(key_prefix, worker), "1", ex=600)  # alive
+    assert store.claims.start(job_id, 0, 0, worker) > 0
+    running = store.claims.claim(job_id, 0)
+    assert running is not None and running.endswith(f"|running|{worker}")
+    sent: list[tuple] = []
+    sweep_into(sent, store, settings)
+    time.sleep(RESEND_S + 0.2)  # past DROVER_RESEND_AFTER_S: the job is stalled
+    unlock(store)
+    sweep_into(sent, store, settings)
+    assert sent == [("q-live", job_id, 1, minted(store, job_id, 1))], (
+        "the scan sent again a sub-agent running on a live worker" if any(
+            s[2] == 0 for s in sent) else sent)
+    assert store.claims.claim(job_id, 0) == running
+
+
 def unlock(store: JobStore) -> None:
     store.r.delete(f"{store.prefix}:recovery:lock", f"{store.prefix}:recovery:scan")
 

@@ -141,6 +141,50 @@ def test_a_refused_duplicate_record_is_not_written(drover_env, results_url):
     store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
 
 
+def test_the_same_record_written_twice_to_postgres_is_one_row(drover_env, results_url):
+    """(job_id, idx) is the table's key: a second write of a record (a retry after a lost
+    reply, the end-of-job copy of one already there) leaves the one row as it was."""
+    from drover.workers.jobs.records import SubagentResult
+
+    store = ResultsStore(results_url)
+    store.check()
+    job_id = f"twice-{time.time_ns()}"
+    record = SubagentResult(job_id=job_id, index=0, status="ok", summary="once")
+    try:
+        assert store.put_records([(record, None)]) == 1
+        assert store.put_records([(record, b"final")]) == 0
+        assert store.put_records([(record.model_copy(update={"summary": "again"}), None),
+                                  (record.model_copy(update={"index": 1}), None)]) == 1
+    finally:
+        store.close()
+    assert rows(results_url, "SELECT idx, record->>'summary', final FROM drover_records "
+                "WHERE job_id = %s ORDER BY idx", job_id) == [(0, "once", None),
+                                                              (1, "once", None)]
+
+
+def test_a_pending_job_whose_redis_result_expired_leaves_the_pending_list(drover_env):
+    """A job whose end the store missed waits on the pending list for the sweep to copy it;
+    one whose Redis result is gone meanwhile (its TTL ran out first) has nothing left to copy
+    and leaves the list, while a store that is still away keeps the others on it. No
+    PostgreSQL needed: the store is never reached for a job with nothing to copy."""
+    from drover.workers.services import services
+
+    store = services().store
+    live = store.archive.store
+    store.archive.store = ResultsStore("postgresql://drover:s3cret-pw@127.0.0.1:1/x",
+                                       connect_timeout_s=1)
+    expired = f"expired-{time.time_ns()}"
+    try:
+        store.r.zadd(store.keys.results_pending, {expired: time.time()})
+        assert store.r.get(store.keys.job(expired, "result")) is None  # expired
+        assert store.outcomes.keep_pending() == []  # nothing copied
+        assert store.r.zscore(store.keys.results_pending, expired) is None, (
+            "a pending job whose Redis result had expired stayed on the pending list")
+    finally:
+        store.archive.store = live
+        store.r.zrem(store.keys.results_pending, expired)
+
+
 def test_the_schema_is_versioned_and_runs_again_from_the_cli(drover_env, results_url):
     store = ResultsStore(results_url)
     store.check()
