@@ -105,7 +105,7 @@ def run_demo(config: DemoConfig = DemoConfig(), console: Console | None = None) 
             rpm=config.rpm, itpm=config.itpm, otpm=config.otpm, burst_s=10,
             latency_mean_s=0.4, latency_p95_s=1.0, output_tokens_mean=120, tool_turns=1,
             tools_per_turn=2, plan_items=config.subagents + 5, seed=config.seed,
-            batch_processing_s=3.0)))
+            batch_processing_s=3.0, prices=_list_prices())))
         console.print(f"simulator at {sim.url}: limits {config.rpm} requests/min, "
                       f"{config.itpm:,} input and {config.otpm:,} output tokens/min")
         stack.enter_context(_environment({
@@ -276,6 +276,15 @@ def _simulator_stats(base_url: str | None) -> dict[str, Any] | None:
         return None
 
 
+def _list_prices() -> dict[str, dict[str, float]]:
+    """The bundled list prices, for the simulator to bill the demo's calls at (what drover
+    counts them at too, unless DROVER_PRICES says otherwise)."""
+    from drover.config.prices import bundled_table
+
+    return {model: {"input": p.input, "output": p.output, "cache_write": p.cache_write,
+                    "cache_read": p.cache_read} for model, p in bundled_table().prices.items()}
+
+
 def _table(result: Any, stats: dict[str, Any] | None, wall: float,
            counted: dict[str, int] | None = None) -> Table:
     """The run in numbers; each row says what it counts (the caption says how they relate)."""
@@ -315,9 +324,10 @@ def _table(result: Any, stats: dict[str, Any] | None, wall: float,
             table.add_row("batch requests seen by the provider",
                           str(stats["batches"]["requests"]))
     table.add_row("cost at list prices (the job's)", dollars(usage))
-    if stats is not None and stats.get("billing"):  # the simulator bills at its own prices
+    billing = (stats or {}).get("billing") or {}
+    if billing.get("usd") and not billing.get("unpriced_requests"):  # at the same list prices
         table.add_row("the provider's bill (the simulator's)",
-                      f"${stats['billing']['usd']:,.4f}")
+                      f"${billing['usd']:,.4f}")
     if stats is not None:  # only the simulator can tell what the provider saw
         table.add_row("429s seen by the provider", str(stats["rejected_429"]))
         table.add_row("529s seen by the provider", str(stats["overloaded_529"]))
