@@ -272,6 +272,11 @@ class Settings(BaseSettings):
         "`drover result`, `drover jobs` and `JobHandle` read a job from there once Redis no "
         "longer has it. Needs the `postgres` extra (`pip install 'drover[postgres]'`). Unset: "
         "results live in Redis only, for DROVER_RESULT_TTL_S.")
+    results_timeout_s: float = Field(
+        default=5.0, gt=0, le=600,
+        description="The results store's statement timeout, in seconds: the server cancels a "
+        "statement that runs longer, and a connection that stays silent 2 s beyond it is cut "
+        "(records stay in Redis and are copied once the store answers).")
     anthropic_base_url: str | None = Field(
         default=None,
         description="Where API calls go (the simulator, a proxy); the SDK's default (the real "

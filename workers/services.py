@@ -131,7 +131,8 @@ class Services:
         """The durable results store (DROVER_RESULTS_URL), or None when it is not set. It
         connects on first use."""
         url = self.settings.results_url
-        return ResultsStore(url.get_secret_value()) if url is not None else None
+        return (ResultsStore(url.get_secret_value(), timeout_s=self.settings.results_timeout_s)
+                if url is not None else None)
 
     @cached_property
     def batches(self) -> BatchStore:

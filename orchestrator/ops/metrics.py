@@ -101,6 +101,10 @@ class DroverCollector(Collector):
                     {p["node"] for p in procs if p.get("node")}))]))
                 families.append(self._gauge("drover_worker_processes_alive",
                                             [((), self._live_processes())]))
+                jobs, oldest_s = self.store.outcomes.behind()
+                families.append(self._gauge("drover_results_store_behind_jobs", [((), jobs)]))
+                families.append(self._gauge("drover_results_store_behind_seconds",
+                                            [((), oldest_s)]))
             except redis.RedisError as error:
                 log.warning("cannot read Redis for this scrape (%s: %s)",
                             type(error).__name__, error)

@@ -136,6 +136,7 @@ def test_a_refused_duplicate_record_is_not_written(drover_env, results_url):
     second = SubagentResult(job_id=job_id, index=0, status="failed", summary="second")
     assert store.records.put(first) == first
     assert store.records.put(second) == first  # Redis refuses it: the first record stays
+    assert store.archive.flush()  # the writer thread's copy
     assert rows(results_url, "SELECT status, record->>'summary' FROM drover_records "
                 "WHERE job_id = %s", job_id) == [("ok", "first")]
     store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
@@ -229,6 +230,7 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
         with caplog.at_level("WARNING", logger="drover.workers.jobs.store"):
             for record in records:
                 store.records.put(record)
+            assert store.archive.flush()
         assert store.records.all(job_id) == {0: records[0], 1: records[1]}  # in Redis: not lost
         assert "s3cret-pw" not in caplog.text and "stay in Redis" in caplog.text
     finally:
@@ -309,6 +311,7 @@ def test_a_job_that_ended_while_the_store_was_away_is_copied_once_it_answers(
         with caplog.at_level("WARNING", logger="drover.workers.jobs.store"):
             for record in records:
                 store.records.put(record)
+            assert store.archive.flush()
             store.outcomes.save(JobResult(job_id=job_id, status="done", results=records,
                                           counts=status_counts(records), usage=Usage(),
                                           wall_s=1.0))
@@ -329,4 +332,86 @@ def test_a_job_that_ended_while_the_store_was_away_is_copied_once_it_answers(
     assert rows(results_url, "SELECT status, n FROM drover_jobs WHERE job_id = %s",
                 job_id) == [("done", 2)]
     assert store.r.zscore(store.keys.results_pending, job_id) is None
+    store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
+
+
+# --- a database that goes silent or away (issue 52, item 4) -------------------------------
+
+def test_a_silent_database_fails_a_statement_at_its_deadline_and_the_next_one_connects_anew(
+        drover_env, results_url):
+    """A connection whose peer goes silent (no FIN, no RST) is cut at the statement's deadline
+    (the server's statement_timeout + 2 s) instead of holding its caller for good; a slow
+    statement meets the server's own timeout; connections carry TCP keepalives."""
+    from drover.workers.jobs.records import SubagentResult
+    from tests.helpers.tcp_proxy import TcpProxy
+
+    database = results_url.rpartition("/")[2]
+    with TcpProxy(5432) as proxy:
+        store = ResultsStore(f"postgresql://postgres@127.0.0.1:{proxy.port}/{database}",
+                             timeout_s=1.0)
+        try:
+            store.check()
+            assert store._run(lambda cur: cur.execute("SHOW statement_timeout").fetchone()) \
+                == ("1s",)
+            params = store._run(lambda cur: cur.connection.info.get_parameters())
+            assert params["keepalives"] == "1" and params["keepalives_idle"] == "10", params
+            assert params["tcp_user_timeout"] == "3000", params
+            assert proxy.silence() == 1
+            record = SubagentResult(job_id="silent", index=0, status="ok")
+            with pytest.raises(ResultsStoreError, match=r"no answer within 3 s \(the "
+                               r"connection was cut\)"):
+                store.put_records([(record, None)])
+            assert store.put_records([(record, None)]) == 1  # a new connection: it answers
+            with pytest.raises(ResultsStoreError, match="statement timeout"):
+                store._run(lambda cur: cur.execute("SELECT pg_sleep(30)"))
+            assert store.record_count("silent") == 1  # the connection was kept: still usable
+        finally:
+            store.close()
+
+
+def test_records_never_wait_on_a_silent_store_and_are_copied_once_it_answers(
+        drover_env, results_url, caplog):
+    """The sub-agents' record writes return while the store's writer is held by a silent
+    connection; the jobs it missed are listed (the metric's count and age), and the sweep's
+    catch-up copies their records once it answers."""
+    from drover.workers.jobs.records import SubagentResult
+    from drover.workers.services import services
+    from tests.helpers.tcp_proxy import TcpProxy
+
+    store = services().store
+    live = store.archive.store
+    live.check()
+    job_id = f"held-{time.time_ns()}"
+    store.specs.create(job_id, JobSpec(subtasks=["a"] * 20), ["a"] * 20, status="running",
+                       queue="q")
+    database = results_url.rpartition("/")[2]
+    proxy = TcpProxy(5432)
+    # A deadline far beyond the puts: the writer stays held while they run.
+    store.archive.store = ResultsStore(
+        f"postgresql://postgres@127.0.0.1:{proxy.port}/{database}", timeout_s=60)
+    try:
+        store.archive.store.check()
+        proxy.silence()
+        records = [SubagentResult(job_id=job_id, index=i, status="ok") for i in range(20)]
+        with caplog.at_level("WARNING", logger="drover.workers.jobs.store"):
+            for record in records:
+                store.records.put(record)  # returns: the writer holds the silent connection
+            assert store.records.count(job_id) == 20
+            assert store.archive._queue.unfinished_tasks > 0  # still held, records queued
+            proxy.close()  # the store goes away: the held statement fails, its batch listed
+            assert store.archive.flush(timeout=30)
+        assert "stay in Redis and are copied once it answers" in caplog.text
+        jobs, oldest_s = store.outcomes.behind()
+        assert jobs == 1 and oldest_s >= 0
+        assert store.r.zscore(store.keys.results_pending, job_id) is not None
+    finally:
+        store.archive.store.close()
+        store.archive.store, store.archive._down_until = live, 0.0
+        proxy.close()
+    assert rows(results_url, "SELECT count(*) FROM drover_records WHERE job_id = %s",
+                job_id) == [(0,)]
+    assert store.outcomes.keep_pending() == [job_id]  # the store answers: the catch-up
+    assert rows(results_url, "SELECT count(*) FROM drover_records WHERE job_id = %s",
+                job_id) == [(20,)]
+    assert store.outcomes.behind() == (0, 0.0)
     store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))

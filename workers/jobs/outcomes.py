@@ -47,54 +47,77 @@ class Outcomes:
             try:
                 self._keep_job(result)
             except ResultsStoreError as error:
-                pipe = self.r.pipeline()
-                pipe.zadd(self.keys.results_pending, {result.job_id: time.time()})
-                pipe.expire(self.keys.results_pending, self.ttl_s)  # its jobs live no longer
-                pipe.execute()
+                self.archive.behind({result.job_id})
                 warn(f"{error}; job {result.job_id} is copied there once it answers again "
                      "(Redis keeps the job meanwhile, for its TTL)", each_time=True)
+            else:
+                self.r.zrem(self.keys.results_pending, result.job_id)  # caught up, if behind
 
     def keep_pending(self, limit: int = 50) -> list[str]:
-        """Copy to the results store the jobs whose end it missed (it did not answer then),
-        oldest first, until one fails (it is still away); returns the ones copied. A job
-        Redis no longer has (its TTL ran out first) is dropped from the list."""
+        """Copy to the results store what it missed (it did not answer then), oldest first,
+        until a copy fails (it is still away); returns the jobs caught up. An ended job gets
+        its missing records and its row; a running one its missing records so far (the rest
+        go as usual, its end writes the row). A job Redis no longer has (its TTL ran out
+        first) is dropped from the list."""
         if self.archive.store is None:
             return []
         copied = []
-        for job_id in _members(self.r.zrange(self.keys.results_pending, 0, limit - 1)):
+        for raw in self.r.zrange(self.keys.results_pending, 0, limit - 1):
+            job_id = _s(raw)
             stored = self.r.get(self.keys.job(job_id, "result"))
-            if stored:
-                try:
+            try:
+                if stored:
                     self._keep_job(JobResult.model_validate_json(stored))
-                except ResultsStoreError:
-                    break
-                copied.append(job_id)
+                elif self.r.exists(self.keys.job(job_id, "meta")):
+                    self._keep_records(job_id)
+                else:
+                    self.r.zrem(self.keys.results_pending, job_id)
+                    continue
+            except ResultsStoreError:
+                break
+            copied.append(job_id)
             self.r.zrem(self.keys.results_pending, job_id)
+        return copied
+
+    def behind(self) -> tuple[int, float]:
+        """How many jobs the store is behind on, and for how long the oldest (s)."""
+        pipe = self.r.pipeline()
+        pipe.zcard(self.keys.results_pending)
+        pipe.zrange(self.keys.results_pending, 0, 0, withscores=True)
+        count, oldest = pipe.execute()
+        return int(count), max(0.0, time.time() - oldest[0][1]) if oldest else 0.0
+
+    def _keep_records(self, job_id: str) -> int:
+        """Copy the job's records that Redis holds and the store lacks (one written while the
+        store did not answer, or lost with a worker killed between its two writes)."""
+        assert self.archive.store is not None
+        n = int(self.r.hget(self.keys.job(job_id, "meta"), "n") or 0)
+        missing = sorted(set(range(n)) - self.archive.store.indexes(job_id))
+        copied = 0
+        for start in range(0, len(missing), PAGE):
+            indexes = [str(i) for i in missing[start:start + PAGE]]
+            raws = self.r.hmget(self.keys.job(job_id, "records"), indexes)
+            finals = self.r.hmget(self.keys.job(job_id, "final"), indexes)
+            copied += self.archive.store.put_records(
+                (SubagentResult.model_validate_json(raw),
+                 final if isinstance(final, bytes) else (final.encode() if final else None))
+                for raw, final in zip(raws, finals, strict=True) if raw)
         return copied
 
     def _keep_job(self, result: JobResult) -> None:
         """The job's end in the results store: first every record Redis holds that is not
-        there yet (one written while the store did not answer, or lost with a worker killed
-        between its two writes), then the job's spec, usage and result."""
+        there yet, then the job's spec, usage and result."""
         assert self.archive.store is not None
         job_id = result.job_id
         meta = {_s(k): _s(v) for k, v in self.r.hgetall(self.keys.job(job_id, "meta")).items()}
         n = int(meta.get("n") or 0)
-        if self.archive.store.record_count(job_id) < self.records.count(job_id):
-            for start in range(0, n, PAGE):
-                stop = min(n, start + PAGE)
-                indexes = [str(i) for i in range(start, stop)]
-                raws = self.r.hmget(self.keys.job(job_id, "records"), indexes)
-                finals = self.r.hmget(self.keys.job(job_id, "final"), indexes)
-                self.archive.store.put_records(
-                    (SubagentResult.model_validate_json(raw),
-                     final if isinstance(final, bytes) else (final.encode() if final else None))
-                    for raw, final in zip(raws, finals, strict=True) if raw)
+        self._keep_records(job_id)
         spec = self.r.get(self.keys.job(job_id, "spec"))
         self.archive.store.put_job(result, spec=_s(spec) if spec else None,
-                             subtasks=self.specs.subtasks(job_id), n=n,
-                             created=float(meta["created"]) if meta.get("created") else None,
-                             finished=float(meta.get("finished") or time.time()))
+                                   subtasks=self.specs.subtasks(job_id), n=n,
+                                   created=float(meta["created"]) if meta.get("created")
+                                   else None,
+                                   finished=float(meta.get("finished") or time.time()))
 
     def get(self, job_id: str, *, records: bool = True) -> JobResult | None:
         """The job's result, its records read a page at a time from the records hash and cut

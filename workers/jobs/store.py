@@ -48,7 +48,7 @@ class JobStore:
         self.keys = JobKeys(prefix)
         # The durable results store (DROVER_RESULTS_URL), or None: records and finished jobs
         # are copied there, and a job Redis no longer has is read from there.
-        self.archive = Archive(client, self.keys, results)
+        self.archive = Archive(client, self.keys, results, ttl_s)
         self.claims = Claims(client, prefix, ttl_s)
         self.specs = Specs(client, self.keys, ttl_s, self.archive)
         self.meta = JobMeta(client, self.keys, self.archive)

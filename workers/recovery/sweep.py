@@ -194,7 +194,12 @@ def sweep(store: JobStore, settings: Settings, send: Send, schedulers: Scheduler
             store.keys.recovery("archive"), "1", nx=True, px=int(RESULTS_RETRY_S * 1000)):
         for job_id in store.outcomes.keep_pending():
             log.warning("job %s: copied to the results store, which did not answer when the "
-                        "job ended", job_id)
+                        "job ended or its records were stored", job_id)
+        jobs, oldest_s = store.outcomes.behind()
+        if jobs:  # said each pass (every 30 s, one worker) until it has caught up
+            log.warning("results store %s is behind: %d job(s) not copied there yet, the "
+                        "oldest for %.0f s; Redis keeps them, and they are copied once it "
+                        "answers", store.archive.store.where, jobs, oldest_s)
     return sent
 
 

@@ -176,6 +176,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("drover_worker_processes_alive", "gauge", (),
            "worker processes whose liveness heartbeat (workers.jobs.liveness, the one the "
            "recovery sweep trusts) has not expired", "state"),
+    Metric("drover_results_store_behind_jobs", "gauge", (),
+           "jobs whose records or end the results store (DROVER_RESULTS_URL) missed and has "
+           "not caught up on yet (Redis keeps them)", "state"),
+    Metric("drover_results_store_behind_seconds", "gauge", (),
+           "how long the results store has been behind on the oldest of them (0: caught up)",
+           "state"),
     Metric("drover_exporter_jobs_without_series", "gauge", (),
            "active jobs left out of the drover_job_* series by DROVER_METRICS_MAX_JOBS",
            "state"),
