@@ -415,3 +415,42 @@ def test_records_never_wait_on_a_silent_store_and_are_copied_once_it_answers(
                 job_id) == [(20,)]
     assert store.outcomes.behind() == (0, 0.0)
     store.r.delete(*store.r.keys(f"{store.prefix}:job:{job_id}:*"))
+
+
+def test_a_job_runs_on_through_a_store_gone_silent_and_every_record_reaches_it_once(
+        sim, drover_env, results_url, spawn_worker, fleet):
+    """Real workers write through a TCP proxy to PostgreSQL; mid-job every connection open
+    through it goes silent (no byte either way, none closed). The job ends, every sub-agent
+    ok; each statement held by a silent connection is cut at its deadline and the records it
+    carried are copied by the job's end or the sweep, each once."""
+    from drover.workers.services import services
+    from tests.helpers.tcp_proxy import TcpProxy
+
+    sim.configure(latency_mean_s=0.4, latency_p95_s=0.8, output_tokens_mean=20)
+    n = 60
+    database = results_url.rpartition("/")[2]
+    with TcpProxy(5432) as proxy:
+        through = f"postgresql://postgres@127.0.0.1:{proxy.port}/{database}"
+        handle = submit_elsewhere(drover_env, JobSpec(
+            subtasks=[f"Count the gulls on pier {i}" for i in range(n)], max_tokens=40))
+        for _ in range(2):
+            spawn_worker(concurrency=4, DROVER_RESULTS_URL=through,
+                         DROVER_RESULTS_TIMEOUT_S="1")
+        wait_until("a third of the job done, its records through the proxy",
+                   lambda: handle.progress()["ok"] >= n // 3 and proxy.open_connections(), 120)
+        silenced = proxy.silence()
+        assert silenced >= 1
+        result = fleet.wait(handle, n, timeout=180)
+        assert result.status == "done" and result.counts["ok"] == n
+        store = services().store
+
+        def caught_up() -> bool:
+            stored = rows(results_url, "SELECT idx FROM drover_records WHERE job_id = %s "
+                          "ORDER BY idx", handle.id)
+            return (stored == [(i,) for i in range(n)] and store.outcomes.behind()[0] == 0
+                    and rows(results_url, "SELECT count(*) FROM drover_jobs WHERE "
+                             "job_id = %s", handle.id) == [(1,)])
+
+        wait_until("every record and the job's row in PostgreSQL, nothing listed behind",
+                   caught_up, 120)
+    assert proxy.silenced >= silenced
