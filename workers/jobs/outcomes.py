@@ -62,8 +62,7 @@ class Outcomes:
         if self.archive.store is None:
             return []
         copied = []
-        for raw in self.r.zrange(self.keys.results_pending, 0, limit - 1):
-            job_id = _s(raw)
+        for job_id in _members(self.r.zrange(self.keys.results_pending, 0, limit - 1)):
             stored = self.r.get(self.keys.job(job_id, "result"))
             try:
                 if stored:
