@@ -132,16 +132,16 @@ class Archive:
                     break
             rows = [row for batch in batches for row in batch]
             try:
+                # Known away (a batch before this one failed): not tried, listed at once.
                 if time.monotonic() < self._down_until or self.store is None:
-                    raise _Skipped
-                self.store.put_records(rows)
-            except (ResultsStoreError, _Skipped) as error:
+                    self.behind({r.job_id for r, _ in rows})
+                else:
+                    self.store.put_records(rows)
+            except ResultsStoreError as error:
                 # Not asked again for a while: each try may wait out a timeout. The records
                 # are in Redis; the job's end or the sweep copies them.
-                if isinstance(error, ResultsStoreError):
-                    self._down_until = time.monotonic() + RESULTS_RETRY_S
-                    warn(f"{error}; the records stay in Redis and are copied once it "
-                         "answers")
+                self._down_until = time.monotonic() + RESULTS_RETRY_S
+                warn(f"{error}; the records stay in Redis and are copied once it answers")
                 self.behind({r.job_id for r, _ in rows})
             except Exception:  # never let the thread die: the catch-up still copies them
                 log.exception("drover: the results store's writer failed")
@@ -156,7 +156,3 @@ class Archive:
             return None
         packed = self.store.final(job_id, index)  # type: ignore[union-attr]
         return unpack_final(packed) if packed else None
-
-
-class _Skipped(Exception):
-    """The store is known away: a queued batch is not tried (_down_until)."""

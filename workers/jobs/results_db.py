@@ -233,7 +233,7 @@ class ResultsStore:
         # 3 more 5 s apart); tcp_user_timeout one that does not acknowledge what was sent.
         # What the URL says itself wins.
         given = conninfo_to_dict(self._url)
-        params = {k: v for k, v in {
+        params: dict[str, Any] = {k: v for k, v in {
             "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
             "keepalives_count": 3, "tcp_user_timeout": int(self.deadline_s * 1000),
             "connect_timeout": self._timeout}.items() if k not in given}
