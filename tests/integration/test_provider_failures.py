@@ -51,6 +51,25 @@ def test_a_cut_stream_that_had_streamed_text_counts_unanswered_output(on_openai,
         "a cut stream that had streamed text reported 0 unanswered output tokens")
 
 
+def test_a_cancelled_stream_that_had_streamed_text_counts_unanswered_output(on_openai, worker):
+    # 8,000 tokens at 500 a second: 16 s, cancelled once it is under way.
+    sim = on_openai(tool_turns=0, output_tokens_per_s=500.0)
+    worker(concurrency=2)
+    handle = submit(JobSpec(subtasks=["Write the whole book [[sim:out=8000]]"],
+                            max_tokens=8000))
+    wait_until("the stream to be generating",
+               lambda: sim.stats()["streams"]["tokens_sent"] >= 500, 60)
+    assert handle.cancel()
+    result = handle.wait(timeout=60)
+    wait_until("the stream closed", lambda: sim.stats()["in_flight"] == 0, 10)
+    stats = sim.stats()
+    assert result.results[0].status == "cancelled"
+    assert 0 < stats["billed"]["output_tokens"] < 8000  # closed early, billed in part
+    assert result.usage.unanswered_calls == 1
+    assert result.usage.unanswered_output_tokens > 0, (
+        "a cancelled stream that had streamed text reported 0 unanswered output tokens")
+
+
 @pytest.mark.parametrize("provider", [pytest.param("anthropic", marks=pytest.mark.xfail(
     strict=True, reason="issue 53: on Anthropic a cut stream's settle counts its output from "
     "the characters received (streams.CHARS_PER_TOKEN), below the tokens the provider billed "
