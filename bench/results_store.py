@@ -1,6 +1,7 @@
 """What the results store (DROVER_RESULTS_URL) adds to a sub-agent's record write: records
 written one at a time through ``Records.put`` (as a worker thread does), Redis only and
-Redis + PostgreSQL, on a database of its own (``drover_bench_<random>``, dropped after).
+Redis + PostgreSQL (copied by the process's writer thread: also the time until all are
+there), on a database of its own (``drover_bench_<random>``, dropped after).
 
     python -m bench.results_store [--n 2000] [--admin postgresql://postgres@127.0.0.1:5432/postgres]
 """
@@ -37,9 +38,15 @@ def run(n: int, admin_url: str, redis_url: str) -> None:
                 store.records.put(SubagentResult(job_id=job, index=i, status="ok",
                                                  summary="x" * 300))
             took = time.perf_counter() - start
-            print(f"{label}: {n / took:,.0f} records/s, {took / n * 1e3:.2f} ms per record")
+            line = f"{label}: {n / took:,.0f} records/s, {took / n * 1e3:.2f} ms per record"
             if results is not None:
+                # The copies go from the writer thread: the time until all are in PostgreSQL.
+                assert store.archive.flush(timeout=300)
+                copied = time.perf_counter() - start
+                line += (f"; all {results.record_count(job):,} in PostgreSQL after "
+                         f"{copied:.2f} s ({n / copied:,.0f} records/s)")
                 results.close()
+            print(line)
     finally:
         for key in r.scan_iter(f"{prefix}:*"):
             r.delete(key)
