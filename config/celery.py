@@ -79,6 +79,9 @@ def rabbitmq_config(settings: Settings) -> dict[str, Any]:
         # the worker exited). Non-exclusive, they still go when unused (auto-delete, expiry).
         "control_queue_exclusive": False,
         "event_queue_exclusive": False,
+        # Its monitoring events without publisher confirms: on a silent connection each
+        # waited the read timeout on the consumer's thread (workers/tasklayer/_consumer.py).
+        "worker_consumer": "drover.workers.tasklayer._consumer:Consumer",
     }
 
 

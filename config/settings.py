@@ -491,7 +491,7 @@ class Settings(BaseSettings):
         "used; Celery's long-lived broker connections (the consumer's BRPOP, pub/sub) are "
         "checked this often and dropped once a reply is overdue by this much.")
     broker_heartbeat_s: float = Field(
-        default=10.0, ge=1, le=600,
+        default=5.0, ge=1, le=600,
         description="RabbitMQ only: the AMQP heartbeat. A connection that carries no frame for "
         "two of these is closed by either side and a new one made; the messages it had "
         "delivered without an ack go back to the queue.")

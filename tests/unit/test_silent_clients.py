@@ -111,6 +111,10 @@ def test_every_client_has_a_timeout_keepalive_and_health_checks(redis_url):
                                          broker_heartbeat_s=3,
                                          broker_url="amqp://guest:guest@127.0.0.1:5672//"))
     assert rabbit["broker_heartbeat"] == 3
+    # Only the consumer's loop reads its connection (no basic.qos from the tasks' threads),
+    # and its monitoring events wait for no confirm on its thread (issue 53).
+    assert rabbit["worker_enable_prefetch_count_reduction"] is False
+    assert rabbit["worker_consumer"] == "drover.workers.tasklayer._consumer:Consumer"
     assert rabbit["broker_transport_options"]["read_timeout"] == 7
     assert rabbit["broker_transport_options"]["write_timeout"] == 7
     # A worker replacing a silent connection declares these again while RabbitMQ still holds
