@@ -343,7 +343,7 @@ def test_the_learned_share_keeps_its_own_named_state_under_the_scopes_tag(
             **headers, "anthropic-ratelimit-input-tokens-remaining": remaining}))
     bucket, *_, share = lim.keys(scope)
     assert set(redis_client.hkeys(bucket)) <= {
-        "r", "i", "o", "Lr", "Li", "Lo", "burst", "cd", "lx", "ls"}
+        "r", "i", "o", "Lr", "Li", "Lo", "burst", "cd", "lx", "ls", "so"}
     learned = {k: float(v) for k, v in redis_client.hgetall(share).items()}
     assert {"lt", "i.share", "i.r1", "i.t1", "i.u1", "i.x1", "i.top"} <= set(learned)
     assert learned["i.share"] == lim.state(scope)["input_tokens"]["share"] < 1
@@ -567,3 +567,37 @@ def test_a_bucket_of_less_than_one_request_paces_each_send_on_when_the_last_one_
     assert lim.hold_back(a, whole) == 0.0
     at(lim, 10 + b.wait_s)
     assert lim.hold_back(b, whole) == 0.0
+
+
+def test_an_answer_longer_than_its_reservation_holds_back_the_sends_granted_before_it(lim):
+    """hold_back.lua: the provider admits a request while its output bucket has room and
+    debits each answer as it is generated. An answer of 300 tokens, reserved as 50, put that
+    bucket (100 tokens, full when it was sent) 200 tokens in debt; a call granted before that
+    answer was settled, planned without it, waits until the debt has refilled (2.2 s at 100
+    tokens a second), not only until its own planned send. (On planned times alone it went
+    out at once: a 429 on output tokens, bench.small_keys --mix.) Scopes without an output
+    limit are not held."""
+    scope, limits = "llm:k:long", ScopeLimits(rpm=6000, otpm=6000, burst_s=1)  # 100 tokens
+    at(lim, 0)
+    a = lim.acquire(scope, limits, input_tokens=10, output_tokens=50)
+    b = lim.acquire(scope, limits, input_tokens=10, output_tokens=50)
+    assert a.wait_s == b.wait_s == 0.0  # one bucket holds both
+    assert lim.hold_back(a, scope) == 0.0  # a goes
+    at(lim, 0.2)
+    lim.settle(scope, limits, a, input_tokens=10, output_tokens=300)
+    at(lim, 0.25)
+    assert lim.hold_back(b, scope) == pytest.approx(-1.95, abs=1e-5)
+    assert lim.state(scope)["leases"] == 1  # b's: held, not refused, its grant stands
+    at(lim, 2.2)
+    assert lim.hold_back(b, scope) == 0.0
+    # A call granted after the settle was planned behind the debt: it waits no longer.
+    c = lim.acquire(scope, limits, input_tokens=10, output_tokens=50)
+    at(lim, 2.2 + c.wait_s)
+    assert lim.hold_back(c, scope) <= 0.0
+    plain = "llm:k:requests-only"
+    at(lim, 10)
+    g = lim.acquire(plain, ScopeLimits(rpm=6000, burst_s=1), output_tokens=50)
+    assert lim.hold_back(g, plain) == 0.0
+    lim.settle(plain, ScopeLimits(rpm=6000, burst_s=1), g, input_tokens=0, output_tokens=900)
+    g2 = lim.acquire(plain, ScopeLimits(rpm=6000, burst_s=1), output_tokens=50)
+    assert lim.hold_back(g2, plain) == 0.0

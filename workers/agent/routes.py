@@ -36,6 +36,7 @@ from drover.workers.providers import (
     Pool,
     Provider,
     coarse_readings_dropped,
+    fine_dimensions,
 )
 
 __all__ = ["KeyRoute", "Route", "all_disabled_message", "levels_of_readings"]
@@ -164,13 +165,21 @@ class Route:
         """A 429: cool down the level whose limit it hit (both when the headers cannot
         tell)."""
         if self.pool is None:
-            await limiter.cooldown(self.scope, self.limits, retry_after_s)
+            await limiter.cooldown(self.scope, self.limits, retry_after_s,
+                                   self.learnable(self.limits))
             return
         key = self.key(grant)
         for level in levels_of_429(self.provider.read_limits(headers), self.org_raw, key.raw):
             scope, limits = (self.scope, self.limits) if level == "org" else (key.scope,
                                                                               key.limits)
-            await limiter.cooldown(scope, limits, retry_after_s)
+            await limiter.cooldown(scope, limits, retry_after_s, self.learnable(limits))
+
+    def learnable(self, limits: ScopeLimits) -> list[str]:
+        """The dimensions whose share of the key a 429 may cut: those whose -remaining
+        headers are read (not rounded too coarsely for the bucket), the only ones that can
+        teach a cut share back."""
+        return fine_dimensions({dim: getattr(limits, attr) for dim, attr in _SETTING.items()},
+                               self.provider.remaining_steps, limits.burst_s)
 
 
 def _matches(value: float | None, limit: float | None) -> bool:

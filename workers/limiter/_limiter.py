@@ -7,7 +7,7 @@ Their return types are the class's type parameters: each operation's result for
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from drover.workers.limiter._scopes import Grant, ScopeLimits
@@ -49,9 +49,12 @@ class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, Sta
         """The request never went out: refund all of it."""
         return self._run(self._settle(scope, None, grant, False, 0, 0, None))
 
-    def cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> FloatT:
-        """A 429: hold back every host until ``retry_after_s`` from now; seconds left."""
-        return self._run(self._cooldown(scope, limits, retry_after_s))
+    def cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float,
+                 learnable: Collection[str] | None = None) -> FloatT:
+        """A 429: hold back every host until ``retry_after_s`` from now; seconds left. With
+        ``limits.learn_share`` it also cuts the share learnt, in the dimensions ``learnable``
+        names (the provider's names: those whose headers can teach it back; None: all)."""
+        return self._run(self._cooldown(scope, limits, retry_after_s, learnable))
 
     def hold_back(self, grant: Grant, *scopes: str) -> FloatT:
         """Right before a granted call goes out: seconds a cooldown holds on any of

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from importlib import resources
 from typing import Any, NamedTuple
 
@@ -203,11 +203,17 @@ class LimiterCore:
             "headers": None if limits is None else reading_args(readings),
             "counts": extra})
 
-    def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float) -> Call:
+    def _cooldown(self, scope: str, limits: ScopeLimits, retry_after_s: float,
+                  learnable: Collection[str] | None = None) -> Call:
         if not retry_after_s >= 0:
             raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s!r}")
+        unknown = sorted(set(learnable or ()) - set(_LETTERS))
+        if unknown:
+            raise ValueError(f"unknown dimension(s) {unknown}; expected some of "
+                             f"{sorted(_LETTERS)}")
         return self._call("cooldown", self.keys(scope), {
-            "limits": _limits(limits), "retry_after_s": float(retry_after_s)},
+            "limits": _limits(limits), "retry_after_s": float(retry_after_s),
+            "learnable": None if learnable is None else [_LETTERS[d] for d in learnable]},
             lambda reply: float(_s(reply)))
 
     def _hold_back(self, grant: Grant, scopes: list[str]) -> Call | None:
@@ -218,7 +224,8 @@ class LimiterCore:
         keys = [key for scope in scopes for key in self.keys(scope)[:2]]
         if grant.key is not None:  # a pool's: a key disabled since the grant holds it too
             keys.append(self._off_keys()[0])
-        return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key},
+        return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key,
+                                              "out": grant.output_tokens},
                           lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> Call | None:

@@ -24,6 +24,7 @@ from drover.workers.providers._base import (
     LimitReadings,
     Provider,
     coarse_readings_dropped,
+    fine_dimensions,
 )
 from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import describe, provider
@@ -31,4 +32,5 @@ from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
 
 __all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "ConnectionFailed", "Failure", "LimitReadings",
            "Message", "MessageBatchIndividualResponse", "Pool", "Provider", "Seen", "StatusError",
-           "batch_results_text", "coarse_readings_dropped", "describe", "provider"]
+           "batch_results_text", "coarse_readings_dropped", "describe", "fine_dimensions",
+           "provider"]

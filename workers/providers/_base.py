@@ -25,7 +25,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
 __all__ = ["NOT_SENT", "Failure", "LimitReadings", "Provider", "coarse_readings_dropped",
-           "read_limit_headers", "read_retry_after"]
+           "fine_dimensions", "read_limit_headers", "read_retry_after"]
 
 # What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
 # each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
@@ -59,6 +59,14 @@ def read_limit_headers(headers: Mapping[str, str | bytes],
 STEPS_PER_BUCKET = 4
 
 
+def fine_dimensions(per_minute: Mapping[str, float | None], steps: Mapping[str, float],
+                    burst_s: float) -> list[str]:
+    """The dimensions of ``per_minute`` (limits by dimension) whose bucket of ``burst_s``
+    holds enough of the -remaining header's rounding ``steps`` for it to say anything."""
+    return [dim for dim, limit in per_minute.items()
+            if (limit or 0) / 60 * burst_s >= STEPS_PER_BUCKET * steps.get(dim, 1)]
+
+
 def coarse_readings_dropped(readings: LimitReadings | None, steps: Mapping[str, float],
                             burst_s: float) -> LimitReadings | None:
     """``readings`` without the -remaining values rounded too coarsely for their bucket to
@@ -74,9 +82,9 @@ def coarse_readings_dropped(readings: LimitReadings | None, steps: Mapping[str, 
     """
     if readings is None:
         return readings
-    limit = readings.get("limit", {})
+    fine = fine_dimensions(readings.get("limit", {}), steps, burst_s)
     remaining = {dim: value for dim, value in readings.get("remaining", {}).items()
-                 if limit.get(dim, 0) / 60 * burst_s >= STEPS_PER_BUCKET * steps.get(dim, 1)}
+                 if dim in fine}
     out = {**readings, "remaining": remaining}
     return out if out["remaining"] or out.get("limit") else None
 

@@ -11,7 +11,11 @@
 --                 per-minute limit of the last write, before our share (absent = not
 --                 limited). And burst: burst_s of the last write; cd: cooldown until (us);
 --                 lx: the latest lease expiry (us); ls: when the last send left, paced
---                 where the bucket holds less than one request (hold_back.lua; us, 0: none)
+--                 where the bucket holds less than one request (hold_back.lua; us, 0: none);
+--                 so: the output bucket as the provider holds it, of the calls that went
+--                 out only: the instant it is full again (us, 0: none yet), debited by
+--                 each send's output reservation (hold_back.lua), which its settle
+--                 replaces with the answer
 --   leases  zset  lease id -> expiry (us)
 --   learned hash  d: raw per-minute limits from -limit headers (kept 24 h)
 --   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, from _scopes.py; _stats.lua)

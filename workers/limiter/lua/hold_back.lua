@@ -14,28 +14,46 @@
 -- *left*, whenever that was planned: a send that left late by more than the planner's
 -- slack (5 % of the interval) drew a 429 on the next. So the sends there are paced on when
 -- each left (the bucket's `ls`, set here as the grant goes), not on planned times alone.
+-- And where a scope limits output tokens: the provider admits a request while its output
+-- bucket has room (level > 0) and debits each answer as it is generated, whatever drover
+-- reserved for it. The grants were planned on the output estimates; an answer longer than
+-- its reservation is trued up at its settle, but the calls granted before that settle were
+-- planned without it and went out into a provider bucket in debt (bench.small_keys --mix:
+-- a block of long answers after short ones drew four 429s on output tokens). So the bucket
+-- keeps that provider bucket too, of the calls that went out only (`so`: it is full again
+-- then; debited here by each send's output reservation, which settle.lua replaces with the
+-- answer), at the limiter's own (smaller) capacity and the limit before any share; a send
+-- waits while it is in debt, and each send that goes moves the next ones back.
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
 -- KEYS[last]              with ARGV's key (a pool's): the pool's disabled keys (hash alias
 --                         -> until, us)
--- ARGV[1]                 {lease: the grant's lease id, key: the pool key's alias (a pool's)}
+-- ARGV[1]                 {lease: the grant's lease id, key: the pool key's alias (a pool's),
+--                         out: the grant's output reservation}
 -- Returns the seconds (a string) the longest of those cooldowns still holds, a day for a
 -- disabled key; minus the seconds until the paced send may go (ask again then); '0': none,
 -- and the grant stands (called right before the send: it is its `ls`).
 
 local scopes = A.key and #KEYS - 1 or #KEYS
 local off = A.key and tonumber(redis.call('HGET', KEYS[#KEYS], A.key) or '0') > now
-local until_us, due, paced = off and now + 86400 * 1e6 or now, now, {}
+local until_us, due, paced, spent = off and now + 86400 * 1e6 or now, now, {}, {}
 for i = 1, scopes, 2 do
   local f = hash(KEYS[i])
   until_us = math.max(until_us, f.cd or 0)
   if f.Lr and f.Lr * f.burst < 60 then
     due = math.max(due, (f.ls or 0) + 60e6 / f.Lr); table.insert(paced, KEYS[i])
   end
+  if f.Lo and (A.out or 0) > 0 then
+    local so = f.so or 0
+    due = math.max(due, so - f.burst * 1e6)
+    spent[KEYS[i]] = math.max(so, now) + A.out * 60e6 / f.Lo
+  end
 end
 if until_us > now then
   for i = 2, scopes, 2 do redis.call('ZREM', KEYS[i], A.lease) end
 elseif due > now then return num((now - due) / 1e6)
-else for _, key in ipairs(paced) do redis.call('HSET', key, 'ls', num(now)) end
+else
+  for _, key in ipairs(paced) do redis.call('HSET', key, 'ls', num(now)) end
+  for key, so in pairs(spent) do redis.call('HSET', key, 'so', num(so)) end
 end
 return num((until_us - now) / 1e6)

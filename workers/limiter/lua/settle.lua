@@ -30,6 +30,15 @@ for d, per in pairs(b.per) do
     b.tat[d] = math.min(b.tat[d], math.max(now, b.cd + b.burst, b.tat[d] - credit))
   end
 end
+-- The output bucket of the calls that went out (hold_back.lua: at the limit before any
+-- share) takes the answer instead of the reservation its send debited, as the provider
+-- does: debited now, when it has been generated, from a bucket that could not bank the
+-- refill while the call was out if it was full (debited at the send instead, the answer
+-- counted that refill and the next send went 0.1 s early: a 429).
+if A.sent and b.base.o and b.so > 0 then
+  local per = 60e6 / b.base.o
+  b.so = math.max(b.so - reserved.o * per, now) + used.o * per
+end
 count_use(b, A.send_us, used)
 save(b)
 if A.headers then save(fold_headers(keys, A.limits, A.headers)) end
