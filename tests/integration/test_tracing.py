@@ -99,6 +99,7 @@ def test_one_job_is_one_tree_with_genai_attributes_and_no_prompt_text(spans, wor
         assert a["gen_ai.provider.name"] == "anthropic"
         assert a["gen_ai.request.model"] == a["gen_ai.response.model"]
         assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+        assert a["drover.cost_usd"] > 0  # the call's dollars at the model's list price
         assert a["gen_ai.response.finish_reasons"][0] in ("end_turn", "tool_use")
         assert "invoke_agent drover.subagent" in ancestors(c)
     assert sum(c.attributes["gen_ai.usage.output_tokens"] for c in ok) == \
