@@ -6,7 +6,8 @@ connections pass.
 ``127.0.0.1:port`` (one thread, a selector). ``silence()`` turns every connection open at that
 moment into a black hole: what either side sends is read and dropped, and neither side is
 closed (a side that closes its own end is not told to the other). Connections made afterwards
-are forwarded as before. ``close()`` closes everything.
+are forwarded as before. ``go_down()`` is a server that stopped: every connection is closed
+and new ones are closed at once, until ``come_back()``. ``close()`` closes everything.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._closing = False
         self.silenced = 0  # connections silenced so far
+        self._down = False  # go_down(): every connection closed, new ones too
         self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
         self._thread.start()
 
@@ -58,6 +60,14 @@ class TcpProxy:
                 pair.silent = True
             self.silenced += len(live)
             return len(live)
+
+    def go_down(self) -> None:
+        """As a server that stopped: open connections are closed (within the loop's 0.2 s),
+        and each new one is closed as soon as it is accepted, until ``come_back()``."""
+        self._down = True
+
+    def come_back(self) -> None:
+        self._down = False
 
     def open_connections(self) -> int:
         with self._lock:
@@ -86,6 +96,11 @@ class TcpProxy:
 
     def _run(self) -> None:
         while not self._closing:
+            if self._down:
+                with self._lock:
+                    pairs = list(self._pairs)
+                for pair in pairs:
+                    self._drop(pair)
             for key, _events in self._selector.select(timeout=0.2):
                 if key.data is None:
                     self._accept()
@@ -96,6 +111,9 @@ class TcpProxy:
         try:
             client, _ = self._listener.accept()
         except OSError:
+            return
+        if self._down:
+            client.close()
             return
         try:
             upstream = socket.create_connection(self.target, timeout=5)

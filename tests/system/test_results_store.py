@@ -460,3 +460,56 @@ def test_a_job_runs_on_through_a_store_gone_silent_and_every_record_reaches_it_o
         wait_until("every record and the job's row in PostgreSQL, nothing listed behind",
                    caught_up, 120)
     assert proxy.silenced >= silenced
+
+
+def test_a_job_that_ends_while_the_store_is_away_is_caught_up_once_it_is_back(
+        sim, drover_env, results_url, fleet, tmp_path):
+    """Mid-job the database stops (every connection closed, new ones refused): the job ends
+    all ok on Redis alone, the workers say the store is behind, and once it is back the
+    sweep copies every record and the job's row, and the list of jobs behind empties."""
+    from drover.workers.services import services
+    from tests.helpers.tcp_proxy import TcpProxy
+
+    sim.configure(latency_mean_s=0.3, latency_p95_s=0.6, output_tokens_mean=20)
+    n = 40
+    database = results_url.rpartition("/")[2]
+    log = tmp_path / "worker.log"
+    with TcpProxy(5432) as proxy, log.open("w") as out:
+        env = {**os.environ, **drover_env, "DROVER_RESULTS_TIMEOUT_S": "1",
+               "DROVER_RESULTS_URL": f"postgresql://postgres@127.0.0.1:{proxy.port}/{database}"}
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "drover.workers.app", "worker", "--pool",
+             "threads", "--concurrency", "4", "--queues", env["DROVER_QUEUE"], "--loglevel",
+             "WARNING", "--without-gossip", "--without-mingle", "-n", f"away-{time.time_ns()}@%h"],
+            cwd=ROOT, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            handle = submit_elsewhere(drover_env, JobSpec(
+                subtasks=[f"Weigh the catch of boat {i}" for i in range(n)], max_tokens=40))
+            wait_until("a quarter of the job done", lambda: handle.progress()["ok"] >= n // 4,
+                       120)
+            proxy.go_down()
+            result = fleet.wait(handle, n, timeout=180)
+            assert result.status == "done" and result.counts["ok"] == n
+            store = services().store
+            assert store.r.zscore(store.keys.results_pending, handle.id) is not None
+            wait_until("the workers' sweep saying the store is behind",
+                       lambda: "is behind: 1 job(s) not copied there yet" in log.read_text(),
+                       120)
+            proxy.come_back()
+
+            def caught_up() -> bool:
+                stored = rows(results_url, "SELECT idx FROM drover_records WHERE job_id = %s "
+                              "ORDER BY idx", handle.id)
+                return (stored == [(i,) for i in range(n)]
+                        and store.outcomes.behind() == (0, 0.0)
+                        and rows(results_url, "SELECT status, n FROM drover_jobs WHERE "
+                                 "job_id = %s", handle.id) == [("done", n)])
+
+            wait_until("every record and the job's row copied once the store is back",
+                       caught_up, 120)
+        finally:
+            kill_group(worker)
+            worker.wait()
+    text = log.read_text()
+    assert f"job {handle.id}: copied to the results store" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
