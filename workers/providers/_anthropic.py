@@ -9,6 +9,7 @@ errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "messag
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import anthropic
@@ -18,9 +19,11 @@ from anthropic.types.messages import MessageBatchIndividualResponse
 
 from drover.workers.providers._base import (
     NOT_SENT,
+    AnswerUsage,
     Failure,
     LimitReadings,
     Provider,
+    json_body,
     read_limit_headers,
     read_retry_after,
 )
@@ -112,6 +115,42 @@ class Anthropic(Provider):
         kind, message = _error_fields(body, "api_error", f"Error code: {status}")
         code = _error_code(body)
         return Failure(kind, message, status, code, spend_cap=code == SPEND_CAP_CODE)
+
+    def counted_path(self, path: str) -> bool:
+        # /v1/messages only: count_tokens and the Message Batches endpoints have limits of
+        # their own (count_tokens its own requests a minute; nothing of the messages' ones).
+        return path.rstrip("/").endswith("/messages")
+
+    def call_params(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "max_tokens": int(body.get("max_tokens") or 1)}
+
+    def answer_usage(self, body: dict[str, Any]) -> AnswerUsage:
+        return _answer_usage(body.get("usage"))
+
+    def on_stream_event(self, seen: Any, event: dict[str, Any]) -> None:
+        seen.on(event)
+
+    def stream_usage(self, seen: Any, input_estimate: int) -> AnswerUsage:
+        return AnswerUsage(seen.input_tokens, seen.partial_output(),
+                           seen.cache_creation_input_tokens, seen.cache_read_input_tokens)
+
+    def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,
+                       url: str) -> Failure:
+        body = json_body(content)
+        should = headers.get("x-should-retry")
+        return replace(self.body_failure(status, body if isinstance(body, dict) else {}),
+                       retry_after_s=read_retry_after(headers),
+                       should_retry={"true": True, "false": False}.get(should or ""))
+
+    def auth_headers(self, api_key: str) -> dict[str, str]:
+        return {"x-api-key": api_key}
+
+
+def _answer_usage(usage: Mapping[str, Any] | None) -> AnswerUsage:
+    usage = usage or {}
+    return AnswerUsage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0),
+                       int(usage.get("cache_creation_input_tokens") or 0),
+                       int(usage.get("cache_read_input_tokens") or 0))
 
 
 def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:

@@ -17,6 +17,7 @@ Only this room imports a provider SDK (tests/unit/test_architecture.py checks it
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
-__all__ = ["NOT_SENT", "Failure", "LimitReadings", "Provider", "coarse_readings_dropped",
-           "fine_dimensions", "read_limit_headers", "read_retry_after"]
+__all__ = ["NOT_SENT", "AnswerUsage", "Failure", "LimitReadings", "Provider",
+           "coarse_readings_dropped", "fine_dimensions", "json_body", "read_limit_headers",
+           "read_retry_after"]
 
 # What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
 # each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
@@ -113,6 +115,25 @@ class Failure:
     spend_cap: bool = False  # a 429 that retrying cannot help (no credit, a spend limit)
 
 
+def json_body(content: bytes) -> Any:
+    """An answer's JSON, or None when it is not JSON (a proxy's HTML error page)."""
+    try:
+        return json.loads(content) if content else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class AnswerUsage:
+    """An answer's usage in the Messages API's names (what drover counts and bills), read
+    off the wire by the limited clients' transport, whichever the provider."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
 class Provider:
     """One LLM API behind the seam; see the module docstring."""
 
@@ -154,6 +175,35 @@ class Provider:
 
     def to_wire(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
+
+    # --- the HTTP exchange, as the limited clients' transport sees it (a request's JSON body,
+    # --- the answer's JSON or its stream's events, an error's status and body) --------------
+    def counted_path(self, path: str) -> bool:
+        """True for the endpoint whose calls the limits count (a realtime generation)."""
+        raise NotImplementedError
+
+    def call_params(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A request body in drover's (Messages-shaped) params: model, max_tokens, system,
+        messages, tools, as far as the estimate and the route need them."""
+        raise NotImplementedError
+
+    def answer_usage(self, body: dict[str, Any]) -> AnswerUsage:
+        """The usage of a whole (not streamed) answer."""
+        raise NotImplementedError
+
+    def on_stream_event(self, seen: Any, event: dict[str, Any]) -> None:
+        """Fold one event of a streamed answer (its JSON) into ``seen`` (``streams.Seen``)."""
+        raise NotImplementedError
+
+    def stream_usage(self, seen: Any, input_estimate: int) -> AnswerUsage:
+        """The usage of a streamed answer that ended whole (``seen.finished``); a stream that
+        said no usage is counted from what streamed (its input at ``input_estimate``)."""
+        raise NotImplementedError
+
+    def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,
+                       url: str) -> Failure:
+        """An error answer (status >= 400) as the Failure its SDK's exception describes."""
+        raise NotImplementedError
 
     def from_wire(self, answer: Any) -> Any:
         return answer

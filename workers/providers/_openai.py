@@ -20,14 +20,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import httpx2
 import openai
 from anthropic.types import Message
 
 from drover.workers.providers._base import (
     NOT_SENT,
+    AnswerUsage,
     Failure,
     LimitReadings,
     Provider,
+    json_body,
     read_limit_headers,
     read_retry_after,
 )
@@ -210,6 +213,88 @@ class OpenAI(Provider):
             if choice.get("disable_parallel_tool_use"):
                 wire["parallel_tool_calls"] = False
         return wire
+
+    # --- the limited clients' transport (``Provider``'s second part) --------------------
+    def counted_path(self, path: str) -> bool:
+        return path.rstrip("/").endswith("/chat/completions")
+
+    def call_params(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A Chat Completions body as far as the estimate reads it: each message's text (a
+        tool call's arguments too), the tools' definitions, the max tokens (a request that
+        names none is reserved DEFAULT_MAX_TOKENS: the provider charges its own guess)."""
+        system: list[str] = []
+        messages: list[dict[str, Any]] = []
+        for message in body.get("messages") or []:
+            said = _text(message.get("content") or "")
+            for call in message.get("tool_calls") or []:
+                said += str((call.get("function") or {}).get("arguments") or "")
+            if message.get("role") in ("system", "developer"):
+                system.append(said)
+            else:
+                messages.append({"role": "user", "content": said})
+        tools = [{"name": str(f.get("name") or ""), "description": str(f.get("description") or ""),
+                  "input_schema": f.get("parameters") or {}}
+                 for f in ((t.get("function") or {}) for t in body.get("tools") or [])]
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        return {"model": body.get("model") or "", "system": "\n".join(system),
+                "messages": messages, "tools": tools,
+                "max_tokens": int(max_tokens or DEFAULT_MAX_TOKENS)}
+
+    def answer_usage(self, body: dict[str, Any]) -> AnswerUsage:
+        return _wire_usage(body.get("usage") or {})
+
+    def on_stream_event(self, seen: Any, event: dict[str, Any]) -> None:
+        now = time.monotonic() - seen.opened
+        seen.last_event_s = now
+        if event.get("type") == "[DONE]":
+            seen.finished = True
+            return
+        seen.started = True
+        if event.get("usage"):
+            said = _wire_usage(event["usage"])
+            seen.input_tokens, seen.output_tokens = said.input_tokens, said.output_tokens
+            seen.cache_read_input_tokens = said.cache_read_input_tokens
+            seen.usage_said = True
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                piece += (call.get("function") or {}).get("arguments") or ""
+            if piece and seen.first_token_s is None:
+                seen.first_token_s = now
+            seen.chars += len(piece)
+
+    def stream_usage(self, seen: Any, input_estimate: int) -> AnswerUsage:
+        if seen.usage_said:
+            return AnswerUsage(seen.input_tokens, seen.output_tokens, 0,
+                               seen.cache_read_input_tokens)
+        # No usage chunk (the caller did not ask for stream_options.include_usage): what
+        # streamed, at characters / 4, and the input at its estimate.
+        return AnswerUsage(input_estimate, seen.partial_output())
+
+    def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,
+                       url: str) -> Failure:
+        response = httpx2.Response(status, headers=headers, content=content,
+                                   request=httpx2.Request("POST", url))
+        body = json_body(content)
+        inner = body.get("error") if isinstance(body, dict) else None
+        message = inner.get("message") if isinstance(inner, dict) else None
+        error = openai.APIStatusError(str(message or f"HTTP {status}"), response=response,
+                                      body=body)
+        failure = self.describe(error)
+        assert failure is not None
+        return failure
+
+
+DEFAULT_MAX_TOKENS = 4096
+
+
+def _wire_usage(usage: dict[str, Any]) -> AnswerUsage:
+    """Chat Completions' usage in the Messages API's names (cached prompt tokens are reads)."""
+    details = usage.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0)
+    return AnswerUsage(int(usage.get("prompt_tokens") or 0) - cached,
+                       int(usage.get("completion_tokens") or 0), 0, cached)
 
 
 def _text(content: Any) -> str:

@@ -20,6 +20,7 @@ characters received / 4).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -49,28 +50,35 @@ class Seen:
     chars: int = 0  # characters of content received (text, tool input, thinking)
     first_token_s: float | None = None  # from the send to the first content delta
     last_event_s: float = 0.0  # from the send to the last event
+    finished: bool = False  # the stream's last event came (the answer is whole)
+    usage_said: bool = False  # an OpenAI stream's usage chunk came (include_usage)
 
     def on(self, event: Any) -> None:
+        """Fold in one event of a Messages stream: the SDK's object, or the wire's JSON (the
+        limited clients' transport reads the bytes as they pass)."""
         now = time.monotonic() - self.opened
         self.last_event_s = now
-        kind = event.type
+        kind = field_of(event, "type")
         if kind == "message_start":
             self.started = True
             self.input_said = True
-            usage = event.message.usage
-            self.input_tokens = usage.input_tokens or 0
-            self.cache_creation_input_tokens = usage.cache_creation_input_tokens or 0
-            self.cache_read_input_tokens = usage.cache_read_input_tokens or 0
+            usage = field_of(field_of(event, "message"), "usage")
+            self.input_tokens = field_of(usage, "input_tokens") or 0
+            self.cache_creation_input_tokens = field_of(usage, "cache_creation_input_tokens") or 0
+            self.cache_read_input_tokens = field_of(usage, "cache_read_input_tokens") or 0
             # (its output count, 1 or so, is not taken: nothing is generated before content)
         elif kind == "content_block_delta":
-            delta = event.delta
-            text = (getattr(delta, "text", None) or getattr(delta, "partial_json", None)
-                    or getattr(delta, "thinking", None) or "")
+            delta = field_of(event, "delta")
+            text = (field_of(delta, "text") or field_of(delta, "partial_json")
+                    or field_of(delta, "thinking") or "")
             if text and self.first_token_s is None:
                 self.first_token_s = now
             self.chars += len(text)
         elif kind == "message_delta":
-            self.output_tokens = max(self.output_tokens, event.usage.output_tokens or 0)
+            said = field_of(field_of(event, "usage"), "output_tokens") or 0
+            self.output_tokens = max(self.output_tokens, said)
+        elif kind == "message_stop":
+            self.finished = True
 
     def partial_output(self) -> int:
         """Output tokens generated so far: the stream's own count, or estimated from the
@@ -95,6 +103,43 @@ class Seen:
             return None
         span = self.last_event_s - self.first_token_s
         return output_tokens / span if span > 0.05 and output_tokens > 1 else None
+
+
+def field_of(value: Any, name: str) -> Any:
+    """``value.name`` of an SDK object, ``value[name]`` of the wire's JSON (None: absent)."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
+
+
+class SseEvents:
+    """The JSON of each ``data:`` line of a server-sent event stream, from its bytes as they
+    arrive (chunks split anywhere); ``DONE`` for OpenAI's ``data: [DONE]``."""
+
+    DONE: dict[str, Any] = {"type": "[DONE]"}
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        lines = (self._rest + chunk).split(b"\n")
+        self._rest = lines.pop()
+        out: list[dict[str, Any]] = []
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                out.append(self.DONE)
+                continue
+            try:
+                event = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                out.append(event)
+        return out
 
 
 async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
