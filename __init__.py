@@ -8,7 +8,9 @@ The public API::
     result = handle.wait(timeout=600)
 
 A team's own sub-agent code runs the same way: ``@drover.subagent`` on an ``async def
-name(item, llm)``, then ``submit(JobSpec(subagent="name", inputs=[...]))``.
+name(item, llm)``, then ``submit(JobSpec(subagent="name", inputs=[...]))``; and anywhere,
+``drover.AsyncAnthropic()`` (``Anthropic``, ``AsyncOpenAI``, ``OpenAI``) is the SDK's own
+client with every call inside the fleet's limits (docs/own-code.md).
 
 Every exception drover raises for a user descends from ``drover.DroverError`` (the tree is in
 ``drover/errors.py``); each keeps its standard parent too (``JobNotFound`` is a LookupError).
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     )
     from drover.orchestrator.client.estimates import Estimate, estimate
     from drover.orchestrator.client.jobs import JobHandle, submit
+    from drover.orchestrator.client.limited import Anthropic, AsyncAnthropic, AsyncOpenAI, OpenAI
     from drover.orchestrator.client.planning import plan
     from drover.workers.jobs.records import JobResult, SubagentResult, Usage
     from drover.workers.jobs.spec import JobSpec
@@ -61,10 +64,10 @@ _ERRORS = ("AgentError", "CallFailed", "Cancelled", "CostCapReached", "DroverErr
            "NeverFits", "PlanningFailed", "ResultsStoreError", "SettingsError", "Unreachable",
            "WaitTimeout", "WorkerCannotStart")
 
-__all__ = ["AgentError", "CallFailed", "Cancelled", "CostCapReached", "DroverError",
-           "Estimate", "JobHandle", "JobNotFound",
-           "JobRefused", "JobResult", "JobSpec", "NeverFits", "PlanningFailed",
-           "ResultsStoreError", "SettingsError",
+__all__ = ["AgentError", "Anthropic", "AsyncAnthropic", "AsyncOpenAI", "CallFailed", "Cancelled",
+           "CostCapReached", "DroverError", "Estimate", "JobHandle", "JobNotFound", "JobRefused",
+           "JobResult", "JobSpec", "NeverFits", "OpenAI", "PlanningFailed", "ResultsStoreError",
+           "SettingsError",
            "SubagentResult", "Unreachable", "Usage", "WaitTimeout", "WorkerCannotStart", "app",
            "estimate", "plan", "subagent", "submit", "tool"]
 
@@ -78,6 +81,9 @@ _WHERE = {"JobHandle": "drover.orchestrator.client.jobs",
           "JobSpec": "drover.workers.jobs.spec", "tool": "drover.workers.tools",
           "subagent": "drover.workers.tools",
           "app": "drover.workers.app",
+          # The SDKs' clients inside the fleet's limits (docs/own-code.md).
+          **dict.fromkeys(("AsyncAnthropic", "Anthropic", "AsyncOpenAI", "OpenAI"),
+                          "drover.orchestrator.client.limited"),
           # The exception tree (drover/errors.py) imports nothing, so it costs nothing.
           **dict.fromkeys(_ERRORS, "drover.errors")}
 

@@ -562,7 +562,9 @@ async def _disable_key(rt: Runtime, route: Route, alias: str, decision: Decision
                  else "until `drover keys enable " + alias + "`")
         log.error("pool key %s disabled fleet-wide %s: %s; its calls move to the other keys",
                   alias, again, what)
-    await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
+    if ctx.job_id:  # a job's call (a limited client's own calls belong to none)
+        await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id,
+                                decision.counter)
     log.warning("llm call outcome=%s scope=%s status=%s type=%s job=%s sub=%d wait_s=%.3f "
                 "call_s=%.3f in=0 out=0 next=another_key", decision.counter, scope,
                 decision.status_code or "none", decision.error_type, ctx.job_id, ctx.index,
@@ -600,7 +602,9 @@ async def _after_error(rt: Runtime, route: Route, grant: Grant, decision: Decisi
     if decision.cooldown_s is not None:
         await route.cooldown(rt.limiter, grant, decision.cooldown_s, headers)
     # Every failed call, by kind, for the job (telemetry's llm_call counts it for the fleet).
-    await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id, decision.counter)
+    if ctx.job_id:  # a job's call (a limited client's own calls belong to none)
+        await asyncio.to_thread(rt.store.counters.count_failed_call, ctx.job_id,
+                                decision.counter)
     _log_failure(scope, decision, ctx, grant.wait_s, started, last)
 
 

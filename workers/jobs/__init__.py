@@ -17,6 +17,7 @@ from drover.workers.jobs.cancels import Cancels
 from drover.workers.jobs.checkpoints import Checkpoints, SubagentStart
 from drover.workers.jobs.claims import TOKEN_HEADER, ClaimLost, Claims
 from drover.workers.jobs.counters import Counters
+from drover.workers.jobs.journal import Journal, Kept
 from drover.workers.jobs.keys import JobKeys
 from drover.workers.jobs.liveness import Heartbeat
 from drover.workers.jobs.meta import ACTIVE, JobMeta
@@ -31,5 +32,6 @@ from drover.workers.jobs.stream import Stream
 
 __all__ = ["ACTIVE", "TOKEN_HEADER", "Archive", "Cancels", "Checkpoint", "Checkpoints", "ClaimLost",
            "Claims", "Counters", "Heartbeat", "JobKeys", "JobMeta", "JobNotFound", "JobResult",
+           "Journal", "Kept",
            "JobSpec", "JobStore", "Outcomes", "Records", "Specs", "Spending", "Stream",
            "SubagentReport", "SubagentResult", "SubagentStart", "Usage", "reply_text"]

@@ -5,7 +5,8 @@ own, each under ``{prefix}:`` too.)
 
     {p}:job:{id}:{part}      a job: spec, tasks, meta, records, events (record indexes),
                              final (each finished sub-agent's last state: the one full copy
-                             of its answer), claims, ckpt:{i} (while it runs), ...
+                             of its answer), claims, ckpt:{i} (while it runs), journal:{i}
+                             (the answered calls of a sub-agent's limited client), ...
     {p}:jobs                 every job by creation time (drover jobs, the stalled scan)
     {p}:cancel               the cancel channel (pub/sub)
     {p}:fence                the fencing-token counter and its epoch
@@ -32,6 +33,10 @@ class JobKeys:
 
     def job(self, job_id: str, *parts: object) -> str:
         return ":".join([self.prefix, "job", job_id, *map(str, parts)])
+
+    def journal(self, job_id: str, index: int) -> str:
+        """A sub-agent's journal of answered calls (``journal.Journal``)."""
+        return self.job(job_id, "journal", index)
 
     @property
     def jobs(self) -> str:

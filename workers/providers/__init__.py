@@ -20,17 +20,20 @@ from drover.workers.providers._anthropic import (
     batch_results_text,
 )
 from drover.workers.providers._base import (
+    AnswerUsage,
     Failure,
     LimitReadings,
     Provider,
     coarse_readings_dropped,
     fine_dimensions,
+    json_body,
+    went_out,
 )
 from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import describe, provider
-from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen
+from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen, SseEvents
 
-__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "ConnectionFailed", "Failure", "LimitReadings",
-           "Message", "MessageBatchIndividualResponse", "Pool", "Provider", "Seen", "StatusError",
-           "batch_results_text", "coarse_readings_dropped", "describe", "fine_dimensions",
-           "provider"]
+__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "AnswerUsage", "ConnectionFailed", "Failure",
+           "LimitReadings", "Message", "MessageBatchIndividualResponse", "Pool", "Provider",
+           "Seen", "SseEvents", "StatusError", "batch_results_text", "coarse_readings_dropped",
+           "describe", "fine_dimensions", "json_body", "provider", "went_out"]

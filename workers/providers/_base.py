@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 __all__ = ["NOT_SENT", "AnswerUsage", "Failure", "LimitReadings", "Provider",
            "coarse_readings_dropped", "fine_dimensions", "json_body", "read_limit_headers",
-           "read_retry_after"]
+           "read_retry_after", "went_out"]
 
 # What a response's limit headers said: {"remaining": {dimension: value}, "limit": {...}},
 # each without the dimensions it had none of. Dimensions are the provider's ``dimensions``.
@@ -39,6 +39,12 @@ LimitReadings = dict[str, dict[str, float]]
 # timeout, a dropped connection) came after the send, so the provider may have taken it.
 NOT_SENT = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol",
                        "ProxyError"})
+
+
+def went_out(error: BaseException) -> bool:
+    """True when a transport error came after the request could reach the provider (a read
+    timeout, a dropped connection), so the provider may have taken and billed it."""
+    return not any(kind.__name__ in NOT_SENT for kind in type(error).__mro__)
 
 
 def read_limit_headers(headers: Mapping[str, str | bytes],
@@ -203,6 +209,10 @@ class Provider:
     def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,
                        url: str) -> Failure:
         """An error answer (status >= 400) as the Failure its SDK's exception describes."""
+        raise NotImplementedError
+
+    def auth_headers(self, api_key: str) -> dict[str, str]:
+        """The headers that send a request on ``api_key`` (a pool's key the limiter chose)."""
         raise NotImplementedError
 
     def from_wire(self, answer: Any) -> Any:

@@ -285,6 +285,10 @@ class OpenAI(Provider):
         assert failure is not None
         return failure
 
+    def auth_headers(self, api_key: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {api_key}"}
+
+
 
 DEFAULT_MAX_TOKENS = 4096
 

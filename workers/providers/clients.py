@@ -11,7 +11,7 @@ from drover.workers.providers._base import Provider
 from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import provider
 
-__all__ = ["key_pool", "provider_client"]
+__all__ = ["client_defaults", "key_pool", "provider_client"]
 
 
 def _sdk_client(settings: Settings, of: Provider, api_key: str | None, base_url: str | None,
@@ -23,16 +23,22 @@ def _sdk_client(settings: Settings, of: Provider, api_key: str | None, base_url:
                            keyless=keyless)
 
 
+def client_defaults(settings: Settings, name: str) -> dict[str, Any]:
+    """Provider ``name``'s key and endpoint from the settings (None: not set)."""
+    openai = name == "openai"
+    key = settings.openai_api_key if openai else settings.anthropic_api_key
+    return {"api_key": key.get_secret_value() if key else None,
+            "base_url": settings.openai_base_url if openai else settings.anthropic_base_url}
+
+
 def provider_client(settings: Settings) -> Any:
     """DROVER_PROVIDER's client, on its key and endpoint."""
-    openai = settings.provider == "openai"
-    key = settings.openai_api_key if openai else settings.anthropic_api_key
-    base_url = settings.openai_base_url if openai else settings.anthropic_base_url
+    defaults = client_defaults(settings, settings.provider)
+    key, base_url = defaults["api_key"], defaults["base_url"]
     # No key but a base URL: a proxy that may need none (the client omits the header).
-    keyless = bool(not key and base_url and not openai
+    keyless = bool(not key and base_url and settings.provider != "openai"
                    and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
-    return _sdk_client(settings, provider(settings.provider),
-                       key.get_secret_value() if key else None, base_url, keyless=keyless)
+    return _sdk_client(settings, provider(settings.provider), key, base_url, keyless=keyless)
 
 
 def _key_client(settings: Settings, key: PoolKey) -> Any:

@@ -1,0 +1,233 @@
+"""drover's limited SDK clients (``drover.AsyncAnthropic`` and kin, issue 50): the SDKs' own
+clients whose every HTTP attempt reserves from the fleet's limiter and settles with the
+answer's usage. The real SDKs over HTTP to the simulator, the limiter in the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from drover.workers.limiter import llm_scope
+from tests.helpers import configure
+from tests.helpers.openai import MODEL as OPENAI_MODEL
+from tests.helpers.openai import on_openai
+
+
+def _limiter_usage(settings) -> dict[str, int]:  # noqa: ANN001
+    """What the limiter counted in the last minute on the default model's scope."""
+    from drover.workers.services import services
+
+    scope = llm_scope(settings.key_alias, settings.limit_class(settings.model))
+    rows = services(settings).limiter.usage(scope, 60)
+    return {name: sum(row.get(name, 0) for row in rows)
+            for name in ("requests", "input_tokens", "output_tokens")}
+
+
+def _ask(i: int, words: int = 10) -> list[dict[str, str]]:
+    return [{"role": "user", "content": " ".join([f"question {i}"] * words)}]
+
+
+def test_many_calls_at_once_through_one_async_client_wait_in_line_with_no_429(
+        monkeypatch, drover_env, sim):
+    """30 calls at once into 5 requests a second (a bucket of 5): the plain SDK would send
+    them all and see 25 429s; the limited client sends them as the bucket refills."""
+    sim.configure(rpm=300, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, rpm=300, burst_seconds=1)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+
+    async def fan_out() -> list[object]:
+        llm = drover.AsyncAnthropic()
+        return await asyncio.gather(*(llm.messages.create(
+            model=settings.model, max_tokens=40, messages=_ask(i)) for i in range(30)),
+            return_exceptions=True)
+
+    results = asyncio.run(fan_out())
+    failed = [r for r in results if isinstance(r, BaseException)]
+    stats = sim.stats()
+    assert not failed, failed[:2]
+    assert stats["rejected_429"] == 0, stats["timeline"]
+    assert stats["accepted"] == 30
+    counted = _limiter_usage(settings)
+    # Every answer settled with its real usage: the limiter counted what the provider billed.
+    assert counted == {"requests": 30, "input_tokens": stats["billed"]["input_tokens"],
+                       "output_tokens": stats["billed"]["output_tokens"]}
+
+
+def test_a_streamed_answer_settles_its_real_usage_also_when_its_reader_stops_half_way(
+        monkeypatch, drover_env, sim):
+    """``messages.stream`` read to its end settles the usage its events said; a stream
+    whose reader stops after a few events and closes it settles what had streamed (the
+    provider bills the output generated until the connection closed)."""
+    sim.configure(tool_turns=0, output_tokens_mean=400, output_tokens_per_s=200)
+    configure(monkeypatch, drover_env)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+
+    async def streams() -> tuple[object, int]:
+        llm = drover.AsyncAnthropic()
+        async with llm.messages.stream(model=settings.model, max_tokens=800,
+                                       messages=_ask(1)) as stream:
+            whole = await stream.get_final_message()
+        read = 0
+        async with llm.messages.stream(model=settings.model, max_tokens=800,
+                                       messages=_ask(2)) as stream:
+            async for _text in stream.text_stream:
+                read += 1
+                if read == 5:
+                    break  # the caller stops reading: leaving the block closes the stream
+        return whole, read
+
+    whole, read = asyncio.run(streams())
+    assert read == 5 and whole.usage.output_tokens > 100
+    stats = sim.stats()
+    counted = _limiter_usage(settings)
+    assert counted["requests"] == 2
+    assert counted["input_tokens"] == stats["billed"]["input_tokens"]
+    cut = counted["output_tokens"] - whole.usage.output_tokens
+    assert 0 < cut < whole.usage.output_tokens / 2, (counted, whole.usage)
+    # What the cut stream cost by the provider's count (the tokens it had sent), within the
+    # characters / 4 of what arrived before the close.
+    billed_cut = stats["billed"]["output_tokens"] - whole.usage.output_tokens
+    assert abs(cut - billed_cut) <= max(10, billed_cut), (cut, billed_cut)
+
+
+def test_each_retry_of_the_sdk_is_reserved_and_settled(monkeypatch, drover_env, sim):
+    """Half the requests answered 429 with retry-after 1 s: the SDK retries them itself
+    (max_retries), and each attempt goes through the limiter: it counted every request the
+    provider saw, 429s included."""
+    sim.configure(tool_turns=0, output_tokens_mean=20, inject_429_rate=0.5,
+                  inject_429_retry_after=1)
+    configure(monkeypatch, drover_env)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+
+    async def calls() -> list[object]:
+        llm = drover.AsyncAnthropic(max_retries=8)
+        return await asyncio.gather(*(llm.messages.create(
+            model=settings.model, max_tokens=40, messages=_ask(i)) for i in range(8)),
+            return_exceptions=True)
+
+    results = asyncio.run(calls())
+    assert not [r for r in results if isinstance(r, BaseException)]
+    stats = sim.stats()
+    assert stats["rejected_429"] > 0 and stats["accepted"] == 8
+    assert _limiter_usage(settings)["requests"] == stats["accepted"] + stats["rejected_429"]
+
+
+def test_the_blocking_client_creates_streams_and_counts_tokens(monkeypatch, drover_env, sim):
+    """``drover.Anthropic`` from several threads at a tight limit: no 429, each call
+    counted; ``count_tokens`` (an endpoint of its own) passes through uncounted."""
+    sim.configure(rpm=240, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, rpm=240, burst_seconds=1)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+    llm = drover.Anthropic()
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            if i % 2:
+                llm.messages.create(model=settings.model, max_tokens=40, messages=_ask(i))
+            else:
+                with llm.messages.stream(model=settings.model, max_tokens=40,
+                                         messages=_ask(i)) as stream:
+                    assert stream.get_final_message().usage.output_tokens > 0
+        except BaseException as error:  # noqa: BLE001  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors[:2]
+    counted = llm.messages.count_tokens(model=settings.model, messages=_ask(0))
+    assert counted.input_tokens > 0
+    stats = sim.stats()
+    assert stats["rejected_429"] == 0 and stats["accepted"] == 12
+    assert _limiter_usage(settings)["requests"] == 12
+
+
+def test_the_openai_clients_go_through_the_limiter_on_the_simulators_openai_routes(
+        monkeypatch, drover_env, sim_factory):
+    """``drover.AsyncOpenAI`` (20 at once into 4 requests a second) and ``drover.OpenAI``:
+    no 429, each counted; a stream without a usage chunk is counted from what streamed."""
+    sim = on_openai(monkeypatch, drover_env, sim_factory, rpm=240, tpm=10_000_000,
+                    burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, burst_seconds=1)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+
+    async def fan_out() -> list[object]:
+        llm = drover.AsyncOpenAI()
+        return await asyncio.gather(*(llm.chat.completions.create(
+            model=OPENAI_MODEL, max_completion_tokens=40, messages=_ask(i))
+            for i in range(20)), return_exceptions=True)
+
+    results = asyncio.run(fan_out())
+    assert not [r for r in results if isinstance(r, BaseException)], results[:2]
+    blocking = drover.OpenAI()
+    chunks = list(blocking.chat.completions.create(
+        model=OPENAI_MODEL, max_completion_tokens=40, messages=_ask(99), stream=True))
+    assert chunks
+    stats = sim.stats()
+    assert stats["rejected_429"] == 0 and stats["accepted"] == 21
+    assert _limiter_usage(settings)["requests"] == 21
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_subagents_rerun_replays_its_answered_calls_from_the_journal(
+        monkeypatch, drover_env, sim, stream):
+    """A sub-agent's client keeps each answered call; a re-run (its worker died) making the
+    same requests gets the same answers without sending them, and a request that differs is
+    sent. Streamed answers are replayed as their stream."""
+    sim.configure(tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env)
+    from drover.workers.agent.call import CallContext
+    from drover.workers.agent.runtime import get_runtime
+    from drover.workers.clients import subagent_client
+    from drover.workers.services import services
+
+    rt = get_runtime(services())
+    usage: list[object] = []
+
+    async def counted(u: object) -> None:
+        usage.append(u)
+
+    async def run(questions: list[int]) -> list[str]:
+        ctx = CallContext("journal-job", 3, rt.cancel_event("journal-job"))
+        ctx.answered = counted
+        llm = subagent_client(rt, ctx)
+        answers = []
+        for q in questions:
+            if stream:
+                async with llm.messages.stream(model=rt.settings.model, max_tokens=40,
+                                               messages=_ask(q)) as s:
+                    message = await s.get_final_message()
+            else:
+                message = await llm.messages.create(model=rt.settings.model, max_tokens=40,
+                                                    messages=_ask(q))
+            answers.append(message.content[0].text)
+        return answers
+
+    first = rt.run(run([1, 2, 3]))
+    assert sim.stats()["accepted"] == 3 and len(usage) == 3
+    again = rt.run(run([1, 2, 3]))
+    assert again == first
+    assert sim.stats()["accepted"] == 3, "a replayed call was sent"
+    assert len(usage) == 3, "a replayed call was counted again"
+    rt.run(run([1, 2, 4]))  # the third request differs: sent
+    assert sim.stats()["accepted"] == 4 and len(usage) == 4

@@ -1,0 +1,68 @@
+"""Limited HTTP clients, and the limited SDK client of a worker's sub-agent.
+
+``limited_http_client`` is what a limited SDK client (``drover.AsyncAnthropic`` and its kin)
+sends through: an ``httpx2`` client over ``LimitedTransport`` (async) or
+``BlockingTransport``, marked as drover's (``providers.limited``). ``subagent_client`` is the
+client a team's own sub-agent function is handed on a worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+
+from drover.workers.agent.call import CallContext
+from drover.workers.agent.runtime import Runtime
+from drover.workers.clients.transport import BlockingTransport, LimitedTransport
+from drover.workers.jobs.journal import Journal
+from drover.workers.providers.clients import client_defaults
+from drover.workers.providers.limited import LIMITED_MARK
+
+__all__ = ["limited_http_client", "subagent_client"]
+
+
+class _LimitedAsyncClient(httpx2.AsyncClient):
+    drover_limited = True
+
+
+class _LimitedClient(httpx2.Client):
+    drover_limited = True
+
+
+assert LIMITED_MARK == "drover_limited"
+
+
+def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = True,
+                        ctx: CallContext | None = None, journal: Journal | None = None) -> Any:
+    """An HTTP client whose requests to ``provider_name``'s generation endpoint go through
+    the call path on ``rt`` (``ctx``: the sub-agent they belong to, None for a process's own
+    calls; ``journal``: where its answered calls are kept)."""
+    if is_async:
+        return _LimitedAsyncClient(
+            transport=LimitedTransport(rt, provider_name, ctx, journal), follow_redirects=True)
+    if ctx is not None or journal is not None:
+        raise ValueError("a sub-agent's limited client is async (it runs on the worker's loop)")
+    return _LimitedClient(transport=BlockingTransport(rt, provider_name), follow_redirects=True)
+
+
+def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2) -> Any:
+    """The limited async client of a worker's sub-agent (``ctx``: its job, index, cancel,
+    tenant and hooks), for the provider of ``DROVER_PROVIDER``: an ``AsyncAnthropic`` or an
+    ``AsyncOpenAI`` (drover's, the SDK's own classes) whose calls reserve from the fleet's
+    limits, count in the sub-agent's usage (``ctx.answered``, ``ctx.unanswered``), race its
+    cancel, and are kept in its journal, so that a re-run after its worker died replays the
+    calls answered before instead of paying for them again. ``max_retries``: the SDK's own
+    retries (each attempt is reserved and settled)."""
+    name = rt.settings.provider
+    journal = Journal(rt.aredis, rt.store.keys.journal(ctx.job_id, ctx.index),
+                      rt.settings.result_ttl_s)
+    http = limited_http_client(rt, name, ctx=ctx, journal=journal)
+    defaults = {k: v for k, v in client_defaults(rt.settings, name).items() if v is not None}
+    if name == "openai":
+        from drover.workers.providers.openai_clients import AsyncOpenAI
+
+        return AsyncOpenAI(http_client=http, max_retries=max_retries, **defaults)
+    from drover.workers.providers.anthropic_clients import AsyncAnthropic
+
+    return AsyncAnthropic(http_client=http, max_retries=max_retries, **defaults)

@@ -1,0 +1,313 @@
+"""The limited clients' HTTP transport: each request the SDK sends to the generation endpoint
+(``/v1/messages``, ``/chat/completions``) takes the one call path (``agent.call.Call``:
+reserve, send, settle) with the SDK's own request as what is sent.
+
+- The request's JSON body is read into drover's params, estimated as the workers estimate
+  (the runtime's calibration), and reserved from the same scope or pool, cooldowns, leases
+  and tenant budget as a worker's call; the call waits in line for its grant (a wait past
+  the horizon is waited out too: the caller holds no worker slot to free), then goes out.
+- A whole answer is settled from its JSON ``usage`` before the SDK sees it; a streamed one
+  as its bytes pass to the SDK (``SettledStream`` reads the server-sent events), when the
+  stream ends or when the caller closes it early (then at what had streamed, counted
+  unanswered like a worker's cancelled call).
+- An error answer is settled and judged by the retry policy (a 429 with retry-after cools the
+  scope down fleet-wide), then handed to the SDK as it came: the SDK raises its own exception
+  or retries as it always does. Its retry is a new request through this transport, so every
+  attempt reserves and settles. The transport does not wait out a 429 itself: the SDK sleeps
+  retry-after before its retry, and that retry's reservation then waits behind the
+  fleet-wide cooldown and the calls granted before it, which spreads the retries the way
+  jitter would; a caller who set ``max_retries=0`` sees the 429 as the SDK raises it.
+- Other endpoints (``count_tokens``, the Message Batches, models) pass through uncounted:
+  their limits are not the generation endpoint's (count_tokens has a requests-a-minute of its
+  own and spends no input or output tokens).
+
+The call path runs on the runtime's event loop (its Redis client and limiter are bound
+there); a client used on another loop (a notebook's, a web app's) hops there for the
+reserve and the settle and sends on its own loop. The blocking clients run the whole
+exchange on that loop and read the stream from it (``BlockingTransport``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any, TypeVar
+
+import httpx2
+
+from drover.workers.agent.call import Call, CallContext, wait_or_cancel
+from drover.workers.agent.errors import Cancelled, LimiterSaysLater
+from drover.workers.agent.llm import race
+from drover.workers.agent.runtime import Runtime
+from drover.workers.jobs.journal import Journal, Kept
+from drover.workers.providers import Failure, SseEvents, json_body, provider, went_out
+
+__all__ = ["BlockingTransport", "LimitedTransport", "SettledStream"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# The SDKs' own connection limits (their default HTTP clients'): many calls of one client
+# wait in the limiter's line, not for a connection.
+CONNECTION_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100,
+                                  keepalive_expiry=5.0)
+
+
+class LimitedTransport(httpx2.AsyncBaseTransport):
+    """An async transport that sends the generation endpoint's requests through the call
+    path. ``ctx``: the sub-agent whose calls these are (its usage, cancel, tenant, checks);
+    None for a process's own calls (each gets a context of its own). ``journal``: where a
+    sub-agent's answered calls are kept and replayed from."""
+
+    def __init__(self, rt: Runtime, provider_name: str, ctx: CallContext | None = None,
+                 journal: Journal | None = None,
+                 inner: httpx2.AsyncBaseTransport | None = None) -> None:
+        self.rt = rt
+        self.provider = provider(provider_name)
+        self.ctx = ctx
+        self.journal = journal
+        self.inner = inner or httpx2.AsyncHTTPTransport(limits=CONNECTION_LIMITS)
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method != "POST" or not self.provider.counted_path(request.url.path):
+            return await self.inner.handle_async_request(request)
+        content = await request.aread()
+        body = json_body(content)
+        if not isinstance(body, dict) or not body.get("model"):
+            return await self.inner.handle_async_request(request)  # the provider says why
+        field = None
+        if self.journal is not None:
+            field = self.journal.field(request.url.path, content)
+            kept = await self.journal.answer(field)
+            if kept is not None:  # answered before this sub-agent's worker died: not sent
+                return _replayed(kept, request)
+        ctx = self.ctx or CallContext("", -1, asyncio.Event())
+        if ctx.cancel.is_set():  # the sub-agent was cancelled: nothing more goes out
+            raise Cancelled()
+        call = await self._on_loop(self._open(self.provider.call_params(body), ctx))
+        handed_on = False  # a stream settles (and closes the call) when it ends
+        try:
+            while True:
+                if not await self._on_loop(self._reserve(call)):
+                    continue  # a cooldown began while it waited: it plans again
+                if call.route.pooled:
+                    self._to_key(request, call.key_alias)
+                response = await self._send(request, call)
+                if response.status_code >= 400:
+                    answer = await response.aread()
+                    await response.aclose()
+                    failure = self.provider.status_failure(
+                        response.status_code, response.headers, answer, str(request.url))
+                    if await self._on_loop(call.failed(failure, lost=False,
+                                                       headers=response.headers)) is None:
+                        continue  # a pool's key was refused: the call moves to another key
+                    return _answer(response, request, answer)
+                if body.get("stream"):
+                    call.seen.headers = response.headers
+                    handed_on = True
+                    return _answer(response, request, stream=SettledStream(
+                        response, call, self._on_loop, self.journal, field))
+                answer = await response.aread()
+                await response.aclose()
+                usage = self.provider.answer_usage(json_body(answer) or {})
+                await self._on_loop(call.answered(usage, response.headers))
+                if self.journal is not None and field is not None:
+                    await self._on_loop(self.journal.keep(field, _kept(response, answer)))
+                return _answer(response, request, answer)
+        finally:
+            if not handed_on:
+                await self._on_loop(call.close())
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def _send(self, request: httpx2.Request, call: Call) -> httpx2.Response:
+        """Send, raced against the sub-agent's cancel; a try that ends without an answer is
+        settled here (an error of the connection as a failure the SDK may retry)."""
+        try:
+            if asyncio.get_running_loop() is self.rt.loop:
+                return await race(self.inner.handle_async_request(request), call.ctx.cancel)
+            return await self.inner.handle_async_request(request)
+        except (Cancelled, asyncio.CancelledError) as error:
+            await self._on_loop(call.ended(error, sent=True))
+            raise
+        except Exception as error:
+            timeout = isinstance(error, httpx2.TimeoutException)
+            failure = Failure("timeout" if timeout else "connection_error",
+                              type(error).__name__, timeout=timeout)
+            await self._on_loop(call.failed(failure, lost=went_out(error), headers={},
+                                            error=error))
+            raise
+
+    async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
+        call = Call(self.rt, params, ctx)
+        await _in_line(call.open, ctx)
+        return call
+
+    async def _reserve(self, call: Call) -> bool:
+        return await _in_line(call.reserve, call.ctx)
+
+    def _to_key(self, request: httpx2.Request, alias: str) -> None:
+        """Send on the pool's key the limiter chose (its credentials and endpoint)."""
+        key = next(k for k in self.rt.settings.keys if k.alias == alias)
+        request.headers.update(self.provider.auth_headers(key.api_key.get_secret_value()))
+        if key.base_url:
+            base = httpx2.URL(key.base_url)
+            request.url = request.url.copy_with(scheme=base.scheme, host=base.host,
+                                                port=base.port)
+            request.headers["host"] = request.url.netloc.decode()
+
+    async def _on_loop(self, coro: Awaitable[T]) -> T:
+        """Run a step of the call path on the runtime's loop (where its Redis lives)."""
+        if asyncio.get_running_loop() is self.rt.loop:
+            return await coro
+        return await asyncio.wrap_future(self.rt.submit(coro))  # type: ignore[arg-type]
+
+
+async def _in_line(step: Any, ctx: CallContext) -> Any:
+    """``step()``, waiting out the limiter's "later" (past the horizon, a long cooldown) in
+    place: a limited client holds no worker slot, so it waits in line like any call."""
+    while True:
+        try:
+            return await step()
+        except LimiterSaysLater as later:
+            await wait_or_cancel(later.countdown, ctx.cancel)
+
+
+class SettledStream(httpx2.AsyncByteStream):
+    """A streamed answer's bytes on their way to the SDK, read as server-sent events; the call
+    settles when the stream ends (with the usage it said) or is closed before its end (at
+    what had streamed). A whole stream is kept in the sub-agent's journal."""
+
+    def __init__(self, response: httpx2.Response, call: Call, on_loop: Any,
+                 journal: Journal | None, field: str | None) -> None:
+        self.response, self.call, self.on_loop = response, call, on_loop
+        self.events = SseEvents()
+        self.journal, self.field = journal, field
+        self.kept: list[bytes] | None = [] if journal is not None else None
+        self.error: BaseException | None = None
+        self.settled = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        provider, seen = self.call.provider, self.call.seen
+        try:
+            async for chunk in self.response.aiter_bytes():
+                for event in self.events.feed(chunk):
+                    provider.on_stream_event(seen, event)
+                if self.kept is not None:
+                    self.kept.append(chunk)
+                yield chunk
+        except BaseException as error:
+            self.error = error
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self.response.aclose()
+        finally:
+            if not self.settled:
+                self.settled = True
+                await asyncio.shield(self.on_loop(self._settle()))
+
+    async def _settle(self) -> None:
+        call = self.call
+        try:
+            if call.seen.finished:
+                usage = call.provider.stream_usage(call.seen, call.est_in)
+                await call.answered(usage, call.seen.headers)
+                if self.kept is not None and self.journal is not None and self.field:
+                    await self.journal.keep(self.field, _kept(self.response,
+                                                              b"".join(self.kept)))
+            else:  # closed before its end (by its reader, a timeout, a cut connection)
+                await call.ended(self.error, sent=True)
+        finally:
+            await call.close()
+
+
+def _answer(response: httpx2.Response, request: httpx2.Request, content: bytes | None = None,
+            stream: httpx2.AsyncByteStream | None = None) -> httpx2.Response:
+    """The answer as the SDK receives it: its status and headers, the body read (or the
+    stream that settles as it is read)."""
+    # Read (or decoded as it streams) here: the SDK gets the plain bytes.
+    headers = httpx2.Headers([(k, v) for k, v in response.headers.multi_items()
+                              if k.lower() not in ("content-length", "transfer-encoding",
+                                                   "content-encoding")])
+    return httpx2.Response(response.status_code, headers=headers, content=content,
+                           stream=stream, request=request, extensions=response.extensions)
+
+
+def _kept(response: httpx2.Response, content: bytes) -> Kept:
+    return Kept(response.status_code, response.headers.get("content-type", ""), content)
+
+
+def _replayed(kept: Kept, request: httpx2.Request) -> httpx2.Response:
+    return httpx2.Response(kept.status, headers={"content-type": kept.content_type,
+                                                 "x-drover-replayed": "journal"},
+                           content=kept.content, request=request)
+
+
+class BlockingTransport(httpx2.BaseTransport):
+    """The blocking clients' transport: the async one, run on the runtime's loop (one call
+    path, one connection pool there); a streamed answer is read from that loop chunk by
+    chunk. Used from the runtime's own loop it would wait on itself: refused."""
+
+    def __init__(self, rt: Runtime, provider_name: str) -> None:
+        self.rt = rt
+        self.limited = LimitedTransport(rt, provider_name)
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        self._not_on_the_loop()
+        content = request.read()
+        moved = httpx2.Request(request.method, request.url, headers=request.headers,
+                               content=content, extensions=request.extensions)
+        response = self.rt.submit(self._exchange(moved)).result()
+        if isinstance(response.stream, SettledStream):
+            return httpx2.Response(response.status_code, headers=response.headers,
+                                   stream=_BlockingStream(self.rt, response), request=request,
+                                   extensions=response.extensions)
+        return httpx2.Response(response.status_code, headers=response.headers,
+                               content=response.content, request=request,
+                               extensions=response.extensions)
+
+    async def _exchange(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.limited.handle_async_request(request)
+        if not isinstance(response.stream, SettledStream):
+            await response.aread()
+        return response
+
+    def close(self) -> None:
+        if not self.rt.loop.is_closed():
+            self.rt.submit(self.limited.aclose()).result()
+
+    def _not_on_the_loop(self) -> None:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is self.rt.loop:
+            raise RuntimeError("a blocking limited client (drover.Anthropic, drover.OpenAI) "
+                               "cannot be used on drover's own event loop: use "
+                               "drover.AsyncAnthropic / drover.AsyncOpenAI in async code")
+
+
+class _BlockingStream(httpx2.SyncByteStream):
+    """A streamed answer of the runtime's loop, read from a blocking caller's thread."""
+
+    def __init__(self, rt: Runtime, response: httpx2.Response) -> None:
+        self.rt, self.response = rt, response
+        self.chunks = response.aiter_bytes()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            try:
+                yield self.rt.submit(_next(self.chunks)).result()
+            except StopAsyncIteration:
+                return
+
+    def close(self) -> None:
+        self.rt.submit(self.response.aclose()).result()
+
+
+async def _next(chunks: AsyncIterator[bytes]) -> bytes:
+    return await chunks.__anext__()
+
