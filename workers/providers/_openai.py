@@ -254,7 +254,7 @@ class OpenAI(Provider):
             said = _wire_usage(event["usage"])
             seen.input_tokens, seen.output_tokens = said.input_tokens, said.output_tokens
             seen.cache_read_input_tokens = said.cache_read_input_tokens
-            seen.usage_said = True
+            seen.input_said = True
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
             piece = delta.get("content") or ""
@@ -265,7 +265,7 @@ class OpenAI(Provider):
             seen.chars += len(piece)
 
     def stream_usage(self, seen: Any, input_estimate: int) -> AnswerUsage:
-        if seen.usage_said:
+        if seen.input_said:
             return AnswerUsage(seen.input_tokens, seen.output_tokens, 0,
                                seen.cache_read_input_tokens)
         # No usage chunk (the caller did not ask for stream_options.include_usage): what

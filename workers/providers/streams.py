@@ -51,7 +51,6 @@ class Seen:
     first_token_s: float | None = None  # from the send to the first content delta
     last_event_s: float = 0.0  # from the send to the last event
     finished: bool = False  # the stream's last event came (the answer is whole)
-    usage_said: bool = False  # an OpenAI stream's usage chunk came (include_usage)
 
     def on(self, event: Any) -> None:
         """Fold in one event of a Messages stream: the SDK's object, or the wire's JSON (the
