@@ -231,3 +231,54 @@ def test_a_subagents_rerun_replays_its_answered_calls_from_the_journal(
     assert len(usage) == 3, "a replayed call was counted again"
     rt.run(run([1, 2, 4]))  # the third request differs: sent
     assert sim.stats()["accepted"] == 4 and len(usage) == 4
+
+
+TWIN = """
+import asyncio, sys
+import drover
+from drover.config import get_settings
+
+async def main():
+    llm = drover.AsyncAnthropic()
+    model = get_settings().model
+    answers = await asyncio.gather(*(llm.messages.create(
+        model=model, max_tokens=40, messages=[{"role": "user", "content": f"twin {i}"}])
+        for i in range(20)))
+    print(len(answers))
+
+asyncio.run(main())
+"""
+
+
+def test_two_processes_through_limited_clients_on_one_key_stay_inside_the_limits(
+        monkeypatch, drover_env, sim):
+    """Another process (a notebook beside this one) fires 20 calls at once while this one
+    fires 20: one limiter in Redis lines both up, so the key sees no 429 and no second of
+    more than its bucket."""
+    import os
+    import subprocess
+    import sys
+
+    sim.configure(rpm=240, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, rpm=240, burst_seconds=1)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+    twin = subprocess.Popen([sys.executable, "-c", TWIN], env={**os.environ, **drover_env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def fan_out() -> list[object]:
+        llm = drover.AsyncAnthropic()
+        return await asyncio.gather(*(llm.messages.create(
+            model=settings.model, max_tokens=40, messages=_ask(i)) for i in range(20)),
+            return_exceptions=True)
+
+    results = asyncio.run(fan_out())
+    out, err = twin.communicate(timeout=120)
+    assert twin.returncode == 0, err[-2000:]
+    assert out.strip() == "20"
+    assert not [r for r in results if isinstance(r, BaseException)]
+    stats = sim.stats()
+    assert stats["accepted"] == 40 and stats["rejected_429"] == 0, stats["timeline"]
+    assert _limiter_usage(settings)["requests"] == 40
