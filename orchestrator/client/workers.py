@@ -56,19 +56,18 @@ def workers_line(r: redis.Redis, settings: Settings) -> str:
 def warn_if_unserved(live_slots: Callable[[], int], r: redis.Redis, settings: Settings,
                      job_id: str) -> None:
     """At submit: one warning line when no worker serves the job's queue (each reports its
-    slots there every 2 s: ``live_slots``), so a user without workers hears it now, not only
-    from a ``wait()`` later. The job stays queued and runs once one starts."""
+    slots there every 2 s: ``live_slots``) and none is alive under the key prefix at all, so
+    a user without workers hears it now, not only from a ``wait()`` later. A live worker
+    that has not reported slots for this queue says nothing here (it may be starting, or run
+    in-process as ``drover demo``'s does); a wait names a queue no worker consumes. The job
+    stays queued and runs once a worker does."""
     try:
-        if live_slots():
+        if live_slots() or sum(registered_workers(r, settings.key_prefix).values()):
             return
     except redis.RedisError:  # the submit worked; this is a nicety
         return
-    live = workers_line(r, settings)
-    why = (f"no worker consumes queue {settings.queue!r} (DROVER_QUEUE), though {live}: "
-           f"start one with `drover worker` and DROVER_QUEUE={settings.queue}"
-           if live[:1].isdigit() else live)
     log.warning("job %s is queued, but no worker serves it yet: %s; it runs once one does",
-                job_id, why)
+                job_id, workers_line(r, settings))
 
 
 class WorkerWatch:

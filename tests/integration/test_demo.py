@@ -117,3 +117,6 @@ def test_demo_says_the_configured_redis_did_not_answer_then_falls_back_to_fakere
     # it for a minute after the report, and say so).
     assert "Redis does not answer" not in proc.stderr, proc.stderr
     assert "metrics not flushed" not in proc.stderr, proc.stderr
+    # Its in-process worker is alive when it submits (it reports no slots, sends no
+    # worker_ready): submit's no-worker warning is not for it.
+    assert "no worker serves it" not in proc.stderr, proc.stderr
