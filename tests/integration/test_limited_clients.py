@@ -282,3 +282,73 @@ def test_two_processes_through_limited_clients_on_one_key_stay_inside_the_limits
     stats = sim.stats()
     assert stats["accepted"] == 40 and stats["rejected_429"] == 0, stats["timeline"]
     assert _limiter_usage(settings)["requests"] == 40
+
+
+def test_raw_responses_and_stream_true_are_the_sdks_own_and_counted(monkeypatch, drover_env,
+                                                                     sim):
+    sim.configure(tool_turns=0, output_tokens_mean=30)
+    configure(monkeypatch, drover_env)
+    import drover
+    from drover.config import get_settings
+
+    settings = get_settings()
+
+    async def calls() -> tuple[object, int]:
+        llm = drover.AsyncAnthropic()
+        raw = await llm.messages.with_raw_response.create(
+            model=settings.model, max_tokens=60, messages=_ask(1))
+        assert raw.headers.get("content-type", "").startswith("application/json")
+        message = await raw.parse()
+        events = await llm.messages.create(model=settings.model, max_tokens=60,
+                                           messages=_ask(2), stream=True)
+        kinds = [event.type async for event in events]
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+        return message, len(kinds)
+
+    message, _ = asyncio.run(calls())
+    assert message.usage.output_tokens > 0
+    stats = sim.stats()
+    assert _limiter_usage(settings) == {"requests": 2,
+                                        "input_tokens": stats["billed"]["input_tokens"],
+                                        "output_tokens": stats["billed"]["output_tokens"]}
+
+
+def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_retried(
+        monkeypatch, drover_env, sim):
+    """The job's cancel fires mid-call: the request is aborted, the SDK raises its base
+    error (which it never retries) from drover's Cancelled, and the call is counted once,
+    unanswered."""
+    import anthropic
+
+    sim.configure(tool_turns=0, output_tokens_mean=30, latency_mean_s=5, latency_p95_s=5)
+    configure(monkeypatch, drover_env)
+    from drover.errors import Cancelled
+    from drover.workers.agent.call import CallContext
+    from drover.workers.agent.runtime import get_runtime
+    from drover.workers.clients import subagent_client
+    from drover.workers.services import services
+
+    rt = get_runtime(services())
+    unanswered: list[tuple[int, int]] = []
+
+    async def lost(est_in: int, est_out: int) -> None:
+        unanswered.append((est_in, est_out))
+
+    async def run() -> BaseException:
+        cancel = rt.cancel_event("cancelled-job")
+        ctx = CallContext("cancelled-job", 0, cancel, unanswered=lost)
+        llm = subagent_client(rt, ctx, max_retries=3)
+        rt.loop.call_later(0.5, cancel.set)
+        try:
+            await llm.messages.create(model=rt.settings.model, max_tokens=40,
+                                      messages=_ask(1))
+        except BaseException as error:  # noqa: BLE001  # the test reads it
+            return error
+        raise AssertionError("the call was not cancelled")
+
+    error = rt.run(run())
+    assert isinstance(error, anthropic.AnthropicError), repr(error)
+    assert not isinstance(error, anthropic.APIConnectionError)  # not retried as one
+    assert isinstance(error.__cause__, Cancelled)
+    assert len(unanswered) == 1
+    assert _limiter_usage(rt.settings)["requests"] == 1

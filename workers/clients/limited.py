@@ -34,30 +34,40 @@ assert LIMITED_MARK == "drover_limited"
 
 
 def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = True,
-                        ctx: CallContext | None = None, journal: Journal | None = None) -> Any:
+                        ctx: CallContext | None = None, journal: Journal | None = None,
+                        wait_in_line: bool = True) -> Any:
     """An HTTP client whose requests to ``provider_name``'s generation endpoint go through
     the call path on ``rt`` (``ctx``: the sub-agent they belong to, None for a process's own
-    calls; ``journal``: where its answered calls are kept)."""
+    calls; ``journal``: where its answered calls are kept; ``wait_in_line``: wait out the
+    limiter's "later" in place, else raise it, as the SDK's base error from
+    ``LimiterSaysLater``)."""
     if is_async:
-        return _LimitedAsyncClient(
-            transport=LimitedTransport(rt, provider_name, ctx, journal), follow_redirects=True)
+        return _LimitedAsyncClient(transport=LimitedTransport(
+            rt, provider_name, ctx, journal, wait_in_line=wait_in_line), follow_redirects=True)
     if ctx is not None or journal is not None:
         raise ValueError("a sub-agent's limited client is async (it runs on the worker's loop)")
     return _LimitedClient(transport=BlockingTransport(rt, provider_name), follow_redirects=True)
 
 
-def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2) -> Any:
+def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,
+                    wait_in_line: bool = False) -> Any:
     """The limited async client of a worker's sub-agent (``ctx``: its job, index, cancel,
     tenant and hooks), for the provider of ``DROVER_PROVIDER``: an ``AsyncAnthropic`` or an
     ``AsyncOpenAI`` (drover's, the SDK's own classes) whose calls reserve from the fleet's
     limits, count in the sub-agent's usage (``ctx.answered``, ``ctx.unanswered``), race its
     cancel, and are kept in its journal, so that a re-run after its worker died replays the
     calls answered before instead of paying for them again. ``max_retries``: the SDK's own
-    retries (each attempt is reserved and settled)."""
+    retries (each attempt is reserved and settled).
+
+    drover's signals (``Cancelled``, ``ClaimLost``, and with ``wait_in_line`` False the
+    limiter's ``LimiterSaysLater`` past the horizon: free the worker slot, the re-run replays
+    what was answered) reach the function as the SDK's base error (``anthropic.
+    AnthropicError`` / ``openai.OpenAIError``, which the SDK neither wraps nor retries) whose
+    ``__cause__`` is the signal."""
     name = rt.settings.provider
     journal = Journal(rt.aredis, rt.store.keys.journal(ctx.job_id, ctx.index),
                       rt.settings.result_ttl_s)
-    http = limited_http_client(rt, name, ctx=ctx, journal=journal)
+    http = limited_http_client(rt, name, ctx=ctx, journal=journal, wait_in_line=wait_in_line)
     defaults = {k: v for k, v in client_defaults(rt.settings, name).items() if v is not None}
     if name == "openai":
         from drover.workers.providers.openai_clients import AsyncOpenAI

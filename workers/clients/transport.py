@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import httpx2
 
+from drover._signals import ClaimLost
+from drover.errors import AgentError
 from drover.workers.agent.call import Call, CallContext, wait_or_cancel
 from drover.workers.agent.errors import Cancelled, LimiterSaysLater
 from drover.workers.agent.llm import race
@@ -60,9 +62,10 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
     sub-agent's answered calls are kept and replayed from."""
 
     def __init__(self, rt: Runtime, provider_name: str, ctx: CallContext | None = None,
-                 journal: Journal | None = None,
+                 journal: Journal | None = None, *, wait_in_line: bool = True,
                  inner: httpx2.AsyncBaseTransport | None = None) -> None:
         self.rt = rt
+        self.wait_in_line = wait_in_line
         self.provider = provider(provider_name)
         self.ctx = ctx
         self.journal = journal
@@ -71,6 +74,15 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if request.method != "POST" or not self.provider.counted_path(request.url.path):
             return await self.inner.handle_async_request(request)
+        try:
+            return await self._limited(request)
+        except (AgentError, ClaimLost) as signal:
+            # drover's own word (a cancel, a claim another delivery holds, a wait handed back
+            # to Celery, a call that can never fit): as the SDK's base error, which it passes
+            # on as it is, never retrying; the signal is its cause.
+            raise self.provider.sdk_error(f"drover: {signal}") from signal
+
+    async def _limited(self, request: httpx2.Request) -> httpx2.Response:
         content = await request.aread()
         body = json_body(content)
         if not isinstance(body, dict) or not body.get("model"):
@@ -141,11 +153,16 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
 
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
         call = Call(self.rt, params, ctx)
-        await _in_line(call.open, ctx)
+        if self.wait_in_line:
+            await _in_line(call.open, ctx)
+        else:
+            await call.open()
         return call
 
     async def _reserve(self, call: Call) -> bool:
-        return await _in_line(call.reserve, call.ctx)
+        if self.wait_in_line:
+            return bool(await _in_line(call.reserve, call.ctx))
+        return await call.reserve()
 
     def _to_key(self, request: httpx2.Request, alias: str) -> None:
         """Send on the pool's key the limiter chose (its credentials and endpoint)."""

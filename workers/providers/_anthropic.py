@@ -145,6 +145,9 @@ class Anthropic(Provider):
     def auth_headers(self, api_key: str) -> dict[str, str]:
         return {"x-api-key": api_key}
 
+    def sdk_error(self, message: str) -> BaseException:
+        return anthropic.AnthropicError(message)
+
 
 def _answer_usage(usage: Mapping[str, Any] | None) -> AnswerUsage:
     usage = usage or {}

@@ -215,6 +215,11 @@ class Provider:
         """The headers that send a request on ``api_key`` (a pool's key the limiter chose)."""
         raise NotImplementedError
 
+    def sdk_error(self, message: str) -> BaseException:
+        """Its SDK's base error: what the limited clients' transport raises (from drover's
+        signal) for the SDK to pass on as it is, without a retry of its own."""
+        raise NotImplementedError
+
     def from_wire(self, answer: Any) -> Any:
         return answer
 

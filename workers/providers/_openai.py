@@ -288,6 +288,9 @@ class OpenAI(Provider):
     def auth_headers(self, api_key: str) -> dict[str, str]:
         return {"authorization": f"Bearer {api_key}"}
 
+    def sdk_error(self, message: str) -> BaseException:
+        return openai.OpenAIError(message)
+
 
 
 DEFAULT_MAX_TOKENS = 4096
