@@ -6,33 +6,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Iterator
+
+import pytest
 
 from drover.workers.providers.warmup import warm_up
 
 
+@pytest.fixture
+def provider() -> Iterator[str]:
+    """A "provider" that would see any connection: a listening socket nobody should dial; its
+    address, to set wherever the SDK or drover would look for a base URL."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        conn, _ = listener.accept()
+    except BlockingIOError:
+        conn = None
+    listener.close()
+    assert conn is None, "the warm-up dialled the configured base URL"
+
+
 def test_the_warm_up_call_is_answered_locally_and_never_reaches_the_configured_provider(
-        monkeypatch):
-    # A "provider" that would see any connection: a listening socket nobody should dial, set
-    # wherever the SDK or drover would look for a base URL.
-    provider = socket.socket()
-    provider.bind(("127.0.0.1", 0))
-    provider.listen()
-    provider.setblocking(False)
-    url = f"http://127.0.0.1:{provider.getsockname()[1]}"
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
-    monkeypatch.setenv("DROVER_ANTHROPIC_BASE_URL", url)
+        monkeypatch, provider):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", provider)
+    monkeypatch.setenv("DROVER_ANTHROPIC_BASE_URL", provider)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-must-not-be-sent")
 
     seen = asyncio.run(warm_up())
 
     # The SDK's request went out and its answer parsed: the call made the whole round trip.
     assert seen == ["POST /v1/messages HTTP/1.1"]
-    try:
-        conn, _ = provider.accept()
-    except BlockingIOError:
-        conn = None
-    provider.close()
-    assert conn is None, "the warm-up dialled the configured base URL"
 
 
 def test_a_failed_warm_up_does_not_stop_the_worker(monkeypatch):
@@ -44,16 +51,12 @@ def test_a_failed_warm_up_does_not_stop_the_worker(monkeypatch):
     assert asyncio.run(warm_up()) == []
 
 
-def test_a_worker_on_openai_also_streams_one_chat_completion_through_its_provider(monkeypatch,
-                                                                                  caplog):
+def test_a_worker_on_openai_also_streams_one_chat_completion_through_its_provider(
+        monkeypatch, caplog, provider):
     # The openai SDK is as cold as Anthropic's, and the Anthropic call warms none of it: a
     # worker that calls OpenAI streams one answer through drover's OpenAI provider too,
     # still never to the configured endpoint.
-    provider = socket.socket()
-    provider.bind(("127.0.0.1", 0))
-    provider.listen()
-    provider.setblocking(False)
-    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{provider.getsockname()[1]}/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{provider}/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-be-sent")
 
     with caplog.at_level(logging.DEBUG, logger="drover.workers.providers.warmup"):
@@ -62,9 +65,3 @@ def test_a_worker_on_openai_also_streams_one_chat_completion_through_its_provide
     assert seen == ["POST /v1/messages HTTP/1.1", "POST /v1/chat/completions HTTP/1.1"]
     # and both answers were read to their end (the stream's chunks, usage and [DONE])
     assert not [r.message for r in caplog.records if "failed" in r.getMessage()]
-    try:
-        conn, _ = provider.accept()
-    except BlockingIOError:
-        conn = None
-    provider.close()
-    assert conn is None, "the warm-up dialled the configured base URL"
