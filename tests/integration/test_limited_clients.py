@@ -29,24 +29,31 @@ def _ask(i: int, words: int = 10) -> list[dict[str, str]]:
     return [{"role": "user", "content": " ".join([f"question {i}"] * words)}]
 
 
+def _fan_out(model: str, n: int) -> list[object]:
+    """``n`` calls at once through one ``drover.AsyncAnthropic``, on a loop of this test's
+    own (a notebook's or a web app's, not drover's): answers or exceptions."""
+    import drover
+
+    async def fan_out() -> list[object]:
+        llm = drover.AsyncAnthropic()
+        return await asyncio.gather(*(llm.messages.create(
+            model=model, max_tokens=40, messages=_ask(i)) for i in range(n)),
+            return_exceptions=True)
+
+    return asyncio.run(fan_out())
+
+
 def test_many_calls_at_once_through_one_async_client_wait_in_line_with_no_429(
         monkeypatch, drover_env, sim):
     """30 calls at once into 5 requests a second (a bucket of 5): the plain SDK would send
     them all and see 25 429s; the limited client sends them as the bucket refills."""
     sim.configure(rpm=300, burst_s=1, tool_turns=0, output_tokens_mean=20)
     configure(monkeypatch, drover_env, rpm=300, burst_seconds=1)
-    import drover
     from drover.config import get_settings
 
     settings = get_settings()
 
-    async def fan_out() -> list[object]:
-        llm = drover.AsyncAnthropic()
-        return await asyncio.gather(*(llm.messages.create(
-            model=settings.model, max_tokens=40, messages=_ask(i)) for i in range(30)),
-            return_exceptions=True)
-
-    results = asyncio.run(fan_out())
+    results = _fan_out(settings.model, 30)
     failed = [r for r in results if isinstance(r, BaseException)]
     stats = sim.stats()
     assert not failed, failed[:2]
@@ -121,6 +128,18 @@ def test_each_retry_of_the_sdk_is_reserved_and_settled(monkeypatch, drover_env, 
     stats = sim.stats()
     assert stats["rejected_429"] > 0 and stats["accepted"] == 8
     assert _limiter_usage(settings)["requests"] == stats["accepted"] + stats["rejected_429"]
+    # And in the fleet's series, as a worker's calls are (drover metrics).
+    from drover.orchestrator.ops.metrics import DroverCollector
+    from drover.workers.services import services
+    from tests.helpers.metrics import scrape, value
+
+    services(settings).recorder.flush()
+    families = scrape(DroverCollector(services(settings), broker_queues=False))
+    scope = llm_scope(settings.key_alias, settings.limit_class(settings.model))
+    calls = "drover_llm_calls_total"
+    assert value(families, "drover_llm_calls", calls, scope=scope, outcome="ok") == 8
+    assert value(families, "drover_llm_calls", calls, scope=scope, outcome="429") == \
+        stats["rejected_429"]
 
 
 def test_the_blocking_client_creates_streams_and_counts_tokens(monkeypatch, drover_env, sim):
@@ -261,20 +280,13 @@ def test_two_processes_through_limited_clients_on_one_key_stay_inside_the_limits
 
     sim.configure(rpm=240, burst_s=1, tool_turns=0, output_tokens_mean=20)
     configure(monkeypatch, drover_env, rpm=240, burst_seconds=1)
-    import drover
     from drover.config import get_settings
 
     settings = get_settings()
     twin = subprocess.Popen([sys.executable, "-c", TWIN], env={**os.environ, **drover_env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    async def fan_out() -> list[object]:
-        llm = drover.AsyncAnthropic()
-        return await asyncio.gather(*(llm.messages.create(
-            model=settings.model, max_tokens=40, messages=_ask(i)) for i in range(20)),
-            return_exceptions=True)
-
-    results = asyncio.run(fan_out())
+    results = _fan_out(settings.model, 20)
     out, err = twin.communicate(timeout=120)
     assert twin.returncode == 0, err[-2000:]
     assert out.strip() == "20"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ from drover.workers.agent.llm import race
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.journal import Journal, Kept
 from drover.workers.providers import Failure, SseEvents, json_body, provider, went_out
+from drover.workers.telemetry import client_call
 
 __all__ = ["BlockingTransport", "LimitedTransport", "SettledStream"]
 
@@ -110,8 +112,10 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
                     await response.aclose()
                     failure = self.provider.status_failure(
                         response.status_code, response.headers, answer, str(request.url))
-                    if await self._on_loop(call.failed(failure, lost=False,
-                                                       headers=response.headers)) is None:
+                    decision = await self._on_loop(call.failed(failure, lost=False,
+                                                               headers=response.headers))
+                    counted(call, decision.counter if decision else "n4xx", failure.kind)
+                    if decision is None:
                         continue  # a pool's key was refused: the call moves to another key
                     return _answer(response, request, answer)
                 if body.get("stream"):
@@ -123,6 +127,7 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
                 await response.aclose()
                 usage = self.provider.answer_usage(json_body(answer) or {})
                 await self._on_loop(call.answered(usage, response.headers))
+                counted(call, "ok", "", usage)
                 if self.journal is not None and field is not None:
                     await self._on_loop(self.journal.keep(field, _kept(response, answer)))
                 return _answer(response, request, answer)
@@ -142,13 +147,15 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         except (Cancelled, asyncio.CancelledError) as error:
             await self._on_loop(call.ended(error, sent=True))
+            counted(call, "unanswered", "cancelled")
             raise
         except Exception as error:
             timeout = isinstance(error, httpx2.TimeoutException)
             failure = Failure("timeout" if timeout else "connection_error",
                               type(error).__name__, timeout=timeout)
-            await self._on_loop(call.failed(failure, lost=went_out(error), headers={},
-                                            error=error))
+            lost = went_out(error)
+            await self._on_loop(call.failed(failure, lost=lost, headers={}, error=error))
+            counted(call, "unanswered" if lost else "nconn", failure.kind)
             raise
 
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
@@ -232,13 +239,22 @@ class SettledStream(httpx2.AsyncByteStream):
             if call.seen.finished:
                 usage = call.provider.stream_usage(call.seen, call.est_in)
                 await call.answered(usage, call.seen.headers)
+                counted(call, "ok", "", usage)
                 if self.kept is not None and self.journal is not None and self.field:
                     await self.journal.keep(self.field, _kept(self.response,
                                                               b"".join(self.kept)))
             else:  # closed before its end (by its reader, a timeout, a cut connection)
                 await call.ended(self.error, sent=True)
+                counted(call, "unanswered", type(self.error).__name__ if self.error
+                        else "closed")
         finally:
             await call.close()
+
+
+def counted(call: Call, outcome: str, error_type: str, usage: Any = None) -> None:
+    """The attempt in the fleet's call series (Prometheus, as a worker's calls are)."""
+    client_call(call.provider.name, call.scope, call.model, outcome, error_type,
+                max(0.0, time.monotonic() - call.seen.opened), usage)
 
 
 def _answer(response: httpx2.Response, request: httpx2.Request, content: bytes | None = None,

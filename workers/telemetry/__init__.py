@@ -10,6 +10,7 @@ store keep there. ``METRICS`` lists every series.
 from drover.workers.telemetry._hooks import (
     acquire_wait,
     call_cost,
+    client_call,
     job_submitted,
     llm_call,
     stream_timing,
@@ -35,6 +36,7 @@ from drover.workers.telemetry._tracing import content_capture, enabled, ensure_t
 
 __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN_TYPES",
            "ActiveJob", "Metric", "Recorder", "TelemetryReader", "acquire_wait", "call_cost",
+           "client_call",
            "content_capture", "enabled", "ensure_tracing", "get_recorder", "job_submitted",
            "llm_call", "metric", "register_job", "stream_timing", "subagent_finished",
            "subagent_run",

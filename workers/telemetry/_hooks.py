@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -23,8 +24,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from drover.workers.telemetry import _tracing
 from drover.workers.telemetry._recorder import get_recorder
 
-__all__ = ["acquire_wait", "job_submitted", "llm_call", "subagent_finished", "subagent_run",
-           "tool_call", "with_trace_context", "worker_started"]
+__all__ = ["acquire_wait", "client_call", "job_submitted", "llm_call", "subagent_finished",
+           "subagent_run", "tool_call", "with_trace_context", "worker_started"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -204,6 +205,17 @@ def _response_attributes(span: Any, settings: Any, outcome: str, error_type: str
     if _tracing.content_capture(settings):
         span.set_attribute("gen_ai.output.messages", _tracing.content(
             [block.model_dump(mode="json") for block in message.content]))
+
+
+def client_call(provider: str, scope: str, model: str, outcome: str, error_type: str,
+                duration_s: float, usage: Any = None) -> None:
+    """One attempt of a limited SDK client (``drover.AsyncAnthropic`` and kin) ended: counted
+    in the same series as a worker's calls (``llm_call``). ``outcome``: "ok", "cancelled",
+    "unanswered", or a failed call's counter (n429, n529, ...); ``usage``: the answer's."""
+    message = SimpleNamespace(usage=usage) if usage is not None else None
+    _safe("llm call", lambda: _record_call(provider, scope, model,
+                                           _OUTCOMES.get(outcome, outcome), error_type,
+                                           duration_s, message))
 
 
 def _record_call(provider: str, scope: str, model: str, outcome: str, error_type: str,
