@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from drover import JobRefused, JobSpec, submit
 from tests.helpers import configure, wait_until
 from tests.helpers.cli import clean_env, drover
+from tests.helpers.openai import on_openai
 
 MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.own_subagents"])
 
@@ -48,10 +49,16 @@ def test_a_job_of_a_teams_function_ends_ok_with_each_output(own, worker, sim):
         assert len(record.output["checks"]) == item["checks"]  # parsed each answer
         assert all(words > 0 for words in record.output["checks"])
         assert handle.record(record.index).output == record.output
-    # Every call the functions made reached the simulator, each body once.
+        assert record.usage.calls == item["checks"] + 2  # each call counted in its record
+    # Every call the functions made reached the simulator, each body once, and the job's
+    # usage is what the simulator billed.
     calls = sum(item["checks"] + 2 for item in inputs)
     stats = sim.stats()
     assert stats["accepted"] == calls and stats["duplicate_accepted"] == 0
+    assert result.usage.calls == calls
+    assert result.usage.input_tokens + result.usage.cache_creation_input_tokens == stats[
+        "billed"]["input_tokens"]
+    assert result.usage.output_tokens == stats["billed"]["output_tokens"]
 
 
 def test_an_exception_fails_that_sub_agent_only(own, worker):
@@ -62,7 +69,7 @@ def test_an_exception_fails_that_sub_agent_only(own, worker):
 
     assert [r.status for r in result.results] == ["ok", "failed", "ok", "failed"]
     raised, not_json = result.results[1], result.results[3]
-    assert raised.error == "KeyError: 'no source for b'" and raised.error_type == "KeyError"
+    assert raised.error == "KeyError: 'no source for b'" and raised.error_type == "exception"
     assert raised.output is None
     assert "returned a set, which is not JSON" in not_json.error
     assert not_json.error_type == "output_not_json"
@@ -94,6 +101,23 @@ def test_a_deadline_ends_the_functions_still_running(own, worker, sim):
 
     assert result.counts["cancelled"] == 4, [(r.status, r.error) for r in result.results]
     assert all(r.error == "deadline" for r in result.results)
+
+
+def test_on_openai_the_function_gets_an_openai_client_inside_a_binding_tpm(
+        monkeypatch, drover_env, sim_factory, worker):
+    # 8 sub-agents of 3-5 calls (about 20 input + 120 max tokens each) at 12,000 TPM in a
+    # 10 s bucket: more than the bucket holds, so the calls wait in the fleet's line.
+    sim = on_openai(monkeypatch, drover_env, sim_factory, tpm=12000, rpm=600, burst_s=10)
+    configure(monkeypatch, drover_env, tool_modules=MODULES, burst_seconds=10)
+    worker(concurrency=8)
+    inputs = [{"topic": f"route {i}", "checks": 1 + i % 3} for i in range(8)]
+    result = submit(JobSpec(subagent="research", inputs=inputs)).wait(timeout=240)
+
+    assert result.counts["ok"] == 8, [r.error for r in result.results]
+    assert [len(r.output["checks"]) for r in result.results] == [i["checks"] for i in inputs]
+    stats = sim.stats()
+    assert stats["rejected_429"] == 0
+    assert result.usage.calls == stats["accepted"] == sum(i["checks"] + 2 for i in inputs)
 
 
 # --- bad input: refused at submit, nothing enqueued -------------------------------------------

@@ -2,9 +2,11 @@
 
 ``SubagentRun`` (``subagent.py``) takes the claim, the checkpoint, the cancel event and the
 deadline as for its own loop, then hands the function its input and a limited client bound to
-this sub-agent (``CallContext``: the claim check and the send mark before each call, the
-cancel). The function runs raced against the job's cancel event, so a cancel or a deadline
-closes the call it is in, as it does for drover's loop.
+this sub-agent (``CallContext``: the claim check and the send mark before each call, each
+answer's usage into the sub-agent's checkpoint, the cancel; its answered calls journaled, so
+a re-run after a worker died replays them instead of sending them again). The function runs
+raced against the job's cancel event, so a cancel or a deadline closes the call it is in, as
+it does for drover's loop.
 
 What the function raises is its own failure (that sub-agent ends ``failed`` with the
 exception's type and message; the others go on), except drover's signals passing through it:
@@ -14,21 +16,25 @@ a cancel, a claim another delivery holds, a wait the limiter hands back to Celer
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from drover._signals import ClaimLost, OwnFailed
 from drover.errors import AgentError
 from drover.workers.agent.llm import CallContext, race
-from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.spec import output_json
 from drover.workers.tools import get_subagent
 
-__all__ = ["OUTPUT_BYTES", "limited_llm", "run_own"]
+__all__ = ["OUTPUT_BYTES", "ClientOf", "run_own"]
 
 # The most JSON one sub-agent's output may take: every record is read back whole by the join
 # and by JobHandle.wait, so a large result belongs elsewhere, its reference in the output.
 OUTPUT_BYTES = 64_000
 ERROR_CHARS = 2_000  # of an exception's message kept in the record
+# What builds a sub-agent's limited client from the runtime and its CallContext: the task
+# layer hands in the clients room's ``subagent_client`` (the agent does not import that room,
+# which builds on it).
+ClientOf = Callable[[Any, CallContext], Any]
 
 
 def _drovers(error: BaseException) -> BaseException | None:
@@ -44,21 +50,16 @@ def _drovers(error: BaseException) -> BaseException | None:
     return None
 
 
-def limited_llm(rt: Runtime, ctx: CallContext) -> Any:
-    """The client a sub-agent's function calls through (Anthropic or OpenAI by the fleet's
-    provider), bound to this sub-agent's ``ctx``."""
-    return rt.client
-
-
-async def run_own(rt: Runtime, name: str, item_json: str, ctx: CallContext) -> Any:
-    """Run the ``@subagent`` function ``name`` on its input; its JSON-able output.
+async def run_own(name: str, item_json: str, llm: Any, ctx: CallContext) -> Any:
+    """Run the ``@subagent`` function ``name`` on its input with the client ``llm``; its
+    JSON-able output.
 
     Raises ``OwnFailed`` for the function's own failure, ``Cancelled`` when the job's cancel
     event fires first, and drover's signals the client raised inside it."""
     own = get_subagent(name)  # JobRefused (a ValueError): the worker's modules lack it
     item = json.loads(item_json)
     try:
-        value = await race(own.fn(item, limited_llm(rt, ctx)), ctx.cancel)
+        value = await race(own.fn(item, llm), ctx.cancel)
     except (AgentError, ClaimLost):  # a cancel, a Celery retry, a failed call: drover's
         raise
     except Exception as error:
@@ -67,7 +68,7 @@ async def run_own(rt: Runtime, name: str, item_json: str, ctx: CallContext) -> A
             raise signal from None
         text = str(error)[:ERROR_CHARS]
         kind = type(error).__name__
-        raise OwnFailed(kind, f"{kind}: {text}" if text else kind) from None
+        raise OwnFailed("exception", f"{kind}: {text}" if text else kind) from None
     try:
         text = output_json(value)
     except ValueError as problem:

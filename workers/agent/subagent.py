@@ -44,7 +44,7 @@ from drover.workers.agent.errors import (
     RetryableFailure,
 )
 from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
-from drover.workers.agent.own import run_own
+from drover.workers.agent.own import ClientOf, run_own
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.runtime import Runtime
 from drover.workers.connections import redis_outage
@@ -86,8 +86,11 @@ class SubagentRun:
     """One delivery of ``run_subagent``: resumes from the checkpoint, ends with a record."""
 
     def __init__(self, rt: Runtime, job_id: str, index: int, *, token: int = 0,
-                 worker: str | None = None):
+                 worker: str | None = None, own_client: ClientOf | None = None):
         self.rt = rt
+        # An @subagent job's client for its function (the task layer's subagent_client).
+        self.own_client = own_client
+        self._saving = asyncio.Lock()  # an @subagent's checkpoints, one at a time
         self.job_id = job_id
         self.index = index
         self.store = rt.store
@@ -215,13 +218,27 @@ class SubagentRun:
         """The team's ``@subagent`` function on this sub-agent's input, to its record."""
         if self.rt.shared.heartbeat().draining:  # SIGTERM: no new start, hand it back
             raise LimiterSaysLater(0.0, "worker shutting down")
+        if self.own_client is None:
+            raise RuntimeError("an @subagent job's run needs own_client (the task layer's "
+                               "subagent_client)")
+        ctx.answered = self._answered
         try:
-            output = await run_own(self.rt, spec.subagent or "", self.task or "null", ctx)
+            output = await run_own(spec.subagent or "", self.task or "null",
+                                   self.own_client(self.rt, ctx), ctx)
         except OwnFailed as failed:
             state.failures += 1
             return await self._finish(state, "failed", error=failed.message,
                                       error_type=failed.error_type)
         return await self._finish(state, "ok", output=output)
+
+    async def _answered(self, usage: Any) -> None:
+        """An @subagent's call was answered (its usage settled): counted in its state, which
+        is saved at once, so a re-run (its answer replayed from the journal, not counted
+        again) starts from a state that has it."""
+        self.state.usage.add(usage, price=self._price())
+        async with self._saving:
+            await self._io(self.store.checkpoints.save, self.job_id, self.index, self.state,
+                           self.token)
 
     async def _loop(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                     ) -> SubagentResult:

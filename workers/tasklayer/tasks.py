@@ -27,6 +27,7 @@ from drover.workers.agent import (
     plan_job_goal,
 )
 from drover.workers.agent.batch import PLAN_PART, SYNTHESIS_PART
+from drover.workers.clients import subagent_client
 from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
 from drover.workers.tasklayer._delivery import (
     claim_part,
@@ -78,7 +79,7 @@ def run_subagent(self: Task, job_id: str, index: int) -> dict[str, Any]:
     rt = get_runtime(app.drover)
     if self.request.retries:  # back from a countdown (or re-sent, maybe from one): on a slot
         window_op(rt.shared, job_id, "resume", index)
-    run = SubagentRun(rt, job_id, index, token=token_of(self))
+    run = SubagentRun(rt, job_id, index, token=token_of(self), own_client=subagent_client)
     try:
         outcome = rt.run(run.run())
     except ClaimLost:  # a late copy: another delivery runs (or ran) this sub-agent
