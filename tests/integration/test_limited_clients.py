@@ -364,3 +364,24 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
     assert isinstance(error.__cause__, Cancelled)
     assert len(unanswered) == 1
     assert _limiter_usage(rt.settings)["requests"] == 1
+
+
+def test_a_pool_of_keys_sends_each_call_on_the_key_its_grant_chose(monkeypatch, drover_env,
+                                                                   sim):
+    """DROVER_KEYS: two keys of 120 requests a minute in an organisation of 240; 24 calls at
+    once through one client go out on both keys (the key the limiter chose, its credential
+    put on the request), no 429 on either."""
+    import json
+
+    tag = drover_env["DROVER_KEY_ALIAS"]
+    pool = [{"alias": f"{name}-{tag}", "api_key": f"sk-sim-{tag}-{name}", "rpm": 120}
+            for name in ("a", "b")]
+    sim.configure(pool=pool, rpm=240, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    model = "claude-sonnet-4-6"
+    configure(monkeypatch, drover_env, model=model, keys=json.dumps(pool), rpm=240,
+              burst_seconds=1, limit_groups=json.dumps({f"cls-{tag}": [model]}))
+    results = _fan_out(model, 24)
+    assert not [r for r in results if isinstance(r, BaseException)], results[:2]
+    stats = sim.stats()
+    assert stats["rejected_429"] == 0 and stats["accepted"] == 24, stats["per_key"]
+    assert all(stats["per_key"][k["alias"]]["accepted"] > 0 for k in pool), stats["per_key"]
