@@ -6,6 +6,10 @@ provider's module (and its SDK) is imported on first use (``registry``).
 Message Batches are Anthropic's only: the batcher uses the Anthropic names exported here
 (``Message``, ``MessageBatchIndividualResponse``, ``StatusError``, ``ConnectionFailed``,
 ``batch_results_text``). ``Pool`` holds a key pool's clients (one per key).
+The limited clients (``drover.AsyncAnthropic`` and kin) are the SDKs' own classes in
+``anthropic_clients`` and ``openai_clients``, given their HTTP client through ``limited``;
+each provider also reads the HTTP exchange their transport sees (``Provider.counted_path``,
+``call_params``, ``answer_usage``, ``on_stream_event``, ``status_failure``).
 docs/providers.md tells how a provider is added.
 """
 
