@@ -157,8 +157,10 @@ def submit(spec: JobSpec | dict[str, Any], *, settings: Settings | None = None) 
         if store.meta.claim_launch(job_id):
             launch(job_id, len(tasks), settings.queue, tenant=spec.tenant,
                    priority=spec.priority, shared=shared)
-    warn_if_unserved(shared.fairshare(settings.queue).live_slots, store.r, settings, job_id)
-    return JobHandle(job_id, settings=settings, shared=shared)
+    handle = JobHandle(job_id, settings=settings, shared=shared)
+    handle._told_unserved = warn_if_unserved(shared.fairshare(settings.queue).live_slots,
+                                             store.r, settings, job_id)
+    return handle
 
 
 def _without_thinking(block: Any) -> Any:
@@ -178,6 +180,7 @@ class JobHandle:
         self.shared = shared if shared is not None else submitter_services(self.settings)
         self.store: JobStore = self.shared.store
         self._last_event = "0-0"
+        self._told_unserved = False  # submit said no worker serves the queue: waits don't
 
     @classmethod
     def attach(cls, job_id: str, *, settings: Settings | None = None) -> JobHandle:
@@ -207,9 +210,11 @@ class JobHandle:
         and ``records()`` pages through them (what a job of 100,000 wants).
 
         When nothing finishes for a few seconds and no worker consumes the job's queue, a
-        warning says so (and how to start one); the wait goes on."""
+        warning says so (and how to start one), unless this handle's submit said it already;
+        the wait goes on."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        watch = WorkerWatch(self.id, self.settings.queue, self.store.records.count(self.id))
+        watch = WorkerWatch(self.id, self.settings.queue, self.store.records.count(self.id),
+                            told=self._told_unserved)
         while True:
             result = self.store.outcomes.get(self.id, records=records)
             if result is not None:
@@ -267,7 +272,7 @@ class JobHandle:
             self._last_event = after
         seen: set[int] = set()
         deadline = None if timeout is None else time.monotonic() + timeout
-        watch = WorkerWatch(self.id, self.settings.queue, 0)
+        watch = WorkerWatch(self.id, self.settings.queue, 0, told=self._told_unserved)
         while True:
             fresh = False
             for entry_id, record in self.store.stream.events(self.id, self._last_event,

@@ -54,29 +54,32 @@ def workers_line(r: redis.Redis, settings: Settings) -> str:
 
 
 def warn_if_unserved(live_slots: Callable[[], int], r: redis.Redis, settings: Settings,
-                     job_id: str) -> None:
+                     job_id: str) -> bool:
     """At submit: one warning line when no worker serves the job's queue (each reports its
     slots there every 2 s: ``live_slots``) and none is alive under the key prefix at all, so
     a user without workers hears it now, not only from a ``wait()`` later. A live worker
     that has not reported slots for this queue says nothing here (it may be starting, or run
     in-process as ``drover demo``'s does); a wait names a queue no worker consumes. The job
-    stays queued and runs once a worker does."""
+    stays queued and runs once a worker does. True when it warned: that handle's waits then
+    do not say it again (``WorkerWatch(told=True)``)."""
     try:
         if live_slots() or sum(registered_workers(r, settings.key_prefix).values()):
-            return
+            return False
     except redis.RedisError:  # the submit worked; this is a nicety
-        return
+        return False
     log.warning("job %s is queued, but no worker serves it yet: %s; it runs once one does",
                 job_id, workers_line(r, settings))
+    return True
 
 
 class WorkerWatch:
     """One wait's watch: once nothing has finished for NO_WORKER_HINT_AFTER_S, ask (once)
-    whether a worker consumes the queue, and warn when none does; the wait goes on."""
+    whether a worker consumes the queue, and warn when none does; the wait goes on.
+    ``told``: the submit already said no worker serves it (``drover submit --wait``): once."""
 
-    def __init__(self, job_id: str, queue: str, finished: int):
+    def __init__(self, job_id: str, queue: str, finished: int, *, told: bool = False):
         self.job_id, self.queue = job_id, queue
-        self.since, self.finished, self.asked = time.monotonic(), finished, False
+        self.since, self.finished, self.asked = time.monotonic(), finished, told
         self.hint: str | None = None
 
     def check(self, finished: int) -> None:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -123,23 +124,51 @@ def test_no_prompt_text_or_key_in_the_worker_log_even_at_debug(sim, drover_env, 
     assert drover_env["ANTHROPIC_API_KEY"] not in text
 
 
-def test_submit_wait_says_when_no_worker_consumes_the_queue(drover_env, tmp_path):
+def test_submit_wait_says_when_no_worker_consumes_the_queue(drover_env, key_prefix, tmp_path):
+    """The job id on stdout, and the hint once on stderr: the submit says it at once, and the
+    wait, which would ask again after NO_WORKER_HINT_AFTER_S, does not repeat it. A key prefix
+    of its own: no worker of an earlier test is alive under it (the session's may have one)."""
     from drover.orchestrator.cli import NO_WORKER_HINT_AFTER_S
 
     spec = tmp_path / "job.json"
     spec.write_text('{"subtasks": ["nobody runs this"], "max_tokens": 16}')
-    env = {**os.environ, **drover_env}
+    env = {**os.environ, **drover_env, "DROVER_KEY_PREFIX": key_prefix}
     proc = subprocess.Popen([sys.executable, "-m", "drover.orchestrator.cli", "submit", str(spec),
                              "--wait"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     guard = threading.Timer(60, lambda: stop_process_group(proc, timeout=5))  # never hang
     guard.start()
     try:
+        job_id = proc.stdout.readline().strip()  # blocks until the id (or the end)
         line = proc.stderr.readline()  # blocks until the hint (or the end of the process)
+        # Past the moment the wait would ask the workers (within 2 s) and say it again.
+        time.sleep(NO_WORKER_HINT_AFTER_S + 5)
     finally:
         guard.cancel()
         stop_process_group(proc)
-    job_id = proc.stdout.read().split()[0]
-    assert f"still waiting for job {job_id}: no worker answered" in line, line
+    assert job_id, line + proc.stderr.read()
+    assert f"job {job_id} is queued, but no worker serves it yet" in line, line
     assert f"DROVER_QUEUE={drover_env['DROVER_QUEUE']}" in line and "drover worker" in line
+    rest = proc.stderr.read()
+    assert "no worker" not in rest, rest
     assert NO_WORKER_HINT_AFTER_S <= 15
+
+
+def test_a_wait_says_once_when_no_worker_consumes_the_queue(drover_env, caplog):
+    """In Python: no worker serves the job's queue. The submit says so (when no worker is alive
+    under the prefix at all) or its wait does, never both; a handle attached later (it heard
+    nothing) says it once nothing finished for NO_WORKER_HINT_AFTER_S."""
+    from drover.errors import WaitTimeout
+    from drover.orchestrator.cli import NO_WORKER_HINT_AFTER_S
+    from drover.orchestrator.client.jobs import JobHandle
+
+    caplog.set_level(logging.WARNING, logger="drover.orchestrator.client")
+    handle = submit(JobSpec(subtasks=["nobody runs this"], max_tokens=16))
+    for waiter in (handle, JobHandle.attach(handle.id)):
+        # Past the moment the wait asks the workers (their answer is waited for in any case).
+        with pytest.raises(WaitTimeout) as timed_out:
+            waiter.wait(timeout=NO_WORKER_HINT_AFTER_S + 3)
+        said = [r.getMessage() for r in caplog.records if "no worker" in r.getMessage()]
+        assert len(said) == 1 and handle.id in said[0], said
+        caplog.clear()
+    assert "no worker" in str(timed_out.value), timed_out.value
