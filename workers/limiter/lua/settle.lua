@@ -31,13 +31,14 @@ for d, per in pairs(b.per) do
   end
 end
 -- The output bucket of the calls that went out (hold_back.lua: at the limit before any
--- share) takes the answer instead of the reservation its send debited, as the provider
--- does: debited now, when it has been generated, from a bucket that could not bank the
--- refill while the call was out if it was full (debited at the send instead, the answer
--- counted that refill and the next send went 0.1 s early: a 429).
+-- share) takes the answer instead of the reservation its send debited, and at least as the
+-- provider holds it now: an answer of `used` tokens just generated leaves its bucket at most
+-- that much below full, whatever refill it could not bank while the call was out (trued up
+-- alone, from a bucket that was full while the answer generated, the next send went 0.1 s
+-- early: a 429). Calls that overlap count once each: no answer is debited twice.
 if A.sent and b.base.o and b.so > 0 then
   local per = 60e6 / b.base.o
-  b.so = math.max(b.so - reserved.o * per, now) + used.o * per
+  b.so = math.max(b.so + (used.o - reserved.o) * per, now + used.o * per)
 end
 count_use(b, A.send_us, used)
 save(b)
