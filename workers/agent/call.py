@@ -85,7 +85,7 @@ from drover.workers.agent.spend_limit import (
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.limiter import Grant, ScopeLimits
 from drover.workers.providers import Failure, Seen
-from drover.workers.telemetry import acquire_wait, stream_timing
+from drover.workers.telemetry import acquire_wait, call_cost, stream_timing
 
 __all__ = ["Call", "CallContext", "acquire", "counted_input", "learned_limits",
            "mark_unanswered", "wait_or_cancel"]
@@ -389,6 +389,7 @@ class Call:
             counts=cache_counts(self.params, usage) | seen.counts(used_out)))
         self.spent = used_in + used_out
         self.answer_usage = usage
+        call_cost(rt.settings, self.model, ctx.tenant, usage)  # drover_cost_usd, every door
         rt.calibration.observe(self.route.scope, self.params, usage, used_in,
                                self.cache_reads_count, self.key_alias if self.route.pooled
                                else "")
@@ -424,6 +425,7 @@ class Call:
         self.spent = lost_in + lost_out if lost else 0
         if lost:
             self.lost = (lost_in, lost_out)
+            call_cost(rt.settings, self.model, ctx.tenant, None, self.lost)
             await _unanswered(rt, self.scope, ctx, error, lost_in, lost_out)
         # An SDK error its provider does not describe (a response it could not read) is
         # judged as the exception it is.
@@ -465,6 +467,7 @@ class Call:
                 max_tokens=self.max_tokens))
             # Billed, so the tenant's budget pays what it cost and the caller counts it.
             self.spent, self.lost = lost_in + lost_out, (lost_in, lost_out)
+            call_cost(rt.settings, self.model, ctx.tenant, None, self.lost)
             await asyncio.shield(_unanswered(rt, self.scope, ctx, error, lost_in, lost_out))
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(self.route.release(rt.limiter, grant))

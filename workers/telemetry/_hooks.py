@@ -148,11 +148,11 @@ def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
                 if lost is not None:  # sent, never answered: billed at its estimate
                     outcome = "unanswered"
                     _safe("unanswered", lambda: _record_unanswered(provider, model, lost))
-                if message is not None or lost is not None:
-                    usd = _safe("cost", lambda: call_cost(
-                        settings, model, getattr(ctx, "tenant", None),
-                        message.usage if message is not None else None, lost))
-                    if usd is not None and span.is_recording():
+                if (message is not None or lost is not None) and span.is_recording():
+                    # (drover_cost_usd is counted by the call path, for every door: call.py)
+                    usd = _safe("cost", lambda: price_usd(
+                        settings, model, message.usage if message is not None else None, lost))
+                    if usd is not None:
                         span.set_attribute("drover.cost_usd", round(usd, 8))
                 if outcome:
                     if getattr(ctx, "key", None):  # a pool: the series of the key it went to
@@ -254,24 +254,36 @@ def _timing_attributes(span: Any, timing: tuple[float | None, float | None]) -> 
         span.set_attribute("drover.output_tokens_per_s", round(per_s, 2))
 
 
-def call_cost(settings: Any, model: str, tenant: str | None, usage: Any,
-              lost: tuple[int, int] | None = None, *, batch: bool = False) -> float | None:
-    """Count one call's dollars in ``drover_cost_usd`` (model, tenant) and return them: an
-    answer's ``usage``, or the (input, output) a call sent and never answered is counted at;
-    None, counted in ``drover_unpriced_calls``, when the model has no price."""
-    rec = get_recorder()
+def price_usd(settings: Any, model: str, usage: Any, lost: tuple[int, int] | None = None,
+              *, batch: bool = False) -> float | None:
+    """One call's dollars: an answer's ``usage``, or the (input, output) a call sent and never
+    answered is counted at; None when the model has no price."""
     price = settings.price_of(model)
     if price is None:
-        rec.inc("drover_unpriced_calls", (model,))
         return None
     if usage is not None:
-        usd = price.cost(int(usage.input_tokens or 0), int(usage.output_tokens or 0),
-                         int(getattr(usage, "cache_creation_input_tokens", 0) or 0),
-                         int(getattr(usage, "cache_read_input_tokens", 0) or 0), batch=batch)
-    else:
-        usd = price.cost(*(lost or (0, 0)))
-    rec.inc("drover_cost_usd", (model, tenant or "default"), usd)
-    return usd
+        return float(price.cost(int(usage.input_tokens or 0), int(usage.output_tokens or 0),
+                                int(getattr(usage, "cache_creation_input_tokens", 0) or 0),
+                                int(getattr(usage, "cache_read_input_tokens", 0) or 0),
+                                batch=batch))
+    return float(price.cost(*(lost or (0, 0))))
+
+
+def call_cost(settings: Any, model: str, tenant: str | None, usage: Any,
+              lost: tuple[int, int] | None = None, *, batch: bool = False) -> float | None:
+    """Count one call's dollars in ``drover_cost_usd`` (model, tenant) and return them (see
+    ``price_usd``); a model without a price counts in ``drover_unpriced_calls`` instead. Never
+    raises: a metric must not fail the call it counts."""
+    def count() -> float | None:
+        usd = price_usd(settings, model, usage, lost, batch=batch)
+        rec = get_recorder()
+        if usd is None:
+            rec.inc("drover_unpriced_calls", (model,))
+        else:
+            rec.inc("drover_cost_usd", (model, tenant or "default"), usd)
+        return usd
+
+    return _safe("cost", count)
 
 
 def _record_unanswered(provider: str, model: str, lost: tuple[int, int]) -> None:
