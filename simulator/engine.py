@@ -275,6 +275,9 @@ class Engine:
         if not api_key:
             auth = headers.get("authorization", "")
             api_key = auth[7:] if auth.lower().startswith("bearer ") else ""
+        if api_key:
+            seen = hashlib.sha256(api_key.encode()).hexdigest()[:12]
+            self.stats.keys_seen[seen] = self.stats.keys_seen.get(seen, 0) + 1
         if not api_key:
             # The API's own words, then what to do about it here (any key will do).
             return self._error(401, "authentication_error", "x-api-key header is required "

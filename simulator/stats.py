@@ -78,6 +78,9 @@ class SimStats:
         self.stream_tokens_sent = 0  # output tokens written by streams, open ones included
         self.duplicate_accepted = 0
         self.per_key: dict[str, dict[str, int]] = {}  # a pool's keys, by alias
+        # Every API key a request carried, by fingerprint (sha256's first 12 hex digits): which
+        # keys reached the provider (a proxy in front must send its own, never its callers').
+        self.keys_seen: dict[str, int] = {}
         self._key_windows: dict[str, tuple[SlidingMax, SlidingMax]] = {}
         self.first_request_ts: float | None = None
         self.first_accept_ts: float | None = None
@@ -247,6 +250,7 @@ class SimStats:
             "loop_lag": {"max_s": round(self.loop_lag_max_s, 4),
                          "over_50ms": self.loop_lag_over_50ms},
             "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "keys_seen": dict(self.keys_seen),
             "per_key": {alias: {**row, "max_60s": {"requests": self._key_windows[alias][0].max,
                                                    "input_tokens": self._key_windows[alias][1].max}}
                         for alias, row in sorted(self.per_key.items())},
