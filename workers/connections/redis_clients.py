@@ -53,6 +53,8 @@ __all__ = ["REDIS_RETRIES", "SentinelConnection", "SentinelTarget", "async_redis
            "sentinel_for", "sentinel_settings", "sync_redis"]
 
 REDIS_RETRIES = 40
+ASYNC_CONNECTIONS = 100  # an asyncio client's connections at most (then a call waits)
+CONNECTION_WAIT_S = 30.0  # how long a call waits for one of them
 _RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
 
 
@@ -153,7 +155,13 @@ def async_redis(url: str, *, master: str | None = None,
     settings: dict[str, Any] = {**redis_socket_options(), **options}
     retry = AsyncRetry(ExponentialBackoff(cap=2.0, base=0.05), REDIS_RETRIES)
     if not is_sentinel(url):
-        return aioredis.Redis.from_url(url, retry=retry, retry_on_error=_RETRY_ON, **settings)
+        # A blocking pool: a call beyond its connections waits for one instead of failing
+        # (redis.asyncio's plain pool raises MaxConnectionsError past 100 at once, which a
+        # gateway or a limited client meets with 100 calls arriving together).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=ASYNC_CONNECTIONS, timeout=CONNECTION_WAIT_S, retry=retry,
+            retry_on_error=_RETRY_ON, **settings)
+        return aioredis.Redis.from_pool(pool)  # closed with the client
     target = _target(url, master, sentinel_password)
     sentinel = aiosentinel.Sentinel(
         list(target.sentinels),
