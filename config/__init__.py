@@ -1,6 +1,7 @@
 """Settings and the Celery configuration built from them."""
 
 from drover.config.settings import (
+    GatewayKey,
     ModelLimits,
     PoolKey,
     Settings,
@@ -9,5 +10,5 @@ from drover.config.settings import (
     load_settings,
 )
 
-__all__ = ["ModelLimits", "PoolKey", "Settings", "SettingsError", "get_settings",
+__all__ = ["GatewayKey", "ModelLimits", "PoolKey", "Settings", "SettingsError", "get_settings",
            "load_settings"]

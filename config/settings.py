@@ -141,6 +141,29 @@ class TenantBudget(BaseModel):
         "tenant's jobs: a call whose worst case would pass it is not sent (docs/cost.md).")
 
 
+class GatewayKey(BaseModel):
+    """A caller of ``drover gateway``: the key it sends (in place of a provider key) and the
+    tenant its traffic counts as (fair share, budgets, usage, metrics)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: SecretStr = Field(description="The gateway key the caller sends as `x-api-key` or "
+                           "`Authorization: Bearer` (never logged or forwarded).")
+    tenant: str = Field(pattern=_NAME, description="The tenant this key's calls count as.")
+    budget: TenantBudget | None = Field(
+        default=None, description="The tenant's token budget (as DROVER_TENANT_BUDGETS): its "
+        "calls through the gateway wait in line for it.")
+
+    @field_validator("key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("a gateway key must be at least 16 characters: make one with "
+                             "`python -c \"import secrets; print('dgw-' + "
+                             "secrets.token_urlsafe(24))\"`")
+        return value
+
+
 class ModelPrice(BaseModel):
     """One model's prices in dollars per million tokens (``DROVER_PRICES``)."""
 
@@ -592,6 +615,13 @@ class Settings(BaseSettings):
         "a scope of the tenant's own: `{\"team-a\": {\"per_minute\": 200000, \"per_day\": "
         "20000000}}`.")
 
+    gateway_keys: list[GatewayKey] = Field(
+        default_factory=list,
+        description="The callers of `drover gateway`, JSON: `[{\"key\": \"dgw-...\", "
+        "\"tenant\": \"web\"}, ...]`, each optionally with `\"budget\": {\"per_minute\": "
+        "N, \"per_day\": M}` (its tenant's token budget). A request with no key of this list "
+        "is refused (401). docs/gateway.md.")
+
     # --- offline jobs through the Message Batches API (JobSpec.delivery) -----------------
     batch_size: int = Field(
         default=1000, ge=1,
@@ -685,6 +715,26 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{' and '.join(named)} is a Sentinel list: set DROVER_SENTINEL_MASTER to the "
                 "name of the master the sentinels monitor (their `sentinel monitor NAME ...`)")
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_keys(self) -> Settings:
+        """Every gateway key once; a key's budget is its tenant's (one budget a tenant)."""
+        keys = [k.key.get_secret_value() for k in self.gateway_keys]
+        if len(set(keys)) != len(keys):
+            tenants = sorted({k.tenant for k in self.gateway_keys
+                              if keys.count(k.key.get_secret_value()) > 1})
+            raise ValueError(f"DROVER_GATEWAY_KEYS: a key appears more than once (tenant "
+                             f"{', '.join(tenants)}); give every caller a key of its own")
+        for entry in self.gateway_keys:
+            if entry.budget is None:
+                continue
+            known = self.tenant_budgets.get(entry.tenant)
+            if known is not None and known != entry.budget:
+                raise ValueError(f"DROVER_GATEWAY_KEYS: tenant {entry.tenant} has a budget "
+                                 "here and another one in DROVER_TENANT_BUDGETS (or on "
+                                 "another of its keys); give it one budget")
+            self.tenant_budgets[entry.tenant] = entry.budget
         return self
 
     @model_validator(mode="after")
@@ -872,9 +922,10 @@ def _explain(error: ValidationError) -> str:
         name = f"DROVER_{loc[0].upper()}" if loc else "(settings)"
         if len(loc) > 1:  # inside a JSON value, e.g. DROVER_LIMITS
             name += f" ({'.'.join(loc[1:])})"
-        # A key's value, or a DROVER_KEYS entry written as a bare string, is never echoed.
+        # A key's value, or a DROVER_KEYS / DROVER_GATEWAY_KEYS entry written as a bare
+        # string, is never echoed.
         secret = loc in (["anthropic_api_key"], ["openai_api_key"]) or (
-            bool(loc) and loc[0] == "keys")
+            bool(loc) and loc[0] in ("keys", "gateway_keys"))
         if loc == ["anthropic_api_key"]:
             name = "ANTHROPIC_API_KEY"
         message = item["msg"].removeprefix("Value error, ")
@@ -891,7 +942,7 @@ def _explain(error: ValidationError) -> str:
 READ_ELSEWHERE = frozenset({
     "DROVER_FLOWER_BASIC_AUTH",  # drover flower
     "DROVER_GRAFANA_ADMIN_PASSWORD", "DROVER_GRAFANA_PORT", "DROVER_FLOWER_PORT",
-    "DROVER_PROMETHEUS_PORT",  # docker-compose.yml
+    "DROVER_PROMETHEUS_PORT", "DROVER_GATEWAY_PORT",  # docker-compose.yml
 })
 _log = logging.getLogger("drover.config")
 _reported: set[str] = set()

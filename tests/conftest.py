@@ -67,6 +67,7 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from drover.simulator import SimConfig, SimulatorServer  # noqa: E402
 from tests.helpers import (  # noqa: E402,F401  (the names older tests import from here)
@@ -81,6 +82,7 @@ from tests.helpers import (  # noqa: E402,F401  (the names older tests import fr
     wait_until,
     zygote,
 )
+from tests.helpers.gateway import GatewayProcess  # noqa: E402
 
 SESSION = uuid.uuid4().hex[:8]
 # Celery's keys (queues, results) use one prefix for the whole test session; every test gets
@@ -203,6 +205,24 @@ def spawn_worker(drover_env: dict[str, str]) -> Iterator[Callable[..., subproces
             os.killpg(proc.pid, signal.SIGKILL)
     for proc in procs:
         proc.wait()
+
+
+@pytest.fixture
+def gateway(drover_env: dict[str, str], tmp_path: Path
+            ) -> Iterator[Callable[..., GatewayProcess]]:
+    """Start real ``drover gateway`` processes on this test's settings (``DROVER_GATEWAY_KEYS``:
+    tests.helpers.gateway.GATEWAY_KEYS unless given), each on a free port."""
+    started: list[GatewayProcess] = []
+
+    def start(**extra_env: str) -> GatewayProcess:
+        process = GatewayProcess({**drover_env, **extra_env},
+                                 tmp_path / f"gateway-{len(started)}.log")
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in started:
+        process.stop()
 
 
 # --- RabbitMQ as the broker (tests/system/test_worker_loss.py) -------------------------

@@ -167,6 +167,15 @@ class Services:
             sync_redis(s.redis_url, **client_settings(s)), s.key_prefix, s.metrics_flush_s,
             keep_s=s.result_ttl_s))
 
+    @property
+    def redis_probe(self) -> Any:  # a redis.Redis (the name ``redis`` is the property above)
+        """A client that asks once and gives up within a second (no retries): for a process
+        that must know at once whether Redis answers (``drover gateway`` refuses to forward
+        while it does not), where the process's client would ride out a failover first."""
+        s = self.settings
+        return _process_part("redis_probe", s, lambda: sync_redis(s.redis_url, **client_settings(
+            s, retries=False, socket_timeout=1.0, socket_connect_timeout=1.0)))
+
     def heartbeat(self) -> Heartbeat:
         """The process's worker heartbeat, started on first use: a process that receives or
         runs drover tasks is a worker, and the sweep takes over what it held once it stops."""

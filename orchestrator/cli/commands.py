@@ -471,6 +471,24 @@ def _metrics(args: argparse.Namespace) -> int:
                       f"{error.strerror or error}; pick another --port or --addr") from None
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    import logging
+
+    settings = _settings()
+    _need_services(settings)
+    from drover.orchestrator.gateway import serve
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
+                        "%(message)s")
+    logging.getLogger("drover.gateway").setLevel(logging.INFO if args.verbose else
+                                                 logging.WARNING)
+    try:
+        return serve(_shared(settings), args.port, args.addr)
+    except OSError as error:
+        raise Refused(f"drover gateway cannot listen on {args.addr}:{args.port}: "
+                      f"{error.strerror or error}; pick another --port or --addr") from None
+
+
 def _jobs(args: argparse.Namespace) -> int:
     settings = _settings()
     _need_services(settings)
@@ -721,6 +739,25 @@ def parser() -> argparse.ArgumentParser:
     metrics.add_argument("--addr", default="127.0.0.1",
                          help="address to listen on (0.0.0.0 for every interface)")
     metrics.set_defaults(fn=_metrics)
+
+    gateway = add("gateway", "the provider's HTTP API inside the fleet's limits, for any "
+                  "language or tool",
+                  "Serve the provider's own API (POST /v1/messages and "
+                  "/v1/messages/count_tokens; POST /v1/chat/completions with "
+                  "DROVER_PROVIDER=openai) to callers with a key of DROVER_GATEWAY_KEYS: each "
+                  "call takes its share of the fleet's global limits (waiting in line when "
+                  "they are spent), goes out on the provider key, streams back as it arrives "
+                  "and counts as its caller's tenant. Run several behind a load balancer: "
+                  "they share the limits through Redis. docs/gateway.md.",
+                  "Exit status: 0 stopped (SIGTERM, Ctrl-C); 2 bad option or setting (no "
+                  "DROVER_GATEWAY_KEYS), or the port is taken; 3 Redis does not answer.")
+    gateway.add_argument("--port", type=int, default=8090, help="port to listen on")
+    gateway.add_argument("--addr", default="127.0.0.1",
+                         help="address to listen on (0.0.0.0 for every interface)")
+    gateway.add_argument("--verbose", action="store_true",
+                         help="log one line per request (tenant, path, status, seconds; "
+                         "never a body or a key)")
+    gateway.set_defaults(fn=_gateway)
 
     jobs = add("jobs", "active jobs with tenant, priority, progress and share",
                "List the active jobs on DROVER_QUEUE with tenant, priority, progress and their "

@@ -336,6 +336,7 @@ def print_stats(console: Console, shared: Services, plot: Path | None = None) ->
                       "each limit (DROVER_TARGET_UTILIZATION)[/]")
     _print_unanswered(console, shared)
     _print_cost(console, shared)
+    _print_gateway(console, shared)
     print_keys(console, shared)
     _print_shares(console, shared)
     _print_batches(console, shared, usages)
@@ -393,6 +394,33 @@ def fleet_cost(shared: Services) -> tuple[dict[tuple[str, str], float], dict[str
         elif name == "drover_unpriced_calls" and part is None and len(labels) == 1:
             unpriced[labels[0]] = int(value)
     return dollars, unpriced
+
+
+def gateway_use(shared: Services) -> dict[str, dict[str, float]]:
+    """tenant -> {outcome or token type: count} of the calls through ``drover gateway``
+    (telemetry's drover_gateway_requests and drover_gateway_tokens, fleet totals)."""
+    use: dict[str, dict[str, float]] = {}
+    reader = TelemetryReader(shared.redis, shared.settings.key_prefix)
+    for name, labels, part, value in reader.counters():
+        if name in ("drover_gateway_requests", "drover_gateway_tokens") and part is None \
+                and len(labels) == 2:
+            row = use.setdefault(labels[0], {})
+            row[labels[1]] = row.get(labels[1], 0.0) + value
+    return use
+
+
+def _print_gateway(console: Console, shared: Services) -> None:
+    """Each tenant's calls through drover gateway: requests by outcome, tokens by type."""
+    for tenant, row in sorted(gateway_use(shared).items()):
+        outcomes = ", ".join(f"{k} {int(v)}" for k, v in sorted(row.items())
+                             if k in ("ok", "429", "4xx", "5xx", "refused", "unavailable",
+                                      "disconnected"))
+        tokens = ", ".join(f"{k} {int(v):,}" for k, v in sorted(row.items())
+                           if k in ("input", "output", "cache_read", "cache_write",
+                                    "unanswered_input", "unanswered_output"))
+        console.print(f"gateway tenant={tenant}: requests {outcomes or 'none'}; tokens "
+                      f"{tokens or 'none'} (since the counters began)", markup=False,
+                      highlight=False)
 
 
 def _print_cost(console: Console, shared: Services) -> None:

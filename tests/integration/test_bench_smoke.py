@@ -4,6 +4,7 @@ unnoticed. It asserts what the harness produces, not how fast anything was."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -64,3 +65,22 @@ def test_memory_quick_measures_a_job_and_leaves_no_key(redis_url, redis_client):
     assert "at rest, bytes per sub-agent by key: " in proc.stdout
     [prefix] = re.findall(r"^keys under (drover-bench-mem-\w+): deleted$", proc.stdout, re.M)
     assert not list(redis_client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+def test_gateway_quick_runs_both_parts_through_a_real_gateway(redis_url):
+    """`python -m bench.gateway --quick`: the fleet and an outside caller through the gateway
+    at a binding limit, then the overhead and in-flight part; every call answered."""
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    proc = subprocess.run([sys.executable, "-m", "bench.gateway", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    parts = {row["part"]: row for row in map(json.loads, proc.stdout.strip().splitlines())}
+    binding, overhead = parts["binding"], parts["overhead"]
+    assert binding["subagents_ok"] == binding["subagents"], binding
+    assert binding["gateway_ok"] == binding["gateway_calls"], binding
+    assert binding["ratio"] > 0 and binding["bound_s"] > 0
+    assert overhead["in_flight_ok"] == overhead["in_flight_sent"], overhead
+    assert overhead["sim_max_in_flight"] == overhead["in_flight_sent"], overhead
+    for field in ("ttfb_direct_ms", "ttfb_gateway_ms", "added_ms"):
+        assert isinstance(overhead[field], float), field

@@ -20,7 +20,7 @@ from tests.helpers import ROOT
 yaml = pytest.importorskip("yaml", reason="PyYAML parses docker-compose.yml in this test")
 
 SERVICES = {"redis", "simulator", "worker", "flower", "metrics", "prometheus", "grafana",
-            "orchestrator"}
+            "orchestrator", "gateway"}
 DROVER_SERVICES = SERVICES - {"redis", "prometheus", "grafana"}  # test_metrics checks those two
 
 
@@ -71,6 +71,26 @@ def test_flower_takes_basic_auth_from_the_environment(compose):
     assert re.fullmatch(r"\$\{DROVER_FLOWER_BASIC_AUTH:\?[^}]+\}", auth), auth
     assert not any("basic" in arg for arg in flower["command"])  # never on a command line
     assert flower["ports"] == ["${DROVER_FLOWER_PORT:-5555}:5555"]
+
+
+def test_the_gateway_takes_its_callers_keys_from_the_environment_and_the_shared_limits(
+        compose):
+    """The gateway runs with its profile (it needs its callers' keys, which only the operator
+    has), on the fleet's Redis and limits; the keys are never on its command line."""
+    gateway = compose["services"]["gateway"]
+    assert gateway["profiles"] == ["gateway"]
+    assert gateway["command"][:2] == ["drover", "gateway"]
+    assert _flag(gateway["command"], "--addr") == "0.0.0.0"
+    env = gateway["environment"]
+    assert re.fullmatch(r"\$\{DROVER_GATEWAY_KEYS:\?[^}]+\}", env["DROVER_GATEWAY_KEYS"])
+    assert not any("dgw-" in arg or "KEYS" in arg for arg in gateway["command"])
+    worker = compose["services"]["worker"]["environment"]
+    for name in ("DROVER_REDIS_URL", "DROVER_ANTHROPIC_BASE_URL", "DROVER_RPM", "DROVER_ITPM",
+                 "DROVER_OTPM"):
+        assert env[name] == worker[name], name
+    port = _flag(gateway["command"], "--port")
+    assert gateway["ports"] == [f"${{DROVER_GATEWAY_PORT:-8090}}:{port}"]
+    assert _deps(gateway) == {"redis": "service_healthy", "simulator": "service_healthy"}
 
 
 def test_services_wait_for_healthy_dependencies(compose):

@@ -72,6 +72,8 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
         rec.inc("drover_jobs_submitted", ("acme",))
         rec.inc("drover_cost_usd", ("claude-test", "acme"), 0.25)
         rec.inc("drover_unpriced_calls", ("claude-test",))
+        rec.inc("drover_gateway_requests", ("web", "ok"))
+        rec.inc("drover_gateway_tokens", ("web", "output"), 40)
     limiter = Limiter(client, prefix=settings.key_prefix)
     grant = limiter.acquire(SCOPE, LIMITS, input_tokens=120, output_tokens=50, lease_ttl_s=60)
     limiter.settle(SCOPE, LIMITS, grant, input_tokens=120, output_tokens=30)

@@ -117,6 +117,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("drover_subagents_finished", "counter", ("status",),
            "sub-agents that ended, by their record's status", "process"),
     Metric("drover_jobs_submitted", "counter", ("tenant",), "jobs submitted", "process"),
+    Metric("drover_gateway_requests", "counter", ("tenant", "outcome"),
+           "requests to drover gateway by the caller's tenant (unknown: no valid gateway key) "
+           "and outcome: ok, 429, 4xx, 5xx (as the provider answered), refused (no valid "
+           "gateway key: 401, not forwarded), unavailable (Redis did not answer: 503, not "
+           "forwarded), disconnected (the caller left mid-call)", "process"),
+    Metric("drover_gateway_tokens", "counter", ("tenant", "gen_ai_token_type"),
+           "tokens of the calls through drover gateway by the caller's tenant and type (as "
+           "drover_gen_ai_client_token_usage)", "process"),
     # --- read from the fleet's state in Redis at each scrape ----------------------------
     Metric("drover_scope_limit_per_second", "gauge", ("scope", "dimension"),
            "the provider's limit of a scope (configured, else learned from -limit headers), "

@@ -1,0 +1,122 @@
+"""The gateway's one forwarding step: a caller's request, sent through the limited clients'
+transport (``drover.workers.clients.LimitedTransport``), the same reserve -> send -> settle
+path as the workers' calls and ``drover.AsyncAnthropic``'s (DESIGN.md, "Three doors, one
+call path"): estimated and reserved from the same scope or pool, cooldowns, leases and
+tenant budget, waited in line, sent with the pool's real key, settled with the answer's
+usage (a stream from its events as they pass, or at what had streamed when the caller
+leaves).
+
+The caller's body goes out as it came (the bytes, not a re-encoding), with the caller's
+headers except its gateway key and the hop-by-hop ones; the provider's key is added here.
+Each request gets a ``CallContext`` of its caller's tenant, whose hooks count the tokens and
+dollars of the answer (or of a call sent and never answered) for that tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+
+from drover.workers.agent.call import CallContext
+from drover.workers.agent.runtime import Runtime
+from drover.workers.clients import LimitedTransport
+from drover.workers.clients.transport import CONNECTION_LIMITS
+from drover.workers.providers import provider
+from drover.workers.telemetry import call_cost, get_recorder
+
+__all__ = ["DEFAULT_BASE", "Forwarder"]
+
+DEFAULT_BASE = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1"}
+# Not forwarded: the caller's credentials, and what belongs to one hop (RFC 9110 7.6.1).
+# accept-encoding: the answer comes back as it is read (event by event), not re-compressed.
+_DROPPED = frozenset({"x-api-key", "authorization", "host", "content-length", "connection",
+                      "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+                      "proxy-authorization", "proxy-connection", "accept-encoding", "cookie"})
+
+
+class Forwarder:
+    """Sends callers' requests to one provider (``provider_name``) on the runtime ``rt``."""
+
+    def __init__(self, rt: Runtime, provider_name: str) -> None:
+        settings = rt.settings
+        self.rt, self.provider_name = rt, provider_name
+        self.provider = provider(provider_name)
+        base = (settings.openai_base_url if provider_name == "openai"
+                else settings.anthropic_base_url) or DEFAULT_BASE[provider_name]
+        self.base = base.rstrip("/")
+        # The key a request goes out on: the provider's one key, or the first pool key of this
+        # provider (the transport moves a counted call to the key the limiter chose).
+        pool = [k for k in settings.keys if settings.key_provider(k) == provider_name]
+        one = settings.openai_api_key if provider_name == "openai" else settings.anthropic_api_key
+        key = pool[0].api_key if pool else one
+        self.key = key.get_secret_value() if key is not None else ""
+        # Every provider key this gateway holds: scrubbed from any answer a caller gets.
+        self.secrets = [s.encode() for s in {self.key, *(k.api_key.get_secret_value()
+                                                        for k in pool)} if s]
+        # One connection pool for every caller (the limiter, not a connection, is the line).
+        self.inner = httpx2.AsyncHTTPTransport(limits=CONNECTION_LIMITS)
+        self.timeout = {"connect": settings.connect_timeout_s, "read": settings.stream_idle_s,
+                        "write": settings.stream_idle_s, "pool": None}
+
+    def url(self, path: str, query: str) -> str:
+        """The provider's URL of a gateway path: Anthropic's base names no ``/v1`` (its SDK
+        adds it), OpenAI's ends in it."""
+        if self.provider_name == "openai":
+            path = path.removeprefix("/v1")
+        return f"{self.base}{path}" + (f"?{query}" if query else "")
+
+    def request(self, path: str, query: str, headers: Mapping[str, str], body: bytes
+                ) -> httpx2.Request:
+        """The provider's request for a caller's: its body and headers, on the provider key."""
+        sent = [(k, v) for k, v in headers.items() if k.lower() not in _DROPPED]
+        sent.extend(self.provider.auth_headers(self.key).items())
+        return httpx2.Request("POST", self.url(path, query), headers=sent, content=body,
+                              extensions={"timeout": self.timeout})
+
+    async def send(self, request: httpx2.Request, tenant: str, model: str,
+                   cancel: asyncio.Event) -> httpx2.Response:
+        """The provider's answer to ``request`` (its stream settles as it is read and closed),
+        sent through the limits as ``tenant``'s call; ``cancel`` set: the caller left."""
+        ctx = CallContext("", -1, cancel, tenant=tenant)
+        ctx.answered = _counted(self.rt, tenant, model)
+        ctx.unanswered = _counted_lost(self.rt, tenant, model)
+        transport = LimitedTransport(self.rt, self.provider_name, ctx, inner=self.inner)
+        return await transport.handle_async_request(request)
+
+    def scrub(self, content: bytes) -> bytes:
+        """``content`` without any provider key in it (an error message may quote one)."""
+        for secret in self.secrets:
+            content = content.replace(secret, b"***")
+        return content
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _counted(rt: Runtime, tenant: str, model: str) -> Any:
+    async def answered(usage: Any) -> None:
+        """An answer's tokens and dollars, the tenant's."""
+        rec = get_recorder()
+        for kind, value in (("input", usage.input_tokens),
+                            ("output", usage.output_tokens),
+                            ("cache_read", getattr(usage, "cache_read_input_tokens", 0)),
+                            ("cache_write", getattr(usage, "cache_creation_input_tokens", 0))):
+            if value:
+                rec.inc("drover_gateway_tokens", (tenant, kind), float(value))
+        call_cost(rt.settings, model, tenant, usage)
+
+    return answered
+
+
+def _counted_lost(rt: Runtime, tenant: str, model: str) -> Any:
+    async def unanswered(est_in: int, est_out: int) -> None:
+        """A call sent and never answered (the caller left mid-stream): billed, the tenant's."""
+        rec = get_recorder()
+        rec.inc("drover_gateway_tokens", (tenant, "unanswered_input"), float(est_in))
+        rec.inc("drover_gateway_tokens", (tenant, "unanswered_output"), float(est_out))
+        call_cost(rt.settings, model, tenant, None, (est_in, est_out))
+
+    return unanswered

@@ -1,0 +1,68 @@
+"""Running the gateway: its server on the runtime's event loop, until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from drover._signals import Refused
+from drover.orchestrator.gateway._callers import Callers
+from drover.orchestrator.gateway._server import ROUTES, make_app
+from drover.orchestrator.gateway._watch import RedisWatch
+from drover.workers.agent.runtime import get_runtime
+
+__all__ = ["serve"]
+
+log = logging.getLogger("drover.gateway")
+
+
+def providers_served(settings: Any) -> list[str]:
+    """The APIs the gateway speaks: DROVER_PROVIDER's first, then a pool's other one."""
+    names = [settings.provider]
+    for key in settings.keys:
+        name = settings.key_provider(key)
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def serve(shared: Any, port: int, addr: str) -> int:
+    """Serve until stopped; ``shared``: the process's parts (its root, ``services``)."""
+    settings = shared.settings
+    callers = Callers(settings.gateway_keys)
+    if not callers:
+        raise Refused("drover gateway needs its callers' keys: set DROVER_GATEWAY_KEYS, e.g. "
+                      "'[{\"key\": \"dgw-...\", \"tenant\": \"web\"}]' (docs/gateway.md); "
+                      "without it every request would be refused")
+    rt = get_runtime(shared)
+    providers = providers_served(settings)
+    app = make_app(rt, callers, providers, RedisWatch(shared.redis_probe))
+
+    async def start() -> web.AppRunner:
+        # handler_cancellation: a caller that disconnects cancels its handler, so its call
+        # leaves the limiter's line, or its stream is closed and settled, at once.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, addr, port, backlog=1024).start()
+        return runner
+
+    runner = rt.submit(start()).result()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    endpoints = ", ".join(f"POST {p}" for name in providers for p in ROUTES[name])
+    print(f"drover gateway listening on http://{addr}:{port} ({endpoints}; "
+          f"{len(callers)} caller keys)", file=sys.stderr, flush=True)
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        rt.submit(runner.cleanup()).result(timeout=30)
+    return 0
+
