@@ -464,11 +464,23 @@ def _metrics(args: argparse.Namespace) -> int:
     _need_services(settings)
     from drover.orchestrator.ops.metrics import serve
 
+    return _listening("metrics", serve, settings, args)
+
+
+def _listening(command: str, serve: Any, settings: Any, args: argparse.Namespace) -> int:
+    """Run a server command's ``serve`` on --addr:--port; a port it cannot take is refused
+    in one line."""
     try:
-        return serve(_shared(settings), args.port, args.addr)
+        return int(serve(_shared(settings), args.port, args.addr))
     except OSError as error:
-        raise Refused(f"drover metrics cannot listen on {args.addr}:{args.port}: "
+        raise Refused(f"drover {command} cannot listen on {args.addr}:{args.port}: "
                       f"{error.strerror or error}; pick another --port or --addr") from None
+
+
+def _listen_options(command: argparse.ArgumentParser, port: int) -> None:
+    command.add_argument("--port", type=int, default=port, help="port to listen on")
+    command.add_argument("--addr", default="127.0.0.1",
+                         help="address to listen on (0.0.0.0 for every interface)")
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -482,11 +494,7 @@ def _gateway(args: argparse.Namespace) -> int:
                         "%(message)s")
     logging.getLogger("drover.gateway").setLevel(logging.INFO if args.verbose else
                                                  logging.WARNING)
-    try:
-        return serve(_shared(settings), args.port, args.addr)
-    except OSError as error:
-        raise Refused(f"drover gateway cannot listen on {args.addr}:{args.port}: "
-                      f"{error.strerror or error}; pick another --port or --addr") from None
+    return _listening("gateway", serve, settings, args)
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -735,9 +743,7 @@ def parser() -> argparse.ArgumentParser:
                   "worker writes into Redis, with the limiter's and the job store's state.",
                   "Exit status: 2 bad option or setting, or the port is taken; 3 Redis does not "
                   "answer.")
-    metrics.add_argument("--port", type=int, default=9808, help="port to listen on")
-    metrics.add_argument("--addr", default="127.0.0.1",
-                         help="address to listen on (0.0.0.0 for every interface)")
+    _listen_options(metrics, 9808)
     metrics.set_defaults(fn=_metrics)
 
     gateway = add("gateway", "the provider's HTTP API inside the fleet's limits, for any "
@@ -751,9 +757,7 @@ def parser() -> argparse.ArgumentParser:
                   "they share the limits through Redis. docs/gateway.md.",
                   "Exit status: 0 stopped (SIGTERM, Ctrl-C); 2 bad option or setting (no "
                   "DROVER_GATEWAY_KEYS), or the port is taken; 3 Redis does not answer.")
-    gateway.add_argument("--port", type=int, default=8090, help="port to listen on")
-    gateway.add_argument("--addr", default="127.0.0.1",
-                         help="address to listen on (0.0.0.0 for every interface)")
+    _listen_options(gateway, 8090)
     gateway.add_argument("--verbose", action="store_true",
                          help="log one line per request (tenant, path, status, seconds; "
                          "never a body or a key)")
