@@ -19,7 +19,7 @@ from drover.workers.jobs.journal import Journal
 from drover.workers.providers.clients import client_defaults
 from drover.workers.providers.limited import LIMITED_MARK
 
-__all__ = ["limited_http_client", "subagent_client"]
+__all__ = ["clear_journal", "limited_http_client", "subagent_client"]
 
 
 class _LimitedAsyncClient(httpx2.AsyncClient):
@@ -49,6 +49,17 @@ def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = Tru
     return _LimitedClient(transport=BlockingTransport(rt, provider_name), follow_redirects=True)
 
 
+def _journal(rt: Runtime, ctx: CallContext) -> Journal:
+    return Journal(rt.aredis, rt.store.keys.journal(ctx.job_id, ctx.index),
+                   rt.settings.result_ttl_s)
+
+
+async def clear_journal(rt: Runtime, ctx: CallContext) -> None:
+    """Forget the sub-agent's journal once it has ended (ok, failed, cancelled): only a re-run
+    of an unfinished sub-agent replays, and ``drover retry`` of a failed one sends anew."""
+    await _journal(rt, ctx).clear()
+
+
 def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,
                     wait_in_line: bool = False) -> Any:
     """The limited async client of a worker's sub-agent (``ctx``: its job, index, cancel,
@@ -65,8 +76,7 @@ def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,
     AnthropicError`` / ``openai.OpenAIError``, which the SDK neither wraps nor retries) whose
     ``__cause__`` is the signal."""
     name = rt.settings.provider
-    journal = Journal(rt.aredis, rt.store.keys.journal(ctx.job_id, ctx.index),
-                      rt.settings.result_ttl_s)
+    journal = _journal(rt, ctx)
     http = limited_http_client(rt, name, ctx=ctx, journal=journal, wait_in_line=wait_in_line)
     defaults = {k: v for k, v in client_defaults(rt.settings, name).items() if v is not None}
     if name == "openai":
