@@ -84,3 +84,22 @@ def test_gateway_quick_runs_both_parts_through_a_real_gateway(redis_url):
     assert overhead["sim_max_in_flight"] == overhead["in_flight_sent"], overhead
     for field in ("ttfb_direct_ms", "ttfb_gateway_ms", "added_ms"):
         assert isinstance(overhead[field], float), field
+
+
+def test_own_code_quick_runs_the_limits_and_the_kill_runs(redis_url):
+    """`python -m bench.own_code --quick`: a team's own sub-agents beside another process's
+    burst through drover.AsyncAnthropic, then a worker killed mid-job."""
+    env = {**os.environ, "DROVER_REDIS_URL": redis_url}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.own_code", "--quick", "--provider", "anthropic"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = dict(re.findall(r"^anthropic (limits|kill): (\{.*\})$", proc.stdout, re.M))
+    limits, kill = json.loads(runs["limits"]), json.loads(runs["kill"])
+    assert limits["ok"] == kill["ok"] == 12
+    assert limits["burst"] == {"ok": 10, "errors": {}}
+    assert limits["ratio"] > 0 and "in_flight_at_kill" in kill
+    for run in (limits, kill):
+        assert run["usage"]["calls"] == run["calls_planned"]
+        assert run["billed"]["requests"] == run["accepted"]
