@@ -7,7 +7,9 @@ connections pass.
 moment into a black hole: what either side sends is read and dropped, and neither side is
 closed (a side that closes its own end is not told to the other). Connections made afterwards
 are forwarded as before. ``go_down()`` is a server that stopped: every connection is closed
-and new ones are closed at once, until ``come_back()``. ``close()`` closes everything.
+and new ones are closed at once, until ``come_back()``. ``lose_reply(marker)``: the next request
+carrying ``marker`` reaches the server, and its connection is closed before the reply comes
+back (a server killed right after it ran the command). ``close()`` closes everything.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class _Pair:
     def __init__(self, client: socket.socket, upstream: socket.socket):
         self.client, self.upstream = client, upstream
         self.silent = False
+        self.lose_reply = False  # its next reply is dropped with the connection
 
     def other(self, sock: socket.socket) -> socket.socket:
         return self.upstream if sock is self.client else self.client
@@ -44,6 +47,8 @@ class TcpProxy:
         self._closing = False
         self.silenced = 0  # connections silenced so far
         self._down = False  # go_down(): every connection closed, new ones too
+        self._lose: bytes | None = None  # lose_reply(): the marker of the request to cut
+        self.replies_lost = 0
         self._thread = threading.Thread(target=self._run, name="tcp-proxy", daemon=True)
         self._thread.start()
 
@@ -68,6 +73,11 @@ class TcpProxy:
 
     def come_back(self) -> None:
         self._down = False
+
+    def lose_reply(self, marker: bytes) -> None:
+        """The next request that carries ``marker`` is forwarded, and its connection closed
+        (both sides) as soon as the server answers, the answer dropped."""
+        self._lose = marker
 
     def open_connections(self) -> int:
         with self._lock:
@@ -138,6 +148,12 @@ class TcpProxy:
             if not data:  # this side closed its end: the other side is not told
                 self._selector.unregister(sock)
             return  # a black hole: what was sent is dropped
+        if data and sock is pair.upstream and pair.lose_reply:
+            self.replies_lost += 1
+            self._drop(pair)  # the server ran it; its client never hears
+            return
+        if data and sock is pair.client and self._lose is not None and self._lose in data:
+            self._lose, pair.lose_reply = None, True
         if data:
             try:
                 pair.other(sock).sendall(data)

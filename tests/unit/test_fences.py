@@ -103,3 +103,36 @@ def test_the_cancel_check_before_a_send_sees_a_takeover(store):
     store.claims.takeover(job_id, 0, a.token, "wA")  # the sweep, while A waited
     with pytest.raises(ClaimLost):
         store.cancels.cancelled(job_id, fence=(0, a.token))
+
+
+def test_a_start_sent_again_after_its_reply_was_lost_gets_its_token(redis_url, key_prefix):
+    """Redis ran a delivery's start, and the reply was lost (the server killed right after
+    it: CI of 16e0310, test_redis_killed_and_restarted_mid_job_loses_no_result); the client
+    sends the command again. That start gets the token it took: told "stale", its delivery
+    stopped as a late copy and left the claim running on a live worker that ran nothing, so
+    no sweep sent it again and the job never ended. Another delivery of the message is stale."""
+    from urllib.parse import urlsplit
+
+    from drover.config import load_settings
+    from tests.helpers.tcp_proxy import TcpProxy
+
+    where = urlsplit(redis_url)
+    with TcpProxy(where.port or 6379, where.hostname or "127.0.0.1") as proxy:
+        shared = Services.from_settings(load_settings(redis_url=proxy.url(tail=where.path),
+                                                      key_prefix=key_prefix))
+        try:
+            store = shared.store
+            store.checkpoints.start(_job(store), 0, worker="wA", token=0)  # the script loaded
+            job_id = _job(store)
+            proxy.lose_reply(store.claims._start.sha.encode())
+            start = store.checkpoints.start(job_id, 0, worker="wA", token=0)
+            assert proxy.replies_lost == 1
+            assert not start.stale and start.token > 0, start
+            assert store.claims.claim(job_id, 0) == f"{start.token}|running|wA"
+            assert store.checkpoints.start(job_id, 0, worker="wA", token=0).stale
+            assert store.checkpoints.start(job_id, 0, worker="wB", token=0).stale
+            # Its record lets go of the claim and of the start's note.
+            store.records.put(_record(job_id, "done"), token=start.token, worker="wA")
+            assert not store.r.hexists(store.keys.job(job_id, "starts"), "0")
+        finally:
+            shared.close()

@@ -5,6 +5,7 @@ Writes under a claim token are fenced (``claims.py``)."""
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +54,15 @@ class Checkpoints:
         With ``worker``, the same round trip takes the sub-agent's claim for that worker,
         if ``token`` (the message's) is the current one; else the start comes back ``stale``.
         """
+        # One id for this start, however often it is sent: redis-py sends the pipeline again
+        # when its reply is lost (a restart), and execute_loaded builds it again when Redis
+        # lost the scripts (that restart): the start.lua that ran gives back its token.
+        delivery = uuid.uuid4().hex
+
         def queued() -> redis.client.Pipeline:
             pipe = self.r.pipeline(transaction=False)
             if worker is not None:
-                self.claims.start(job_id, index, token, worker, client=pipe)
+                self.claims.start(job_id, index, token, worker, client=pipe, delivery=delivery)
             pipe.hget(self.keys.job(job_id, "records"), str(index))
             pipe.get(self.keys.job(job_id, "spec"))
             pipe.get(self.keys.job(job_id, "ckpt", index))

@@ -8,7 +8,9 @@ of the job's ``claims`` hash, reads ``token|state|worker``:
 - ``held``: a worker received that message and keeps it (prefetched, or waiting out a retry
   countdown in its memory);
 - ``running``: a delivery started and took a new token; only writes that name that token
-  (checkpoints, tool results, the record) are stored.
+  (checkpoints, tool results, the record) are stored. The job's ``starts`` hash names the
+  start that took it, so that start, sent again by the client after Redis ran it and its
+  reply was lost (a restart), gets its token back instead of being told it is stale.
 
 A message carries the token it was sent with (a task header). A delivery whose token is not
 the claim's is stale (a second copy: the broker's own redelivery, a message the sweep sent
@@ -46,6 +48,7 @@ fenced: see docs/high-availability.md.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,13 +114,19 @@ class Claims:
                                  args=[part_name(part), token, worker, job_id, self.ttl_s]))
 
     def start(self, job_id: str, part: int | str, token: int, worker: str,
-              client: redis.client.Pipeline | None = None) -> Any:
+              client: redis.client.Pipeline | None = None, delivery: str | None = None
+              ) -> Any:
         """Take the claim to run the part (new token > 0; 0 finished; -1 stale).
 
         With ``client`` a pipeline, the call is queued there (its reply comes with the rest,
-        and this returns the pipeline)."""
-        return self._start(keys=[*self._keys(job_id, worker), self.fence_key()],
-                           args=[part_name(part), token, worker, job_id, self.ttl_s],
+        and this returns the pipeline). ``delivery`` names this start (default: a new id):
+        the same start sent again after its reply was lost (the client's retry through a
+        Redis restart) gets the token it took, where any other delivery is stale. A caller
+        that may build the call again for one start passes the same id each time."""
+        return self._start(keys=[*self._keys(job_id, worker), self.fence_key(),
+                                 self.job_key(job_id, "starts")],
+                           args=[part_name(part), token, worker, job_id, self.ttl_s,
+                                 delivery or uuid.uuid4().hex],
                            client=client)
 
     def set_fenced(self, job_id: str, part: int | str, token: int, key: str, value: str) -> None:
@@ -145,6 +154,7 @@ class Claims:
         """A job-level part (join, plan) is done: nobody needs to recover it."""
         pipe = self.r.pipeline(transaction=False)
         pipe.hdel(self.job_key(job_id, "claims"), part_name(part))
+        pipe.hdel(self.job_key(job_id, "starts"), part_name(part))
         pipe.hdel(self.worker_key(worker), f"{job_id}|{part_name(part)}")
         pipe.execute()
 

@@ -6,7 +6,8 @@ own, each under ``{prefix}:`` too.)
     {p}:job:{id}:{part}      a job: spec, tasks, meta, records, events (record indexes),
                              final (each finished sub-agent's last state: the one full copy
                              of its answer), claims, ckpt:{i} (while it runs), journal:{i}
-                             (the answered calls of a sub-agent's limited client), ...
+                             (the answered calls of a sub-agent's limited client), starts
+                             (which delivery took each running claim), ...
     {p}:jobs                 every job by creation time (drover jobs, the stalled scan)
     {p}:cancel               the cancel channel (pub/sub)
     {p}:fence                the fencing-token counter and its epoch

@@ -64,7 +64,7 @@ class Records:
                   self.keys.claims_of(worker), self.keys.job(job_id, "counts"),
                   self.keys.job(job_id, "events"), self.keys.job(job_id, "final"),
                   self.keys.job(job_id, "ckpt", index), self.keys.job(job_id, "tools", index),
-                  self.keys.job(job_id, "sent")],
+                  self.keys.job(job_id, "sent"), self.keys.job(job_id, "starts")],
             args=[str(index), token, raw, job_id, self.ttl_s, result.status,
                   pack_final(checkpoint) if checkpoint is not None else ""]))
         if stored < 0:

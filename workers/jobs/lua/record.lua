@@ -7,6 +7,7 @@
 -- KEYS[6] the job's final states (hash: index -> the last checkpoint, its transcript and
 -- report: the one full copy of its answer)    KEYS[7] the sub-agent's running checkpoint
 -- KEYS[8] the sub-agent's tool results    KEYS[9] the job's send marks
+-- KEYS[10] the job's starts (start.lua: which delivery took the claim)
 -- ARGV[1] part (the index)    ARGV[2] the writer's token (0: unfenced)    ARGV[3] the record
 -- (JSON)    ARGV[4] job id    ARGV[5] ttl (s)    ARGV[6] the record's status
 -- ARGV[7] the final state (JSON; "" for none)
@@ -34,6 +35,7 @@ if ARGV[7] ~= '' then
 end
 redis.call('DEL', KEYS[7], KEYS[8])
 redis.call('HDEL', KEYS[9], part)
+redis.call('HDEL', KEYS[10], part)
 redis.call('XADD', KEYS[5], '*', 'i', part, 's', ARGV[6])
 redis.call('EXPIRE', KEYS[5], ttl)
 return redis.call('HLEN', KEYS[2])
