@@ -76,3 +76,26 @@ def test_a_limited_client_sends_nothing_on_a_key_stopped_for_its_spend_limit(
     for later in refused[1:]:
         assert isinstance(later, anthropic.AnthropicError), later
         assert "spend limit" in str(later) and "drover keys enable" in str(later), later
+
+
+def test_an_own_subagents_calls_are_priced_at_the_model_they_name(
+        monkeypatch, drover_env, sim, worker):
+    """The team's function calls claude-sonnet-4-6 while the fleet's DROVER_MODEL is another
+    model of another price: its records cost what the simulator bills, at the model called."""
+    prices = {"claude-sonnet-4-6": {"input": 2.0, "output": 10.0},
+              "claude-haiku-4-5": {"input": 0.5, "output": 1.0}}
+    sim.configure(prices=prices, tool_turns=0)
+    big = {"rpm": 6000, "itpm": 10_000_000, "otpm": 10_000_000}
+    configure(monkeypatch, drover_env, prices=json.dumps(prices), model="claude-haiku-4-5",
+              limits=json.dumps({"claude-sonnet-4-6": big}),
+              tool_modules=json.dumps(["drover.workers.tools.demo",
+                                       "tests.helpers.own_subagents"]))
+    from drover import JobSpec, submit
+
+    worker(concurrency=4)
+    inputs = [{"topic": f"supplier {i}", "checks": 1} for i in range(4)]
+    result = submit(JobSpec(subagent="research", inputs=inputs)).wait(timeout=120)
+    bill = sim.stats()["billing"]
+    assert result.counts["ok"] == 4, [r.error for r in result.results]
+    assert set(bill["by_model"]) == {"claude-sonnet-4-6"}
+    assert result.cost_usd == pytest.approx(bill["usd"], rel=1e-6)

@@ -110,7 +110,9 @@ class CallContext:
     # input and output estimates (the sub-agent marks the send with them).
     check: Callable[[int, int], Awaitable[None]] | None = None
     # Told of a call that was sent and never answered, with its input and output estimates.
-    unanswered: Callable[[int, int], Awaitable[None]] | None = None
+    # (Both are also told the call's ``model=``, which prices it: an @subagent's calls may
+    # name any model.)
+    unanswered: Callable[..., Awaitable[None]] | None = None
     key: str | None = None  # a pool: the key of this sub-agent's last call (sticky routing)
     # Told True when the call's answer starts streaming in (its first token), False when that
     # stream ends, however it ends (``drover watch`` shows sub-agents generating).
@@ -119,7 +121,7 @@ class CallContext:
     # Told each answer's usage (the SDK's, or ``AnswerUsage`` off the wire) once it is
     # settled: a sub-agent's calls through a limited client count in its usage this way
     # (drover's own loop counts the message it is handed instead, and leaves this None).
-    answered: Callable[[Any], Awaitable[None]] | None = None
+    answered: Callable[..., Awaitable[None]] | None = None
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -405,7 +407,7 @@ class Call:
                  "none" if seen.first_token_s is None else f"{seen.first_token_s:.3f}",
                  "none" if speed is None else f"{speed:.1f}")
         if ctx.answered is not None:
-            await ctx.answered(usage)
+            await ctx.answered(usage, model=self.model)
 
     async def failed(self, failure: Failure | None, *, lost: bool, headers: Mapping[str, str],
                      error: BaseException | None = None) -> Decision | None:
@@ -426,7 +428,7 @@ class Call:
         if lost:
             self.lost = (lost_in, lost_out)
             call_cost(rt.settings, self.model, ctx.tenant, None, self.lost)
-            await _unanswered(rt, self.scope, ctx, error, lost_in, lost_out)
+            await _unanswered(rt, self.scope, ctx, error, lost_in, lost_out, self.model)
         # An SDK error its provider does not describe (a response it could not read) is
         # judged as the exception it is.
         decision = classify(failure if failure is not None else error or RuntimeError(
@@ -468,7 +470,8 @@ class Call:
             # Billed, so the tenant's budget pays what it cost and the caller counts it.
             self.spent, self.lost = lost_in + lost_out, (lost_in, lost_out)
             call_cost(rt.settings, self.model, ctx.tenant, None, self.lost)
-            await asyncio.shield(_unanswered(rt, self.scope, ctx, error, lost_in, lost_out))
+            await asyncio.shield(_unanswered(rt, self.scope, ctx, error, lost_in, lost_out,
+                                             self.model))
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(self.route.release(rt.limiter, grant))
         if error is not None and missing_credentials(error):
@@ -583,7 +586,8 @@ def mark_unanswered(error: BaseException, est_in: int, est_out: int) -> None:
 
 
 async def _unanswered(rt: Runtime, scope: str, ctx: CallContext,
-                      error: BaseException | None, est_in: int, est_out: int) -> None:
+                      error: BaseException | None, est_in: int, est_out: int,
+                      model: str) -> None:
     """Tell the caller of a call sent and never answered, count it for ``drover stats``, and
     mark ``error`` for the metrics."""
     if error is not None:
@@ -595,7 +599,7 @@ async def _unanswered(rt: Runtime, scope: str, ctx: CallContext,
         log.warning("unanswered call of %s not counted for drover stats (%s)", scope,
                     type(problem).__name__)
     if ctx.unanswered is not None:
-        await ctx.unanswered(est_in, est_out)
+        await ctx.unanswered(est_in, est_out, model=model)
 
 
 async def _after_error(rt: Runtime, route: Route, grant: Grant, decision: Decision,

@@ -147,15 +147,17 @@ class SubagentRun:
             log.debug("generating mark of %s/%d not written (%s)", self.job_id, self.index,
                       type(problem).__name__)
 
-    async def _unanswered(self, est_in: int, est_out: int) -> None:
-        """A call of this delivery went out and its answer never came: billed, so counted."""
-        self.state.usage.add_unanswered(est_in, est_out, self._price())
+    async def _unanswered(self, est_in: int, est_out: int, *, model: str | None = None
+                          ) -> None:
+        """A call of this delivery went out and its answer never came: billed, so counted
+        (at ``model``'s price: the call's)."""
+        self.state.usage.add_unanswered(est_in, est_out, self._price(model))
         if self.spec.token_budget:
             await self._io(self.store.spending.spend, self.job_id, est_in + est_out)
 
-    def _price(self) -> Price | None:
-        """What this sub-agent's model's tokens cost (None: unpriced)."""
-        return self.rt.settings.price_of(self.spec.model or self.rt.settings.model)
+    def _price(self, model: str | None = None) -> Price | None:
+        """What ``model``'s tokens cost (default: this sub-agent's; None: unpriced)."""
+        return self.rt.settings.price_of(model or self.spec.model or self.rt.settings.model)
 
     async def _lost_send(self, mark: dict[str, Any]) -> None:
         """The last send's mark is past the checkpoint: a delivery sent that call and was
@@ -231,11 +233,11 @@ class SubagentRun:
                                       error_type=failed.error_type)
         return await self._finish(state, "ok", output=output)
 
-    async def _answered(self, usage: Any) -> None:
-        """An @subagent's call was answered (its usage settled): counted in its state, which
-        is saved at once, so a re-run (its answer replayed from the journal, not counted
-        again) starts from a state that has it."""
-        self.state.usage.add(usage, price=self._price())
+    async def _answered(self, usage: Any, *, model: str | None = None) -> None:
+        """An @subagent's call was answered (its usage settled): counted in its state (at
+        ``model``'s price, the call's), which is saved at once, so a re-run (its answer
+        replayed from the journal, not counted again) starts from a state that has it."""
+        self.state.usage.add(usage, price=self._price(model))
         async with self._saving:
             await self._io(self.store.checkpoints.save, self.job_id, self.index, self.state,
                            self.token)
