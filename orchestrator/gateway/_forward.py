@@ -8,8 +8,9 @@ leaves).
 
 The caller's body goes out as it came (the bytes, not a re-encoding), with the caller's
 headers except its gateway key and the hop-by-hop ones; the provider's key is added here.
-Each request gets a ``CallContext`` of its caller's tenant, whose hooks count the tokens and
-dollars of the answer (or of a call sent and never answered) for that tenant.
+Each request gets a ``CallContext`` of its caller's tenant: the call path counts its dollars
+as that tenant's, and the context's hooks its tokens (of the answer, or of a call sent and
+never answered).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from drover.workers.agent.runtime import Runtime
 from drover.workers.clients import LimitedTransport
 from drover.workers.clients.transport import CONNECTION_LIMITS
 from drover.workers.providers import provider
-from drover.workers.telemetry import call_cost, get_recorder
+from drover.workers.telemetry import get_recorder
 
 __all__ = ["DEFAULT_BASE", "Forwarder"]
 
@@ -76,13 +77,15 @@ class Forwarder:
         return httpx2.Request("POST", self.url(path, query), headers=sent, content=body,
                               extensions={"timeout": self.timeout})
 
-    async def send(self, request: httpx2.Request, tenant: str, model: str,
-                   cancel: asyncio.Event) -> httpx2.Response:
+    async def send(self, request: httpx2.Request, tenant: str, cancel: asyncio.Event
+                   ) -> httpx2.Response:
         """The provider's answer to ``request`` (its stream settles as it is read and closed),
         sent through the limits as ``tenant``'s call; ``cancel`` set: the caller left."""
         ctx = CallContext("", -1, cancel, tenant=tenant)
-        ctx.answered = _counted(self.rt, tenant, model)
-        ctx.unanswered = _counted_lost(self.rt, tenant, model)
+        # The call path counts its dollars as the tenant's (drover_cost_usd); these hooks
+        # count the tenant's tokens through the gateway.
+        ctx.answered = _counted(tenant)
+        ctx.unanswered = _counted_lost(tenant)
         transport = LimitedTransport(self.rt, self.provider_name, ctx, inner=self.inner)
         return await transport.handle_async_request(request)
 
@@ -96,9 +99,9 @@ class Forwarder:
         await self.inner.aclose()
 
 
-def _counted(rt: Runtime, tenant: str, model: str) -> Any:
+def _counted(tenant: str) -> Any:
     async def answered(usage: Any) -> None:
-        """An answer's tokens and dollars, the tenant's."""
+        """An answer's tokens, the tenant's."""
         rec = get_recorder()
         for kind, value in (("input", usage.input_tokens),
                             ("output", usage.output_tokens),
@@ -106,17 +109,15 @@ def _counted(rt: Runtime, tenant: str, model: str) -> Any:
                             ("cache_write", getattr(usage, "cache_creation_input_tokens", 0))):
             if value:
                 rec.inc("drover_gateway_tokens", (tenant, kind), float(value))
-        call_cost(rt.settings, model, tenant, usage)
 
     return answered
 
 
-def _counted_lost(rt: Runtime, tenant: str, model: str) -> Any:
+def _counted_lost(tenant: str) -> Any:
     async def unanswered(est_in: int, est_out: int) -> None:
         """A call sent and never answered (the caller left mid-stream): billed, the tenant's."""
         rec = get_recorder()
         rec.inc("drover_gateway_tokens", (tenant, "unanswered_input"), float(est_in))
         rec.inc("drover_gateway_tokens", (tenant, "unanswered_output"), float(est_out))
-        call_cost(rt.settings, model, tenant, None, (est_in, est_out))
 
     return unanswered

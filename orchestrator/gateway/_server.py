@@ -93,12 +93,10 @@ def _handler(fwd: Forwarder, callers: Callers, watch: RedisWatch):  # noqa: ANN2
         if not watch.up:
             return _no_redis(name, tenant)
         body = await request.read()
-        parsed = json_body(body)
-        model = str(parsed.get("model") or "") if isinstance(parsed, dict) else ""
         cancel = asyncio.Event()
         upstream = fwd.request(request.path, request.query_string, request.headers, body)
         try:
-            answer = await fwd.send(upstream, tenant, model, cancel)
+            answer = await fwd.send(upstream, tenant, cancel)
         except asyncio.CancelledError:  # the caller left while its call waited in line
             cancel.set()
             _count(tenant, "disconnected")

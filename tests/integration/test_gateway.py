@@ -135,7 +135,7 @@ def test_raw_http_and_the_sdk_get_answers_streamed_and_not_on_the_providers_key(
 
         reader = TelemetryReader(services(settings).redis, settings.key_prefix)
         return {(name, *labels): value for name, labels, part, value in reader.counters()
-                if name.startswith("drover_gateway_") and part is None}
+                if name.startswith(("drover_gateway_", "drover_cost_usd")) and part is None}
 
     seen = wait_until("the gateway's counts in Redis",
                       lambda: (t := tenants()).get(("drover_gateway_requests", "web", "ok")) == 3
@@ -144,6 +144,10 @@ def test_raw_http_and_the_sdk_get_answers_streamed_and_not_on_the_providers_key(
     assert seen[("drover_gateway_tokens", "batch", "output")] == raw["usage"]["output_tokens"]
     assert seen[("drover_gateway_tokens", "web", "output")] == (
         whole.usage.output_tokens + streamed.usage.output_tokens)
+    # Each answer's dollars counted once, as its caller's tenant's.
+    price = settings.price_of(settings.model)
+    assert seen[("drover_cost_usd", settings.model, "web")] == pytest.approx(sum(
+        price.cost(u.input_tokens, u.output_tokens) for u in (whole.usage, streamed.usage)))
     # Neither a prompt nor a key is in the gateway's log (one line per request: --verbose).
     log = gw.log.read_text()
     assert "tenant=web path=/v1/messages status=200" in log
