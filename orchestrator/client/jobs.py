@@ -180,7 +180,8 @@ class JobHandle:
         self.shared = shared if shared is not None else submitter_services(self.settings)
         self.store: JobStore = self.shared.store
         self._last_event = "0-0"
-        self._told_unserved = False  # submit said no worker serves the queue: waits don't
+        # The submit said no worker serves the queue: its first wait does not say it again.
+        self._told_unserved = False
 
     @classmethod
     def attach(cls, job_id: str, *, settings: Settings | None = None) -> JobHandle:
@@ -210,11 +211,12 @@ class JobHandle:
         and ``records()`` pages through them (what a job of 100,000 wants).
 
         When nothing finishes for a few seconds and no worker consumes the job's queue, a
-        warning says so (and how to start one), unless this handle's submit said it already;
-        the wait goes on."""
+        warning says so (and how to start one), unless this handle's submit said it just before
+        (its first wait then does not repeat it); the wait goes on."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        told, self._told_unserved = self._told_unserved, False
         watch = WorkerWatch(self.id, self.settings.queue, self.store.records.count(self.id),
-                            told=self._told_unserved)
+                            told=told)
         while True:
             result = self.store.outcomes.get(self.id, records=records)
             if result is not None:
@@ -272,7 +274,8 @@ class JobHandle:
             self._last_event = after
         seen: set[int] = set()
         deadline = None if timeout is None else time.monotonic() + timeout
-        watch = WorkerWatch(self.id, self.settings.queue, 0, told=self._told_unserved)
+        told, self._told_unserved = self._told_unserved, False
+        watch = WorkerWatch(self.id, self.settings.queue, 0, told=told)
         while True:
             fresh = False
             for entry_id, record in self.store.stream.events(self.id, self._last_event,

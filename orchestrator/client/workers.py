@@ -60,8 +60,8 @@ def warn_if_unserved(live_slots: Callable[[], int], r: redis.Redis, settings: Se
     a user without workers hears it now, not only from a ``wait()`` later. A live worker
     that has not reported slots for this queue says nothing here (it may be starting, or run
     in-process as ``drover demo``'s does); a wait names a queue no worker consumes. The job
-    stays queued and runs once a worker does. True when it warned: that handle's waits then
-    do not say it again (``WorkerWatch(told=True)``)."""
+    stays queued and runs once a worker does. True when it warned: that handle's first wait
+    then does not say it again (``WorkerWatch(told=True)``)."""
     try:
         if live_slots() or sum(registered_workers(r, settings.key_prefix).values()):
             return False

@@ -156,8 +156,9 @@ def test_submit_wait_says_when_no_worker_consumes_the_queue(drover_env, key_pref
 
 def test_a_wait_says_once_when_no_worker_consumes_the_queue(drover_env, caplog):
     """In Python: no worker serves the job's queue. The submit says so (when no worker is alive
-    under the prefix at all) or its wait does, never both; a handle attached later (it heard
-    nothing) says it once nothing finished for NO_WORKER_HINT_AFTER_S."""
+    under the prefix at all) or its first wait does, never both; a handle attached later (it
+    heard nothing) says it once nothing finished for NO_WORKER_HINT_AFTER_S. (A later wait of
+    the submit's handle says it again: test_first_day.)"""
     from drover.errors import WaitTimeout
     from drover.orchestrator.cli import NO_WORKER_HINT_AFTER_S
     from drover.orchestrator.client.jobs import JobHandle
