@@ -39,8 +39,10 @@ def serve(shared: Any, port: int, addr: str) -> int:
         raise Refused("drover gateway needs its callers' keys: set DROVER_GATEWAY_KEYS, e.g. "
                       "'[{\"key\": \"dgw-...\", \"tenant\": \"web\"}]' (docs/gateway.md); "
                       "without it every request would be refused")
-    rt = get_runtime(shared)
     providers = providers_served(settings)
+    for name in providers:
+        _needs_a_key(settings, name)
+    rt = get_runtime(shared)
     app = make_app(rt, callers, providers, RedisWatch(shared.redis_probe))
 
     async def start() -> web.AppRunner:
@@ -66,3 +68,15 @@ def serve(shared: Any, port: int, addr: str) -> int:
         rt.submit(runner.cleanup()).result(timeout=30)
     return 0
 
+
+def _needs_a_key(settings: Any, name: str) -> None:
+    """Refuse to start without the provider's key: every call would come back 401 (a
+    keyless endpoint, a proxy named by its base URL, needs none)."""
+    openai = name == "openai"
+    key = settings.openai_api_key if openai else settings.anthropic_api_key
+    base_url = settings.openai_base_url if openai else settings.anthropic_base_url
+    pooled = any(settings.key_provider(k) == name for k in settings.keys)
+    if key is None and not pooled and not base_url:
+        var = "OPENAI_API_KEY" if openai else "ANTHROPIC_API_KEY"
+        raise Refused(f"drover gateway sends its callers' requests on the provider's key: set "
+                      f"{var} (or a pool, DROVER_KEYS); the callers never see it")

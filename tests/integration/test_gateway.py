@@ -373,3 +373,24 @@ def test_the_typescript_sdk_gets_its_answers_streamed_and_not(drover_env, sim, g
     stats = sim.stats()
     assert stats["accepted"] == 2 and stats["rejected_429"] == 0
     assert _limiter_usage(settings)["requests"] == 2
+
+
+@pytest.mark.parametrize("missing", ["DROVER_GATEWAY_KEYS", "ANTHROPIC_API_KEY"])
+def test_a_gateway_without_its_callers_keys_or_the_providers_key_refuses_to_start(
+        drover_env, missing):
+    """Without callers' keys every request would be refused, without the provider's key
+    every call would be: drover gateway says which in one line and exits 2."""
+    import sys
+
+    from tests.helpers import ROOT
+
+    env = {**os.environ, **drover_env, "DROVER_GATEWAY_KEYS": json.dumps(
+        [{"key": WEB, "tenant": "web"}])}
+    env.pop(missing)
+    env.pop("DROVER_ANTHROPIC_BASE_URL")  # a keyless endpoint would need no key
+    done = subprocess.run([sys.executable, "-m", "drover.orchestrator.cli", "gateway",
+                           "--port", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert missing in line and "Traceback" not in done.stderr
