@@ -223,7 +223,7 @@ def test_a_subagents_rerun_replays_its_answered_calls_from_the_journal(
     rt = get_runtime(services())
     usage: list[object] = []
 
-    async def counted(u: object) -> None:
+    async def counted(u: object, model: str | None = None) -> None:  # the call's model, too
         usage.append(u)
 
     async def run(questions: list[int]) -> list[str]:
@@ -349,7 +349,7 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
     rt = get_runtime(services())
     unanswered: list[tuple[int, int]] = []
 
-    async def lost(est_in: int, est_out: int) -> None:
+    async def lost(est_in: int, est_out: int, model: str | None = None) -> None:
         unanswered.append((est_in, est_out))
 
     async def run() -> BaseException:

@@ -201,7 +201,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
               "messages": [{"role": "user", "content": "Summarise the contract " * 20}]}
     told: list[tuple[int, int]] = []
 
-    async def note(est_in: int, est_out: int) -> None:
+    async def note(est_in: int, est_out: int, model: str | None = None) -> None:
         told.append((est_in, est_out))
 
     async def aborted() -> BaseException:
