@@ -51,3 +51,18 @@ def test_the_jobs_walkthrough_gives_the_workers_the_simulators_limits():
         told = re.search(rf"DROVER_{dim.upper()}=(\d+)", shell)
         assert given and told and given.group(1) == told.group(1), (dim, shell)
     assert "1.2 s" in page  # and it says what the defaults would cost
+
+
+def test_the_usage_lines_read_tokens_unanswered_batch_then_cost():
+    """What `drover result` and `drover watch` print under the table, in the order a reader
+    takes it: the answered calls' tokens, the calls never answered, the batch part, and last
+    what it all cost (tests/system/test_unanswered.py reads the unanswered line second)."""
+    from drover.orchestrator.cli.watch import usage_lines
+    from drover.workers.jobs.records import Usage
+
+    usage = Usage(calls=32, input_tokens=1200, output_tokens=900, unanswered_calls=21,
+                  unanswered_input_tokens=300, unanswered_output_tokens=25, batch_calls=4,
+                  cost_usd=0.0294)
+    lines = usage_lines(usage)
+    assert [line.split(" ", 1)[0] for line in lines] == ["usage:", "unanswered:", "by", "cost:"]
+    assert lines[1].startswith("unanswered: 21 calls sent") and lines[-1].startswith("cost: $")
