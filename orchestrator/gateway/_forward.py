@@ -100,7 +100,7 @@ class Forwarder:
 
 
 def _counted(tenant: str) -> Any:
-    async def answered(usage: Any) -> None:
+    async def answered(usage: Any, *, model: str | None = None) -> None:
         """An answer's tokens, the tenant's."""
         rec = get_recorder()
         for kind, value in (("input", usage.input_tokens),
@@ -114,7 +114,7 @@ def _counted(tenant: str) -> Any:
 
 
 def _counted_lost(tenant: str) -> Any:
-    async def unanswered(est_in: int, est_out: int) -> None:
+    async def unanswered(est_in: int, est_out: int, *, model: str | None = None) -> None:
         """A call sent and never answered (the caller left mid-stream): billed, the tenant's."""
         rec = get_recorder()
         rec.inc("drover_gateway_tokens", (tenant, "unanswered_input"), float(est_in))
