@@ -299,7 +299,11 @@ def test_a_job_on_the_simulator_counts_what_the_provider_saw(sim, worker, drover
                      for t in ("input", "cache_write"))
     assert counted_in == provider["input_tokens"]
     wait = "drover_limiter_acquire_wait_seconds"
-    assert value(families, wait, f"{wait}_count", scope=scope) == provider["accepted"] + 1
+    # Each send acquired once, and a call that a 429's cooldown held back while it waited for
+    # its send (four run at once) acquired again (one run in about seven had one such call).
+    held = sum(s.value for s in families["drover_limiter_deferrals"].samples
+               if s.labels.get("scope") == scope and s.labels.get("reason") == "held_back")
+    assert value(families, wait, f"{wait}_count", scope=scope) == provider["accepted"] + 1 + held
     assert value(families, "drover_scope_target_per_second", scope=scope,
                  dimension="requests") == pytest.approx(6000 * 0.95 / 60)
 

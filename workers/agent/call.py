@@ -85,7 +85,7 @@ from drover.workers.agent.spend_limit import (
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.limiter import Grant, ScopeLimits
 from drover.workers.providers import Failure, Seen
-from drover.workers.telemetry import acquire_wait, call_cost, stream_timing
+from drover.workers.telemetry import acquire_wait, call_cost, held_back, stream_timing
 
 __all__ = ["Call", "CallContext", "acquire", "counted_input", "learned_limits",
            "mark_unanswered", "wait_or_cancel"]
@@ -371,6 +371,7 @@ class Call:
             # the calls granted before it.
             log.debug("llm call held back scope=%s job=%s sub=%d wait_s=%.3f: a cooldown began "
                       "while it waited", self.scope, ctx.job_id, ctx.index, grant.wait_s)
+            held_back(route.scope)
             return False
         except BaseException as error:
             await self.ended(error, sent=False)

@@ -57,6 +57,13 @@ def _safe(what: str, fn: Callable[[], T]) -> T | None:
 
 # --- the LLM call ------------------------------------------------------------------------
 
+def held_back(scope: str) -> None:
+    """A granted call that a cooldown emptied while it waited for its send: it acquires again
+    (so a scope's acquires are its sends plus these)."""
+    _safe("held back", lambda: get_recorder().inc("drover_limiter_deferrals",
+                                                   (scope, "held_back")))
+
+
 def acquire_wait(fn: _AsyncFn[T]) -> _AsyncFn[T]:
     """For ``acquire(rt, scope, limits, ctx, ...)``: the wait until the grant may be sent."""
 

@@ -109,7 +109,8 @@ METRICS: tuple[Metric, ...] = (
            "reservation's wait)", "process", WAIT_BUCKETS),
     Metric("drover_limiter_deferrals", "counter", ("scope", "reason"),
            "acquires the limiter sent away for a Celery retry (reason: horizon, cooldown, "
-           "in_flight), freeing the worker slot", "process"),
+           "in_flight), freeing the worker slot, or that a cooldown emptied while their call "
+           "waited for its send (reason: held_back; the call asks again)", "process"),
     Metric("drover_tool_calls", "counter", ("tool", "outcome"),
            "tool calls by outcome (ok, error: the model got an is_error result)", "process"),
     Metric("drover_tool_call_duration_seconds", "histogram", ("tool",),
