@@ -51,6 +51,16 @@ async def research(item: dict[str, Any], llm: Any) -> dict[str, Any]:
             "calls": checks + 2}
 
 
+@drover.subagent
+async def side_by_side(item: dict[str, Any], llm: Any) -> dict[str, Any]:
+    """``item["n"]`` calls at once (``asyncio.gather`` inside the function), then one more."""
+    answers = await asyncio.gather(*(ask(llm, f"Angle {k} on {item['topic']}.")
+                                     for k in range(int(item["n"]))))
+    verdict = await ask(llm, f"Weigh {len(answers)} angles on {item['topic']}.")
+    return {"topic": item["topic"], "angles": [len(a.split()) for a in answers],
+            "verdict_words": len(verdict.split())}
+
+
 @drover.subagent("fragile")
 async def fragile_research(item: dict[str, Any], llm: Any) -> Any:
     """Fails the team's own way on ``item["fail"]``, after one call."""

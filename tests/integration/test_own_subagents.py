@@ -61,6 +61,17 @@ def test_a_job_of_a_teams_function_ends_ok_with_each_output(own, worker, sim):
     assert result.usage.output_tokens == stats["billed"]["output_tokens"]
 
 
+def test_a_function_that_gathers_its_own_calls_has_each_counted_once(own, worker, sim):
+    worker(concurrency=4)
+    inputs = [{"topic": f"lane {i}", "n": 3 + i} for i in range(4)]
+    result = submit(JobSpec(subagent="side_by_side", inputs=inputs)).wait(timeout=120)
+
+    assert result.counts["ok"] == 4, [r.error for r in result.results]
+    assert [len(r.output["angles"]) for r in result.results] == [3, 4, 5, 6]
+    assert [r.usage.calls for r in result.results] == [4, 5, 6, 7]
+    assert result.usage.calls == sim.stats()["accepted"] == 22
+
+
 def test_an_exception_fails_that_sub_agent_only(own, worker):
     worker(concurrency=4)
     inputs = [{"topic": "a"}, {"topic": "b", "fail": "raise"}, {"topic": "c"},
@@ -128,7 +139,8 @@ def test_an_unknown_name_is_refused_with_the_closest_registered_one(own, redis_u
         submit(JobSpec(subagent="reserch", inputs=[1]))
     message = str(refused.value)
     assert "unknown sub-agent 'reserch' (did you mean 'research'?)" in message
-    assert "registered sub-agents: fragile, not_async, research, takes_one" in message
+    assert ("registered sub-agents: fragile, not_async, research, side_by_side, takes_one"
+            in message)
     assert "tests.helpers.own_subagents" in message and "\n" not in message
     assert _jobs(redis_url, own["DROVER_KEY_PREFIX"]) == before
 
