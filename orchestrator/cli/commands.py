@@ -216,7 +216,9 @@ def spec_format() -> str:
 
     fields = textwrap.fill(
         'The job spec is a JSON object (a JobSpec): either "subtasks", a list of tasks (one '
-        'sub-agent each), or a "goal" the model plans into at most "max_subtasks" sub-agents. '
+        'sub-agent each), or a "goal" the model plans into at most "max_subtasks" sub-agents, '
+        'or "subagent", the name of an @drover.subagent function, with "inputs", one JSON '
+        'value per sub-agent (docs/own-code.md). '
         f"Other fields (docs/jobs.md): {_spec_fields()}.", width=95, break_on_hyphens=False)
     return f"""\
 {fields}
