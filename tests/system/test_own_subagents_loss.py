@@ -7,12 +7,15 @@ Real worker processes with the default recovery settings; the functions are in
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from drover import JobSpec
+from drover.simulator import SimConfig, SimulatorServer
 from tests.helpers import configure, wait_until
 from tests.helpers.fleet import Fleet, assert_complete, kill_group, submit_elsewhere
 
@@ -65,3 +68,43 @@ def test_a_worker_killed_mid_job_of_own_functions_loses_none(sim, drover_env, sp
     usage = result.usage
     assert stats["accepted"] <= usage.sent_calls <= stats["accepted"] + len(held), usage
     assert usage.calls >= N * 6
+
+
+def test_sigterm_hands_a_workers_own_sub_agents_back_between_calls(sim, drover_env,
+                                                                  spawn_worker, monkeypatch,
+                                                                  fleet):
+    configure(monkeypatch, drover_env, tool_modules=MODULES)
+    config = {"latency_mean_s": 0.3, "latency_p95_s": 0.6}
+    sim.configure(**config)
+    # The victim calls a simulator of its own (both answer alike: same seed), so what it sends
+    # after the signal is counted apart; its grace is long, so only the hand-back between
+    # calls (not the grace running out) can move its sub-agents before they finish.
+    with SimulatorServer(SimConfig(seed=1, tool_turns=1, output_tokens_mean=60,
+                                   **config)) as own:
+        inputs = [{"topic": f"quay {i}", "checks": 4, "pause_s": 1.0} for i in range(N)]
+        handle = submit_elsewhere(drover_env, JobSpec(subagent="research", inputs=inputs))
+        victim = spawn_worker(concurrency=THREADS, DROVER_ANTHROPIC_BASE_URL=own.url,
+                              DROVER_SHUTDOWN_GRACE_S="60")
+        survivor = spawn_worker(concurrency=THREADS)
+        victim_id, _ = fleet.wait_for(victim, survivor)
+        wait_until("the victim running sub-agents mid-function",
+                   lambda: len(fleet.running(victim_id)) >= 4 and own.stats()["accepted"] >= 8,
+                   120)
+        held = fleet.held(victim_id)
+        before = own.stats()
+        os.kill(victim.pid, signal.SIGTERM)  # what docker stop and Kubernetes send
+        wait_until("its sub-agents continuing on the other worker",
+                   lambda: all(fleet.moved_on(job, part, victim_id) for job, part in held), 60)
+        victim.wait(timeout=90)
+        result = fleet.wait(handle, N, timeout=120)
+        after = own.stats()
+    print(f"\nSIGTERM: {len(held)} own sub-agents handed back; the victim sent "
+          f"{after['accepted'] - before['accepted']} calls after it ({before['in_flight']} in "
+          f"flight at the signal)")
+
+    assert victim.returncode == 0  # a warm shutdown, not a crash
+    assert_complete(result, fleet, N)
+    # Its calls in flight finished and were journaled; none started after the signal.
+    assert after["accepted"] - before["accepted"] <= before["in_flight"]
+    # The resumed functions replayed what they had been answered: no call went out twice.
+    assert after["accepted"] + sim.stats()["accepted"] == result.usage.calls == N * 6

@@ -223,7 +223,7 @@ class SubagentRun:
         if self.own_client is None:
             raise RuntimeError("an @subagent job's run needs own_client (the task layer's "
                                "subagent_client)")
-        ctx.answered = self._answered
+        ctx.answered, ctx.check = self._answered, self._check_own
         try:
             output = await run_own(spec.subagent or "", self.task or "null",
                                    self.own_client(self.rt, ctx), ctx)
@@ -232,6 +232,13 @@ class SubagentRun:
             return await self._finish(state, "failed", error=failed.message,
                                       error_type=failed.error_type)
         return await self._finish(state, "ok", output=output)
+
+    async def _check_own(self, est_in: int, est_out: int) -> None:
+        """Before each call of an @subagent: SIGTERM hands it back at once (its answered calls
+        replay from the journal where it resumes), as drover's loop does between turns."""
+        if self.rt.shared.heartbeat().draining:
+            raise LimiterSaysLater(0.0, "worker shutting down")
+        await self._check(est_in, est_out)
 
     async def _answered(self, usage: Any, *, model: str | None = None) -> None:
         """An @subagent's call was answered (its usage settled): counted in its state (at
