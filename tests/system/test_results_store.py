@@ -35,6 +35,18 @@ def results_url(drover_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.fixture
+def own_keys(drover_env: dict[str, str], key_prefix: str, monkeypatch: pytest.MonkeyPatch
+             ) -> str:
+    """A key prefix of the test's own, for a test that counts the jobs the store is behind on
+    or leaves one there: that list ({prefix}:results:pending) is the prefix's, and under the
+    session's prefix it held the jobs of every earlier test in the process whose store was
+    away (test_a_worker_whose_store_does_not_answer's stays on it for good), so a count
+    said 2 where the test had made 1. Asked for before ``fleet``, which reads the prefix."""
+    configure(monkeypatch, drover_env, key_prefix=key_prefix)
+    return key_prefix
+
+
+@pytest.fixture
 def fleet(drover_env: dict[str, str]) -> Iterator[Fleet]:
     f = Fleet(drover_env)
     yield f
@@ -251,7 +263,7 @@ def test_records_the_store_missed_are_copied_when_the_job_ends(drover_env, resul
 
 
 def test_a_worker_whose_store_does_not_answer_says_so_in_one_line_and_runs_on(
-        sim, drover_env, fleet):
+        sim, drover_env, own_keys, fleet):
     env = {**os.environ, **drover_env,
            "DROVER_RESULTS_URL": "postgresql://drover:s3cret-pw@127.0.0.1:1/results"}
     proc = subprocess.Popen(
@@ -374,7 +386,7 @@ def test_a_silent_database_fails_a_statement_at_its_deadline_and_the_next_one_co
 
 
 def test_records_never_wait_on_a_silent_store_and_are_copied_once_it_answers(
-        drover_env, results_url, caplog, monkeypatch):
+        drover_env, results_url, own_keys, caplog, monkeypatch):
     """The sub-agents' record writes return while the store's writer is held by a silent
     connection; the jobs it missed are listed (the metric's count and age), and the sweep's
     catch-up copies their records once it answers."""
@@ -424,7 +436,7 @@ def test_records_never_wait_on_a_silent_store_and_are_copied_once_it_answers(
 
 
 def test_a_job_runs_on_through_a_store_gone_silent_and_every_record_reaches_it_once(
-        sim, drover_env, results_url, spawn_worker, fleet):
+        sim, drover_env, results_url, own_keys, spawn_worker, fleet):
     """Real workers write through a TCP proxy to PostgreSQL; mid-job every connection open
     through it goes silent (no byte either way, none closed). The job ends, every sub-agent
     ok; each statement held by a silent connection is cut at its deadline and the records it
@@ -463,7 +475,7 @@ def test_a_job_runs_on_through_a_store_gone_silent_and_every_record_reaches_it_o
 
 
 def test_a_job_that_ends_while_the_store_is_away_is_caught_up_once_it_is_back(
-        sim, drover_env, results_url, fleet, tmp_path):
+        sim, drover_env, results_url, own_keys, fleet, tmp_path):
     """Mid-job the database stops (every connection closed, new ones refused): the job ends
     all ok on Redis alone, the workers say the store is behind, and once it is back the
     sweep copies every record and the job's row, and the list of jobs behind empties."""
