@@ -181,9 +181,18 @@ def test_every_drover_variable_the_code_reads_is_a_setting_or_known_elsewhere():
                                                             - READ_ELSEWHERE)
 
 
-def test_a_worker_on_openai_names_its_own_endpoint_and_no_claude_limits():
+def test_a_worker_on_openai_names_its_own_endpoint_and_no_claude_limits(monkeypatch, tmp_path):
     from drover.config import load_settings
     from drover.workers.tasklayer.startup import start_lines
+
+    # The endpoints come from the environment as a user sets them, and nothing else of this
+    # process's environment or working folder (a .env) may name one (a full run once read
+    # "OPENAI_BASE_URL unset" here, though the variable had been given).
+    monkeypatch.chdir(tmp_path)
+    for name in ("OPENAI_BASE_URL", "DROVER_OPENAI_BASE_URL", "ANTHROPIC_BASE_URL",
+                 "DROVER_ANTHROPIC_BASE_URL", "DROVER_PROVIDER", "DROVER_MODEL", "DROVER_KEYS",
+                 "DROVER_MODEL_PROVIDERS"):
+        monkeypatch.delenv(name, raising=False)
 
     class NoRedis:
         def state(self, scope):
@@ -192,7 +201,10 @@ def test_a_worker_on_openai_names_its_own_endpoint_and_no_claude_limits():
         def scopes(self):
             raise ConnectionError
 
-    settings = load_settings(provider="openai", openai_base_url="http://u:pw@llm.internal/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://u:pw@llm.internal/v1")
+    settings = load_settings(provider="openai")
+    assert settings.openai_base_url == "http://u:pw@llm.internal/v1"
+    monkeypatch.delenv("OPENAI_BASE_URL")
     text = "\n".join(start_lines(settings, NoRedis()))
     assert "provider endpoint http://u:***@llm.internal/v1 (openai)" in text, text
     assert "Anthropic API" not in text and "limits of llm:default:claude" not in text, text
