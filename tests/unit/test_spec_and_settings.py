@@ -185,9 +185,11 @@ def test_a_worker_on_openai_names_its_own_endpoint_and_no_claude_limits(monkeypa
     from drover.config import load_settings
     from drover.workers.tasklayer.startup import start_lines
 
-    # The endpoints come from the environment as a user sets them, and nothing else of this
-    # process's environment or working folder (a .env) may name one (a full run once read
-    # "OPENAI_BASE_URL unset" here, though the variable had been given).
+    # The endpoints come from the environment as a user sets them (OPENAI_BASE_URL), and
+    # nothing else of this process's environment or working folder (a .env) names one. Passed
+    # as load_settings(openai_base_url=...), a field read through an alias was dropped by
+    # pydantic-settings 2.14 (the version CI's interpreter has; 2.16 case-folds it to the
+    # alias), and the line read "OPENAI_BASE_URL unset".
     monkeypatch.chdir(tmp_path)
     for name in ("OPENAI_BASE_URL", "DROVER_OPENAI_BASE_URL", "ANTHROPIC_BASE_URL",
                  "DROVER_ANTHROPIC_BASE_URL", "DROVER_PROVIDER", "DROVER_MODEL", "DROVER_KEYS",
