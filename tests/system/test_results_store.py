@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from drover import JobHandle, JobSpec
+from drover import JobHandle, JobSpec, submit
 from drover.errors import ResultsStoreError
 from drover.workers.jobs.results_db import SCHEMA_VERSION, ResultsStore
 from tests.helpers import ROOT, configure, wait_until
@@ -525,3 +525,32 @@ def test_a_job_that_ends_while_the_store_is_away_is_caught_up_once_it_is_back(
     text = log.read_text()
     assert f"job {handle.id}: copied to the results store" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+
+
+def test_a_retry_replaces_the_stored_records_of_the_sub_agents_it_runs_again(
+        sim, drover_env, results_url, spawn_worker, monkeypatch):
+    # Writes to the store never overwrite (a second write of one record is a no-op): the
+    # retried sub-agent's failed record and the job's first end stayed there as they were.
+    configure(monkeypatch, drover_env, max_attempts=1)
+    sim.configure(tool_turns=0, output_tokens_mean=20)
+    spawn_worker(concurrency=4)
+    handle = submit(JobSpec(subtasks=["Weigh crate 0", "Weigh crate 1 [[sim:500:1]]",
+                                      "Weigh crate 2"], max_tokens=40))
+    first = handle.wait(timeout=120)
+    assert first.counts == {**first.counts, "ok": 2, "failed": 1}, first.counts
+
+    def stored() -> list[tuple]:
+        return rows(results_url, "SELECT idx, status FROM drover_records WHERE job_id = %s "
+                    "ORDER BY idx", handle.id)
+
+    wait_until("the first run's records and end in PostgreSQL", lambda: len(stored()) == 3
+               and rows(results_url, "SELECT status FROM drover_jobs WHERE job_id = %s",
+                        handle.id), 60)
+    assert handle.retry() == [1]
+    assert handle.wait(timeout=120).counts["ok"] == 3
+    wait_until("the retry's record and the job's new end in PostgreSQL",
+               lambda: stored() == [(0, "ok"), (1, "ok"), (2, "ok")]
+               and rows(results_url, "SELECT status FROM drover_jobs WHERE job_id = %s",
+                        handle.id) == [("done",)], 60)
+    (usage,) = rows(results_url, "SELECT usage FROM drover_jobs WHERE job_id = %s", handle.id)
+    assert usage[0]["calls"] == 3  # the retry's call beside the first run's two

@@ -147,6 +147,7 @@ class Outcomes:
 
         JobNotFound for an unknown job, JobRefused for one still running or that never
         fanned out."""
+        self._forget_archived(job_id)
         keys = [self.keys.job(job_id, part) for part in (
             "meta", "records", "counts", "final", "claims", "sent", "result", "usage")]
         reply = self._reopen(keys=keys, args=["" if deadline_s is None else deadline_s,
@@ -162,6 +163,26 @@ class Outcomes:
             raise JobRefused(f"job {job_id} has no sub-agents (its planning failed): submit "
                              "it again")
         return sorted(int(_s(i)) for i in reply[1:])
+
+    def _forget_archived(self, job_id: str) -> None:
+        """With a results store: take out its copies of the records a retry replaces, and the
+        job's row, before the retry runs (its records and the job's end are then written
+        afresh; a copy left there would have stayed, as writes never overwrite). JobRefused,
+        with nothing changed, when the store does not answer."""
+        store = self.archive.store
+        meta = self.meta.get(job_id)
+        if store is None or meta.get("status") in ("queued", "planning", "running"):
+            return  # nothing kept elsewhere, or reopen refuses a running job
+        n = int(meta.get("n") or 0)
+        rerun = [i for i, r in self.records.walk(job_id, n) if r is not None and r.status != "ok"]
+        if not rerun:
+            return
+        try:
+            store.forget(job_id, rerun)
+        except ResultsStoreError as error:
+            raise JobRefused(f"job {job_id} keeps its records in the results store, which "
+                             f"does not answer ({error}); the retry would leave the old records "
+                             "there: retry once it answers") from None
 
     def exists(self, job_id: str) -> bool:
         if self.r.exists(self.keys.job(job_id, "result")):

@@ -338,6 +338,18 @@ class ResultsStore:
 
         self._run(work)
 
+    def forget(self, job_id: str, indexes: list[int]) -> None:
+        """Before ``drover retry`` re-runs these sub-agents: their records and the job's row
+        go, so that the retry's records and the job's new end are written in their place
+        (writes never overwrite: a second write of one record is a no-op)."""
+        def work(cur: Any) -> None:
+            with cur.connection.transaction():
+                cur.execute("DELETE FROM drover_records WHERE job_id = %s AND idx = ANY(%s)",
+                            (job_id, indexes))
+                cur.execute("DELETE FROM drover_jobs WHERE job_id = %s", (job_id,))
+
+        self._run(work)
+
     # --- reads ----------------------------------------------------------------------------
     def indexes(self, job_id: str) -> set[int]:
         """The indexes of the job's records that are here."""
