@@ -375,6 +375,7 @@ class Batches:
             "output_tokens": inner.output_tokens,
             "cache_creation_input_tokens": inner.cache_creation_input_tokens,
             "cache_read_input_tokens": inner.cache_read_input_tokens,
+            "max_request_input_tokens": inner.max_request_input_tokens,
             "billing": self.inner.billing(self.engine.config.batch_discount),
         }
 

@@ -1,7 +1,8 @@
 """Caps in dollars: ``JobSpec(max_cost_usd=...)`` and a tenant's ``usd_per_month``, checked
-before each call with its worst case reserved, so a job stops within one call's worth of its
-cap. Worker subprocesses, real Redis, the real SDK over HTTP to the simulator, which bills at
-the same prices (``stats()["billing"]``).
+before each call (a realtime call, or a turn put into a Message Batch) with its worst case
+reserved, so a job stops within one call's worth of its cap. Worker subprocesses, real Redis,
+the real SDK over HTTP to the simulator, which bills at the same prices
+(``stats()["billing"]``).
 
 ``python -m pytest tests/system/test_caps.py -n 0 -q -s -p no:cacheprovider``"""
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import json
 import uuid
+
+import redis
 
 from drover import JobSpec, submit
 from drover.config.prices import derive_price
@@ -71,3 +74,40 @@ def test_a_tenants_monthly_cap_holds_across_its_jobs(
     over = _within_one_call(sim, cap, second, "two jobs of a tenant capped a month at")
     assert over and all(f"monthly cost cap of tenant {tenant}" in (r.error or "")
                         for r in over)
+
+
+def test_a_batch_job_capped_in_dollars_stops_within_one_calls_worth(
+        sim, spawn_worker, drover_env, monkeypatch, redis_url):  # noqa: ANN001
+    """delivery="batch": each turn's worst case at the batch price is reserved before it is
+    queued, and settled with its result's cost (an errored one's with nothing)."""
+    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80, batch_processing_s=0.5)
+    configure(monkeypatch, drover_env, prices=json.dumps(PRICES), DROVER_BATCH_LINGER_S=0.3,
+              DROVER_BATCH_POLL_S=0.2, DROVER_BATCH_TICK_S=0.1, DROVER_BATCH_RPM=6000)
+    spawn_worker(concurrency=8)
+    wait_for_workers(1)
+    cap = 0.05  # about half of the 120 calls' bill at the batch price (~$0.10 uncapped)
+    spec = JobSpec(subtasks=["Assess supplier 0 [[sim:400]]",  # errored: settles to nothing
+                             *(f"Assess supplier {i}" for i in range(1, 120))],
+                   tools=["lookup_fact"], max_tokens=MAX_TOKENS, max_cost_usd=cap,
+                   delivery="batch")
+    handle = submit(spec)
+    result = handle.wait(timeout=300)
+    stats = sim.stats()
+    assert stats["accepted"] == 0, "every call went by batch"
+    b = stats["batches"]
+    bill = stats["billing"]["usd"]
+    worst = (b["max_request_input_tokens"] * PRICE.cache_write
+             + MAX_TOKENS * PRICE.output) / 1e6 * PRICE.batch
+    print(f"\na batch job capped at ${cap:.2f}: the provider billed ${bill:.4f} (batch "
+          f"${stats['billing']['batch_usd']:.4f}), the job counts ${result.cost_usd:.4f}; one "
+          f"call's worst case ${worst:.4f}; {result.counts}")
+    assert bill <= cap + worst, (bill, cap, worst)
+    assert result.cost_usd is not None and abs(result.cost_usd - bill) < 1e-6
+    over = result.by_status("budget_exceeded")
+    assert result.counts["ok"] >= 1 and over, result.counts
+    assert all("cost cap of $0.0500 (JobSpec.max_cost_usd)" in (r.error or "") for r in over)
+    assert all(r.usage.sent_calls == 0 and r.usage.batch_calls == 0 for r in over)
+    # Every reservation was settled: the job's tally is what its results cost.
+    r = redis.Redis.from_url(redis_url)
+    tally = int(r.hget(f"{drover_env['DROVER_KEY_PREFIX']}:job:{handle.id}:usd", "usd") or 0)
+    assert abs(tally / 1e9 - result.cost_usd) < 1e-6, (tally, result.cost_usd)

@@ -36,6 +36,10 @@ carries the error body a realtime call would have got and goes through the same
 ``classify`` (retryable: the next batch, counting an attempt; else ``failed``); ``expired``
 is sent again, or fails the sub-agent once the job's deadline has passed; ``canceled``
 means the job was cancelled (else it is sent again).
+
+The caps in dollars (``caps.py``) hold as for a realtime call: a turn's worst case at the
+batch price is reserved before it is queued (a cap it would pass ends the sub-agent
+``budget_exceeded``), and settled with what its result cost when it comes back.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from drover._signals import Parked
+from drover.workers.agent.caps import CostHold, reserve_cost, settle_cost
 from drover.workers.agent.delivery import uses_batch
 from drover.workers.agent.errors import CallFailed, Cancelled, RetryableFailure
 from drover.workers.agent.limits import bucket_seconds
@@ -109,6 +114,7 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
         if got and got.get("custom_id") == cid:
             state.batch_cid = None
             await _io(store.clear_result, ctx.job_id, ctx.index)
+            await _settle(rt, params["model"], state, got["result"])
             return await _consume(rt, got["result"], ctx)
     if await _io(rt.store.cancels.cancelled, ctx.job_id):
         raise Cancelled()
@@ -116,12 +122,37 @@ async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
     waiting: bool = bool(cid) and await _io(store.waiting, scope, cid)
     if waiting:
         raise Parked()
+    # The caps in dollars, as before a realtime call: the turn's worst case at the batch
+    # price (CostCapReached: not queued). A hold of an earlier request whose fate is unknown
+    # (queued or not before its delivery died) stays reserved: the cap may stop the job a
+    # little early, never late.
+    hold = await reserve_cost(
+        rt, ctx.job_id, ctx.tenant, ctx.max_cost_usd, params["model"],
+        rt.calibration.input_reservation(scope, rt.calibration.input_tokens(scope, params, True)),
+        int(params["max_tokens"]), batch=True)
+    state.batch_hold = hold.holds if hold is not None else []
     state.batch_n += 1
     state.batch_cid = cid = custom_id(ctx.job_id, ctx.index, state.turns, state.batch_n)
     # Checkpoint first: a sub-agent that dies here resumes knowing the id it queued.
-    await _io(rt.store.checkpoints.save, ctx.job_id, ctx.index, state, token)
+    try:
+        await _io(rt.store.checkpoints.save, ctx.job_id, ctx.index, state, token)
+    except BaseException:  # not queued (another delivery holds the sub-agent): give it back
+        await settle_cost(rt, hold)
+        raise
     await _io(store.enqueue, scope, ctx.job_id, cid, params)
     raise Parked()
+
+
+async def _settle(rt: Runtime, model: str, state: Checkpoint, result: dict[str, Any]) -> None:
+    """The turn's reservation under the caps becomes what its result cost: a ``succeeded``
+    one's usage at the batch price, nothing for the others (not billed)."""
+    holds, state.batch_hold = state.batch_hold, []
+    price = rt.settings.price_of(model)
+    if not holds or price is None:
+        return
+    usage = result["message"].get("usage") if result.get("type") == "succeeded" else None
+    await settle_cost(rt, CostHold(holds, price, batch=True),
+                      _Usage(usage) if usage is not None else None)
 
 
 # A job's own calls (its planning, its synthesis) in a batch job go by batch too, as parts of

@@ -11,6 +11,12 @@ the reservation is replaced by what the call cost (an answer at its usage, a cal
 never answered at what it is counted, nothing for a call refused or never sent). So what a
 job spends stays within its cap, but for the input estimate's error: within one call's worth.
 
+Message Batch jobs (``delivery="batch"``) are capped the same way: before a sub-agent's turn
+is put into a batch, its worst case at the Batches discount is reserved (``batch=True``) and
+kept in its checkpoint while the batch runs; when the result comes back the reservation
+becomes what it cost (a ``succeeded`` result at its usage and the discount; ``errored``,
+``expired`` or ``canceled``: nothing).
+
 Prices are DROVER_PRICES over the bundled table (``config/prices.py``); a job capped in dollars
 on a model without a price is refused at submit, and a tenant's monthly cap cannot be checked
 for such a model's calls (they are logged once and go out).
@@ -41,6 +47,7 @@ class CostHold:
 
     holds: list[tuple[str, float]]
     price: Price
+    batch: bool = False  # a Message Batch request: priced at the Batches discount
 
 
 def month(now: datetime | None = None) -> str:
@@ -53,9 +60,11 @@ def _worst(price: Price, input_tokens: int, max_tokens: int) -> float:
 
 
 async def reserve_cost(rt: Runtime, job_id: str, tenant: str | None, cap_usd: float | None,
-                       model: str, input_tokens: int, max_tokens: int) -> CostHold | None:
+                       model: str, input_tokens: int, max_tokens: int, *,
+                       batch: bool = False) -> CostHold | None:
     """Reserve the call's worst case under the job's cap and the tenant's monthly cap (None:
-    neither applies); CostCapReached, with nothing reserved, when one would be passed."""
+    neither applies); CostCapReached, with nothing reserved, when one would be passed.
+    ``batch``: a Message Batch request, whose worst case is at the Batches discount."""
     budget = rt.settings.tenant_budgets.get(tenant or "")
     tenant_cap = budget.usd_per_month if budget is not None else None
     if cap_usd is None and tenant_cap is None:
@@ -68,7 +77,7 @@ async def reserve_cost(rt: Runtime, job_id: str, tenant: str | None, cap_usd: fl
                         "(DROVER_PRICES): its calls are not counted against the cap", tenant,
                         model)
         return None
-    worst = _worst(price, input_tokens, max_tokens)
+    worst = _worst(price, input_tokens, max_tokens) * (price.batch if batch else 1.0)
     spending = rt.store.spending
     holds: list[tuple[str, float]] = []
     if cap_usd is not None:
@@ -86,14 +95,14 @@ async def reserve_cost(rt: Runtime, job_id: str, tenant: str | None, cap_usd: fl
         ok, total, _ = await asyncio.to_thread(spending.reserve_usd, key, tenant_cap, worst,
                                                TENANT_MONTH_TTL_S)
         if not ok:
-            await settle_cost(rt, CostHold(holds, price))  # give the job's reservation back
+            await settle_cost(rt, CostHold(holds, price, batch))  # give the job's reservation back
             raise CostCapReached(
                 f"the monthly cost cap of tenant {tenant} (${tenant_cap:,.2f}, "
                 f"DROVER_TENANT_BUDGETS usd_per_month) is reached: ${total:,.4f} spent or "
                 f"reserved this month, the next call up to ${worst:,.4f}; raise the cap or "
                 "wait for the month to turn")
         holds.append((key, worst))
-    return CostHold(holds, price)
+    return CostHold(holds, price, batch)
 
 
 async def settle_cost(rt: Runtime, hold: CostHold | None, usage: Any = None,
@@ -107,7 +116,7 @@ async def settle_cost(rt: Runtime, hold: CostHold | None, usage: Any = None,
         paid = hold.price.cost(
             int(usage.input_tokens or 0), int(usage.output_tokens or 0),
             int(getattr(usage, "cache_creation_input_tokens", 0) or 0),
-            int(getattr(usage, "cache_read_input_tokens", 0) or 0))
+            int(getattr(usage, "cache_read_input_tokens", 0) or 0), batch=hold.batch)
     elif lost is not None:
         paid = hold.price.cost(*lost)
     await asyncio.shield(asyncio.to_thread(rt.store.spending.settle_usd, hold.holds, paid))

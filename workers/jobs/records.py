@@ -142,6 +142,9 @@ class Checkpoint(BaseModel):
     # none is out), and how many batch requests it has made (keeps a retry's id new).
     batch_cid: str | None = None
     batch_n: int = 0
+    # Its reservations under the caps in dollars while that request is out ((key, dollars)
+    # each: workers/agent/caps.py), settled when its result comes back.
+    batch_hold: list[tuple[str, float]] = Field(default_factory=list)
     # Realtime calls whose outcome this state accounts for (answered, unanswered or failed).
     # Before each send its number is marked in Redis (Checkpoints.before_send); a resume that
     # finds a mark past this count knows that call went out and its answer was lost.
