@@ -200,3 +200,24 @@ def test_drover_submit_runs_an_own_job_and_refuses_a_bad_one(own, worker, tmp_pa
     proc = drover(["submit", str(spec)], env, tmp_path)
     assert proc.returncode == 2 and "no subtasks or goal" in proc.stderr, proc.stderr
     assert _jobs(redis_url, own["DROVER_KEY_PREFIX"]) == before + 1  # the first job only
+
+
+def test_a_retry_after_the_spend_limit_replays_what_was_answered_and_pays_nothing_twice(
+        own, worker, sim, drover_env, tmp_path):
+    # A sub-agent stopped half-way by the provider's spend limit is run again from the start
+    # by `drover retry`: its answered calls come from its journal, only the rest are sent.
+    sim.configure(tool_turns=0, spend_limit_calls=10)
+    worker(concurrency=4)
+    inputs = [{"topic": f"port {i}", "checks": 3} for i in range(4)]  # 5 calls each
+    handle = submit(JobSpec(subagent="research", inputs=inputs))
+    first = handle.wait(timeout=120)
+    assert first.counts["ok"] < 4 and sim.stats()["accepted"] == 10, first.counts
+    sim.configure(spend_limit_calls=None)  # the owner raised the limit
+    enabled = drover(["keys", "enable", drover_env["DROVER_KEY_ALIAS"]],
+                     clean_env(**drover_env), tmp_path)
+    assert enabled.returncode == 0, enabled.stderr
+    assert handle.retry()
+    result = handle.wait(timeout=120)
+    assert result.counts["ok"] == 4, [r.error for r in result.results]
+    assert sim.stats()["accepted"] == 20  # the 10 paid for before were replayed, not re-sent
+    assert [len(r.output["checks"]) for r in result.results] == [3, 3, 3, 3]
