@@ -76,38 +76,69 @@ def test_a_tenants_monthly_cap_holds_across_its_jobs(
                         for r in over)
 
 
+
+def _batch_job(sim, spawn_worker, env, monkeypatch, more_env: dict,  # noqa: ANN001
+               **spec: object) -> tuple:
+    """120 one-call sub-agents by Message Batch (the first a request the provider refuses:
+    its reservation settles to nothing): the job's result, the simulator's bill and one
+    call's worst case at the batch price (as ``_within_one_call``'s, halved)."""
+    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80, batch_processing_s=0.5)
+    configure(monkeypatch, env, prices=json.dumps(PRICES), DROVER_BATCH_LINGER_S=0.3,
+              DROVER_BATCH_POLL_S=0.2, DROVER_BATCH_TICK_S=0.1, DROVER_BATCH_RPM=6000,
+              **more_env)
+    spawn_worker(concurrency=8)
+    wait_for_workers(1)
+    handle = submit(JobSpec(subtasks=["Assess supplier 0 [[sim:400]]",
+                                      *(f"Assess supplier {i}" for i in range(1, 120))],
+                            tools=["lookup_fact"], max_tokens=MAX_TOKENS, delivery="batch",
+                            **spec))
+    result = handle.wait(timeout=300)
+    stats = sim.stats()
+    assert stats["accepted"] == 0, "every call went by batch"
+    bill = stats["billing"]["usd"]
+    worst = (stats["batches"]["max_request_input_tokens"] * PRICE.cache_write
+             + MAX_TOKENS * PRICE.output) / 1e6 * PRICE.batch
+    print(f"\na batch job ({spec}): the provider billed ${bill:.4f} (batch "
+          f"${stats['billing']['batch_usd']:.4f}), the job counts ${result.cost_usd:.4f}; one "
+          f"call's worst case ${worst:.4f}; {result.counts}")
+    assert result.cost_usd is not None and abs(result.cost_usd - bill) < 1e-6
+    over = result.by_status("budget_exceeded")
+    assert result.counts["ok"] >= 1 and over, result.counts
+    assert all(r.usage.sent_calls == 0 and r.usage.batch_calls == 0 for r in over)
+    return result, bill, worst
+
+
+def _tally(redis_url: str, key: str) -> float:
+    """The dollars a cap's key holds spent or reserved."""
+    return int(redis.Redis.from_url(redis_url).hget(key, "usd") or 0) / 1e9
+
+
 def test_a_batch_job_capped_in_dollars_stops_within_one_calls_worth(
         sim, spawn_worker, drover_env, monkeypatch, redis_url):  # noqa: ANN001
     """delivery="batch": each turn's worst case at the batch price is reserved before it is
     queued, and settled with its result's cost (an errored one's with nothing)."""
-    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80, batch_processing_s=0.5)
-    configure(monkeypatch, drover_env, prices=json.dumps(PRICES), DROVER_BATCH_LINGER_S=0.3,
-              DROVER_BATCH_POLL_S=0.2, DROVER_BATCH_TICK_S=0.1, DROVER_BATCH_RPM=6000)
-    spawn_worker(concurrency=8)
-    wait_for_workers(1)
-    cap = 0.05  # about half of the 120 calls' bill at the batch price (~$0.10 uncapped)
-    spec = JobSpec(subtasks=["Assess supplier 0 [[sim:400]]",  # errored: settles to nothing
-                             *(f"Assess supplier {i}" for i in range(1, 120))],
-                   tools=["lookup_fact"], max_tokens=MAX_TOKENS, max_cost_usd=cap,
-                   delivery="batch")
-    handle = submit(spec)
-    result = handle.wait(timeout=300)
-    stats = sim.stats()
-    assert stats["accepted"] == 0, "every call went by batch"
-    b = stats["batches"]
-    bill = stats["billing"]["usd"]
-    worst = (b["max_request_input_tokens"] * PRICE.cache_write
-             + MAX_TOKENS * PRICE.output) / 1e6 * PRICE.batch
-    print(f"\na batch job capped at ${cap:.2f}: the provider billed ${bill:.4f} (batch "
-          f"${stats['billing']['batch_usd']:.4f}), the job counts ${result.cost_usd:.4f}; one "
-          f"call's worst case ${worst:.4f}; {result.counts}")
+    cap = 0.05  # about half of the 120 calls' bill at the batch price (~$0.09 uncapped)
+    result, bill, worst = _batch_job(sim, spawn_worker, drover_env, monkeypatch, {},
+                                     max_cost_usd=cap)
     assert bill <= cap + worst, (bill, cap, worst)
-    assert result.cost_usd is not None and abs(result.cost_usd - bill) < 1e-6
-    over = result.by_status("budget_exceeded")
-    assert result.counts["ok"] >= 1 and over, result.counts
-    assert all("cost cap of $0.0500 (JobSpec.max_cost_usd)" in (r.error or "") for r in over)
-    assert all(r.usage.sent_calls == 0 and r.usage.batch_calls == 0 for r in over)
+    assert all("cost cap of $0.0500 (JobSpec.max_cost_usd)" in (r.error or "")
+               for r in result.by_status("budget_exceeded"))
     # Every reservation was settled: the job's tally is what its results cost.
-    r = redis.Redis.from_url(redis_url)
-    tally = int(r.hget(f"{drover_env['DROVER_KEY_PREFIX']}:job:{handle.id}:usd", "usd") or 0)
-    assert abs(tally / 1e9 - result.cost_usd) < 1e-6, (tally, result.cost_usd)
+    tally = _tally(redis_url, f"{drover_env['DROVER_KEY_PREFIX']}:job:{result.job_id}:usd")
+    assert abs(tally - bill) < 1e-6, (tally, bill)
+
+
+def test_a_tenants_monthly_cap_holds_for_its_batch_jobs(
+        sim, spawn_worker, drover_env, monkeypatch, redis_url):  # noqa: ANN001
+    from drover.workers.agent.caps import month
+
+    tenant = f"team-{uuid.uuid4().hex[:6]}"  # this month's tally is this test's alone
+    cap = 0.04
+    result, bill, worst = _batch_job(
+        sim, spawn_worker, drover_env, monkeypatch,
+        {"tenant_budgets": json.dumps({tenant: {"usd_per_month": cap}})}, tenant=tenant)
+    assert bill <= cap + worst, (bill, cap, worst)
+    assert all(f"monthly cost cap of tenant {tenant}" in (r.error or "")
+               for r in result.by_status("budget_exceeded"))
+    tally = _tally(redis_url, f"{drover_env['DROVER_KEY_PREFIX']}:tenant:{tenant}:usd:{month()}")
+    assert abs(tally - bill) < 1e-6, (tally, bill)
