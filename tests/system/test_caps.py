@@ -142,3 +142,23 @@ def test_a_tenants_monthly_cap_holds_for_its_batch_jobs(
                for r in result.by_status("budget_exceeded"))
     tally = _tally(redis_url, f"{drover_env['DROVER_KEY_PREFIX']}:tenant:{tenant}:usd:{month()}")
     assert abs(tally - bill) < 1e-6, (tally, bill)
+
+
+def test_the_jobs_own_calls_spend_from_its_cap_too(sim, spawn_worker, drover_env, monkeypatch):
+    # The planning call of a goal and the join's synthesis are the job's calls: a cap that
+    # has no room for the planning call's worst case (about $0.003) ends the job before any
+    # call is sent; a synthesis the sub-agents left no room for is not made.
+    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80)
+    configure(monkeypatch, drover_env, prices=json.dumps(PRICES))
+    spawn_worker(concurrency=4)
+    wait_for_workers(1)
+    planned = submit(JobSpec(goal="Survey the harbour's cranes", max_tokens=MAX_TOKENS,
+                             max_cost_usd=0.001)).wait(timeout=120)
+    assert planned.status == "failed" and "cost cap of $0.0010" in (planned.reason or ""), (
+        planned.status, planned.reason)
+    assert sim.stats()["accepted"] == 0
+    cap = 0.012  # room for about four of the sub-agents' calls, none for a synthesis after
+    joined = submit(_spec(4, max_cost_usd=cap, synthesize=True)).wait(timeout=120)
+    assert joined.synthesis is not None and joined.synthesis.startswith(
+        "(synthesis not made: the job's cost cap"), joined.synthesis
+    _within_one_call(sim, cap, joined, "a job and its synthesis capped at")

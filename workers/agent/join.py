@@ -18,7 +18,7 @@ from functools import partial
 
 from drover._signals import Incomplete
 from drover.workers.agent.batch import SYNTHESIS_PART, Parked, job_batch_message, uses_batch
-from drover.workers.agent.errors import CallFailed, Cancelled, RetryLater
+from drover.workers.agent.errors import CallFailed, Cancelled, CostCapReached, RetryLater
 from drover.workers.agent.llm import (
     CallContext,
     count_lost_job_call,
@@ -154,7 +154,8 @@ async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
         ctx.unanswered = partial(job_unanswered, rt, job_id, model=model)
     else:
         await count_lost_job_call(rt, job_id, "synthesis", model=model)
-        ctx = job_call_context(rt, job_id, "synthesis", asyncio.Event(), model=model)
+        ctx = job_call_context(rt, job_id, "synthesis", asyncio.Event(), model=model,
+                               max_cost_usd=spec.max_cost_usd)
     for _ in range(rt.settings.max_attempts):
         try:
             if by_batch:
@@ -172,5 +173,7 @@ async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
             continue
         except (CallFailed, Cancelled) as error:
             return f"(synthesis failed: {error})"
+        except CostCapReached as capped:  # not sent: the job's spend is at its cap
+            return f"(synthesis not made: {capped})"
         return "\n".join(b.text for b in message.content if b.type == "text")
     return "(synthesis failed: attempts used up)"

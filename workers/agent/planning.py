@@ -71,7 +71,8 @@ def fit_plan(subtasks: list[Any], max_subtasks: int) -> list[str]:
 async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | None = None,
                     system: str | None = None, job_id: str = "plan",
                     cancel: asyncio.Event | None = None, failures: int = 0,
-                    store_usage: bool = False, by_batch: bool = False) -> list[str]:
+                    store_usage: bool = False, by_batch: bool = False,
+                    max_cost_usd: float | None = None) -> list[str]:
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
     model = model or rt.settings.model
     params = plan_request(goal, max_subtasks, model, system)
@@ -83,7 +84,8 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
         await job_answered(rt, job_id, message.usage, model=model, batch=True)
     elif store_usage:  # the planning call is the job's: counted in its usage like any other
         await count_lost_job_call(rt, job_id, "plan", model=model)
-        ctx = job_call_context(rt, job_id, "plan", cancel, failures, model=model)
+        ctx = job_call_context(rt, job_id, "plan", cancel, failures, model=model,
+                               max_cost_usd=max_cost_usd)
         message = await job_call(rt, params, ctx, "plan")
         await job_answered(rt, job_id, message.usage, model=model, settles="plan")
     else:
@@ -114,4 +116,5 @@ async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec, *, failures: in
         return await plan_goal(rt, spec.goal, spec.max_subtasks, model=spec.model,
                                system=spec.system, job_id=job_id, cancel=cancel,
                                failures=failures, store_usage=True,
-                               by_batch=uses_batch(spec, rt.settings))
+                               by_batch=uses_batch(spec, rt.settings),
+                               max_cost_usd=spec.max_cost_usd)

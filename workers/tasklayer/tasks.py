@@ -27,6 +27,7 @@ from drover.workers.agent import (
     plan_job_goal,
 )
 from drover.workers.agent.batch import PLAN_PART, SYNTHESIS_PART
+from drover.workers.agent.errors import CostCapReached
 from drover.workers.clients import subagent_client
 from drover.workers.jobs import TOKEN_HEADER, ClaimLost, SubagentResult
 from drover.workers.tasklayer._delivery import (
@@ -160,7 +161,7 @@ def plan_job(self: Task, job_id: str) -> dict[str, Any]:
         rt.store.outcomes.fail(job_id, rt.store.cancels.cancelled(job_id) or "cancelled",
                                status="cancelled")
         return {"status": "cancelled", "job_id": job_id}
-    except (CallFailed, ValueError) as error:
+    except (CallFailed, CostCapReached, ValueError) as error:
         rt.store.outcomes.fail(job_id, f"planning failed: {error}")
         return {"status": "failed", "job_id": job_id}
     if reason := rt.store.cancels.cancelled(job_id):  # the cancel came just as the plan did
