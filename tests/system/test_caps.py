@@ -74,6 +74,13 @@ def test_a_tenants_monthly_cap_holds_across_its_jobs(
     over = _within_one_call(sim, cap, second, "two jobs of a tenant capped a month at")
     assert over and all(f"monthly cost cap of tenant {tenant}" in (r.error or "")
                         for r in over)
+    # A job's own calls are the tenant's too: with its month spent, a goal is not planned.
+    accepted = sim.stats()["accepted"]
+    planned = submit(JobSpec(goal="Survey the depots", max_tokens=MAX_TOKENS,
+                             tenant=tenant)).wait(timeout=120)
+    assert planned.status == "failed" and f"monthly cost cap of tenant {tenant}" in (
+        planned.reason or ""), (planned.status, planned.reason)
+    assert sim.stats()["accepted"] == accepted
 
 
 

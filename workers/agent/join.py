@@ -155,7 +155,7 @@ async def _synthesise(rt: Runtime, job_id: str, spec: JobSpec,
     else:
         await count_lost_job_call(rt, job_id, "synthesis", model=model)
         ctx = job_call_context(rt, job_id, "synthesis", asyncio.Event(), model=model,
-                               max_cost_usd=spec.max_cost_usd)
+                               max_cost_usd=spec.max_cost_usd, tenant=spec.tenant)
     for _ in range(rt.settings.max_attempts):
         try:
             if by_batch:

@@ -125,15 +125,16 @@ async def job_unanswered(rt: Runtime, job_id: str, est_in: int, est_out: int, *,
 
 
 def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
-                     failures: int = 0, *, model: str,
-                     max_cost_usd: float | None = None) -> CallContext:
+                     failures: int = 0, *, model: str, max_cost_usd: float | None = None,
+                     tenant: str | None = None) -> CallContext:
     """The context of a job's own call (``part``: "plan" or "synthesis") to ``model``: counted
     in the job's usage, and its send marked right before it goes out, so that a delivery which
     finds the mark (its worker died mid-call: ``count_lost_job_call``) counts that call as
     unanswered. The mark goes when the answer is counted, or when the call ends otherwise
-    (``job_call``). ``max_cost_usd``: the job's cap in dollars, which its own calls spend
-    from as its sub-agents' do."""
-    ctx = CallContext(job_id, -1, cancel, failures, max_cost_usd=max_cost_usd)
+    (``job_call``). ``max_cost_usd`` and ``tenant``: the job's cap in dollars and its tenant,
+    whose budgets (tokens, and dollars a month) its own calls spend from as its sub-agents'
+    do."""
+    ctx = CallContext(job_id, -1, cancel, failures, tenant=tenant, max_cost_usd=max_cost_usd)
 
     async def mark(est_in: int, est_out: int) -> None:
         await asyncio.to_thread(rt.store.spending.mark_job_send, job_id, part, est_in, est_out)

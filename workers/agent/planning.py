@@ -72,7 +72,8 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
                     system: str | None = None, job_id: str = "plan",
                     cancel: asyncio.Event | None = None, failures: int = 0,
                     store_usage: bool = False, by_batch: bool = False,
-                    max_cost_usd: float | None = None) -> list[str]:
+                    max_cost_usd: float | None = None, tenant: str | None = None
+                    ) -> list[str]:
     max_subtasks = min(max_subtasks, rt.settings.max_fanout)
     model = model or rt.settings.model
     params = plan_request(goal, max_subtasks, model, system)
@@ -85,7 +86,7 @@ async def plan_goal(rt: Runtime, goal: str, max_subtasks: int, *, model: str | N
     elif store_usage:  # the planning call is the job's: counted in its usage like any other
         await count_lost_job_call(rt, job_id, "plan", model=model)
         ctx = job_call_context(rt, job_id, "plan", cancel, failures, model=model,
-                               max_cost_usd=max_cost_usd)
+                               max_cost_usd=max_cost_usd, tenant=tenant)
         message = await job_call(rt, params, ctx, "plan")
         await job_answered(rt, job_id, message.usage, model=model, settles="plan")
     else:
@@ -117,4 +118,4 @@ async def plan_job_goal(rt: Runtime, job_id: str, spec: JobSpec, *, failures: in
                                system=spec.system, job_id=job_id, cancel=cancel,
                                failures=failures, store_usage=True,
                                by_batch=uses_batch(spec, rt.settings),
-                               max_cost_usd=spec.max_cost_usd)
+                               max_cost_usd=spec.max_cost_usd, tenant=spec.tenant)
