@@ -1,6 +1,8 @@
 """The LLM APIs drover calls, each behind one small interface (``Provider``, in ``_base``).
 
-Only this room imports a provider SDK. ``provider(name)`` is the one for a name;
+Only this room imports a provider SDK. A turn's answer is drover's own ``Answer`` (``answers``:
+its ``Block``s in the Messages shape, stop reason, model, ``AnswerUsage``), each provider
+converting its SDK's at its edge. ``provider(name)`` is the one for a name;
 ``describe(error)`` asks each provider whether ``error`` is one of its SDK's errors. A
 provider's module (and its SDK) is imported on first use (``registry``).
 Message Batches are Anthropic's only: the batcher uses the Anthropic names exported here
@@ -24,7 +26,6 @@ from drover.workers.providers._anthropic import (
     batch_results_text,
 )
 from drover.workers.providers._base import (
-    AnswerUsage,
     Failure,
     LimitReadings,
     Provider,
@@ -33,11 +34,13 @@ from drover.workers.providers._base import (
     json_body,
     went_out,
 )
+from drover.workers.providers.answers import Answer, AnswerUsage, Block
 from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import describe, provider
 from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen, SseEvents
 
-__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "AnswerUsage", "ConnectionFailed", "Failure",
-           "LimitReadings", "Message", "MessageBatchIndividualResponse", "Pool", "Provider",
-           "Seen", "SseEvents", "StatusError", "batch_results_text", "coarse_readings_dropped",
-           "describe", "fine_dimensions", "json_body", "provider", "went_out"]
+__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "Answer", "AnswerUsage", "Block", "ConnectionFailed",
+           "Failure", "LimitReadings", "Message", "MessageBatchIndividualResponse", "Pool",
+           "Provider", "Seen", "SseEvents", "StatusError", "batch_results_text",
+           "coarse_readings_dropped", "describe", "fine_dimensions", "json_body", "provider",
+           "went_out"]

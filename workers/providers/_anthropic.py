@@ -125,7 +125,7 @@ class Anthropic(Provider):
         return {**body, "max_tokens": int(body.get("max_tokens") or 1)}
 
     def answer_usage(self, body: dict[str, Any]) -> AnswerUsage:
-        return _answer_usage(body.get("usage"))
+        return AnswerUsage.from_json(body.get("usage"))
 
     def on_stream_event(self, seen: Any, event: dict[str, Any]) -> None:
         seen.on(event)
@@ -147,13 +147,6 @@ class Anthropic(Provider):
 
     def sdk_error(self, message: str) -> BaseException:
         return anthropic.AnthropicError(message)
-
-
-def _answer_usage(usage: Mapping[str, Any] | None) -> AnswerUsage:
-    usage = usage or {}
-    return AnswerUsage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0),
-                       int(usage.get("cache_creation_input_tokens") or 0),
-                       int(usage.get("cache_read_input_tokens") or 0))
 
 
 def _should_retry_header(error: anthropic.APIStatusError) -> bool | None:

@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
+from drover.workers.providers.answers import AnswerUsage
+
 __all__ = ["NOT_SENT", "AnswerUsage", "Failure", "LimitReadings", "Provider",
            "coarse_readings_dropped", "fine_dimensions", "json_body", "read_limit_headers",
            "read_retry_after", "went_out"]
@@ -127,17 +129,6 @@ def json_body(content: bytes) -> Any:
         return json.loads(content) if content else None
     except ValueError:
         return None
-
-
-@dataclass
-class AnswerUsage:
-    """An answer's usage in the Messages API's names (what drover counts and bills), read
-    off the wire by the limited clients' transport, whichever the provider."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_creation_input_tokens: int = 0
-    cache_read_input_tokens: int = 0
 
 
 class Provider:
