@@ -30,3 +30,21 @@ def test_a_first_turn_that_is_mostly_a_tool_schema_is_reserved_at_least_what_is_
     estimate = calibration.input_tokens("llm:a:gpt-sim-1", params, cache_reads_count=False)
     reserved = calibration.input_reservation("llm:a:gpt-sim-1", estimate)
     assert estimate <= counted <= reserved, (estimate, counted, reserved)
+
+
+def test_a_stream_closed_early_is_settled_at_the_fewest_characters_a_token_its_scope_showed():
+    # The limiter's count of a stream closed early must not fall below the bill: 3 characters
+    # a token until the scope's answers show fewer (JSON, punctuation), then that; answers of
+    # a few tokens teach nothing.
+    from drover.workers.providers import Seen
+
+    calibration, scope = Calibration(), "llm:a:m"
+    seen = Seen(chars=1200)
+    assert seen.partial_output_at_most(8000, calibration.output_chars_per_token(scope)) == 400
+    calibration.observe_output_chars(scope, chars=30, tokens=15)  # too short to teach
+    calibration.observe_output_chars(scope, chars=500, tokens=100)  # 5 a token: not fewer
+    assert calibration.output_chars_per_token(scope) == 3.0
+    calibration.observe_output_chars(scope, chars=200, tokens=100)
+    assert seen.partial_output_at_most(8000, calibration.output_chars_per_token(scope)) == 600
+    assert seen.partial_output_at_most(500, 2.0) == 500  # never above max_tokens
+    assert Seen(chars=40, output_tokens=90).partial_output_at_most(8000, 2.0) == 90  # said

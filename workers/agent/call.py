@@ -396,6 +396,7 @@ class Call:
         rt.calibration.observe(self.route.scope, self.params, usage, used_in,
                                self.cache_reads_count, self.key_alias if self.route.pooled
                                else "")
+        rt.calibration.observe_output_chars(self.route.scope, seen.chars, used_out)
         speed = seen.output_per_s(used_out)
         stream_timing(seen.first_token_s, speed)
         log.info("llm call outcome=ok scope=%s status=200 job=%s sub=%d wait_s=%.3f "
@@ -423,7 +424,7 @@ class Call:
         lost_in, lost_out = self._lost_usage()
         await asyncio.shield(self.route.settle(
             rt.limiter, grant, input_tokens=lost_in if lost else 0,
-            output_tokens=lost_out if lost and self.seen.started else 0,
+            output_tokens=self._settled_output() if lost and self.seen.started else 0,
             max_tokens=self.max_tokens if lost else 0))
         self.spent = lost_in + lost_out if lost else 0
         if lost:
@@ -466,7 +467,7 @@ class Call:
             # the output reservation is refunded.
             await asyncio.shield(self.route.settle(
                 rt.limiter, grant, input_tokens=lost_in,
-                output_tokens=lost_out if self.seen.started else 0,
+                output_tokens=self._settled_output() if self.seen.started else 0,
                 max_tokens=self.max_tokens))
             # Billed, so the tenant's budget pays what it cost and the caller counts it.
             self.spent, self.lost = lost_in + lost_out, (lost_in, lost_out)
@@ -502,6 +503,13 @@ class Call:
     def _grant(self) -> Grant:
         assert self.grant is not None, "settled before a grant"
         return self.grant
+
+    def _settled_output(self) -> int:
+        """The output the limiter settles a stream that closed early at: not below what the
+        provider billed (``Seen.partial_output_at_most``), where the usage counts its
+        estimate (``_lost_usage``)."""
+        return self.seen.partial_output_at_most(
+            self.max_tokens, self.rt.calibration.output_chars_per_token(self.route.scope))
 
     def _lost_usage(self) -> tuple[int, int]:
         """What a call that ended without its answer cost: once its stream began, the input it

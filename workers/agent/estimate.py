@@ -48,6 +48,13 @@ MESSAGE_OVERHEAD = 4
 # after ten), as the ratio's running mean settles; what it over-reserves is refunded at
 # settle. The estimate itself (what an unanswered call is billed at) carries none.
 UNCALIBRATED = 1.25
+# A stream closed before its end is settled in the limiter at the characters received over
+# this (or fewer: the fewest a token held in the scope's answers), not at the usage's
+# characters / 4, which fell below the provider's bill (1,200 for 1,284 billed: short words
+# and punctuation are tokens of their own). The limiter must not count less than the bill.
+OUTPUT_CHARS_PER_TOKEN = 3.0
+# Answers shorter than this teach nothing of characters per token (a few tokens of markup).
+OUTPUT_CHARS_MIN_TOKENS = 20
 
 
 CACHE_WARM_S = 240.0  # the provider keeps a cached prefix for 5 minutes after its last use
@@ -113,6 +120,7 @@ class Calibration:
         self._input_ratio: dict[str, float] = {}
         self._answers: dict[str, int] = {}  # answers that calibrated each scope's ratio
         self._output: dict[str, float] = {}
+        self._output_chars: dict[str, float] = {}  # fewest characters an output token held
         self._warm: dict[str, float] = {}  # cached prefix -> when it was last read or written
 
     def _cached(self, params: dict[str, Any], home: str) -> bool:
@@ -136,6 +144,16 @@ class Calibration:
         whose answers have not calibrated it yet (see UNCALIBRATED)."""
         margin = 1 + (UNCALIBRATED - 1) * (1 - SMOOTHING) ** self._answers.get(scope, 0)
         return max(estimate, round(estimate * margin))
+
+    def output_chars_per_token(self, scope: str) -> float:
+        """What a stream closed early is settled at in the limiter: characters received per
+        output token (OUTPUT_CHARS_PER_TOKEN, fewer where this scope's answers had fewer)."""
+        return self._output_chars.get(scope, OUTPUT_CHARS_PER_TOKEN)
+
+    def observe_output_chars(self, scope: str, chars: int, tokens: int) -> None:
+        """A streamed answer's characters received and its output count."""
+        if tokens >= OUTPUT_CHARS_MIN_TOKENS and chars > 0:
+            self._output_chars[scope] = min(self.output_chars_per_token(scope), chars / tokens)
 
     def output_tokens(self, scope: str, max_tokens: int) -> int:
         guess = self._output.get(scope, min(max_tokens, 512))
