@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -601,3 +602,21 @@ def test_an_answer_longer_than_its_reservation_holds_back_the_sends_granted_befo
     lim.settle(plain, ScopeLimits(rpm=6000, burst_s=1), g, input_tokens=0, output_tokens=900)
     g2 = lim.acquire(plain, ScopeLimits(rpm=6000, burst_s=1), output_tokens=50)
     assert lim.hold_back(g2, plain) == 0.0
+
+
+def test_hold_back_reads_the_one_keys_stop_in_the_same_call(lim):
+    """hold_back.lua with ``stop`` (the one key's alias): a key stopped fleet-wide since the
+    grant (its spend limit) answers inf and changes nothing (the caller releases the grant
+    and sends nothing), in the one trip to Redis the send makes anyway; a key not stopped,
+    or enabled again, lets the grant go."""
+    scope, limits = "llm:solo:stopped", ScopeLimits(rpm=600, burst_s=1)
+    at(lim, 0)
+    grant = lim.acquire(scope, limits)
+    assert lim.hold_back(grant, scope, stop="solo") == 0.0
+    again = lim.acquire(scope, limits)
+    lim.disable_key("solo", why="spend limit (429): test")
+    assert lim.hold_back(again, scope, stop="solo") == math.inf
+    assert lim.state(scope)["leases"] == 2  # nothing changed: its lease stays to release
+    assert lim.hold_back(again, scope, stop="other") == 0.0  # another key's stop
+    lim.enable_key("solo")
+    assert lim.hold_back(lim.acquire(scope, limits), scope, stop="solo") == 0.0

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -355,14 +356,15 @@ class Call:
         try:
             waited, self.budget_wait = max(grant.wait_s, self.budget_wait), 0.0
             await wait_or_cancel(waited, ctx.cancel)
+            # One trip to Redis: the cooldowns, the paced sends, and a key stopped (a pool's
+            # key disabled: held back a day; the one key: inf) since the grant.
             while (held := await route.hold_back(rt.limiter, grant)) < 0:
                 await wait_or_cancel(-held, ctx.cancel)  # a one-request bucket: paced sends
-            if held > 0:
-                raise HeldBack()  # a 429 came while this call waited: the bucket is empty
-            if await key_stopped(rt, route, key.alias):  # its spend limit, found meanwhile
-                await route.release(rt.limiter, grant)
-                ctx.key = None
-                return False  # a pool's other keys
+            if held == math.inf:  # the one key, stopped: CallFailed if for its spend limit
+                await key_stopped(rt, route, key.alias)
+            elif held > 0:
+                raise HeldBack()  # a 429 came while this call waited, or a pool's key was
+                #                   disabled (the call moves to another key)
             if ctx.check is not None:  # after every wait, right before the send
                 await ctx.check(self.est_in, self.est_out)
         except HeldBack:

@@ -150,9 +150,11 @@ class Route:
     async def hold_back(self, limiter: Any, grant: Grant) -> float:
         """Seconds a cooldown still holds on a level the grant reserved in (0.0: none, send
         it); when one does, the grant is spent and the call plans again. Below 0: the wait
-        before a paced send may go (``Limiter.hold_back``)."""
+        before a paced send may go (``Limiter.hold_back``); inf: the one key is stopped
+        fleet-wide (read in the same trip; ``spend_limit.key_stopped`` says whether for its
+        spend limit). A pool's key disabled meanwhile holds its grant back a day."""
         if self.pool is None:
-            return float(await limiter.hold_back(grant, self.scope))
+            return float(await limiter.hold_back(grant, self.scope, stop=self.one.alias))
         return float(await limiter.hold_back(grant, self.scope, self.key(grant).scope))
 
     async def release(self, limiter: Any, grant: Grant) -> None:

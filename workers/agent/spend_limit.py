@@ -8,7 +8,8 @@ fleet-wide key flag (the one a pool's 401/403 sets, ``Limiter.disable_key``) unt
 of next month, 00:00 UTC, or until ``drover keys enable ALIAS``. A pool goes on with its other
 keys; the one key, or a pool with none left, ends the job's unfinished sub-agents at once
 with a message that names the spend limit and how to raise it. No request is sent on a
-stopped key: the pool's acquire skips it, and the one key is looked at before each acquire.
+stopped key: the pool's acquire skips it, and the check right before each send
+(``hold_back.lua``, the same trip to Redis) holds back a grant whose key was stopped since.
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ async def stop_key(rt: Runtime, alias: str, decision: Decision) -> bool:
 
 
 async def key_stopped(rt: Runtime, route: Route, alias: str) -> bool:
-    """Right before a send on ``alias``: True when a pool's key was disabled since its grant
-    (its spend limit, a 401 elsewhere: the call goes to another key); for the one key,
-    CallFailed (job-wide) when it is stopped for its spend limit. So no request goes out on
-    a stopped key, whoever stopped it."""
+    """``alias`` was found stopped right before a send (``Route.hold_back`` answered inf):
+    for the one key, CallFailed (job-wide) when it is stopped for its spend limit, else
+    False (stopped by ``drover keys disable``: sent); for a pool's, True when it is
+    disabled. So no request goes out on a key stopped for its spend limit."""
     disabled: Mapping[str, Mapping[str, Any]] = await rt.limiter.disabled_keys()
     off = disabled.get(alias)
     if route.pooled:

@@ -216,16 +216,19 @@ class LimiterCore:
             "learnable": None if learnable is None else [_LETTERS[d] for d in learnable]},
             lambda reply: float(_s(reply)))
 
-    def _hold_back(self, grant: Grant, scopes: list[str]) -> Call | None:
+    def _hold_back(self, grant: Grant, scopes: list[str], stop: str | None = None
+                   ) -> Call | None:
         if not scopes:
             raise ValueError("hold_back needs at least one scope")
         if not grant.granted or grant.lease_id is None:
             return None
         keys = [key for scope in scopes for key in self.keys(scope)[:2]]
-        if grant.key is not None:  # a pool's: a key disabled since the grant holds it too
+        # A pool's key disabled since the grant holds it too; ``stop``'s (the one key's)
+        # stopped fleet-wide answers inf.
+        if grant.key is not None or stop is not None:
             keys.append(self._off_keys()[0])
         return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key,
-                                              "out": grant.output_tokens},
+                                              "stop": stop, "out": grant.output_tokens},
                           lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> Call | None:

@@ -26,16 +26,26 @@
 -- waits while it is in debt, and each send that goes moves the next ones back.
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
--- KEYS[last]              with ARGV's key (a pool's): the pool's disabled keys (hash alias
+-- The one key stopped fleet-wide (its spend limit: workers/agent/spend_limit.py) is read
+-- here too (ARGV's stop), so that a send asks Redis once: 'inf', and nothing changes (the
+-- caller reads why, releases the grant and sends nothing). Its disabled-keys hash has the
+-- pool's hash tag, not the scope's: the one script of a scope that spans two (on one Redis
+-- primary, which is what drover runs on: docs/high-availability.md).
+-- KEYS[last]              with ARGV's key (a pool's) or stop: the disabled keys (hash alias
 --                         -> until, us)
 -- ARGV[1]                 {lease: the grant's lease id, key: the pool key's alias (a pool's),
---                         out: the grant's output reservation}
+--                         stop: the one key's alias, out: the grant's output reservation}
 -- Returns the seconds (a string) the longest of those cooldowns still holds, a day for a
 -- disabled key; minus the seconds until the paced send may go (ask again then); '0': none,
--- and the grant stands (called right before the send: it is its `ls`).
+-- and the grant stands (called right before the send: it is its `ls`); 'inf': stop's key
+-- is stopped.
 
-local scopes = A.key and #KEYS - 1 or #KEYS
-local off = A.key and tonumber(redis.call('HGET', KEYS[#KEYS], A.key) or '0') > now
+local scopes = (A.key or A.stop) and #KEYS - 1 or #KEYS
+local function off_key(alias)
+  return tonumber(redis.call('HGET', KEYS[#KEYS], alias) or '0') > now
+end
+if A.stop and off_key(A.stop) then return 'inf' end
+local off = A.key and off_key(A.key)
 local until_us, due, paced, spent = off and now + 86400 * 1e6 or now, now, {}, {}
 for i = 1, scopes, 2 do
   local f = hash(KEYS[i])
