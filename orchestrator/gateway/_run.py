@@ -12,6 +12,7 @@ from aiohttp import web
 
 from drover._signals import Refused
 from drover.orchestrator.gateway._callers import Callers
+from drover.orchestrator.gateway._line import GatewayLine
 from drover.orchestrator.gateway._server import ROUTES, make_app
 from drover.orchestrator.gateway._watch import RedisWatch
 from drover.workers.agent.runtime import get_runtime
@@ -43,7 +44,8 @@ def serve(shared: Any, port: int, addr: str) -> int:
     for name in providers:
         _needs_a_key(settings, name)
     rt = get_runtime(shared)
-    app = make_app(rt, callers, providers, RedisWatch(shared.redis_probe))
+    app = make_app(rt, callers, providers, RedisWatch(shared.redis_probe),
+                   GatewayLine(shared, rt.aredis))
 
     async def start() -> web.AppRunner:
         # handler_cancellation: a caller that disconnects cancels its handler, so its call

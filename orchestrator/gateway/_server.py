@@ -5,8 +5,10 @@ key (a gateway key of ``DROVER_GATEWAY_KEYS``). Each request:
 
 1. is refused with the provider's 401 when it carries no gateway key of ours (nothing is
    forwarded, nothing reserved);
-2. takes its share of the limits and is sent with the provider's real key
-   (``_forward.Forwarder``: the one call path), waiting in line while the bucket is empty;
+2. waits for a place of its tenant's in the fleet's fair share (``_line.GatewayLine``: the
+   window the fleet's jobs share by tenant weight), then takes its share of the limits and
+   is sent with the provider's real key (``_forward.Forwarder``: the one call path),
+   waiting in line while the bucket is empty;
 3. comes back as the provider answered: a stream event by event as it arrives, an error in
    the provider's own shape, with any provider key scrubbed from it.
 
@@ -24,6 +26,7 @@ path, status and timings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -35,6 +38,7 @@ from aiohttp import web
 from drover.errors import CallFailed, Cancelled, NeverFits
 from drover.orchestrator.gateway._callers import Callers
 from drover.orchestrator.gateway._forward import Forwarder
+from drover.orchestrator.gateway._line import GatewayLine
 from drover.orchestrator.gateway._shapes import error_body
 from drover.orchestrator.gateway._watch import RedisWatch
 from drover.workers.agent.runtime import Runtime
@@ -52,23 +56,25 @@ _HOP = frozenset({"content-length", "transfer-encoding", "content-encoding", "co
 _JSON = {"content-type": "application/json"}
 
 
-def make_app(rt: Runtime, callers: Callers, providers: list[str], watch: RedisWatch
-             ) -> web.Application:
+def make_app(rt: Runtime, callers: Callers, providers: list[str], watch: RedisWatch,
+             line: GatewayLine) -> web.Application:
     """The gateway's aiohttp application on ``rt``, serving ``providers``' endpoints while
-    ``watch`` says Redis answers."""
+    ``watch`` says Redis answers, each call in its tenant's place of ``line``."""
     app = web.Application(client_max_size=64 * 1024 * 1024)  # a prompt with images is large
     forwarders = {name: Forwarder(rt, name) for name in providers}
     for name, forwarder in forwarders.items():
         for path in ROUTES[name]:
-            app.router.add_post(path, _handler(forwarder, callers, watch))
+            app.router.add_post(path, _handler(forwarder, callers, watch, line))
     app.router.add_get("/health", _health(watch))
     app.router.add_route("*", "/{tail:.*}", _not_found(providers[0]))
 
     async def start(_app: web.Application) -> None:
         watch.start()
+        line.start()
 
     async def close(_app: web.Application) -> None:
         await watch.stop()
+        await line.stop()
         for forwarder in forwarders.values():
             await forwarder.aclose()
 
@@ -77,8 +83,10 @@ def make_app(rt: Runtime, callers: Callers, providers: list[str], watch: RedisWa
     return app
 
 
-def _handler(fwd: Forwarder, callers: Callers, watch: RedisWatch):  # noqa: ANN202
+def _handler(fwd: Forwarder, callers: Callers, watch: RedisWatch,  # noqa: ANN202
+             line: GatewayLine):
     name = fwd.provider_name
+    counted = fwd.provider.counted_path
 
     async def handle(request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
@@ -95,35 +103,40 @@ def _handler(fwd: Forwarder, callers: Callers, watch: RedisWatch):  # noqa: ANN2
         body = await request.read()
         cancel = asyncio.Event()
         upstream = fwd.request(request.path, request.query_string, request.headers, body)
-        try:
-            answer = await fwd.send(upstream, tenant, cancel)
-        except asyncio.CancelledError:  # the caller left while its call waited in line
-            cancel.set()
-            _count(tenant, "disconnected")
-            raise
-        except redis.RedisError as error:
-            log.warning("gateway: the limiter's Redis failed (%s: %s)", type(error).__name__,
-                        str(error)[:200])
-            return _no_redis(name, tenant)
-        except NeverFits as refused:
-            _count(tenant, "4xx")
-            return _error(name, 413, f"drover gateway: {refused.decision.message}")
-        except (CallFailed, Cancelled) as failed:
-            _count(tenant, "5xx")
-            message = failed.decision.message if isinstance(failed, CallFailed) else "cancelled"
-            return _error(name, 503, f"drover gateway: {message}")
-        except httpx2.TimeoutException as error:
-            _count(tenant, "5xx")
-            return _error(name, 504, f"drover gateway: the provider did not answer in time "
-                          f"({type(error).__name__}); the call was counted as sent")
-        except httpx2.TransportError as error:
-            _count(tenant, "5xx")
-            return _error(name, 502, f"drover gateway: no connection to the provider "
-                          f"({type(error).__name__}: {fwd.scrub(str(error).encode()).decode()})")
-        try:
-            return await _relay(request, answer, fwd, tenant, started)
-        finally:
-            await answer.aclose()  # a stream settles here, also when the caller left
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                if counted(request.path):  # count_tokens has limits of its own
+                    await held.enter_async_context(line.place(tenant, _model(body)))
+                answer = await fwd.send(upstream, tenant, cancel)
+            except asyncio.CancelledError:  # the caller left while its call waited in line
+                cancel.set()
+                _count(tenant, "disconnected")
+                raise
+            except redis.RedisError as error:
+                log.warning("gateway: the limiter's Redis failed (%s: %s)",
+                            type(error).__name__, str(error)[:200])
+                return _no_redis(name, tenant)
+            except NeverFits as refused:
+                _count(tenant, "4xx")
+                return _error(name, 413, f"drover gateway: {refused.decision.message}")
+            except (CallFailed, Cancelled) as failed:
+                _count(tenant, "5xx")
+                message = (failed.decision.message if isinstance(failed, CallFailed)
+                           else "cancelled")
+                return _error(name, 503, f"drover gateway: {message}")
+            except httpx2.TimeoutException as error:
+                _count(tenant, "5xx")
+                return _error(name, 504, "drover gateway: the provider did not answer in "
+                              f"time ({type(error).__name__}); the call was counted as sent")
+            except httpx2.TransportError as error:
+                _count(tenant, "5xx")
+                said = fwd.scrub(str(error).encode()).decode()
+                return _error(name, 502, f"drover gateway: no connection to the provider "
+                              f"({type(error).__name__}: {said})")
+            try:
+                return await _relay(request, answer, fwd, tenant, started)
+            finally:
+                await answer.aclose()  # a stream settles here, also when the caller left
 
     return handle
 
@@ -163,6 +176,13 @@ async def _relay(request: web.Request, answer: httpx2.Response, fwd: Forwarder, 
     _log(tenant, request.path, answer.status_code, True, started)
     await response.write_eof()
     return response
+
+
+def _model(body: bytes) -> str | None:
+    """The model a request names (its class sizes the line), None when it names none."""
+    parsed = json_body(body)
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def _refused_key(provider_name: str, status: int, content: bytes) -> str:

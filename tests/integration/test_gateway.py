@@ -267,7 +267,7 @@ def test_a_caller_that_leaves_while_waiting_in_line_is_never_sent(
     caller gives up leaves the line; it is never sent and its reservation goes back."""
     sim.configure(rpm=60, burst_s=1, tool_turns=0, output_tokens_mean=20)
     configure(monkeypatch, drover_env, rpm=60, burst_seconds=1)
-    gw = gateway()
+    gw = gateway(DROVER_METRICS_FLUSH_S="0.2")
     settings = _settings()
     client = _client(gw)
     assert client.messages.create(model=settings.model, max_tokens=20,
@@ -276,6 +276,14 @@ def test_a_caller_that_leaves_while_waiting_in_line_is_never_sent(
         _client(gw, timeout=0.3).messages.create(model=settings.model, max_tokens=20,
                                                  messages=_ask(1))
     scope = _scope(settings)
+    from drover.workers.services import services
+
+    reader = TelemetryReader(services(settings).redis, settings.key_prefix)
+    # The gateway's handler has seen the caller leave (counted once its call left the line):
+    # before that, under load, the call may not even have reserved yet.
+    wait_until("the gateway to see the caller leave", lambda: any(
+        name == "drover_gateway_requests" and labels == ("web", "disconnected") and value
+        for name, labels, _, value in reader.counters()), 20)
     wait_until("the reservation given back", lambda: _limiter_usage(settings)["requests"] == 1,
                20)
     assert _limiter(settings).state(scope)["leases"] == 0
@@ -394,3 +402,65 @@ def test_a_gateway_without_its_callers_keys_or_the_providers_key_refuses_to_star
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert missing in line and "Traceback" not in done.stderr
+
+
+def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
+        monkeypatch, drover_env, sim, gateway):
+    """Tenant batch sends 200 calls at once, tenant web 10 once batch's are all in line, into
+    15 requests a second with a 4-s horizon (a line of 60 calls): web's calls take their
+    tenant's half of the places that free up, as a fleet job's tenant would, instead of
+    waiting behind batch's whole backlog at the limiter (first come, first served: all 200 of
+    batch's would go before web's last). Asserted on the order the answers came in."""
+    sim.configure(rpm=900, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    # In-flight leases as docker-compose's gateway has them: the rate is what binds here.
+    configure(monkeypatch, drover_env, rpm=900, burst_seconds=1, horizon_s=4,
+              max_in_flight=1000)
+    gw = gateway()
+    settings = _settings()
+    from drover.workers.fairshare import FairShare
+    from drover.workers.services import services
+
+    fs = FairShare.from_settings(services(settings).redis, settings)
+    assert _client(gw).messages.create(model=settings.model, max_tokens=20,
+                                       messages=_ask(0)).usage.output_tokens > 0
+    cap = wait_until("the gateway to size the line", fs.cap, 20)
+    came: list[int] = []  # batch's calls answered when web's came
+
+    def in_line(tenant: str, what: str = "n") -> int:
+        return sum(getattr(j, what) for j in fs.jobs() if j.calls and j.tenant == tenant)
+
+    async def run() -> list[object]:
+        clients = {tenant: anthropic.AsyncAnthropic(base_url=gw.url, api_key=key,
+                                                    max_retries=0, timeout=120)
+                   for tenant, key in GATEWAY_KEYS.items()}
+
+        def one(tenant: str, i: int) -> asyncio.Task:
+            return asyncio.create_task(clients[tenant].messages.create(
+                model=settings.model, max_tokens=20, messages=_ask(i)))
+
+        flood = [one("batch", i) for i in range(200)]
+        entered = in_line("batch") + 200
+        while in_line("batch") < entered:  # every one of batch's calls is in line first
+            await asyncio.sleep(0.05)
+        came.append(in_line("batch", "done"))
+        few = [one("web", i) for i in range(10)]
+        try:
+            return await asyncio.gather(*flood, *few, return_exceptions=True)
+        finally:
+            for client in clients.values():
+                await client.close()
+
+    results = asyncio.run(run())
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert not failed, failed[:2]
+    assert sim.stats()["rejected_429"] == 0
+    # The order the gateway answered in, as its log says (after the first call, web's).
+    answered = [line.split("tenant=")[1].split()[0] for line in
+                gw.log.read_text().splitlines() if "gateway tenant=" in line][1:]
+    last_web = max(i for i, tenant in enumerate(answered) if tenant == "web")
+    ahead = answered[:last_web].count("batch") - came[0]
+    print(f"line cap {cap}; of batch's {200 - came[0]} calls left when web's came, "
+          f"{ahead} were answered before web's last")
+    # Ahead of web's: the places batch held in the line when web came (at most the cap),
+    # and answers that overtake in flight or came in before web's calls reached the gateway. First come, first served: all of them.
+    assert ahead <= cap + 30 < 200 - came[0], (ahead, cap, came)

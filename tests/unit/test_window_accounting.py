@@ -237,3 +237,68 @@ def test_the_windows_places_equal_the_parts_out_whatever_dies(redis_url, key_pre
     run_state_machine_as_test(Window, settings=settings(
         max_examples=30, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
+
+
+def test_calls_from_outside_the_fleet_share_the_line_by_tenant_and_hold_no_slot(
+        redis_url, key_prefix):
+    """The gateway's calls (``CallPlaces``) in a window of 4 slots and a line cap of 6: a
+    call needs a place in the line only; a place a fleet sub-agent frees goes to the calls'
+    tenant while it is below its due, one a call frees to the fleet's job (published by the
+    calls' process); a call that leaves before its place gives it up; without a cap calls go
+    at once; a process that is gone loses its places at the pump."""
+    import asyncio
+
+    import redis.asyncio
+
+    from drover.config import Settings
+    from drover.workers.fairshare import CallPlaces, FairShare, pump_once
+    from drover.workers.jobs.store import JobStore
+
+    settings = Settings(key_prefix=key_prefix, queue="calls-q", dispatch_window=4)
+    r = redis.Redis.from_url(redis_url)
+    fs = FairShare.from_settings(r, settings)
+    fs.report_cap(6)
+    assert [(d.job_id, d.count) for d in fs.add("big", n=100, tenant="fleet", weight=1,
+                                                priority="normal")] == [("big", 4)]
+    published: list = []
+
+    def calls_of(tenant: str):  # noqa: ANN202
+        return next(j for j in fs.jobs() if j.calls and j.tenant == tenant)
+
+    async def scenario() -> None:
+        places = CallPlaces(redis.asyncio.Redis.from_url(redis_url), settings, published.extend)
+        await places.keep_alive()
+        await places.enter("gw")  # the window's 4 slots are full, the line has 2 places
+        await places.enter("gw")
+        third = asyncio.ensure_future(places.enter("gw"))
+        await asyncio.sleep(0.1)
+        assert not third.done() and calls_of("gw").waiting == 1
+        # A sub-agent ends: fleet 3 out, gw 2, due 3 each: the place is gw's.
+        assert fs.finished("big", 1) == []
+        await asyncio.wait_for(third, 5)
+        assert (calls_of("gw").out, fs.jobs()[0].out) == (3, 3)
+        # A call ends with none of gw's waiting: the fleet's job gets it, published here.
+        await places.leave("gw")
+        await asyncio.sleep(0.1)
+        assert [(d.job_id, d.first, d.count) for d in published] == [("big", 4, 1)]
+        # A call that leaves while waiting gives its turn up.
+        fourth = asyncio.ensure_future(places.enter("gw"))
+        await asyncio.sleep(0.1)
+        fourth.cancel()
+        await asyncio.gather(fourth, return_exceptions=True)
+        assert calls_of("gw").waiting == 0
+        # No cap: the key is not the bottleneck, a call goes at once.
+        r.delete(fs.cap_key)
+        for _ in range(5):
+            await asyncio.wait_for(places.enter("web"), 5)
+        assert calls_of("web").out == 5
+        await places.r.aclose()
+
+    asyncio.run(scenario())
+    # The process is gone (its mark lapsed): the pump frees its places.
+    r.delete(*r.keys(f"{fs.base}:alive:*"))
+    store = JobStore(r, prefix=key_prefix, ttl_s=600)
+    store.r.hset(store.keys.job("big", "meta"), mapping={"status": "running", "n": 100})
+    pump_once(fs, store, published.extend)
+    assert [j.job_id for j in fs.jobs()] == ["big"]
+    fs.remove("big")

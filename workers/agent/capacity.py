@@ -155,6 +155,8 @@ def active_models(settings: Settings, fs: FairShare, store: JobStore) -> set[str
     """The models of the jobs in the queue's window (none when it holds no job)."""
     models = set()
     for share in fs.jobs():
+        if share.calls:  # a process's calls: their models are its own to report
+            continue
         try:
             models.add(store.specs.get(share.job_id).model or settings.model)
         except JobNotFound:

@@ -93,7 +93,8 @@ from drover.workers.jobs import reply_text as _s
 from drover.workers.jobs.liveness import alive
 from drover.workers.jobs.spec import PRIORITIES
 
-__all__ = ["ORPHAN_GRANT_S", "PUMP_S", "Dispatch", "FairShare", "JobShare"]
+__all__ = ["CALLS_PREFIX", "ORPHAN_GRANT_S", "PUMP_S", "Dispatch", "FairShare", "JobShare",
+           "calls_job_id"]
 
 log = logging.getLogger(__name__)
 PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the window up
@@ -101,6 +102,13 @@ PUMP_S = 2.0  # how often each worker reports its slots and one of them tops the
 # still unpublished after this long (a publish rides out a broker restart for about a minute).
 ORPHAN_GRANT_S = 90.0
 _SCRIPT = resources.files("drover.workers.fairshare").joinpath("lua/fairshare.lua").read_text()
+# A process's calls from outside the fleet (the gateway's), one job per tenant (``calls.py``).
+CALLS_PREFIX = "calls:"
+
+
+def calls_job_id(process: str, tenant: str) -> str:
+    """The window's job of ``process``'s calls of ``tenant`` (``process``: no colon)."""
+    return f"{CALLS_PREFIX}{process}:{tenant}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,12 @@ class JobShare:
     arrival: int     # order of arrival on the queue
     deferred: int = 0  # out, but waiting out a retry countdown (holding no worker slot)
     started: float = 0.0  # Redis time of its arrival in the window (0: unknown)
+    calls: bool = False  # a process's calls from outside the fleet (the gateway's): no job
+
+    @property
+    def process(self) -> str:
+        """The process whose calls a calls job holds ("" for a job of the fleet)."""
+        return self.job_id[len(CALLS_PREFIX):].split(":", 1)[0] if self.calls else ""
 
     @property
     def out(self) -> int:
@@ -192,6 +206,10 @@ class FairShare:
     @property
     def cap_key(self) -> str:
         return f"{self.base}:cap"
+
+    def alive_key(self, process: str) -> str:
+        """Set while ``process`` (one with a calls job) lives (``calls.CallPlaces``)."""
+        return f"{self.base}:alive:{process}"
 
     def deferred_key(self, job_id: str) -> str:
         return f"{self.base}:deferred:{job_id}"
@@ -283,8 +301,8 @@ class FairShare:
                                    self.deferred_key(job_id), self.cap_key],
                              args=[op, self.current_window(), self.floor, self.ttl_s,
                                    self.average_s, self.holder, job_id, *args])
-        return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
-                for i in range(0, len(reply), 3)]
+        # A calls job's grants are for its process, which waits for them: nothing to publish.
+        return [run for run in _runs(reply) if not run.job_id.startswith(CALLS_PREFIX)]
 
     # --- publishing what was granted ----------------------------------------------------
     def published(self, runs: list[Dispatch]) -> None:
@@ -331,12 +349,18 @@ class FairShare:
                                    priority=PRIORITIES[int(j["rank"])], weight=float(j["w"]),
                                    n=int(j["n"]), dispatched=int(j["next"]), done=int(j["done"]),
                                    arrival=int(j["seq"]), deferred=int(j.get("deferred", 0)),
-                                   started=float(j.get("t0", 0.0))))
+                                   started=float(j.get("t0", 0.0)),
+                                   calls=bool(j.get("calls"))))
         return sorted(shares, key=lambda s: s.arrival)
 
     def server_time(self) -> float:
         seconds, micros = self.r.time()
         return seconds + micros / 1e6
+
+
+def _runs(reply: list) -> list[Dispatch]:
+    return [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
+            for i in range(0, len(reply), 3)]
 
 
 def _grant_field(run: Dispatch) -> str:

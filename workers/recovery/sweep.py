@@ -453,6 +453,8 @@ def repair_windows(store: JobStore, settings: Settings, send: Send, schedulers: 
     sent: list[tuple[str, Part]] = []
     stalled_key = store.keys.stalled
     for share in fs.jobs():
+        if share.calls:  # a process's calls, no job's sub-agents (the pump watches them)
+            continue
         job_id = share.job_id
         claims = {_s(k): _s(v) for k, v in r.hgetall(store.keys.job(job_id, "claims")).items()}
         parsed = {part: (raw.split("|", 2) + ["", ""])[:3] for part, raw in claims.items()}

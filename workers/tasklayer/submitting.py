@@ -8,11 +8,11 @@ imports (bench/first_submit.py; tests/unit/test_architecture.py checks what it l
 
 from __future__ import annotations
 
-from drover.workers.tasklayer._window import job_size, launch
+from drover.workers.tasklayer._window import job_size, launch, publish_granted
 from drover.workers.tasklayer.app import app
 from drover.workers.tasklayer.dispatch import dispatch, open_fanout, retry_group
 
-__all__ = ["PLAN_TASK", "launch", "relaunch", "send_plan"]
+__all__ = ["PLAN_TASK", "launch", "publish_granted", "relaunch", "send_plan"]
 
 PLAN_TASK = "drover.plan_job"  # tasks.plan_job's name
 

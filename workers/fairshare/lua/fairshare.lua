@@ -4,7 +4,8 @@
 --                 job that still has sub-agents out or waiting (n: sub-agents, next: first
 --                 index not yet published, done: records in, deferred: out but waiting out a
 --                 retry countdown, w: tenant weight, rank: 0 interactive, 1 normal, 2 batch,
---                 seq: arrival order, t0: Redis time of its arrival)
+--                 seq: arrival order, t0: Redis time of its arrival, calls: 1 for a
+--                 process's calls job, see below)
 -- KEYS[2]  string arrival counter
 -- KEYS[3]  hash   tenant -> cjson {a, t}: its recent average of sub-agents out (a) as of t
 -- KEYS[4]  hash   "job id|first|count" -> "holder|time": grants not yet published
@@ -15,7 +16,7 @@
 --                 (absent: no such cap; see fairshare.py, "waiting in line"). Read here, not
 --                 passed in: a copy a caller read a moment ago may predate the cap of the job
 --                 that was just submitted, and one such grant publishes a whole window
--- ARGV[1]  op: add | done | defer | resume | undefer | remove | fill
+-- ARGV[1]  op: add | done | defer | resume | undefer | remove | fill | enter | leave | withdraw
 -- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
 -- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
 -- ARGV[4]  ttl of KEYS[1], KEYS[3] and KEYS[4] in seconds
@@ -27,6 +28,22 @@
 -- defer, resume: ARGV[8] the sub-agent's index
 -- undefer: ARGV[8..] indexes that are not waiting out a countdown any more (the sweep's
 --          reconciliation: they have a record, run, or their worker died); grants nothing
+-- enter: ARGV[8] tenant, ARGV[9] weight, ARGV[10] rank, ARGV[11] calls (usually 1): that
+--          many calls of a process outside the fleet (the gateway's) join its calls job
+-- leave: a call of the calls job ended: its place is free
+-- withdraw: a call of the calls job left before its place (its caller went away)
+--
+-- A *calls job* (id "calls:<process>:<tenant>") stands for one process's calls of one tenant
+-- that come from outside the fleet (drover gateway's callers): each call is one "sub-agent"
+-- that waits in the process, not in a broker, until the job's `next` passes its turn, and
+-- leaves when its answer is settled. It shares the line as any job of its tenant does (same
+-- weight, level and rule), but it holds no worker slot: it counts against the line cap only,
+-- and with no line cap (the key is not the bottleneck, or the line is off) its calls go at
+-- once. Nothing of it is published: its grants are not listed in KEYS[4]. It stays in
+-- KEYS[1] while its process lives (its counters only grow, so the process can compare), and
+-- the pump removes it once the process's liveness key is gone. The calls ops return the
+-- job's `next` and, for withdraw, 1 when the call had been granted its place (then freed
+-- here) or 0, before the grants.
 --
 -- Returns {job id, first index, count, ...}: the sub-agents the caller must publish now.
 -- Each grant is also written to KEYS[4] until the caller says it published it: a caller
@@ -68,7 +85,9 @@ local averages = {}
 do
   local held = {}
   for _, j in ipairs(jobs) do
-    held[j.tenant] = (held[j.tenant] or 0) + math.max(0, j.next - j.done)
+    if cap > 0 or not j.calls then
+      held[j.tenant] = (held[j.tenant] or 0) + math.max(0, j.next - j.done)
+    end
   end
   local stored = redis.call('HGETALL', KEYS[3])
   for i = 1, #stored, 2 do
@@ -88,7 +107,8 @@ end
 
 local function save(job)
   local copy = {n = job.n, next = job.next, done = job.done, deferred = job.deferred,
-                tenant = job.tenant, w = job.w, rank = job.rank, seq = job.seq, t0 = job.t0}
+                tenant = job.tenant, w = job.w, rank = job.rank, seq = job.seq, t0 = job.t0,
+                calls = job.calls}
   redis.call('HSET', KEYS[1], job.id, cjson.encode(copy))
 end
 
@@ -114,7 +134,9 @@ local function grant(job, first, count)
   grants[#grants + 1] = job.id
   grants[#grants + 1] = first
   grants[#grants + 1] = count
-  redis.call('HSET', KEYS[4], job.id .. '|' .. first .. '|' .. count, holder .. '|' .. now)
+  if not job.calls then  -- a calls job's caller is waiting for it: nothing to publish
+    redis.call('HSET', KEYS[4], job.id .. '|' .. first .. '|' .. count, holder .. '|' .. now)
+  end
 end
 
 local job = by_id[id]
@@ -149,32 +171,72 @@ elseif op == 'undefer' and job then
   save(job)
 elseif op == 'remove' and job then
   forget(job)
+elseif op == 'enter' then
+  if not job then
+    job = {id = id, n = 0, next = 0, done = 0, deferred = 0, tenant = ARGV[8],
+           w = tonumber(ARGV[9]), rank = tonumber(ARGV[10]),
+           seq = redis.call('INCR', KEYS[2]), t0 = now, calls = 1}
+    jobs[#jobs + 1] = job
+    by_id[id] = job
+  end
+  job.n = job.n + tonumber(ARGV[11])
+  save(job)
+elseif op == 'leave' and job then
+  job.done = math.min(job.done + 1, job.next)
+  save(job)
+end
+local withdrawn = 0
+if op == 'withdraw' and job then
+  if job.n > job.next then  -- still waiting: it leaves the line
+    job.n = job.n - 1
+  else  -- granted meanwhile (its process had not seen it yet): the place is free again
+    withdrawn = 1
+    job.done = math.min(job.done + 1, job.next)
+  end
+  save(job)
 end
 
 -- The sweep's reconciliation publishes nothing itself (it knows no broker): the places it
 -- handed back go out at the pump's next fill, within seconds.
 if op == 'undefer' then return {} end
 
+-- A calls job needs no worker slot, only a place in the line: with no line cap every call
+-- waiting goes at once (nothing scarce to share), and calls jobs take no part below.
+local pending = {}  -- job id -> {first, count} granted in this call
+local active = {}
+for _, j in ipairs(jobs) do
+  if j.calls and cap <= 0 then
+    if j.next < j.n then
+      pending[j.id] = {j.next, j.n - j.next}
+      j.next = j.n
+    end
+  else
+    active[#active + 1] = j
+  end
+end
+
 -- One place at a time, each to the most deserving waiting job.
 local total, all_out = 0, 0
-for _, j in ipairs(jobs) do
-  total = total + running(j)
+for _, j in ipairs(active) do
+  if not j.calls then total = total + running(j) end
   all_out = all_out + out(j)
 end
-local free = window - total
+local free_slots = window - total
 -- The limiter's line: beyond what it can serve within its horizon a sub-agent would only
 -- wait out a countdown, so it waits here, unpublished, in the order this rule gives.
-if cap > 0 then free = math.min(free, cap - all_out) end
-local pending = {}  -- job id -> {first, count} granted in this call
-while free > 0 do
+local free_line = math.huge
+if cap > 0 then free_line = cap - all_out end
+while free_line > 0 do
   local tenants = {}
-  for _, j in ipairs(jobs) do
+  local calls_out = 0
+  for _, j in ipairs(active) do
     local t = tenants[j.tenant]
     if not t then
       t = {out = 0, w = j.w, waiting = false, seq = j.seq, levels = {}}
       tenants[j.tenant] = t
     end
     t.out = t.out + out(j)
+    if j.calls then calls_out = calls_out + out(j) end
     t.w = math.max(t.w, j.w)
     t.seq = math.min(t.seq, j.seq)
     local level = t.levels[j.rank]
@@ -183,13 +245,14 @@ while free > 0 do
       t.levels[j.rank] = level
     end
     level.out = level.out + out(j)
-    if j.next < j.n then
+    -- a sub-agent also needs a worker slot; a call only its place in the line
+    if j.next < j.n and (j.calls or free_slots > 0) then
       t.waiting = true
       level.waiting[#level.waiting + 1] = j
     end
   end
-  local weights, spare = 0, window
-  for _, j in ipairs(jobs) do spare = spare + j.deferred end
+  local weights, spare = 0, window + calls_out
+  for _, j in ipairs(active) do spare = spare + j.deferred end
   if cap > 0 then spare = math.min(spare, cap) end
   for _, t in pairs(tenants) do
     if t.waiting then weights = weights + t.w else spare = spare - t.out end
@@ -240,7 +303,8 @@ while free > 0 do
     pending[pick.id] = {pick.next, 1}
   end
   pick.next = pick.next + 1
-  free = free - 1
+  free_line = free_line - 1
+  if not pick.calls then free_slots = free_slots - 1 end
 end
 for _, j in ipairs(jobs) do
   local run = pending[j.id]
@@ -252,4 +316,10 @@ end
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[3], ttl)
 if #grants > 0 then redis.call('EXPIRE', KEYS[4], ttl) end
+if op == 'enter' or op == 'leave' or op == 'withdraw' then
+  local mine = by_id[id]
+  local head = {mine and mine.next or 0, withdrawn}
+  for _, g in ipairs(grants) do head[#head + 1] = g end
+  return head
+end
 return grants
