@@ -462,5 +462,6 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
     print(f"line cap {cap}; of batch's {200 - came[0]} calls left when web's came, "
           f"{ahead} were answered before web's last")
     # Ahead of web's: the places batch held in the line when web came (at most the cap),
-    # and answers that overtake in flight or came in before web's calls reached the gateway. First come, first served: all of them.
+    # and answers that overtook in flight or came before web's calls reached the gateway.
+    # First come, first served: all of them.
     assert ahead <= cap + 30 < 200 - came[0], (ahead, cap, came)
