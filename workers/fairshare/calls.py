@@ -31,17 +31,11 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from drover.config import Settings
-from drover.workers.fairshare.scheduler import (
-    _SCRIPT,
-    CALLS_PREFIX,
-    PUMP_S,
-    Dispatch,
-    _runs,
-    calls_job_id,
-)
+from drover.workers.fairshare.scheduler import CALLS_PREFIX, PUMP_S, Dispatch, calls_job_id
 from drover.workers.jobs import reply_text as _s
 from drover.workers.jobs.spec import PRIORITIES
 
@@ -50,6 +44,8 @@ __all__ = ["CallPlaces"]
 log = logging.getLogger(__name__)
 POLL_S = 0.02  # how often a process with calls waiting reads its jobs' places
 ALIVE_S = PUMP_S * 5  # a process's mark outlives a few missed refreshes
+# The window's one script (scheduler.py's), run here on the async client.
+_SCRIPT = resources.files("drover.workers.fairshare").joinpath("lua/fairshare.lua").read_text()
 
 
 @dataclass
@@ -148,7 +144,9 @@ class CallPlaces:
                 line.credit -= 1  # its place had been granted: the script freed it again
             self._saw(line, int(reply[0]))
             reply = reply[2:]
-        fleet = [run for run in _runs(reply) if not run.job_id.startswith(CALLS_PREFIX)]
+        fleet = [Dispatch(_s(reply[i]), int(reply[i + 1]), int(reply[i + 2]))
+                 for i in range(0, len(reply), 3)
+                 if not _s(reply[i]).startswith(CALLS_PREFIX)]
         if fleet:
             task = asyncio.ensure_future(self._publish(fleet))
             self._tasks.add(task)
