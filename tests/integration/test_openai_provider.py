@@ -101,3 +101,44 @@ def test_a_stream_cut_mid_answer_counts_the_prompt_it_was_billed(on_openai, work
     answered_in = usage.input_tokens
     assert stats["billed"]["input_tokens"] == 2 * answered_in
     assert 0.9 * answered_in <= usage.unanswered_input_tokens <= 1.5 * answered_in
+
+
+
+def test_a_worker_on_openai_runs_a_job_without_importing_the_anthropic_sdk(
+        on_openai, spawn_worker, monkeypatch, drover_env):
+    # Each provider converts its answers to drover's own Answer at its edge: a worker on
+    # OpenAI plans, runs tool turns and joins with a synthesis, and never imports anthropic
+    # (it did: OpenAI's answers were rebuilt as Anthropic Message objects, and the providers
+    # room imported Anthropic's module with itself).
+    import json
+    import time
+
+    import redis
+
+    from drover.config import get_settings
+    from tests.helpers.sdk_probe import sdk_probe_key
+
+    on_openai(tool_turns=1, tools_per_turn=1)
+    configure(monkeypatch, drover_env, tool_modules=json.dumps(
+        ["drover.workers.tools.demo", "tests.helpers.sdk_probe"]))
+    # A fresh interpreter, as in production: the tests' zygote (tests/helpers/zygote.py)
+    # forks workers from a Python that has imported the anthropic SDK already.
+    monkeypatch.setenv("TEST_ZYGOTE", "0")
+    spawn_worker(concurrency=2)
+    result = submit(JobSpec(goal="Compare three storage engines", max_subtasks=3,
+                            tools=["lookup_fact"], synthesize=True,
+                            max_tokens=300)).wait(timeout=180)
+    assert result.counts["ok"] == len(result.results) > 0
+    assert result.synthesis and not result.synthesis.startswith("(synthesis")
+    r = redis.Redis.from_url(get_settings().redis_url, decode_responses=True)
+    told: list[dict[str, object]] = []
+    for _ in range(100):  # the join's own line comes right after the job's end
+        told = [json.loads(x) for x in r.lrange(sdk_probe_key(), 0, -1)]
+        if any(t["task"] == "drover.join_results" for t in told):
+            break
+        time.sleep(0.1)
+    r.delete(sdk_probe_key())
+    r.close()
+    tasks = {t["task"] for t in told}
+    assert {"drover.plan_job", "drover.run_subagent", "drover.join_results"} <= tasks
+    assert all(t["sdks"] == ["openai"] for t in told), told

@@ -1,8 +1,12 @@
 """drover's own answer types (``drover.workers.providers.answers``): a Messages-shaped
 message's JSON read into an ``Answer`` keeps every block as it came (a thinking block's
-signature, a block type drover does not read)."""
+signature, a block type drover does not read), and the room's neutral parts import no
+provider SDK."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from drover.workers.providers import Answer, AnswerUsage, Block
 
@@ -38,3 +42,11 @@ def test_a_blocks_json_is_a_copy():
     block.to_json()["text"] = "b"
     assert block.text == "a"
 
+
+def test_the_answer_types_import_no_provider_sdk():
+    # The providers room itself too: Anthropic's names are imported when first asked for.
+    code = ("import sys; import drover.workers.providers.answers, drover.workers.providers; "
+            "print(sorted(m for m in ('anthropic', 'openai') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"

@@ -31,8 +31,9 @@ Every call to the batches endpoints first takes a grant of the ``batchapi:{key}`
 came back by batch are counted on the ``batch:{key}:{model}`` scope, so ``drover stats``
 shows them apart (they are billed at half the price).
 
-A result is consumed like a realtime reply: ``succeeded`` is the Message; ``errored``
-carries the error body a realtime call would have got and goes through the same
+A result is consumed like a realtime reply: ``succeeded`` is the answer (drover's ``Answer``,
+read from the result's JSON that the provider's ``batch_results`` gave); ``errored`` carries
+the error body a realtime call would have got and goes through the same
 ``classify`` (retryable: the next batch, counting an attempt; else ``failed``); ``expired``
 is sent again, or fails the sub-agent once the job's deadline has passed; ``canceled``
 means the job was cancelled (else it is sent again).
@@ -65,15 +66,7 @@ from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.store import JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
-from drover.workers.providers import (
-    ANTHROPIC,
-    ConnectionFailed,
-    Failure,
-    Message,
-    MessageBatchIndividualResponse,
-    StatusError,
-    batch_results_text,
-)
+from drover.workers.providers import Answer, Failure
 from drover.workers.telemetry import call_cost
 
 __all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
@@ -99,7 +92,7 @@ async def _io(fn: Callable[..., T], *args: Any) -> T:
 # --- the sub-agent's side ------------------------------------------------------------------
 
 async def batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
-                        state: Checkpoint, token: int = 0) -> Message:
+                        state: Checkpoint, token: int = 0) -> Answer:
     """This turn's reply from its batch result; else queue the request and raise ``Parked``.
 
     ``state.batch_cid`` (checkpointed) names the request in flight, so a resumed or
@@ -161,7 +154,7 @@ PLAN_PART, SYNTHESIS_PART = -1, -2
 
 
 async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContext,
-                            part: int) -> Message:
+                            part: int) -> Answer:
     """A job-level call (``part``: PLAN_PART or SYNTHESIS_PART) of a batch job: its reply
     from its batch result, else the request is queued and ``Parked`` raised (the task that
     makes it parks like a sub-agent, and is sent again when the result is in). The request's
@@ -192,14 +185,14 @@ async def job_batch_message(rt: Runtime, params: dict[str, Any], ctx: CallContex
     raise Parked()
 
 
-async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Message:
+async def _consume(rt: Runtime, result: dict[str, Any], ctx: CallContext) -> Answer:
     kind = result.get("type")
     settings = rt.settings
     if kind == "succeeded":
-        message = Message.model_validate(result["message"])
+        answer = Answer.from_json(result["message"])  # the provider's JSON (batch_results)
         # The fleet's dollars (drover_cost_usd), at the batch discount.
-        call_cost(settings, message.model, ctx.tenant, message.usage, batch=True)
-        return message
+        call_cost(settings, answer.model, ctx.tenant, answer.usage, batch=True)
+        return answer
     if kind == "errored":
         decision = classify(_body_failure(result.get("error") or {}), attempt=ctx.failures,
                             base_s=settings.backoff_base_s, cap_s=settings.countdown_cap_s)
@@ -227,6 +220,8 @@ def _body_failure(body: dict[str, Any]) -> Failure:
     """What a realtime answer with this error body would have said."""
     inner: dict[str, Any] = body["error"] if isinstance(body.get("error"), dict) else body
     status = ERROR_STATUS.get(str(inner.get("type")), 500)
+    from drover.workers.providers import ANTHROPIC  # Message Batches are Anthropic's only
+
     return ANTHROPIC.body_failure(status, body)
 
 
@@ -286,6 +281,8 @@ class Batcher:
     # -- calls to the batches endpoints -------------------------------------------------
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         """``call()`` within the batches endpoints' RPM; None when it has to wait or failed."""
+        from drover.workers.providers import ConnectionFailed, StatusError  # Anthropic's SDK's
+
         limiter = self.rt.limiter
         self.sent = False
         grant = await limiter.acquire(self.api_scope, self.api_limits, lease_ttl_s=120)
@@ -422,6 +419,8 @@ class Batcher:
 
     async def _open(self, scope: str, job_id: str,
                     items: list[tuple[str, dict[str, Any]]]) -> bool:
+        from drover.workers.providers import StatusError  # Anthropic's SDK's
+
         leases = await self._queue_leases(len(items))
         if not leases:
             return False
@@ -510,13 +509,9 @@ class Batcher:
         the endpoints' RPM can refuse every time (the second one) when it is tight."""
         if batch.results_url is None:  # asked for only once the batch has ended with them
             raise ValueError(f"batch {batch.id} has no results_url yet")
-        text = await batch_results_text(self.rt.batch_client, batch.results_url)
-        out: dict[str, dict[str, Any]] = {}
-        for raw in text.splitlines():
-            if raw.strip():
-                line = MessageBatchIndividualResponse.model_validate_json(raw)
-                out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
-        return out
+        from drover.workers.providers import batch_results  # Anthropic's, with its SDK
+
+        return await batch_results(self.rt.batch_client, batch.results_url)
 
     async def _count_tokens(self, scope: str, lines: dict[str, dict[str, Any]]) -> None:
         """Tokens that came back by batch, on a scope of their own (for ``drover stats``)."""

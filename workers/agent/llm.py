@@ -31,6 +31,7 @@ from drover.workers.agent.errors import CallFailed, Cancelled, RetryableFailure
 from drover.workers.agent.retry import retry_reason
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.records import Usage
+from drover.workers.providers import Answer, AnswerUsage
 from drover.workers.telemetry import llm_call
 
 __all__ = ["CallContext", "acquire", "count_lost_job_call", "counted_input", "create_message",
@@ -59,10 +60,11 @@ async def race(coro: Any, cancel: asyncio.Event) -> Any:
 
 
 @llm_call
-async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Any:
+async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Answer:
     """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled.
 
-    Reserve, send (the provider's SDK stream, raced against the job's cancel), settle."""
+    Reserve, send (the provider's SDK stream, raced against the job's cancel), settle; the
+    answer is drover's ``Answer``, whichever provider gave it."""
     call = Call(rt, params, ctx)
     await call.open()
     try:
@@ -71,7 +73,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
                 continue  # a cooldown began while the call waited: it plans again
             provider = call.provider
             try:
-                message = await race(provider.stream_turn(
+                message: Answer = await race(provider.stream_turn(
                     call.client, params, call.seen, ctx.generating), ctx.cancel)
             except provider.api_error as error:
                 failure = provider.describe(error)
@@ -107,7 +109,7 @@ def _failure(rt: Runtime, ctx: CallContext, decision: Any, lost: Call | None) ->
     return failure
 
 
-async def job_answered(rt: Runtime, job_id: str, usage: Any, *, model: str,
+async def job_answered(rt: Runtime, job_id: str, usage: AnswerUsage, *, model: str,
                        batch: bool = False, settles: str | None = None) -> None:
     """Count a job-level call's answer (planning, synthesis) in the job's own usage, priced
     at ``model``'s price (and clear the send mark of ``settles``, the part it answers)."""
@@ -144,7 +146,8 @@ def job_call_context(rt: Runtime, job_id: str, part: str, cancel: asyncio.Event,
     return ctx
 
 
-async def job_call(rt: Runtime, params: dict[str, Any], ctx: CallContext, part: str) -> Any:
+async def job_call(rt: Runtime, params: dict[str, Any], ctx: CallContext, part: str
+                   ) -> Answer:
     """``create_message`` for a job's own call: whatever ends the call here (an answer, an
     error, a countdown, a cancel) ends its send mark too; only a death mid-call leaves it."""
     try:

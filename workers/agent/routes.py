@@ -31,13 +31,13 @@ from drover.workers.limiter import (
     pool_scope,
 )
 from drover.workers.providers import (
-    ANTHROPIC,
     LimitReadings,
     Pool,
     Provider,
     coarse_readings_dropped,
     fine_dimensions,
 )
+from drover.workers.providers import provider as _provider
 
 __all__ = ["KeyRoute", "Route", "all_disabled_message", "levels_of_readings"]
 
@@ -61,9 +61,10 @@ class Route:
     """One call's limits: the one key's scope, or a pool's organisation and keys."""
 
     def __init__(self, settings: Settings, model: str, client: Any,
-                 pool: Pool | None = None, provider: Provider = ANTHROPIC) -> None:
+                 pool: Pool | None = None, provider: Provider | None = None) -> None:
         self.settings = settings
-        self.provider = provider
+        # None: Anthropic's, imported only when asked for (an OpenAI fleet never imports it)
+        self.provider = provider or _provider("anthropic")
         self.model_class = settings.limit_class(model)
         self.limits = llm_limits(settings, model)
         self.org_raw = settings.limits_for(model)
@@ -79,7 +80,7 @@ class Route:
                                                 max_in_flight=None),
                                   settings.key_limits_for(k, model), pool.clients[k.alias])
                          # Only the keys of the model's provider can serve it.
-                         for k in pool.keys if settings.key_provider(k) == provider.name]
+                         for k in pool.keys if settings.key_provider(k) == self.provider.name]
 
     @property
     def pooled(self) -> bool:

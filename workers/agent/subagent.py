@@ -277,9 +277,7 @@ class SubagentRun:
                 if self.rt.shared.heartbeat().draining:  # SIGTERM: no new call, hand it back
                     raise LimiterSaysLater(0.0, "worker shutting down")
                 message = await create_message(self.rt, params, ctx)
-            content = [block.model_dump(mode="json", exclude_none=True)
-                       for block in message.content]
-            state.messages.append({"role": "assistant", "content": content})
+            state.messages.append({"role": "assistant", "content": message.content_json()})
             state.turns += 1
             state.stop_reason = message.stop_reason
             state.usage.add(message.usage, batch=batched, price=self._price())

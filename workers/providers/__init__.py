@@ -4,10 +4,11 @@ Only this room imports a provider SDK. A turn's answer is drover's own ``Answer`
 its ``Block``s in the Messages shape, stop reason, model, ``AnswerUsage``), each provider
 converting its SDK's at its edge. ``provider(name)`` is the one for a name;
 ``describe(error)`` asks each provider whether ``error`` is one of its SDK's errors. A
-provider's module (and its SDK) is imported on first use (``registry``).
-Message Batches are Anthropic's only: the batcher uses the Anthropic names exported here
-(``Message``, ``MessageBatchIndividualResponse``, ``StatusError``, ``ConnectionFailed``,
-``batch_results_text``). ``Pool`` holds a key pool's clients (one per key).
+provider's module (and its SDK) is imported on first use (``registry``), and so are the
+names below that are Anthropic's (PEP 562): an OpenAI-only fleet never imports its SDK.
+Message Batches are Anthropic's only: the batcher uses ``batch_results`` (a batch's results
+by custom_id, as JSON) and the SDK's error classes ``StatusError`` and ``ConnectionFailed``.
+``Pool`` holds a key pool's clients (one per key).
 The limited clients (``drover.AsyncAnthropic`` and kin) are the SDKs' own classes in
 ``anthropic_clients`` and ``openai_clients``, given their HTTP client through ``limited``;
 each provider also reads the HTTP exchange their transport sees (``Provider.counted_path``,
@@ -17,14 +18,9 @@ docs/providers.md tells how a provider is added.
 
 from __future__ import annotations
 
-from drover.workers.providers._anthropic import (
-    ANTHROPIC,
-    ConnectionFailed,
-    Message,
-    MessageBatchIndividualResponse,
-    StatusError,
-    batch_results_text,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from drover.workers.providers._base import (
     Failure,
     LimitReadings,
@@ -39,8 +35,31 @@ from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import describe, provider
 from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen, SseEvents
 
+if TYPE_CHECKING:
+    from drover.workers.providers._anthropic import (
+        ANTHROPIC,
+        ConnectionFailed,
+        StatusError,
+        batch_results,
+    )
+
 __all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "Answer", "AnswerUsage", "Block", "ConnectionFailed",
-           "Failure", "LimitReadings", "Message", "MessageBatchIndividualResponse", "Pool",
-           "Provider", "Seen", "SseEvents", "StatusError", "batch_results_text",
-           "coarse_readings_dropped", "describe", "fine_dimensions", "json_body", "provider",
-           "went_out"]
+           "Failure", "LimitReadings", "Pool", "Provider", "Seen", "SseEvents", "StatusError",
+           "batch_results", "coarse_readings_dropped", "describe", "fine_dimensions",
+           "json_body", "provider", "went_out"]
+
+# The names of Anthropic's module, imported (with its SDK) when first asked for.
+_ANTHROPIC_NAMES = ("ANTHROPIC", "ConnectionFailed", "StatusError", "batch_results")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ANTHROPIC_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}._anthropic")
+    for each in _ANTHROPIC_NAMES:  # the next lookups are plain module attributes
+        globals()[each] = getattr(module, each)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -8,7 +8,8 @@ errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "messag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,6 @@ from anthropic.types.messages import MessageBatchIndividualResponse
 
 from drover.workers.providers._base import (
     NOT_SENT,
-    AnswerUsage,
     Failure,
     LimitReadings,
     Provider,
@@ -27,10 +27,11 @@ from drover.workers.providers._base import (
     read_limit_headers,
     read_retry_after,
 )
-from drover.workers.providers.streams import stream_message
+from drover.workers.providers.answers import Answer, AnswerUsage
+from drover.workers.providers.streams import Seen
 
-__all__ = ["ANTHROPIC", "Anthropic", "Message", "MessageBatchIndividualResponse",
-           "batch_results_text"]
+__all__ = ["ANTHROPIC", "Anthropic", "ConnectionFailed", "StatusError", "answer_of",
+           "batch_results", "stream_message"]
 
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
@@ -40,12 +41,24 @@ _HEADER_NAMES = {dim: (f"anthropic-ratelimit-{name}-remaining",
                  for dim, name in (("requests", "requests"), ("input", "input-tokens"),
                                    ("output", "output-tokens"))}
 
-async def batch_results_text(client: anthropic.AsyncAnthropic, url: str) -> str:
-    """A Message Batch's results (JSONL) at ``url``, in one call: ``batches.results(id)``
-    retrieves the batch first, two calls back to back that a tight batches RPM refuses."""
+def answer_of(message: Message) -> Answer:
+    """The SDK's Message as drover's Answer (its blocks as the SDK dumps them)."""
+    return Answer.from_json(message.model_dump(mode="json", exclude_none=True))
+
+
+async def batch_results(client: anthropic.AsyncAnthropic, url: str) -> dict[str, dict[str, Any]]:
+    """A Message Batch's results at ``url`` by custom_id, each result as its JSON (a
+    ``succeeded`` one's ``message`` is what ``Answer.from_json`` reads), in one call:
+    ``batches.results(id)`` retrieves the batch first, two calls back to back that a tight
+    batches RPM refuses."""
     response = await client.get(url, cast_to=httpx2.Response,
                                 options={"headers": {"Accept": "application/binary"}})
-    return response.text
+    out: dict[str, dict[str, Any]] = {}
+    for raw in response.text.splitlines():
+        if raw.strip():
+            line = MessageBatchIndividualResponse.model_validate_json(raw)
+            out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
+    return out
 
 
 # The SDK's error classes, for the few places (the batcher) that tell them apart.
@@ -77,8 +90,8 @@ class Anthropic(Provider):
                                       pool=connect_s))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Message:
-        return await stream_message(client, params, seen, generating)
+                          generating: Any = None) -> Answer:
+        return answer_of(await stream_message(client, params, seen, generating))
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, anthropic.APIStatusError):
@@ -172,6 +185,28 @@ def _error_fields(body: dict[str, Any], kind_else: str, message_else: str) -> tu
     if code:
         message = f"{message} ({code})"
     return str(kind), str(message)[:500]
+
+
+async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
+                         generating: Callable[[bool], Awaitable[None]] | None = None
+                         ) -> Message:
+    """Send one turn as a stream and return the final message; raises the SDK's errors
+    (APITimeoutError when the connection carried no byte for the client's read timeout,
+    ``DROVER_STREAM_IDLE_S``: see the module docstring). ``generating`` is told True at the
+    first token and False when the stream ends."""
+    told = False
+    try:
+        async with client.messages.stream(**params) as stream:
+            seen.headers = stream.response.headers
+            async for event in stream:
+                seen.on(event)
+                if not told and generating is not None and seen.first_token_s is not None:
+                    told = True
+                    await generating(True)
+            return await stream.get_final_message()
+    finally:
+        if told and generating is not None:
+            await asyncio.shield(generating(False))
 
 
 ANTHROPIC = Anthropic()

@@ -9,8 +9,9 @@ A provider is a small object (one per API, built once per process) that
   overloaded, server error, key refused, too large, bad request);
 - reads its limit headers into drover's dimensions (``read_limits``) and names the dimensions
   its limits have (``dimensions``);
-- converts drover's conversation and tool calls to and from its wire shape (``to_wire``,
-  ``from_wire``; drover's own shape is the Messages API's, so Anthropic's are the identity).
+- converts drover's conversation and tool calls to its wire shape (``to_wire``; drover's own
+  shape is the Messages API's, so Anthropic's is the identity), and its answers to drover's
+  ``Answer`` (``answers``: no SDK object goes past the provider).
 
 Only this room imports a provider SDK (tests/unit/test_architecture.py checks it).
 """
@@ -25,7 +26,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar
 
-from drover.workers.providers.answers import AnswerUsage
+from drover.workers.providers.answers import Answer, AnswerUsage
 
 __all__ = ["NOT_SENT", "AnswerUsage", "Failure", "LimitReadings", "Provider",
            "coarse_readings_dropped", "fine_dimensions", "json_body", "read_limit_headers",
@@ -150,9 +151,11 @@ class Provider:
         raise NotImplementedError
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Any:
-        """One turn as a stream, recording what came in ``seen``; ``generating`` (an async
-        callable) is told True at the first token and False when the stream ends. A stream is
+                          generating: Any = None) -> Answer:
+        """One turn as a stream, recording what came in ``seen``, answered as drover's
+        ``Answer`` (the provider converts its SDK's answer here, at its edge); ``generating``
+        (an async callable) is told True at the first token and False when the stream ends.
+        A stream is
         abandoned when its connection carries no byte for the client's read timeout (the
         ``idle_s`` it was built with), never by the gap between parsed events: a provider's
         keep-alives (Anthropic's pings) are bytes the SDK drops before any event."""
@@ -210,9 +213,6 @@ class Provider:
         """Its SDK's base error: what the limited clients' transport raises (from drover's
         signal) for the SDK to pass on as it is, without a retry of its own."""
         raise NotImplementedError
-
-    def from_wire(self, answer: Any) -> Any:
-        return answer
 
 
 def read_retry_after(headers: Mapping[str, str]) -> float | None:

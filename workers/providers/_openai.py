@@ -9,7 +9,8 @@ together) and reserves a call's input + max tokens there.
 drover's conversation is the Messages shape; ``to_wire`` turns it into Chat Completions
 (``tool_use`` blocks -> the assistant's ``tool_calls``, each ``tool_result`` -> a ``tool``
 message, so every call is answered before the next turn; an error result is sent as
-``error: ...``), and the streamed answer is gathered back into a Messages ``Message``.
+``error: ...``), and the streamed answer is gathered into drover's ``Answer`` (its blocks in
+the Messages shape, its finish reason as a Messages stop reason), with no other SDK.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from typing import Any
 
 import httpx2
 import openai
-from anthropic.types import Message
 
 from drover.workers.providers._base import (
     NOT_SENT,
-    AnswerUsage,
     Failure,
     LimitReadings,
     Provider,
@@ -34,6 +33,7 @@ from drover.workers.providers._base import (
     read_limit_headers,
     read_retry_after,
 )
+from drover.workers.providers.answers import Answer, AnswerUsage, Block
 
 __all__ = ["OPENAI", "OpenAI"]
 
@@ -58,7 +58,7 @@ class OpenAI(Provider):
                                    pool=connect_s))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Message:
+                          generating: Any = None) -> Answer:
         """``generating`` is told True at the first token and False when the stream ends."""
         told: list[bool] = []
         try:
@@ -68,7 +68,7 @@ class OpenAI(Provider):
                 await asyncio.shield(generating(False))
 
     async def _stream(self, client: Any, params: dict[str, Any], seen: Any,
-                      generating: Any, told: list[bool]) -> Message:
+                      generating: Any, told: list[bool]) -> Answer:
         wire = self.to_wire(params)
         raw = await client.chat.completions.with_raw_response.create(
             **wire, stream=True, stream_options={"include_usage": True})
@@ -116,19 +116,15 @@ class OpenAI(Provider):
         completion = (usage.completion_tokens or 0) if usage is not None else 0
         seen.input_tokens, seen.cache_read_input_tokens = prompt - cached, cached
         seen.output_tokens = completion
-        content: list[dict[str, Any]] = []
+        content: list[Block] = []
         if "".join(text):
-            content.append({"type": "text", "text": "".join(text)})
+            content.append(Block({"type": "text", "text": "".join(text)}))
         for index in sorted(calls):
             call = calls[index]
-            content.append({"type": "tool_use", "id": call["id"] or f"call_{index}",
-                            "name": call["name"], "input": _arguments(call["arguments"])})
-        return Message.model_validate({
-            "id": "openai", "type": "message", "role": "assistant", "model": wire["model"],
-            "content": content, "stop_reason": _STOP.get(finish or "stop", "end_turn"),
-            "stop_sequence": None,
-            "usage": {"input_tokens": prompt - cached, "output_tokens": completion,
-                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}})
+            content.append(Block({"type": "tool_use", "id": call["id"] or f"call_{index}",
+                                  "name": call["name"], "input": _arguments(call["arguments"])}))
+        return Answer(tuple(content), _STOP.get(finish or "stop", "end_turn"), wire["model"],
+                      AnswerUsage(prompt - cached, completion, 0, cached), id="openai")
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, openai.APIStatusError):

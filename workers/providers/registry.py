@@ -2,8 +2,8 @@
 
 A provider's module imports its SDK, and an SDK costs a worker start about half a second of
 CPU (the openai SDK's types) to a second and a half (anthropic's): a fleet on Anthropic does
-not pay for openai. Anthropic's module is imported with the package anyway (its ``__init__``
-exports the Message Batches names the batcher uses); `drover stats` imports neither, since it
+not pay for openai, nor one on OpenAI for anthropic (the package's Anthropic names, which the
+batcher uses, are imported when first asked for); `drover stats` imports neither, since it
 never imports this room (``Services.loop_parts`` does, on a worker).
 """
 

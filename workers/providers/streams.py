@@ -1,5 +1,5 @@
-"""One realtime Messages call as a stream (the SDK's ``messages.stream``), judged by the gap
-between its events, never by a total time.
+"""What a realtime call's stream delivered (``Seen``), whichever provider streams it: a stream
+is judged by the gap between its bytes, never by a total time.
 
 A call that is making progress is never abandoned: the stream is closed only when its
 connection carried no byte for ``DROVER_STREAM_IDLE_S`` (the client's read timeout, which the
@@ -20,16 +20,11 @@ the scope's answers showed, at most 3), so as not to fall below the bill.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import anthropic
-from anthropic.types import Message
 
 CHARS_PER_TOKEN = 4.0
 
@@ -150,25 +145,3 @@ class SseEvents:
             if isinstance(event, dict):
                 out.append(event)
         return out
-
-
-async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
-                         generating: Callable[[bool], Awaitable[None]] | None = None
-                         ) -> Message:
-    """Send one turn as a stream and return the final message; raises the SDK's errors
-    (APITimeoutError when the connection carried no byte for the client's read timeout,
-    ``DROVER_STREAM_IDLE_S``: see the module docstring). ``generating`` is told True at the
-    first token and False when the stream ends."""
-    told = False
-    try:
-        async with client.messages.stream(**params) as stream:
-            seen.headers = stream.response.headers
-            async for event in stream:
-                seen.on(event)
-                if not told and generating is not None and seen.first_token_s is not None:
-                    told = True
-                    await generating(True)
-            return await stream.get_final_message()
-    finally:
-        if told and generating is not None:
-            await asyncio.shield(generating(False))

@@ -17,8 +17,6 @@ import json
 import logging
 from collections.abc import Iterable
 
-import anthropic
-
 from drover.workers.providers.registry import provider
 from drover.workers.providers.streams import Seen
 
@@ -61,11 +59,12 @@ async def _answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 async def warm_up(providers: Iterable[str] = ("anthropic",), timeout_s: float = 10.0
                   ) -> list[str]:
-    """One call through each of ``providers``' SDKs (the worker's: Anthropic's Messages
-    always, OpenAI's streamed Chat Completions when it calls OpenAI) to a local server; the
+    """One call through each of ``providers``' SDKs (the worker's: Anthropic's Messages,
+    OpenAI's streamed Chat Completions, each when the worker calls it) to a local server; the
     request lines it received (one per call, unless something went wrong). Never raises: a
     failed warm-up only leaves the first real call slow."""
     seen: list[str] = []
+    wanted = set(providers)
     try:
         server = await asyncio.start_server(
             lambda r, w: _answer_once(r, w, seen), "127.0.0.1", 0)
@@ -73,8 +72,22 @@ async def warm_up(providers: Iterable[str] = ("anthropic",), timeout_s: float = 
         log.debug("sdk warm-up skipped: %s", exc)
         return seen
     port = server.sockets[0].getsockname()[1]
-    client = anthropic.AsyncAnthropic(api_key="warm-up", base_url=f"http://127.0.0.1:{port}",
-                                      max_retries=0, timeout=timeout_s)
+    if "anthropic" in wanted:
+        await _warm_anthropic(f"http://127.0.0.1:{port}", timeout_s)
+    if "openai" in wanted:
+        await _warm_openai(f"http://127.0.0.1:{port}/v1", timeout_s)
+    server.close()
+    await server.wait_closed()
+    return seen
+
+
+async def _warm_anthropic(base_url: str, timeout_s: float) -> None:
+    """One Messages call through the anthropic SDK (imported here: a worker on OpenAI only
+    never imports it)."""
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(api_key="warm-up", base_url=base_url, max_retries=0,
+                                      timeout=timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
             raw = await client.messages.with_raw_response.create(
@@ -84,11 +97,6 @@ async def warm_up(providers: Iterable[str] = ("anthropic",), timeout_s: float = 
         log.debug("sdk warm-up failed: %s", exc)
     finally:
         await client.close()
-    if "openai" in providers:
-        await _warm_openai(f"http://127.0.0.1:{port}/v1", timeout_s)
-    server.close()
-    await server.wait_closed()
-    return seen
 
 
 async def _warm_openai(base_url: str, timeout_s: float) -> None:

@@ -211,7 +211,7 @@ def _response_attributes(span: Any, settings: Any, outcome: str, error_type: str
     })
     if _tracing.content_capture(settings):
         span.set_attribute("gen_ai.output.messages", _tracing.content(
-            [block.model_dump(mode="json") for block in message.content]))
+            message.content_json()))
 
 
 def client_call(provider: str, scope: str, model: str, outcome: str, error_type: str,
