@@ -62,7 +62,8 @@ class ModelLimits(BaseModel):
         "provider's combined limit of a model family); the entry's name is the class's name.")
 
 
-def _check_dimensions(where: str, entry: ModelLimits | PoolKey, provider: str) -> None:
+def _check_dimensions(where: str, entry: ModelLimits | PoolKey | GatewayKey, provider: str
+                      ) -> None:
     """Limits in the dimensions ``provider`` counts: OpenAI one tokens bucket (tpm),
     Anthropic input and output apart (itpm, otpm)."""
     if provider == "openai" and (entry.itpm is not None or entry.otpm is not None):
@@ -153,6 +154,16 @@ class GatewayKey(BaseModel):
     budget: TenantBudget | None = Field(
         default=None, description="The tenant's token budget (as DROVER_TENANT_BUDGETS): its "
         "calls through the gateway wait in line for it.")
+    rpm: PositiveRate | None = Field(
+        default=None, description="This key's own requests per minute: its calls wait in line "
+        "for it (the key's alone, not its tenant's).")
+    itpm: PositiveRate | None = Field(
+        default=None, description="This key's own input tokens per minute (Anthropic).")
+    otpm: PositiveRate | None = Field(
+        default=None, description="This key's own output tokens per minute (Anthropic).")
+    tpm: PositiveRate | None = Field(
+        default=None, description="This key's own tokens per minute, input and max tokens in "
+        "one bucket (OpenAI's dimension).")
 
     @field_validator("key")
     @classmethod
@@ -619,8 +630,9 @@ class Settings(BaseSettings):
         default_factory=list,
         description="The callers of `drover gateway`, JSON: `[{\"key\": \"dgw-...\", "
         "\"tenant\": \"web\"}, ...]`, each optionally with `\"budget\": {\"per_minute\": "
-        "N, \"per_day\": M}` (its tenant's token budget). A request with no key of this list "
-        "is refused (401). docs/gateway.md.")
+        "N, \"per_day\": M}` (its tenant's token budget) and limits of the key's own "
+        "(`\"rpm\"`, and `\"itpm\"`/`\"otpm\"`, or OpenAI's `\"tpm\"`). A request with no key "
+        "of this list is refused (401). docs/gateway.md.")
 
     # --- offline jobs through the Message Batches API (JobSpec.delivery) -----------------
     batch_size: int = Field(
@@ -727,6 +739,8 @@ class Settings(BaseSettings):
             raise ValueError(f"DROVER_GATEWAY_KEYS: a key appears more than once (tenant "
                              f"{', '.join(tenants)}); give every caller a key of its own")
         for entry in self.gateway_keys:
+            _check_dimensions(f"DROVER_GATEWAY_KEYS: the key of tenant {entry.tenant}", entry,
+                              self.provider)
             if entry.budget is None:
                 continue
             known = self.tenant_budgets.get(entry.tenant)

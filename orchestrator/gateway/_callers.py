@@ -3,17 +3,22 @@ Bearer``), looked up among ``DROVER_GATEWAY_KEYS``.
 
 A key is compared in constant time against every configured key (a timing difference must
 not tell a caller how much of a guess was right), and never logged: a request is named by
-its tenant only.
+its tenant only. A key's own limits (``rpm``, ``itpm``/``otpm`` or ``tpm``) are a limiter
+scope of the key's, ``gateway:<tenant>:<8 hex digits of the key's SHA-256>`` (the digest
+names the key in ``drover stats`` without saying it), reserved beside the model's on every
+call of the key (``own_limits``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Mapping
 
 from drover.config import GatewayKey
+from drover.workers.limiter import ScopeLimits
 
-__all__ = ["Callers"]
+__all__ = ["Callers", "key_scope", "own_limits"]
 
 
 class Callers:
@@ -45,3 +50,18 @@ def presented_key(headers: Mapping[str, str]) -> str:
         return key
     scheme, _, token = headers.get("authorization", "").strip().partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def key_scope(entry: GatewayKey) -> str:
+    """The limiter scope of a gateway key's own limits."""
+    digest = hashlib.sha256(entry.key.get_secret_value().encode()).hexdigest()[:8]
+    return f"gateway:{entry.tenant}:{digest}"
+
+
+def own_limits(entry: GatewayKey, burst_s: float) -> tuple[tuple[str, ScopeLimits], ...]:
+    """The key's own limits as the call path reserves them (none when it has none): buckets
+    of ``burst_s`` of refill, as the key's (DROVER_BURST_SECONDS)."""
+    if not any((entry.rpm, entry.itpm, entry.otpm, entry.tpm)):
+        return ()
+    return ((key_scope(entry), ScopeLimits(rpm=entry.rpm, itpm=entry.itpm, otpm=entry.otpm,
+                                           tpm=entry.tpm, burst_s=burst_s)),)

@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx2
 
+from drover.config import GatewayKey
+from drover.orchestrator.gateway._callers import own_limits
 from drover.workers.agent.call import CallContext
 from drover.workers.agent.runtime import Runtime
 from drover.workers.clients import LimitedTransport
@@ -77,11 +79,14 @@ class Forwarder:
         return httpx2.Request("POST", self.url(path, query), headers=sent, content=body,
                               extensions={"timeout": self.timeout})
 
-    async def send(self, request: httpx2.Request, tenant: str, cancel: asyncio.Event
+    async def send(self, request: httpx2.Request, caller: GatewayKey, cancel: asyncio.Event
                    ) -> httpx2.Response:
         """The provider's answer to ``request`` (its stream settles as it is read and closed),
-        sent through the limits as ``tenant``'s call; ``cancel`` set: the caller left."""
-        ctx = CallContext("", -1, cancel, tenant=tenant)
+        sent through the limits as ``caller``'s call (its tenant's, within its key's own
+        limits); ``cancel`` set: the caller left."""
+        tenant = caller.tenant
+        ctx = CallContext("", -1, cancel, tenant=tenant,
+                          own_limits=own_limits(caller, self.rt.settings.burst_seconds))
         # The call path counts its dollars as the tenant's (drover_cost_usd); these hooks
         # count the tenant's tokens through the gateway.
         ctx.answered = _counted(tenant)

@@ -107,7 +107,7 @@ def _handler(fwd: Forwarder, callers: Callers, watch: RedisWatch,  # noqa: ANN20
             try:
                 if counted(request.path):  # count_tokens has limits of its own
                     await held.enter_async_context(line.place(tenant, _model(body)))
-                answer = await fwd.send(upstream, tenant, cancel)
+                answer = await fwd.send(upstream, caller, cancel)
             except asyncio.CancelledError:  # the caller left while its call waited in line
                 cancel.set()
                 _count(tenant, "disconnected")

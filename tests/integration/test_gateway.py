@@ -407,7 +407,7 @@ def test_a_gateway_without_its_callers_keys_or_the_providers_key_refuses_to_star
 def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         monkeypatch, drover_env, sim, gateway):
     """Tenant batch sends 200 calls at once, tenant web 10 once batch's are all in line, into
-    15 requests a second with a 4-s horizon (a line of 60 calls): web's calls take their
+    15 requests a second with a 4-s horizon (a line of 54 calls): web's calls take their
     tenant's half of the places that free up, as a fleet job's tenant would, instead of
     waiting behind batch's whole backlog at the limiter (first come, first served: all 200 of
     batch's would go before web's last). Asserted on the order the answers came in."""
@@ -465,3 +465,59 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
     # and answers that overtook in flight or came before web's calls reached the gateway.
     # First come, first served: all of them.
     assert ahead <= cap + 30 < 200 - came[0], (ahead, cap, came)
+
+
+def test_a_key_over_its_own_limit_waits_in_line_while_other_keys_go(
+        monkeypatch, drover_env, sim, gateway):
+    """web's key has a limit of its own, 60 requests a minute (one a second), far below the
+    key's: its 6 calls sent at once wait in line for it, one a second, and are never sent
+    past it; batch's key, with none, has its 6 answered at once meanwhile. Asserted on the
+    order the gateway answered in and on the key's scope in the limiter."""
+    from drover.orchestrator.gateway._callers import key_scope
+
+    sim.configure(tool_turns=0, output_tokens_mean=20)
+    keys = [{"key": WEB, "tenant": "web", "rpm": 60},
+            {"key": BATCH, "tenant": "batch"}]
+    gw = gateway(DROVER_GATEWAY_KEYS=json.dumps(keys))
+    settings = _settings()
+
+    async def run() -> list[object]:
+        clients = {tenant: anthropic.AsyncAnthropic(base_url=gw.url, api_key=key,
+                                                    max_retries=0, timeout=120)
+                   for tenant, key in GATEWAY_KEYS.items()}
+        try:
+            return await asyncio.gather(*(clients[tenant].messages.create(
+                model=settings.model, max_tokens=20, messages=_ask(i))
+                for i in range(6) for tenant in ("web", "batch")), return_exceptions=True)
+        finally:
+            for client in clients.values():
+                await client.close()
+
+    results = asyncio.run(run())
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert not failed, failed[:2]
+    stats = sim.stats()
+    assert stats["accepted"] == 12 and stats["rejected_429"] == 0
+    answered = [line.split("tenant=")[1].split()[0] for line in
+                gw.log.read_text().splitlines() if "gateway tenant=" in line]
+    # The key's bucket holds one request (a second of refill): web's first goes at once,
+    # each of the others a second after the one before, batch's meanwhile all at once.
+    webs = [i for i, tenant in enumerate(answered) if tenant == "web"]
+    assert max(i for i, tenant in enumerate(answered) if tenant == "batch") < webs[2], answered
+    from drover.config import GatewayKey
+    from drover.workers.limiter import ScopeLimits
+
+    scope = key_scope(GatewayKey(key=WEB, tenant="web"))
+    state = _limiter(settings).state(scope, ScopeLimits(rpm=60))
+    assert state["leases"] == 0
+    assert sum(row.get("requests", 0) for row in _limiter(settings).usage(scope, 60)) == 6
+    from io import StringIO
+
+    from rich.console import Console
+
+    from drover.orchestrator.ops.stats import print_stats
+    from drover.workers.services import services
+
+    out = StringIO()
+    print_stats(Console(file=out, width=200), services(settings))
+    assert scope in out.getvalue() and WEB not in out.getvalue()

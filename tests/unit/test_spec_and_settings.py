@@ -70,6 +70,7 @@ def test_bad_json_settings_name_the_variable_and_the_entry(monkeypatch, value, n
 
 _ANT = {"alias": "ant", "api_key": "sk-a"}
 _OAI = {"alias": "oai", "api_key": "sk-o", "provider": "openai"}
+_GW = {"key": "dgw-test-0123456789abcdef", "tenant": "web"}  # a gateway key (a test value)
 
 
 @pytest.mark.parametrize("env, says", [
@@ -89,6 +90,12 @@ _OAI = {"alias": "oai", "api_key": "sk-o", "provider": "openai"}
     ({"DROVER_MODEL_PROVIDERS": '{"gpt-4o": "openai"}',
       "DROVER_KEYS": json.dumps([_ANT, {**_OAI, "itpm": 9}])},
      "DROVER_KEYS[oai] has an itpm or otpm, but it is on openai"),
+    ({"DROVER_GATEWAY_KEYS": json.dumps([{**_GW, "tpm": 9}])},
+     "DROVER_GATEWAY_KEYS: the key of tenant web has a tpm, but it is on anthropic"),
+    ({"DROVER_PROVIDER": "openai", "DROVER_GATEWAY_KEYS": json.dumps([{**_GW, "otpm": 9}])},
+     "DROVER_GATEWAY_KEYS: the key of tenant web has an itpm or otpm, but it is on openai"),
+    ({"DROVER_GATEWAY_KEYS": json.dumps([{**_GW, "rpm": 0}])}, "DROVER_GATEWAY_KEYS (0.rpm)"),
+    ({"DROVER_GATEWAY_KEYS": json.dumps([{**_GW, "rpn": 5}])}, "DROVER_GATEWAY_KEYS (0.rpn)"),
 ])
 def test_providers_of_models_and_keys_are_checked_at_start_up(monkeypatch, env, says):
     for key, value in env.items():

@@ -88,8 +88,8 @@ from drover.workers.limiter import Grant, ScopeLimits
 from drover.workers.providers import Failure, Seen
 from drover.workers.telemetry import acquire_wait, call_cost, held_back, stream_timing
 
-__all__ = ["Call", "CallContext", "acquire", "counted_input", "learned_limits",
-           "mark_unanswered", "wait_or_cancel"]
+__all__ = ["Call", "CallContext", "acquire", "acquire_own_limits", "counted_input",
+           "learned_limits", "mark_unanswered", "settle_own_limits", "wait_or_cancel"]
 
 log = logging.getLogger("drover.workers.agent.llm")
 POLL_S = 0.05
@@ -123,6 +123,9 @@ class CallContext:
     # settled: a sub-agent's calls through a limited client count in its usage this way
     # (drover's own loop counts the message it is handed instead, and leaves this None).
     answered: Callable[..., Awaitable[None]] | None = None
+    # The caller's own limits (a gateway key's, DROVER_GATEWAY_KEYS): scopes reserved beside
+    # the model's with the call's estimates, waited for like it, settled with what it spent.
+    own_limits: tuple[tuple[str, ScopeLimits], ...] = ()
 
 
 async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
@@ -276,6 +279,32 @@ async def release_tenant_budget(rt: Runtime, held: Held, spent: int | None = Non
                                                    output_tokens=0))
 
 
+async def acquire_own_limits(rt: Runtime, ctx: CallContext, input_tokens: int,
+                             output_tokens: int) -> Held:
+    """Reserve the call's estimates from the caller's own limits (``ctx.own_limits``: a
+    gateway key's), all or none; a wait past the horizon raises LimiterSaysLater."""
+    held: Held = []
+    try:
+        for scope, limits in ctx.own_limits:
+            held.append((scope, limits, await acquire(rt, scope, limits, ctx,
+                                                      input_tokens=input_tokens,
+                                                      output_tokens=output_tokens)))
+    except BaseException:
+        await release_tenant_budget(rt, held)
+        raise
+    return held
+
+
+async def settle_own_limits(rt: Runtime, held: Held, spent: tuple[int, int] | None) -> None:
+    """Settle the caller's own limits with what the call spent, (input, output) tokens as
+    the provider counts them (None: nothing was sent, everything goes back)."""
+    for scope, limits, grant in held:
+        if spent is None:
+            await asyncio.shield(rt.limiter.release(scope, grant))
+        else:
+            await asyncio.shield(rt.limiter.settle(scope, limits, grant, input_tokens=spent[0],
+                                                   output_tokens=spent[1]))
+
 
 class Call:
     """One call's estimate and reservation, from its first grant to its last settle (the
@@ -301,6 +330,7 @@ class Call:
         self.est_out = (self.max_tokens if route.provider.one_tokens_bucket
                         else rt.calibration.output_tokens(route.scope, self.max_tokens))
         self.budget: Held = []
+        self.own: Held = []  # the caller's own limits' reservations (ctx.own_limits)
         self.budget_wait = 0.0
         self.spent: int | None = None  # what the tenant's budget pays (None: nothing sent)
         self.cost: Any = None  # the caps' reservation (caps.reserve_cost)
@@ -324,10 +354,13 @@ class Call:
                                        self.model, self.res_in, self.max_tokens)
         try:
             self.budget = await acquire_tenant_budget(rt, ctx, self.est_in + self.est_out)
+            self.own = await acquire_own_limits(rt, ctx, self.res_in, self.est_out)
         except BaseException:
+            await release_tenant_budget(rt, self.budget)
+            self.budget = []
             await settle_cost(rt, self.cost)
             raise
-        self.budget_wait = max((g.wait_s for _, _, g in self.budget), default=0.0)
+        self.budget_wait = max((g.wait_s for _, _, g in self.budget + self.own), default=0.0)
 
     async def reserve(self) -> bool:
         """A grant, waited for until its send (a cancel ends the wait): True when the call
@@ -496,6 +529,10 @@ class Call:
         """Settle the tenant's budget and the caps in dollars with what the call spent
         (after its last try): its answer's usage, or what it cost unanswered."""
         await release_tenant_budget(self.rt, self.budget, spent=self.spent)
+        await settle_own_limits(self.rt, self.own, None if self.spent is None else (
+            (counted_input(self.answer_usage, self.cache_reads_count),
+             self.answer_usage.output_tokens or 0) if self.answer_usage is not None
+            else self.lost or (0, 0)))
         await settle_cost(self.rt, self.cost, self.answer_usage, self.lost)
 
     def unanswered_usage(self) -> tuple[int, int]:
