@@ -66,7 +66,7 @@ from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.store import JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
-from drover.workers.providers import Answer, Failure
+from drover.workers.providers import Answer, AnswerUsage, Failure
 from drover.workers.telemetry import call_cost
 
 __all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
@@ -145,7 +145,7 @@ async def _settle(rt: Runtime, model: str, state: Checkpoint, result: dict[str, 
         return
     usage = result["message"].get("usage") if result.get("type") == "succeeded" else None
     await settle_cost(rt, CostHold(holds, price, batch=True),
-                      _Usage(usage) if usage is not None else None)
+                      AnswerUsage.from_json(usage) if usage is not None else None)
 
 
 # A job's own calls (its planning, its synthesis) in a batch job go by batch too, as parts of
@@ -521,7 +521,7 @@ class Batcher:
         model = scope.rsplit(":", 1)[-1]
         configured = self.rt.settings.limits_for(model)
         reads = bool(configured and configured.cache_reads_count)
-        used_in = sum(counted_input(_Usage(u), reads) for u in ok)
+        used_in = sum(counted_input(AnswerUsage.from_json(u), reads) for u in ok)
         used_out = sum(u.get("output_tokens") or 0 for u in ok)
         stats_scope = f"batch:{self.rt.settings.key_alias}:{model}"
         limits = ScopeLimits()
@@ -546,16 +546,6 @@ class Batcher:
                 await _io(self.store.park, job_id, index, signature)  # try again next tick
                 raise
             await _io(self.store.not_ready, job_id, index)
-
-
-class _Usage:
-    """Attribute access over a usage dict (what ``counted_input`` reads)."""
-
-    def __init__(self, usage: dict[str, Any]):
-        self.__dict__.update(usage)
-
-    def __getattr__(self, name: str) -> Any:
-        return 0
 
 
 def _outcomes(lines: dict[str, dict[str, Any]]) -> dict[str, int]:
