@@ -285,6 +285,7 @@ class DroverCollector(Collector):
             self._gauge("drover_job_last_dispatch_seconds", last_dispatch),
             self._gauge("drover_line_cap", [((q,), self.shared.fairshare(q).cap() or 0)
                                             for q in sorted(queues)]),
+            self._gauge("drover_gateway_calls", self._gateway_calls(sorted(queues), shares)),
             self._gauge("drover_jobs_stalled", [((), len(stalled_jobs(
                 self.r, self.settings.key_prefix)))]),
             self._repairs(),
@@ -306,6 +307,19 @@ class DroverCollector(Collector):
                     if status in seen.done:
                         seen.done[status] += 1
             todo = [job_id for job_id, entries in found.items() if len(entries) == STREAM_PAGE]
+
+    def _gateway_calls(self, queues: list[str], shares: dict[str, dict[str, Any]]
+                       ) -> list[tuple[tuple[str, ...], float]]:
+        """The gateway's calls of each tenant in the queues' windows (calls jobs)."""
+        calls: dict[tuple[str, ...], float] = defaultdict(float)
+        for queue in queues:
+            jobs = shares.get(queue)
+            listed = jobs.values() if jobs is not None else self.shared.fairshare(queue).jobs()
+            for share in listed:
+                if share.calls:
+                    calls[(share.tenant, "in_line")] += share.waiting
+                    calls[(share.tenant, "out")] += share.out
+        return sorted(calls.items())
 
     def _queue_lengths(self, queues: list[str]) -> list[tuple[tuple[str, ...], float]]:
         if not self.broker_queues:

@@ -92,7 +92,9 @@ def jobs_table(active: list[ActiveJob], window: int, cap: int | None = None) -> 
                          else "right")
     for a in active:
         s = a.share
-        table.add_row(s.job_id[:12], s.tenant, s.priority, f"{s.done}/{s.n}", str(s.out),
+        # A gateway process's calls of a tenant (calls:<process>:<tenant>): no job of its own.
+        table.add_row("gateway" if s.calls else s.job_id[:12], s.tenant, s.priority,
+                      f"{s.done}/{s.n}", str(s.out),
                       str(s.deferred), str(s.waiting),
                       _duration(a.last_out_s) if s.waiting else "-", f"{a.held:.0%}",
                       f"{a.due:.0%}" if s.waiting else "-",

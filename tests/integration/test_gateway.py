@@ -417,8 +417,10 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
               max_in_flight=1000)
     gw = gateway()
     settings = _settings()
+    from drover.orchestrator.ops.metrics import DroverCollector
     from drover.workers.fairshare import FairShare
     from drover.workers.services import services
+    from tests.helpers.metrics import scrape, value
 
     fs = FairShare.from_settings(services(settings).redis, settings)
     assert _client(gw).messages.create(model=settings.model, max_tokens=20,
@@ -443,6 +445,12 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         while in_line("batch") < entered:  # every one of batch's calls is in line first
             await asyncio.sleep(0.05)
         came.append(in_line("batch", "done"))
+        # What the exporter (and the dashboard's gateway row) says meanwhile: most of
+        # batch's calls wait in line, at most the line's cap hold a place.
+        families = scrape(DroverCollector(services(settings), broker_queues=False))
+        waiting = value(families, "drover_gateway_calls", tenant="batch", state="in_line")
+        assert waiting >= 200 - cap - came[0] - 10 and value(
+            families, "drover_gateway_calls", tenant="batch", state="out") <= cap
         few = [one("web", i) for i in range(10)]
         try:
             return await asyncio.gather(*flood, *few, return_exceptions=True)

@@ -90,12 +90,29 @@ def _a_fleet(settings: Settings, recorders: list[Recorder]) -> JobStore:
     store.records.put(SubagentResult(job_id="job2", index=0, status="ok"))
     store.records.put(SubagentResult(job_id="job2", index=1, status="failed"))
     recorders[0].running("job2", +1)
+    _a_gateway_call(settings, "web")
     beat = liveness.Heartbeat(settings, client=client)
     beat.stop()  # one beat is enough: its key lives for DROVER_HEARTBEAT_TTL_S
     client.set(liveness.heartbeat_key(settings.key_prefix, beat.id), "{}", ex=60)
     for rec in recorders:
         rec.flush()
     return store
+
+
+def _a_gateway_call(settings: Settings, tenant: str) -> None:
+    """A gateway's call of ``tenant`` holding its place in the queue's fair-share window."""
+    import asyncio
+
+    import redis.asyncio
+
+    from drover.workers.fairshare import CallPlaces
+
+    async def enter() -> None:
+        client = redis.asyncio.Redis.from_url(settings.redis_url)
+        await CallPlaces(client, settings, lambda runs: None).enter(tenant)
+        await client.aclose()
+
+    asyncio.run(enter())
 
 
 def _broker_messages(settings: Settings, queue: str, n: int) -> None:
@@ -343,6 +360,30 @@ def test_the_grafana_dashboard_queries_only_series_that_exist():
         assert wanted in used, wanted
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_dashboards_tenant_views_show_the_gateways_callers_too():
+    """drover gateway's callers are tenants of the dashboard: the tenant variable lists the
+    tenants of gateway requests and of spending (not only those with active jobs), and its
+    gateway row shows each tenant's requests, tokens, calls in the fair-share line and
+    spend, each filtered by that variable (test_gateway scrapes these series with a real
+    gateway's calls in them)."""
+    import json
+
+    from tests.helpers import ROOT
+
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/drover.json").read_text())
+    [tenant] = [v for v in dashboard["templating"]["list"] if v["name"] == "tenant"]
+    for series in ("drover_tenant_jobs_active", "drover_gateway_requests_total",
+                   "drover_cost_usd_total"):
+        assert series in tenant["query"]["query"], series
+    [row] = [p for p in dashboard["panels"] if p["type"] == "row" and "gateway" in p["title"]]
+    below = [p for p in dashboard["panels"] if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    exprs = [t["expr"] for p in below for t in p.get("targets", [])]
+    for series in ("drover_gateway_requests_total", "drover_gateway_tokens_total",
+                   "drover_gateway_calls", "drover_cost_usd_total"):
+        [expr] = [e for e in exprs if series in e]
+        assert 'tenant=~"$tenant"' in expr and "by (tenant" in expr, expr
 
 
 def test_compose_runs_prometheus_on_the_exporter_and_flower_and_grafana_on_the_dashboard():

@@ -160,6 +160,11 @@ METRICS: tuple[Metric, ...] = (
            "expected seconds until the job's last sub-agent is published, at the rate its "
            "records have come in (0 when none waits in line; absent before its first record)",
            "state"),
+    Metric("drover_gateway_calls", "gauge", ("tenant", "state"),
+           "drover gateway's calls in the fair-share window by the caller's tenant, over all "
+           "gateway processes: in_line (waiting for a place: behind other tenants' share, or "
+           "beyond what the limiter serves within its horizon), out (holding one: waiting for "
+           "the limiter, sent, streaming)", "state"),
     Metric("drover_line_cap", "gauge", ("queue",),
            "sub-agents the limiter can serve within its horizon, the most the queue's window "
            "lets out while the key is the bottleneck (0: no cap reported)", "state"),
