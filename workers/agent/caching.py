@@ -9,11 +9,14 @@ answer adds to: ``cache_counts``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drover.workers.agent.estimate import CHARS_PER_TOKEN, prefix_estimate
 from drover.workers.jobs.records import Usage
 from drover.workers.jobs.spec import JobSpec
+
+if TYPE_CHECKING:  # the light readers (`drover stats`) import this module
+    from drover.workers.providers import AnswerUsage
 
 __all__ = ["cache_counts", "cache_line", "min_cacheable_tokens", "stats_cache_line"]
 
@@ -34,7 +37,7 @@ def prefix_tokens(spec: JobSpec, tool_chars: int = 0) -> int:
     return int((len(spec.system or "") + tool_chars) / CHARS_PER_TOKEN)
 
 
-def cache_counts(params: dict[str, Any], usage: Any) -> dict[str, int]:
+def cache_counts(params: dict[str, Any], usage: AnswerUsage) -> dict[str, int]:
     """An answer's cache figures for the limiter's counters (``drover stats``): tokens read
     and written, and when it did neither, ``uncached`` and (if its shared prefix was below
     the model's minimum cacheable length, or absent) ``short_prefix``."""

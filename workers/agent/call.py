@@ -85,7 +85,7 @@ from drover.workers.agent.spend_limit import (
 )
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.limiter import Grant, ScopeLimits
-from drover.workers.providers import Failure, Seen
+from drover.workers.providers import AnswerUsage, Failure, Seen
 from drover.workers.telemetry import acquire_wait, call_cost, held_back, stream_timing
 
 __all__ = ["Call", "CallContext", "acquire", "acquire_own_limits", "counted_input",
@@ -140,7 +140,7 @@ async def wait_or_cancel(seconds: float, cancel: asyncio.Event) -> None:
     raise Cancelled()
 
 
-def counted_input(usage: Any, cache_reads_count: bool) -> int:
+def counted_input(usage: AnswerUsage, cache_reads_count: bool) -> int:
     """Input tokens as the provider's ITPM counts them."""
     total = (usage.input_tokens or 0) + (getattr(usage, "cache_creation_input_tokens", 0) or 0)
     if cache_reads_count:
@@ -334,7 +334,7 @@ class Call:
         self.budget_wait = 0.0
         self.spent: int | None = None  # what the tenant's budget pays (None: nothing sent)
         self.cost: Any = None  # the caps' reservation (caps.reserve_cost)
-        self.answer_usage: Any = None  # the answer's usage, once answered
+        self.answer_usage: AnswerUsage | None = None  # the answer's usage, once answered
         self.lost: tuple[int, int] | None = None  # what the last try cost unanswered
         # The try under way (``reserve``): its grant, key, start, and what its stream said.
         self.grant: Grant | None = None
@@ -415,7 +415,7 @@ class Call:
         return True
 
     # --- settle: exactly one of answered, failed, ended per reserved try ----------------
-    async def answered(self, usage: Any, headers: Any = None) -> None:
+    async def answered(self, usage: AnswerUsage, headers: Any = None) -> None:
         """The answer came whole: settle with its real usage (``headers``: its limit headers,
         synced in the same trip), learn from it, count it and tell the caller."""
         rt, ctx, grant, seen = self.rt, self.ctx, self._grant(), self.seen

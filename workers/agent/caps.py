@@ -28,11 +28,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from drover.config.prices import Price
 from drover.errors import CostCapReached
 from drover.workers.agent.runtime import Runtime
+from drover.workers.providers import AnswerUsage
 
 __all__ = ["CostHold", "month", "reserve_cost", "settle_cost"]
 
@@ -105,7 +105,7 @@ async def reserve_cost(rt: Runtime, job_id: str, tenant: str | None, cap_usd: fl
     return CostHold(holds, price, batch)
 
 
-async def settle_cost(rt: Runtime, hold: CostHold | None, usage: Any = None,
+async def settle_cost(rt: Runtime, hold: CostHold | None, usage: AnswerUsage | None = None,
                       lost: tuple[int, int] | None = None) -> None:
     """Replace the reservations by what the call cost: an answer's ``usage``, a call sent
     and never answered at its (input, output) count, or nothing (refused, never sent)."""

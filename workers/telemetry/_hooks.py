@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -23,6 +23,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from drover.workers.telemetry import _tracing
 from drover.workers.telemetry._recorder import get_recorder
+
+if TYPE_CHECKING:  # an answer's usage is drover's own (the providers room's answers)
+    from drover.workers.providers import AnswerUsage
 
 __all__ = ["acquire_wait", "client_call", "job_submitted", "llm_call", "subagent_finished",
            "subagent_run", "tool_call", "with_trace_context", "worker_started"]
@@ -261,7 +264,8 @@ def _timing_attributes(span: Any, timing: tuple[float | None, float | None]) -> 
         span.set_attribute("drover.output_tokens_per_s", round(per_s, 2))
 
 
-def price_usd(settings: Any, model: str, usage: Any, lost: tuple[int, int] | None = None,
+def price_usd(settings: Any, model: str, usage: AnswerUsage | None,
+              lost: tuple[int, int] | None = None,
               *, batch: bool = False) -> float | None:
     """One call's dollars: an answer's ``usage``, or the (input, output) a call sent and never
     answered is counted at; None when the model has no price."""
@@ -276,7 +280,7 @@ def price_usd(settings: Any, model: str, usage: Any, lost: tuple[int, int] | Non
     return float(price.cost(*(lost or (0, 0))))
 
 
-def call_cost(settings: Any, model: str, tenant: str | None, usage: Any,
+def call_cost(settings: Any, model: str, tenant: str | None, usage: AnswerUsage | None,
               lost: tuple[int, int] | None = None, *, batch: bool = False) -> float | None:
     """Count one call's dollars in ``drover_cost_usd`` (model, tenant) and return them (see
     ``price_usd``); a model without a price counts in ``drover_unpriced_calls`` instead. Never
