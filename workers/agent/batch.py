@@ -66,7 +66,7 @@ from drover.workers.jobs.meta import ACTIVE
 from drover.workers.jobs.records import Checkpoint
 from drover.workers.jobs.store import JobNotFound
 from drover.workers.limiter import Grant, ScopeLimits, llm_scope
-from drover.workers.providers import Answer, AnswerUsage, Failure
+from drover.workers.providers import Answer, AnswerUsage, BatchSeen, Failure
 from drover.workers.telemetry import call_cost
 
 __all__ = ["PLAN_PART", "SYNTHESIS_PART", "Batcher", "Parked", "batch_message",
@@ -246,6 +246,11 @@ class Batcher:
         self.queue_scope = f"batchq:{s.key_alias}"
         self.queue_limits = ScopeLimits(max_in_flight=s.batch_queue_cap)
         self.sent = False  # whether the last _call's request went out
+        # The Message Batches endpoints, Anthropic's only (imported here with its SDK: a
+        # worker on OpenAI runs no batcher).
+        from drover.workers.providers import batches
+
+        self.api = batches
 
     async def run_forever(self) -> None:
         while True:
@@ -317,7 +322,8 @@ class Batcher:
             return True
         known = {b.id for b in await _io(self.store.open_batches)}
         since = min(i.at for i in intents) - ADOPT_BEFORE_S
-        listed = await self._call("list", lambda: self._recent_batches(since))
+        listed = await self._call("list", lambda: self.api.created_since(
+            self.rt.batch_client, since))
         if listed is None:
             return False
         for intent in intents:
@@ -340,30 +346,17 @@ class Batcher:
                         len(intent.custom_ids))
         return True
 
-    async def _recent_batches(self, since: float) -> list[Any]:
-        """Our key's batches created after ``since`` (the list is newest first)."""
-        found: list[Any] = []
-        async for batch in self.rt.batch_client.messages.batches.list(limit=100):
-            if batch.created_at.timestamp() < since:
-                break
-            found.append(batch)
-        return found
-
-    async def _match(self, intent: Intent, listed: list[Any], known: set[str]) -> Any | None:
+    async def _match(self, intent: Intent, listed: list[BatchSeen], known: set[str]
+                     ) -> BatchSeen | None:
         """The listed batch that is ``intent``'s, if any: as many requests, created around
         its time, not already drover's; once ended, its results' custom_ids must be the
         intent's too. The closest in time wins."""
-        def total(b: Any) -> int:
-            c = b.request_counts
-            return c.processing + c.succeeded + c.errored + c.canceled + c.expired
-
         candidates = sorted(
-            (b for b in listed if b.id not in known and total(b) == len(intent.custom_ids)
-             and intent.at - ADOPT_BEFORE_S <= b.created_at.timestamp()
-             <= intent.at + ADOPT_AFTER_S),
-            key=lambda b: abs(b.created_at.timestamp() - intent.at))
+            (b for b in listed if b.id not in known and b.requests == len(intent.custom_ids)
+             and intent.at - ADOPT_BEFORE_S <= b.created_at <= intent.at + ADOPT_AFTER_S),
+            key=lambda b: abs(b.created_at - intent.at))
         for batch in candidates:
-            if batch.processing_status == "ended" and batch.results_url:
+            if batch.ended and batch.results_url:
                 seen = OpenBatch(id=batch.id, scope=intent.scope, job_id=intent.job_id,
                                  custom_ids=[], results_url=batch.results_url)
                 lines = await self._call("results", partial(self._results, seen))
@@ -392,7 +385,7 @@ class Batcher:
                     if batch.id in open_ids and not batch.cancel_sent:
                         done = await self._call(
                             "cancel",
-                            partial(self.rt.batch_client.messages.batches.cancel, batch.id))
+                            partial(self.api.cancel, self.rt.batch_client, batch.id))
                         if done is not None:
                             batch.cancel_sent, batch.polled = True, 0.0
                             await _io(self.store.update, batch)
@@ -433,8 +426,8 @@ class Batcher:
                         at=await _io(self.rt.store.meta.server_time))
         await _io(self.store.intend, intent)
         try:
-            made = await self._call("create", lambda: self.rt.batch_client.messages.batches.create(
-                requests=requests))
+            made = await self._call("create", lambda: self.api.create(self.rt.batch_client,
+                                                                      requests))
         except StatusError as error:
             # The provider will not take these requests (e.g. 413): their owners fail with it.
             await _io(self.store.drop_intent, intent)
@@ -479,16 +472,16 @@ class Batcher:
     async def _poll(self) -> None:
         s = self.rt.settings
         now = await _io(self.rt.store.meta.server_time)
-        batches = self.rt.batch_client.messages.batches
         for batch in await _io(self.store.open_batches, self.alias):
             if not (batch.ended and batch.results_url):
                 if not batch.cancel_sent and now - batch.polled < s.batch_poll_s:
                     continue
-                seen = await self._call("retrieve", partial(batches.retrieve, batch.id))
+                seen = await self._call("retrieve", partial(self.api.retrieve,
+                                                            self.rt.batch_client, batch.id))
                 if seen is None:
                     continue
                 batch.polled = now
-                batch.ended = seen.processing_status == "ended"
+                batch.ended = seen.ended
                 batch.results_url = seen.results_url
                 await _io(self.store.update, batch)
                 if not batch.ended:
@@ -509,9 +502,7 @@ class Batcher:
         the endpoints' RPM can refuse every time (the second one) when it is tight."""
         if batch.results_url is None:  # asked for only once the batch has ended with them
             raise ValueError(f"batch {batch.id} has no results_url yet")
-        from drover.workers.providers import batch_results  # Anthropic's, with its SDK
-
-        return await batch_results(self.rt.batch_client, batch.results_url)
+        return await self.api.results(self.rt.batch_client, batch.results_url)
 
     async def _count_tokens(self, scope: str, lines: dict[str, dict[str, Any]]) -> None:
         """Tokens that came back by batch, on a scope of their own (for ``drover stats``)."""

@@ -6,8 +6,9 @@ converting its SDK's at its edge. ``provider(name)`` is the one for a name;
 ``describe(error)`` asks each provider whether ``error`` is one of its SDK's errors. A
 provider's module (and its SDK) is imported on first use (``registry``), and so are the
 names below that are Anthropic's (PEP 562): an OpenAI-only fleet never imports its SDK.
-Message Batches are Anthropic's only: the batcher uses ``batch_results`` (a batch's results
-by custom_id, as JSON) and the SDK's error classes ``StatusError`` and ``ConnectionFailed``.
+Message Batches are Anthropic's only: the batcher calls its endpoints through ``batches``
+(each batch it sees as a ``BatchSeen``, its results by custom_id as JSON) and tells the SDK's
+errors apart by ``StatusError`` and ``ConnectionFailed``.
 ``Pool`` holds a key pool's clients (one per key).
 The limited clients (``drover.AsyncAnthropic`` and kin) are the SDKs' own classes in
 ``anthropic_clients`` and ``openai_clients``, given their HTTP client through ``limited``;
@@ -30,7 +31,7 @@ from drover.workers.providers._base import (
     json_body,
     went_out,
 )
-from drover.workers.providers.answers import Answer, AnswerUsage, Block
+from drover.workers.providers.answers import Answer, AnswerUsage, BatchSeen, Block
 from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import describe, provider
 from drover.workers.providers.streams import CHARS_PER_TOKEN, Seen, SseEvents
@@ -41,15 +42,16 @@ if TYPE_CHECKING:
         ConnectionFailed,
         StatusError,
         batch_results,
+        batches,
     )
 
-__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "Answer", "AnswerUsage", "Block", "ConnectionFailed",
-           "Failure", "LimitReadings", "Pool", "Provider", "Seen", "SseEvents", "StatusError",
-           "batch_results", "coarse_readings_dropped", "describe", "fine_dimensions",
-           "json_body", "provider", "went_out"]
+__all__ = ["ANTHROPIC", "CHARS_PER_TOKEN", "Answer", "AnswerUsage", "BatchSeen", "Block",
+           "ConnectionFailed", "Failure", "LimitReadings", "Pool", "Provider", "Seen",
+           "SseEvents", "StatusError", "batch_results", "batches", "coarse_readings_dropped",
+           "describe", "fine_dimensions", "json_body", "provider", "went_out"]
 
 # The names of Anthropic's module, imported (with its SDK) when first asked for.
-_ANTHROPIC_NAMES = ("ANTHROPIC", "ConnectionFailed", "StatusError", "batch_results")
+_ANTHROPIC_NAMES = ("ANTHROPIC", "ConnectionFailed", "StatusError", "batch_results", "batches")
 
 
 def __getattr__(name: str) -> Any:

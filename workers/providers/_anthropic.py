@@ -27,11 +27,11 @@ from drover.workers.providers._base import (
     read_limit_headers,
     read_retry_after,
 )
-from drover.workers.providers.answers import Answer, AnswerUsage
+from drover.workers.providers.answers import Answer, AnswerUsage, BatchSeen
 from drover.workers.providers.streams import Seen
 
 __all__ = ["ANTHROPIC", "Anthropic", "ConnectionFailed", "StatusError", "answer_of",
-           "batch_results", "stream_message"]
+           "batch_results", "batches", "stream_message"]
 
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
@@ -60,6 +60,46 @@ async def batch_results(client: anthropic.AsyncAnthropic, url: str) -> dict[str,
             out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
     return out
 
+
+class Batches:
+    """The Message Batches endpoints, each call's answer as a ``BatchSeen`` (the batcher
+    reads no SDK object); the SDK's errors pass through (``StatusError``,
+    ``ConnectionFailed``)."""
+
+    async def create(self, client: anthropic.AsyncAnthropic,
+                     requests: list[dict[str, Any]]) -> BatchSeen:
+        made = await client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+        return _seen(made)
+
+    async def retrieve(self, client: anthropic.AsyncAnthropic, batch_id: str) -> BatchSeen:
+        return _seen(await client.messages.batches.retrieve(batch_id))
+
+    async def cancel(self, client: anthropic.AsyncAnthropic, batch_id: str) -> BatchSeen:
+        return _seen(await client.messages.batches.cancel(batch_id))
+
+    async def created_since(self, client: anthropic.AsyncAnthropic,
+                            since: float) -> list[BatchSeen]:
+        """The key's batches created after ``since`` (epoch seconds), newest first."""
+        found: list[BatchSeen] = []
+        async for batch in client.messages.batches.list(limit=100):
+            if batch.created_at.timestamp() < since:
+                break
+            found.append(_seen(batch))
+        return found
+
+    async def results(self, client: anthropic.AsyncAnthropic,
+                      url: str) -> dict[str, dict[str, Any]]:
+        return await batch_results(client, url)
+
+
+def _seen(batch: Any) -> BatchSeen:
+    c = batch.request_counts
+    return BatchSeen(id=batch.id, created_at=batch.created_at.timestamp(),
+                     requests=c.processing + c.succeeded + c.errored + c.canceled + c.expired,
+                     ended=batch.processing_status == "ended", results_url=batch.results_url)
+
+
+batches = Batches()
 
 # The SDK's error classes, for the few places (the batcher) that tell them apart.
 StatusError = anthropic.APIStatusError

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "AnswerUsage", "Block"]
+__all__ = ["Answer", "AnswerUsage", "BatchSeen", "Block"]
 
 
 @dataclass
@@ -103,3 +103,15 @@ class Answer:
     def content_json(self) -> list[dict[str, Any]]:
         """The blocks as the conversation keeps them (the assistant message's content)."""
         return [block.to_json() for block in self.content]
+
+
+@dataclass(frozen=True)
+class BatchSeen:
+    """A Message Batch as the provider showed it (created, retrieved, listed or cancelled):
+    what the batcher reads, in drover's words."""
+
+    id: str
+    created_at: float  # seconds since the epoch
+    requests: int  # its requests, whatever their state
+    ended: bool  # processing has ended: its results can be read
+    results_url: str | None = None
