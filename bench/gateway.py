@@ -2,6 +2,7 @@
 limits, and costs a caller next to nothing.
 
     python -m bench.gateway [--quick] [--n 150] [--calls 100] [--samples 300] [--in-flight 500]
+                            [--only binding|overhead|fairness]
 
 1. **Shared binding limit.** 150 one-call sub-agents (a ~700-token prompt each) on two worker
    processes of 8 threads, at a binding input-tokens limit (ITPM), while another process
@@ -16,6 +17,13 @@ limits, and costs a caller next to nothing.
    answer's first body bytes) of each: the gateway's added median. Goal <= 3 ms.
 3. **Held in flight.** 500 streamed calls at once through the gateway, each answered 20 s
    after its admission: the simulator's most requests in flight at once. Goal: 500, all ok.
+4. **Fair share between callers** (not in ``--quick``). Tenant ``flood`` sends 200 calls at
+   once, tenant ``few`` 10 once the flood's are all in line, at a binding 900 RPM with a 4-s
+   horizon; run with the fair-share line (``DROVER_WAIT_IN_LINE=true``, the default) and
+   without it (first come, first served at the limiter), one after the other. Printed for
+   each: the median and last wait of each tenant's calls, and ``few``'s median over the
+   flood's. Goal: with the line, ``few`` waits about the line's length (what the flood had
+   booked when it came), not behind the flood's whole backlog.
 
 Every figure is measured within one run, on this machine as loaded at the time (the load
 average is printed with them).
@@ -205,6 +213,79 @@ async def _measure(sim: SimulatorServer, url: str, model: str, samples: int,
             "n429": stats["rejected_429"], "load": round(os.getloadavg()[0], 1)}
 
 
+# --- 4. fair share between two callers ----------------------------------------------------
+
+FAIR_KEYS = {"flood": "dgw-bench-flood-0123456789ab", "few": "dgw-bench-few-0123456789abcd"}
+
+
+def fairness(flood: int, few: int, rpm: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"flood_calls": flood, "few_calls": few, "rpm": rpm}
+    for line in ("on", "off"):
+        sim = SimulatorServer(SimConfig(seed=1, rpm=rpm, burst_s=BURST_S, tool_turns=0,
+                                        output_tokens_mean=20)).start()
+        tag = uuid.uuid4().hex[:6]
+        env = _env(tag, sim, DROVER_RPM=str(rpm), DROVER_HORIZON_S="4",
+                   DROVER_MODEL="claude-sonnet-4-5",
+                   DROVER_WAIT_IN_LINE="true" if line == "on" else "false",
+                   DROVER_GATEWAY_KEYS=json.dumps([{"key": key, "tenant": tenant}
+                                                   for tenant, key in FAIR_KEYS.items()]))
+        gateway, url = _gateway(env)
+        try:
+            waits = asyncio.run(_two_callers(url, env, flood, few))
+            stats = sim.stats()
+        finally:
+            kill_workers([gateway])
+            sim.stop()
+            delete_prefix(REDIS, env["DROVER_KEY_PREFIX"])
+        med = {t: statistics.median(w) for t, w in waits.items()}
+        out[f"line_{line}"] = {
+            "few_median_s": round(med["few"], 2), "few_last_s": round(max(waits["few"]), 2),
+            "flood_median_s": round(med["flood"], 2),
+            "flood_last_s": round(max(waits["flood"]), 2),
+            "few_over_flood_median": round(med["few"] / med["flood"], 2),
+            "n429": stats["rejected_429"], "accepted": stats["accepted"]}
+    out["load"] = round(os.getloadavg()[0], 1)
+    return out
+
+
+async def _two_callers(url: str, env: dict[str, str], flood: int, few: int
+                       ) -> dict[str, list[float]]:
+    """Each call's time from its send to its answer, by tenant: the flood first, the few
+    once every call of the flood is in the gateway's line."""
+    import anthropic
+    import redis
+
+    from drover.config import load_settings
+    from drover.workers.fairshare import FairShare
+
+    settings = load_settings(key_prefix=env["DROVER_KEY_PREFIX"], queue=env["DROVER_QUEUE"])
+    fs = FairShare.from_settings(redis.Redis.from_url(REDIS), settings)
+    clients = {tenant: anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0,
+                                                timeout=600)
+               for tenant, key in FAIR_KEYS.items()}
+    waits: dict[str, list[float]] = {"flood": [], "few": []}
+
+    async def one(tenant: str, i: int) -> None:
+        started = time.monotonic()
+        await clients[tenant].messages.create(
+            model="claude-sonnet-4-5", max_tokens=20,
+            messages=[{"role": "user", "content": f"Inspect crane {i}"}])
+        waits[tenant].append(time.monotonic() - started)
+
+    await one("few", -1)  # the gateway sizes the line for the model's class
+    waits["few"].clear()
+    calls = [asyncio.create_task(one("flood", i)) for i in range(flood)]
+    while sum(j.n for j in fs.jobs() if j.calls and j.tenant == "flood") < flood:
+        await asyncio.sleep(0.05)
+    calls += [asyncio.create_task(one("few", i)) for i in range(few)]
+    try:
+        await asyncio.gather(*calls)
+    finally:
+        for client in clients.values():
+            await client.close()
+    return waits
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -214,7 +295,8 @@ def main() -> None:
     parser.add_argument("--itpm", type=int, default=200_000, help="the binding input limit")
     parser.add_argument("--samples", type=int, default=300, help="time-to-first-byte pairs")
     parser.add_argument("--in-flight", type=int, default=500, help="calls held at once")
-    parser.add_argument("--only", choices=["binding", "overhead"], help="run one part")
+    parser.add_argument("--only", choices=["binding", "overhead", "fairness"],
+                        help="run one part")
     parser.add_argument("--caller", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -232,6 +314,8 @@ def main() -> None:
     if not args.only or args.only == "overhead":
         print(json.dumps({"part": "overhead", **overhead(args.samples, args.in_flight)}),
               flush=True)
+    if args.only == "fairness" or (not args.only and not args.quick):
+        print(json.dumps({"part": "fairness", **fairness(200, 10, 900)}), flush=True)
 
 
 if __name__ == "__main__":
