@@ -31,10 +31,12 @@ class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, Sta
         raise NotImplementedError
 
     def acquire(self, scope: str, limits: ScopeLimits, *, input_tokens: int = 0,
-                output_tokens: int = 0, lease_ttl_s: float = 180.0) -> GrantT:
-        """Reserve one request and its token estimate; see ``Grant``."""
+                output_tokens: int = 0, lease_ttl_s: float = 180.0,
+                max_tokens: int = 0) -> GrantT:
+        """Reserve one request and its token estimate; see ``Grant``. ``max_tokens``: the
+        call's, which a tokens bucket (``tpm``) takes at least at admission with the input."""
         return self._run(self._acquire(scope, limits, int(input_tokens), int(output_tokens),
-                                       lease_ttl_s))
+                                       lease_ttl_s, max_tokens=int(max_tokens)))
 
     def settle(self, scope: str, limits: ScopeLimits, grant: Grant, *, input_tokens: int,
                output_tokens: int, readings: Readings | None = None,
@@ -83,14 +85,15 @@ class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, Sta
     def acquire_pool(self, model_class: str, org_limits: ScopeLimits,
                      keys: Sequence[tuple[str, ScopeLimits]], *, input_tokens: int = 0,
                      output_tokens: int = 0, prefer: str | None = None, sticky_s: float = 0.0,
-                     lease_ttl_s: float = 180.0) -> GrantT:
+                     lease_ttl_s: float = 180.0, max_tokens: int = 0) -> GrantT:
         """Reserve in the organisation's buckets (``org_scope(model_class)``) and in those of
         the key, of ``keys`` (alias, its limits), whose grant comes first; ``Grant.key``
         names it. Settle, release and cool down each level as a scope of its own
-        (``org_scope``, ``pool_scope``). Reason ``disabled``: every key is disabled."""
+        (``org_scope``, ``pool_scope``); a key whose limits are ``alone`` (a cloud's entry)
+        reserves in its own scope only. Reason ``disabled``: every key is disabled."""
         return self._run(self._acquire(model_class, org_limits, int(input_tokens),
                                        int(output_tokens), lease_ttl_s, list(keys), prefer,
-                                       sticky_s))
+                                       sticky_s, int(max_tokens)))
 
     def disable_key(self, alias: str, *, for_s: float = 0.0, why: str = "") -> BoolT:
         """Take a pool's key out of every acquire, fleet-wide (``for_s`` 0: until enabled);

@@ -72,6 +72,11 @@ class ScopeLimits:
     max_in_flight: int | None = None
     learned_utilization: float = 1.0
     learn_share: bool = False
+    # How many times an output token counts in ``tpm`` (Bedrock's output burndown: 5).
+    output_weight: float = 1.0
+    # A pool's entry under no organisation (Claude on a cloud): its grants reserve in its own
+    # buckets only, and the organisation's cooldown does not hold it.
+    alone: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rpm", "itpm", "otpm", "tpm"):
@@ -83,6 +88,8 @@ class ScopeLimits:
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ValueError("ScopeLimits.max_in_flight must be >= 1 or None, "
                              f"got {self.max_in_flight!r}")
+        if not self.output_weight >= 1:
+            raise ValueError(f"ScopeLimits.output_weight must be >= 1, got {self.output_weight!r}")
         if not 0 < self.learned_utilization <= 1:
             raise ValueError("ScopeLimits.learned_utilization must be in (0, 1], "
                              f"got {self.learned_utilization!r}")
@@ -106,6 +113,7 @@ class Grant(NamedTuple):
     output_tokens: int
     now_us: float = 0.0    # Redis time (us) of the acquire
     key: str | None = None  # a pool's acquire: the alias of the key chosen
+    max_tokens: int = 0  # the call's, which a tokens bucket took at least at admission
 
     @property
     def send_us(self) -> float:

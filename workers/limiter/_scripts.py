@@ -73,7 +73,8 @@ def _limits(limits: ScopeLimits | None) -> dict[str, Any] | None:
     return {"per_min": {d: float(v) for d, v in per_min.items() if v is not None},
             "burst_s": float(limits.burst_s),
             "learned_utilization": float(limits.learned_utilization),
-            "learn_share": limits.learn_share}
+            "learn_share": limits.learn_share,
+            **({"tw": float(limits.output_weight)} if limits.output_weight != 1 else {})}
 
 
 def _counts(counts: Mapping[str, int] | None) -> dict[str, int]:
@@ -153,14 +154,16 @@ class LimiterCore:
     # --- the operations ---------------------------------------------------------------------
     def _acquire(self, scope: str, limits: ScopeLimits, input_tokens: int, output_tokens: int,
                  lease_ttl_s: float, pool: list[tuple[str, ScopeLimits]] | None = None,
-                 prefer: str | None = None, sticky_s: float = 0.0) -> Call:
+                 prefer: str | None = None, sticky_s: float = 0.0,
+                 max_tokens: int = 0) -> Call:
         """One scope's acquire; with ``pool`` (alias, limits) of a model class (``scope``),
         the organisation's and the first key's (acquire.lua)."""
-        if input_tokens < 0 or output_tokens < 0:
+        if input_tokens < 0 or output_tokens < 0 or max_tokens < 0:
             raise ValueError("token estimates must be >= 0")
         lease = uuid.uuid4().hex
         arg: dict[str, Any] = {"limits": _limits(limits), "input_tokens": input_tokens,
-               "output_tokens": output_tokens, "horizon_s": self.horizon_s,
+               "output_tokens": output_tokens, "max_tokens": max_tokens or None,
+               "horizon_s": self.horizon_s,
                "max_in_flight": limits.max_in_flight, "lease_ttl_s": float(lease_ttl_s),
                "lease": lease}
         aliases = [alias for alias, _ in pool or ()]
@@ -172,7 +175,8 @@ class LimiterCore:
             for alias in aliases:
                 keys += self.keys(pool_scope(alias, scope))
             arg |= {"sticky_s": float(sticky_s), "candidates": [
-                {"alias": alias, "limits": _limits(key_limits)} for alias, key_limits in pool],
+                {"alias": alias, "limits": _limits(key_limits),
+                 **({"alone": True} if key_limits.alone else {})} for alias, key_limits in pool],
                 "prefer": aliases.index(prefer) + 1 if prefer in aliases else None}
 
         def finish(reply: Any) -> Grant:
@@ -180,7 +184,8 @@ class LimiterCore:
             ok = reason == "ok"
             return Grant(ok, float(seconds) if ok else 0.0, 0.0 if ok else float(seconds),
                          lease if ok else None, reason, input_tokens, output_tokens,
-                         float(now_us), aliases[int(chosen) - 1] if int(chosen) else None)
+                         float(now_us), aliases[int(chosen) - 1] if int(chosen) else None,
+                         max_tokens)
 
         return self._call("acquire", keys, arg, finish)
 
@@ -195,7 +200,8 @@ class LimiterCore:
             return None
         return self._call("settle", self.keys(scope), {
             "limits": _limits(limits), "sent": sent,
-            "reserved": {"input": grant.input_tokens, "output": grant.output_tokens},
+            "reserved": {"input": grant.input_tokens, "output": grant.output_tokens,
+                         **({"max_tokens": grant.max_tokens} if grant.max_tokens else {})},
             "used": {"input": int(input_tokens), "output": int(output_tokens)},
             "lease": grant.lease_id, "acquired_s": grant.acquired_s, "send_us": grant.send_us,
             "wait_s": grant.wait_s, "wait_ms": int(grant.wait_s * 1000 + 0.5),

@@ -40,6 +40,7 @@ local function load(keys, limits)
   limits = limits or {per_min = {}}
   local burst_s = (stored and f.burst or limits.burst_s) or 1
   local b = {keys = keys, tat = {}, per = {}, cap = {}, base = {}, burst_s = burst_s,
+             tw = (stored and f.tw or limits.tw) or 1,
              burst = burst_s * 1e6, cd = f.cd or 0, lx = f.lx or 0, ls = f.ls or 0,
              so = f.so or 0,
              learning = limits.learn_share == true}
@@ -64,6 +65,7 @@ local function save(b)
   local set, needed = {}, math.max(b.cd, b.lx, b.so)
   put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx); put(set, 'ls', b.ls)
   put(set, 'so', b.so)
+  if b.tw ~= 1 then put(set, 'tw', b.tw) end
   for d, tat in pairs(b.tat) do
     put(set, d, tat); put(set, 'L' .. d, b.base[d])
     needed = math.max(needed, tat)
@@ -74,11 +76,22 @@ local function save(b)
   if b.sh and b.sh.changed then save_share(b.keys.share, b.sh) end
 end
 
+-- A call's `cost` (per_dim) as bucket b counts it: its tokens dimension weighs each output
+-- token b.tw times (Bedrock counts input + 5 x output against one tokens quota) and takes at
+-- least input + the call's max tokens (cost.m) at admission, as such a quota does before the
+-- answer is known.
+local function costed(b, cost)
+  if not b.per.t then return cost end
+  local t = cost.i + math.max(b.tw * cost.o, cost.m or 0)
+  return {r = cost.r, i = cost.i, o = cost.o, t = t, m = cost.m}
+end
+
 -- The earliest send from `send` on at which every limited dimension with a cost (requests
 -- always: theirs is 1) holds it, reservations already made included; and `judged`, the same
 -- with each cost capped at the bucket's capacity, for the horizon (so an oversized request
 -- is not refused for ever: it is debited as the capacity but waits for all of it).
 local function plan(b, cost, send, judged)
+  cost = costed(b, cost)
   for d, per in pairs(b.per) do
     if cost[d] > 0 then
       send = math.max(send, b.tat[d] + cost[d] * per - b.burst)
@@ -91,6 +104,7 @@ end
 -- Debit `cost` for a send at `send` (each tat moves to max(tat, send) + cost x per), take
 -- the lease until `expiry` and write the bucket.
 local function reserve(b, cost, send, lease, expiry)
+  cost = costed(b, cost)
   for d, per in pairs(b.per) do
     if cost[d] > 0 then b.tat[d] = math.max(b.tat[d], send) + math.min(cost[d] * per, b.burst) end
   end

@@ -12,6 +12,8 @@
 --                 limited). And burst: burst_s of the last write; cd: cooldown until (us);
 --                 lx: the latest lease expiry (us); ls: when the last send left, paced
 --                 where the bucket holds less than one request (hold_back.lua; us, 0: none);
+--                 tw: how many times an output token counts in t (absent: once; Bedrock's
+--                 output burndown: 5);
 --                 so: the output bucket as the provider holds it, of the calls that went
 --                 out only: the instant it is full again (us, 0: none yet), debited by
 --                 each send's output reservation (hold_back.lua), which its settle
@@ -25,7 +27,8 @@
 -- ARGV[1] is each script's one JSON argument (ARGV[2], with a test clock, the time). A
 -- script on a scope has in it
 --   limits   {per_min = {d = per-minute limit (absent = not configured: the learned limit x
---            learned_utilization if any, else unlimited)}, burst_s, learned_utilization,
+--            learned_utilization if any, else unlimited)}, tw: the weight of output tokens
+--            in t (absent: 1), burst_s, learned_utilization,
 --            learn_share: learn our share of the key from the headers (see _share.lua)};
 --            absent = the limits of the last write (release, state)
 --   headers  {remaining = {d = n}, limit = {d = n}}: a response's -remaining and -limit
@@ -37,8 +40,11 @@ local A = cjson.decode(ARGV[1])
 local function num(x) return string.format('%.17g', x) end
 
 -- A call's count per dimension: requests, input and output tokens, and both together (t:
--- a provider's one tokens bucket, OpenAI's). A scope debits the dimensions it limits.
-local function per_dim(r, i, o) return {r = r, i = i, o = o, t = i + o} end
+-- a provider's one tokens bucket, OpenAI's and Bedrock's). A scope debits the dimensions it
+-- limits. m: the call's max tokens, which a tokens bucket takes at least at admission
+-- (absent: a settle's count, or a call with no such floor); _bucket.lua's `costed` weighs
+-- t for a bucket whose output counts several times (Bedrock's burndown).
+local function per_dim(r, i, o, m) return {r = r, i = i, o = o, t = i + o, m = m} end
 
 -- Append a field and its number to an HSET argument list.
 local function put(list, field, x)

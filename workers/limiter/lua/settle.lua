@@ -2,7 +2,8 @@
 -- Preamble: _bucket, _share, _stats
 -- KEYS[1..6]  the scope's (see _lib.lua)
 -- ARGV[1]     {limits (absent for a release: the last write's), sent: false for a release
---             (the request is refunded too), reserved: {input, output} tokens, used:
+--             (the request is refunded too), reserved: {input, output, max_tokens: the
+--             acquire's (absent: none)} tokens, used:
 --             {input, output} tokens, lease, acquired_s: the second of the acquire, send_us:
 --             the planned send, wait_s: the grant's wait (wait_ms: the same in ms),
 --             stats_window_s, headers (absent: none; applied after the true-up exactly as
@@ -19,8 +20,8 @@
 
 local keys = scope_keys(1)
 local b = load(keys, A.limits)
-local reserved = per_dim(1, A.reserved.input, A.reserved.output)
-local used = per_dim(A.sent and 1 or 0, A.used.input, A.used.output)
+local reserved = costed(b, per_dim(1, A.reserved.input, A.reserved.output, A.reserved.max_tokens))
+local used = costed(b, per_dim(A.sent and 1 or 0, A.used.input, A.used.output))
 local held = redis.call('ZREM', keys.leases, A.lease)
 for d, per in pairs(b.per) do
   if used[d] > reserved[d] then

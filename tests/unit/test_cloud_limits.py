@@ -1,0 +1,57 @@
+"""Claude's clouds in the limiter (real Redis, an injected clock): Bedrock's one tokens quota
+counts input + max tokens at admission and input + burndown x output once the answer is done
+(a weighted tokens dimension), and a cloud's entry in a pool is under no organisation: the
+organisation's buckets and cooldown neither hold nor count it."""
+
+from __future__ import annotations
+
+import pytest
+
+from drover.workers.limiter import Limiter, ScopeLimits, org_scope, pool_scope
+
+
+@pytest.fixture
+def lim(redis_client, key_prefix):
+    clock = [0]
+    limiter = Limiter(redis_client, prefix=key_prefix, clock=lambda: clock[0])
+    limiter.clock = clock
+    return limiter
+
+
+def test_bedrocks_tokens_take_max_tokens_at_admission_and_five_times_the_output_once_done(lim):
+    # 60,000 a minute in 1 s bursts: a bucket of 1,000 tokens, refilled 1,000 a second.
+    scope = "llm:bedrock:cls"
+    bedrock = ScopeLimits(rpm=6000, tpm=60_000, output_weight=5)
+    g = lim.acquire(scope, bedrock, input_tokens=100, output_tokens=50, max_tokens=400)
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000 - 100 - 400  # max tokens
+    lim.settle(scope, bedrock, g, input_tokens=100, output_tokens=120)
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000 - 100 - 5 * 120
+    # A reservation whose output estimate weighs more than max tokens reserves that.
+    lim.clock[0] = 10_000_000
+    g = lim.acquire(scope, bedrock, input_tokens=100, output_tokens=150, max_tokens=400)
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000 - 100 - 5 * 150
+    lim.release(scope, g)
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000
+    # Counted once (OpenAI's tokens bucket, the weight's default), nothing changes.
+    once = ScopeLimits(rpm=6000, tpm=60_000)
+    g = lim.acquire("llm:openai:cls", once, input_tokens=100, output_tokens=400, max_tokens=400)
+    lim.settle("llm:openai:cls", once, g, input_tokens=100, output_tokens=400)
+    assert lim.state("llm:openai:cls", once)["tokens"]["level"] == 500
+
+
+def test_a_cloud_entry_is_under_no_organisation(lim):
+    org = ScopeLimits(rpm=60)  # the Anthropic organisation's: one request a second
+    keys = [("api", ScopeLimits(rpm=600)),
+            ("bedrock", ScopeLimits(rpm=120, tpm=600_000, output_weight=5, alone=True))]
+    grants = [lim.acquire_pool("cls", org, keys, input_tokens=10, output_tokens=10,
+                               max_tokens=100) for _ in range(6)]
+    by_key = {alias: [g.wait_s for g in grants if g.key == alias] for alias, _ in keys}
+    # The organisation's 1/s holds the API key alone; Bedrock's own 2/s runs beside it.
+    assert by_key["api"] == pytest.approx([0, 1])
+    assert by_key["bedrock"] == pytest.approx([0, 0, 0.5, 1])
+    assert lim.state(org_scope("cls"))["leases"] == 2  # the cloud's grants are not the org's
+    assert lim.state(pool_scope("bedrock", "cls"))["leases"] == 4
+    # The organisation's cooldown holds its keys, not the cloud's entry.
+    lim.cooldown(org_scope("cls"), org, 30)
+    later = [lim.acquire_pool("cls", org, keys) for _ in range(2)]
+    assert [g.key for g in later if g.granted] == ["bedrock", "bedrock"]
