@@ -64,42 +64,80 @@ class ModelLimits(BaseModel):
 
 def _check_dimensions(where: str, entry: ModelLimits | PoolKey | GatewayKey, provider: str
                       ) -> None:
-    """Limits in the dimensions ``provider`` counts: OpenAI one tokens bucket (tpm),
-    Anthropic input and output apart (itpm, otpm)."""
-    if provider == "openai" and (entry.itpm is not None or entry.otpm is not None):
-        raise ValueError(f"{where} has an itpm or otpm, but it is on openai, whose limit is one "
-                         "tokens bucket (input + max tokens): give it as tpm")
-    if provider != "openai" and getattr(entry, "tpm", None) is not None:
+    """Limits in the dimensions ``provider`` counts: OpenAI and Bedrock one tokens bucket
+    (tpm), Anthropic and Vertex AI input and output apart (itpm, otpm)."""
+    if provider in ONE_TOKENS_BUCKET and (entry.itpm is not None or entry.otpm is not None):
+        what = ("one tokens bucket (input + max tokens)" if provider == "openai" else
+                "one tokens quota (input + output_burndown x output)")
+        raise ValueError(f"{where} has an itpm or otpm, but it is on {provider}, whose limit is "
+                         f"{what}: give it as tpm")
+    if provider not in ONE_TOKENS_BUCKET and getattr(entry, "tpm", None) is not None:
         raise ValueError(f"{where} has a tpm, but it is on {provider}, which counts input and "
                          "output tokens apart: give them as itpm and otpm")
+
+
+# The APIs whose token limit is one bucket of input and output together.
+ONE_TOKENS_BUCKET = ("openai", "bedrock")
+# Claude's clouds: each serves the Anthropic API's models (the Messages API), with limits of
+# its own and no organisation over them.
+CLOUDS = ("bedrock", "vertex")
+# What each kind of DROVER_KEYS entry takes beside alias, base_url, provider, the limits and
+# ``limits``: (required, allowed).
+_ENTRY_FIELDS = {
+    "anthropic": ({"api_key"}, {"api_key"}),
+    "openai": ({"api_key"}, {"api_key"}),
+    "bedrock": ({"region"}, {"region", "api_key", "models", "output_burndown"}),
+    "vertex": ({"region", "project"}, {"region", "project", "access_token", "models"}),
+}
+_CLOUD_FIELDS = ("api_key", "region", "project", "access_token", "models", "output_burndown")
 
 
 _NAME = r"^[A-Za-z0-9_.@-]+$"  # an alias or a model class: goes into limiter scope names
 
 
 class PoolKey(BaseModel):
-    """One key of a pool (``DROVER_KEYS``): its workspace's own limits, inside the
-    organisation's (``DROVER_RPM``/``ITPM``/``OTPM`` and ``DROVER_LIMITS``).
+    """One entry of a pool (``DROVER_KEYS``): a key's workspace's own limits, inside the
+    organisation's (``DROVER_RPM``/``ITPM``/``OTPM`` and ``DROVER_LIMITS``); or Claude on a
+    cloud, whose limits are its own and under no organisation.
 
-    ``rpm``/``itpm``/``otpm`` are the key's limits for the default model (``DROVER_MODEL``)'s
-    class, ``limits`` those of other models or classes, in the form ``DROVER_LIMITS`` uses;
-    a dimension left out is limited by the organisation's limit only. ``base_url``: this key's
-    endpoint (a proxy in front of part of the traffic), else its provider's
-    (``DROVER_ANTHROPIC_BASE_URL`` or ``OPENAI_BASE_URL``). ``provider``: the API the key is
-    for, else ``DROVER_PROVIDER``; a call goes to a key of its model's provider
-    (``DROVER_MODEL_PROVIDERS``), so one fleet serves models of both.
+    ``rpm``/``itpm``/``otpm`` (``tpm``) are the entry's limits for the default model
+    (``DROVER_MODEL``)'s class, ``limits`` those of other models or classes, in the form
+    ``DROVER_LIMITS`` uses; a dimension left out is limited by the organisation's limit only.
+    ``base_url``: this entry's endpoint (a proxy in front of part of the traffic), else its
+    provider's (``DROVER_ANTHROPIC_BASE_URL`` or ``OPENAI_BASE_URL``; a cloud's own).
+    ``provider``: the API the entry is for, else ``DROVER_PROVIDER``; a call goes to an entry
+    of its model's provider (``DROVER_MODEL_PROVIDERS``), so one fleet serves models of both;
+    ``bedrock`` and ``vertex`` entries serve the Anthropic API's models (docs/bedrock.md,
+    docs/vertex.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     alias: str = Field(pattern=_NAME, description="The key's name in logs, stats and metrics.")
-    api_key: SecretStr = Field(description="The API key (never logged or shown).")
+    api_key: SecretStr | None = Field(
+        default=None, description="The API key (never logged or shown); on bedrock a Bedrock "
+        "API key, else the AWS credential chain signs the calls.")
     base_url: str | None = Field(
         default=None, description="This key's endpoint; else its provider's "
-        "(DROVER_ANTHROPIC_BASE_URL or OPENAI_BASE_URL).")
-    provider: Literal["anthropic", "openai"] | None = Field(
+        "(DROVER_ANTHROPIC_BASE_URL or OPENAI_BASE_URL, a cloud's own).")
+    provider: Literal["anthropic", "openai", "bedrock", "vertex"] | None = Field(
         default=None, description="The API this key is for; else DROVER_PROVIDER. A call goes "
-        "to a key of its model's provider (DROVER_MODEL_PROVIDERS).")
+        "to a key of its model's provider (DROVER_MODEL_PROVIDERS); bedrock and vertex serve "
+        "the Anthropic API's models.")
+    region: str | None = Field(
+        default=None, min_length=1,
+        description="bedrock and vertex: the cloud's region (e.g. us-east-1, us-east5).")
+    project: str | None = Field(
+        default=None, min_length=1, description="vertex: the Google Cloud project id.")
+    access_token: SecretStr | None = Field(
+        default=None, description="vertex: an OAuth access token (never logged or shown); "
+        "else Google's application default credentials.")
+    models: dict[str, str] = Field(
+        default_factory=dict, description="bedrock and vertex: drover's model names -> the "
+        "cloud's model ids (a name not here is sent as it is).")
+    output_burndown: float | None = Field(
+        default=None, ge=1, description="bedrock: how many times each output token counts "
+        "against the tpm once the answer is done (default 5, the current Claude models').")
     rpm: PositiveRate | None = Field(
         default=None, description="The key's requests per minute (the default model's class).")
     itpm: PositiveRate | None = Field(
@@ -107,7 +145,8 @@ class PoolKey(BaseModel):
     otpm: PositiveRate | None = Field(
         default=None, description="The key's output tokens per minute.")
     tpm: PositiveRate | None = Field(
-        default=None, description="An OpenAI key's tokens per minute (input and output).")
+        default=None, description="An OpenAI key's or a Bedrock entry's tokens per minute "
+        "(input and output; on Bedrock output counts output_burndown times).")
     limits: dict[str, ModelLimits] = Field(
         default_factory=dict, description="The key's limits of other models or classes.")
 
@@ -123,6 +162,42 @@ class PoolKey(BaseModel):
     @classmethod
     def _http(cls, value: str | None) -> str | None:
         return None if value is None else _check_url(value, ("http", "https"))
+
+    @model_validator(mode="after")
+    def _fields_of_its_provider(self) -> PoolKey:
+        # Without "provider" the entry is DROVER_PROVIDER's (the Anthropic API or OpenAI),
+        # which takes an api_key and nothing of a cloud's.
+        kind = self.provider or "anthropic"
+        required, allowed = _ENTRY_FIELDS[kind]
+        given = {name for name in _CLOUD_FIELDS if getattr(self, name) not in (None, {})}
+        named = f"DROVER_KEYS entry {self.alias!r}"
+        on = f"a {kind} entry" if self.provider else "an entry without \"provider\""
+        missing, extra = sorted(required - given), sorted(given - allowed)
+        if missing:
+            raise ValueError(f"{named} needs \"{missing[0]}\" ({on})")
+        if extra:
+            which = " or ".join(k for k, (_, can) in _ENTRY_FIELDS.items() if extra[0] in can)
+            raise ValueError(f"{named} has \"{extra[0]}\", which only {which} entries take "
+                             f"(this is {on}); remove it or set the entry's \"provider\"")
+        if self.cloud and not (self.rpm or self.itpm or self.otpm or self.tpm or self.limits):
+            quota = "rpm and tpm" if self.provider == "bedrock" else "rpm, itpm and otpm"
+            raise ValueError(f"{named} gives no limits: {self.provider} sends no rate-limit "
+                             f"headers to learn them from; give its quotas as {quota}")
+        return self
+
+    def secret(self) -> str:
+        """Its API key's value ("" without one: a cloud's entry on other credentials)."""
+        return self.api_key.get_secret_value() if self.api_key is not None else ""
+
+    @property
+    def cloud(self) -> bool:
+        """Claude on a cloud (bedrock, vertex): its limits are its own, under no
+        organisation."""
+        return self.provider in CLOUDS
+
+    def cloud_model(self, model: str) -> str:
+        """The cloud's id of drover's ``model`` (``models``; else the name as it is)."""
+        return self.models.get(model, model)
 
 
 class TenantBudget(BaseModel):
@@ -795,7 +870,7 @@ class Settings(BaseSettings):
         if not self.keys:
             return
         needed = {self.provider_of(self.model), *self.model_providers.values()}
-        have = {self.key_provider(k) for k in self.keys}
+        have = {self.key_serves(k) for k in self.keys}
         for name in sorted(needed - have):
             models = sorted(m for m, p in self.model_providers.items() if p == name)
             whose = (f"the models {', '.join(models)} are" if models
@@ -806,7 +881,7 @@ class Settings(BaseSettings):
                 f"DROVER_PROVIDER's, {self.provider})")
         unused = sorted(have - needed)
         if unused:
-            aliases = [k.alias for k in self.keys if self.key_provider(k) in unused]
+            aliases = [k.alias for k in self.keys if self.key_serves(k) in unused]
             raise ValueError(
                 f"DROVER_KEYS: the key(s) {', '.join(aliases)} are for {', '.join(unused)}, "
                 "but no model is: name its models in DROVER_MODEL_PROVIDERS (JSON: "
@@ -833,6 +908,11 @@ class Settings(BaseSettings):
     def key_provider(self, key: PoolKey) -> str:
         """The API a pool key is for: its own ``provider``, else DROVER_PROVIDER."""
         return key.provider or self.provider
+
+    def key_serves(self, key: PoolKey) -> str:
+        """The API whose models a pool entry serves: a cloud's entry the Anthropic API's
+        (Claude), any other its provider's."""
+        return "anthropic" if key.cloud else self.key_provider(key)
 
     @model_validator(mode="after")
     def _countdowns_fit_the_broker(self) -> Settings:
@@ -915,7 +995,7 @@ class Settings(BaseSettings):
     def key_limits_for(self, key: PoolKey, model: str) -> ModelLimits | None:
         """One pool key's own limits for ``model``'s class (None: only the organisation's,
         or a key of another provider, which never serves ``model``)."""
-        if self.key_provider(key) != self.provider_of(model):
+        if self.key_serves(key) != self.provider_of(model):
             return None
         cls = self.limit_class(model)
         for name in (cls, model):

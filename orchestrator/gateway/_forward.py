@@ -57,8 +57,7 @@ class Forwarder:
         key = pool[0].api_key if pool else one
         self.key = key.get_secret_value() if key is not None else ""
         # Every provider key this gateway holds: scrubbed from any answer a caller gets.
-        self.secrets = [s.encode() for s in {self.key, *(k.api_key.get_secret_value()
-                                                        for k in pool)} if s]
+        self.secrets = [s.encode() for s in {self.key, *(k.secret() for k in pool)} if s]
         # One connection pool for every caller (the limiter, not a connection, is the line).
         self.inner = httpx2.AsyncHTTPTransport(limits=CONNECTION_LIMITS)
         self.timeout = {"connect": settings.connect_timeout_s, "read": settings.stream_idle_s,

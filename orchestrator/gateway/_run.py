@@ -26,6 +26,8 @@ def providers_served(settings: Any) -> list[str]:
     """The APIs the gateway speaks: DROVER_PROVIDER's first, then a pool's other one."""
     names = [settings.provider]
     for key in settings.keys:
+        if key.cloud:  # Claude on a cloud takes other paths: the gateway forwards raw HTTP
+            continue
         name = settings.key_provider(key)
         if name not in names:
             names.append(name)

@@ -150,7 +150,8 @@ def counted_input(usage: AnswerUsage, cache_reads_count: bool) -> int:
 
 @acquire_wait
 async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext, *,
-                  input_tokens: int, output_tokens: int, route: Route | None = None) -> Grant:
+                  input_tokens: int, output_tokens: int, route: Route | None = None,
+                  max_tokens: int = 0) -> Grant:
     """A grant from the limiter (through ``route``: the one key or a pool), polling briefly
     for in-flight slots.
 
@@ -166,7 +167,7 @@ async def acquire(rt: Runtime, scope: str, limits: ScopeLimits, ctx: CallContext
         else:
             grant = await route.acquire(rt.limiter, input_tokens=input_tokens,
                                         output_tokens=output_tokens, lease_ttl_s=lease_ttl,
-                                        prefer=ctx.key)
+                                        prefer=ctx.key, max_tokens=max_tokens)
         if grant.granted:
             return grant
         if grant.reason == "disabled":
@@ -310,12 +311,15 @@ class Call:
     """One call's estimate and reservation, from its first grant to its last settle (the
     module docstring shows the order). ``params``: drover's (Messages-shaped) request."""
 
-    def __init__(self, rt: Runtime, params: dict[str, Any], ctx: CallContext) -> None:
+    def __init__(self, rt: Runtime, params: dict[str, Any], ctx: CallContext, *,
+                 clouds: bool = True) -> None:
         self.rt, self.params, self.ctx = rt, params, ctx
         settings = rt.settings
         self.model = model = params["model"]
         self.max_tokens = int(params["max_tokens"])
-        self.route = route = rt.route(model)
+        # ``clouds`` False: a raw HTTP request (the limited clients') goes to the Anthropic
+        # API's keys only; a pool's Bedrock and Vertex AI entries take other paths and auth.
+        self.route = route = rt.route(model, clouds=clouds)
         self.provider = route.provider
         configured = settings.limits_for(model)
         self.cache_reads_count = bool(configured and configured.cache_reads_count)
@@ -378,10 +382,11 @@ class Call:
         grant = await acquire(rt, route.scope, route.limits, ctx, input_tokens=self.res_in,
                               output_tokens=route.output_reservation(self.est_out,
                                                                      self.max_tokens),
-                              route=route)
+                              route=route, max_tokens=self.max_tokens)
         key = route.key(grant)
         self.grant, self.scope, self.key_alias = grant, key.scope, key.alias
         self.client = key.client if route.pooled else rt.client  # the one key: the runtime's
+        self.provider = key.provider if route.pooled else route.provider  # a cloud's entry
         if route.pooled:
             ctx.key = key.alias
         self.started = time.monotonic()

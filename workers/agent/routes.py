@@ -8,6 +8,14 @@ prompt cache lives in that key's workspace) while that key's grant comes at most
 ``DROVER_KEY_STICKY_S`` later. Each level is then a scope of its own: settled, released and
 cooled down on its own.
 
+A pool may also hold Claude on Amazon Bedrock and Google Vertex AI (``"provider": "bedrock"`` /
+``"vertex"`` entries): they serve the Anthropic API's models beside its keys, each with its
+own provider (its SDK client, its errors, its way of counting) and its own buckets, under no
+organisation: DROVER_RPM/ITPM/OTPM are the Anthropic organisation's and hold its keys only,
+and a cloud's throttling cools down that entry alone. A route for raw HTTP (the limited
+clients' transport, which forwards the Anthropic API's own requests) keeps the Anthropic
+API's keys only: a cloud's paths, body and credentials differ.
+
 The provider's headers show, per dimension, the most restrictive limit in effect: a header
 whose ``-limit`` is the key's (workspace's) limit describes the key's bucket, one whose
 ``-limit`` is the organisation's describes the organisation's, so each level folds in only the
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from drover.config import ModelLimits, Settings
@@ -48,21 +56,25 @@ _SETTING = {"requests": "rpm", "input": "itpm", "output": "otpm", "tokens": "tpm
 
 @dataclass
 class KeyRoute:
-    """The key a granted call goes out on: its alias, its client and its scope."""
+    """The key a granted call goes out on: its alias, its client and its scope; its provider
+    (a pool's Bedrock or Vertex AI entry serves the Anthropic API's models)."""
 
     alias: str
     scope: str
-    limits: ScopeLimits
+    limits: ScopeLimits  # ``alone``: under no organisation (a cloud's entry)
     raw: ModelLimits | None  # the key's own configured limits, before the utilisation
     client: Any
+    provider: Provider
 
 
 class Route:
     """One call's limits: the one key's scope, or a pool's organisation and keys."""
 
     def __init__(self, settings: Settings, model: str, client: Any,
-                 pool: Pool | None = None, provider: Provider | None = None) -> None:
+                 pool: Pool | None = None, provider: Provider | None = None, *,
+                 clouds: bool = True) -> None:
         self.settings = settings
+        self.model = model
         # None: Anthropic's, imported only when asked for (an OpenAI fleet never imports it)
         self.provider = provider or _provider("anthropic")
         self.model_class = settings.limit_class(model)
@@ -72,15 +84,25 @@ class Route:
         if pool is None:
             self.scope = llm_scope(settings.key_alias, self.model_class)
             self.one = KeyRoute(settings.key_alias, self.scope, self.limits, self.org_raw,
-                                client)
+                                client, self.provider)
         else:
             self.scope = org_scope(self.model_class)
-            self.keys = [KeyRoute(k.alias, pool_scope(k.alias, self.model_class),
-                                  scaled_limits(settings, settings.key_limits_for(k, model),
-                                                max_in_flight=None),
-                                  settings.key_limits_for(k, model), pool.clients[k.alias])
-                         # Only the keys of the model's provider can serve it.
-                         for k in pool.keys if settings.key_provider(k) == self.provider.name]
+            # Only the keys of the model's provider can serve it (Claude: the Anthropic API's
+            # and the clouds' entries; ``clouds`` False: the Anthropic API's only).
+            self.keys = [self._key_route(k, pool) for k in pool.keys
+                         if settings.key_serves(k) == self.provider.name
+                         and (clouds or not k.cloud)]
+
+    def _key_route(self, key: Any, pool: Pool) -> KeyRoute:
+        settings, model = self.settings, self.model
+        of = _provider(settings.key_provider(key))
+        raw = settings.key_limits_for(key, model)
+        limits = scaled_limits(settings, raw, max_in_flight=None)
+        if of.alone:  # its own buckets, counted its way; no headers teach a share
+            limits = replace(limits, output_weight=of.output_weight(key), alone=True,
+                             learn_share=False)
+        return KeyRoute(key.alias, pool_scope(key.alias, self.model_class), limits, raw,
+                        pool.clients[key.alias], of)
 
     @property
     def pooled(self) -> bool:
@@ -102,21 +124,26 @@ class Route:
         bucket (OpenAI) charges ``max_tokens`` at admission: that is what is reserved."""
         if self.provider.one_tokens_bucket:
             return estimate if max_tokens is None else max_tokens
-        levels = [self.limits] + ([k.limits for k in self.keys] if self.pool else [])
+        keys = [k.limits for k in self.keys] if self.pool else []
+        # The organisation's buckets count unless every entry is a cloud's.
+        levels = keys if keys and all(k.alone for k in keys) else [self.limits, *keys]
         buckets = [lim.otpm / 60 * lim.burst_s for lim in levels if lim.otpm]
         if not buckets:
             return estimate
         return max(1, min(estimate, int(min(buckets))))
 
     async def acquire(self, limiter: Any, *, input_tokens: int, output_tokens: int,
-                      lease_ttl_s: float, prefer: str | None) -> Grant:
+                      lease_ttl_s: float, prefer: str | None, max_tokens: int = 0) -> Grant:
+        """``max_tokens``: the call's, which a tokens quota (Bedrock's) takes at admission."""
         if self.pool is None:
             return await limiter.acquire(self.scope, self.limits, input_tokens=input_tokens,
-                                         output_tokens=output_tokens, lease_ttl_s=lease_ttl_s)
+                                         output_tokens=output_tokens, lease_ttl_s=lease_ttl_s,
+                                         max_tokens=max_tokens)
         return await limiter.acquire_pool(
             self.model_class, self.limits, [(k.alias, k.limits) for k in self.keys],
             input_tokens=input_tokens, output_tokens=output_tokens, prefer=prefer,
-            sticky_s=self.settings.key_sticky_s, lease_ttl_s=lease_ttl_s)
+            sticky_s=self.settings.key_sticky_s, lease_ttl_s=lease_ttl_s,
+            max_tokens=max_tokens)
 
     async def settle(self, limiter: Any, grant: Grant, *, input_tokens: int,
                      output_tokens: int, headers: Mapping[str, str] | None = None,
@@ -134,7 +161,7 @@ class Route:
         # A -remaining rounded too coarsely for its bucket reads 0 full or empty: not a
         # level to sync to, nor a share of the key to learn from.
         readings = None if headers is None else coarse_readings_dropped(
-            self.provider.read_limits(headers), self.provider.remaining_steps,
+            key.provider.read_limits(headers), key.provider.remaining_steps,
             self.limits.burst_s)
         if self.pool is None:
             await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
@@ -143,8 +170,9 @@ class Route:
             return
         org_h, key_h = (None, None) if readings is None else split_readings(
             readings, self.org_raw, key.raw)
-        await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
-                             output_tokens=output_tokens, readings=org_h, counts=counts)
+        if not key.limits.alone:
+            await limiter.settle(self.scope, self.limits, grant, input_tokens=input_tokens,
+                                 output_tokens=output_tokens, readings=org_h, counts=counts)
         await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
                              output_tokens=output_tokens, readings=key_h, counts=counts)
 
@@ -156,10 +184,14 @@ class Route:
         spend limit). A pool's key disabled meanwhile holds its grant back a day."""
         if self.pool is None:
             return float(await limiter.hold_back(grant, self.scope, stop=self.one.alias))
-        return float(await limiter.hold_back(grant, self.scope, self.key(grant).scope))
+        key = self.key(grant)
+        if key.limits.alone:
+            return float(await limiter.hold_back(grant, key.scope))
+        return float(await limiter.hold_back(grant, self.scope, key.scope))
 
     async def release(self, limiter: Any, grant: Grant) -> None:
-        await limiter.release(self.scope, grant)
+        if self.pool is None or not self.key(grant).limits.alone:
+            await limiter.release(self.scope, grant)
         if self.pool is not None:
             await limiter.release(self.key(grant).scope, grant)
 
@@ -172,7 +204,10 @@ class Route:
                                    self.learnable(self.limits))
             return
         key = self.key(grant)
-        for level in levels_of_429(self.provider.read_limits(headers), self.org_raw, key.raw):
+        if key.limits.alone:  # a cloud's throttling: that entry alone
+            await limiter.cooldown(key.scope, key.limits, retry_after_s, [])
+            return
+        for level in levels_of_429(key.provider.read_limits(headers), self.org_raw, key.raw):
             scope, limits = (self.scope, self.limits) if level == "org" else (key.scope,
                                                                               key.limits)
             await limiter.cooldown(scope, limits, retry_after_s, self.learnable(limits))

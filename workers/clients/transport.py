@@ -159,7 +159,9 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             raise
 
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
-        call = Call(self.rt, params, ctx)
+        # The Anthropic API's own request: its keys only, never a cloud's entry of a pool
+        # (another path, body and credentials; docs/bedrock.md).
+        call = Call(self.rt, params, ctx, clouds=False)
         if self.wait_in_line:
             await _in_line(call.open, ctx)
         else:
@@ -174,7 +176,7 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
     def _to_key(self, request: httpx2.Request, alias: str) -> None:
         """Send on the pool's key the limiter chose (its credentials and endpoint)."""
         key = next(k for k in self.rt.settings.keys if k.alias == alias)
-        request.headers.update(self.provider.auth_headers(key.api_key.get_secret_value()))
+        request.headers.update(self.provider.auth_headers(key.secret()))
         if key.base_url:
             base = httpx2.URL(key.base_url)
             request.url = request.url.copy_with(scheme=base.scheme, host=base.host,

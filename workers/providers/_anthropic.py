@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import anthropic
 import httpx2
@@ -108,7 +108,7 @@ ConnectionFailed = anthropic.APIConnectionError
 
 class Anthropic(Provider):
     name = "anthropic"
-    dimensions = ("requests", "input", "output")
+    dimensions: ClassVar[tuple[str, ...]] = ("requests", "input", "output")
     api_error = anthropic.APIError
     # Token -remaining values are rounded to the nearest thousand (requests: whole numbers).
     remaining_steps = {"input": 1000.0, "output": 1000.0}

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from drover.workers.providers.answers import Answer, AnswerUsage
 
-__all__ = ["NOT_SENT", "AnswerUsage", "Failure", "LimitReadings", "Provider",
+__all__ = ["NOT_SENT", "AnswerUsage", "CloudClient", "Failure", "LimitReadings", "Provider",
            "coarse_readings_dropped", "fine_dimensions", "json_body", "read_limit_headers",
            "read_retry_after", "went_out"]
 
@@ -132,6 +132,23 @@ def json_body(content: bytes) -> Any:
         return None
 
 
+@dataclass
+class CloudClient:
+    """A cloud entry's SDK client and the cloud's ids of drover's model names (a name not
+    in ``models`` is sent as it is)."""
+
+    sdk: Any
+    models: Mapping[str, str]
+
+    def params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with the cloud's id of its model."""
+        model = params.get("model")
+        return {**params, "model": self.models.get(model, model)} if model else params
+
+    async def close(self) -> None:
+        await self.sdk.close()
+
+
 class Provider:
     """One LLM API behind the seam; see the module docstring."""
 
@@ -145,6 +162,23 @@ class Provider:
     # number). A bucket of a few such steps reads the same full or empty
     # (``coarse_readings_dropped``).
     remaining_steps: ClassVar[Mapping[str, float]] = {}
+    # Its entries of a pool are under no organisation (Claude on a cloud): each one's limits
+    # are its own buckets, and the Anthropic organisation's (DROVER_RPM/ITPM/OTPM) hold only
+    # the Anthropic API's keys.
+    alone: ClassVar[bool] = False
+
+    def output_weight(self, key: Any) -> float:
+        """How many times an output token counts in the tokens limit of pool entry ``key``
+        (a ``PoolKey``): Bedrock's output burndown; 1 elsewhere."""
+        return 1.0
+
+    def build_key_client(self, key: Any, *, base_url: str | None, connect_s: float,
+                         idle_s: float) -> Any:
+        """The SDK client of pool entry ``key`` (a ``PoolKey``) on ``base_url``: its API key,
+        or a cloud's region, project and credentials."""
+        secret = key.api_key.get_secret_value() if key.api_key is not None else None
+        return self.build_client(api_key=secret, base_url=base_url, connect_s=connect_s,
+                                 idle_s=idle_s)
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> Any:

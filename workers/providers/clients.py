@@ -43,14 +43,18 @@ def provider_client(settings: Settings) -> Any:
 
 def _key_client(settings: Settings, key: PoolKey) -> Any:
     name = settings.key_provider(key)
-    base_url = key.base_url or (settings.openai_base_url if name == "openai"
-                                else settings.anthropic_base_url)
-    return _sdk_client(settings, provider(name), key.api_key.get_secret_value(), base_url)
+    # A cloud's entry without a base_url: the SDK's own endpoint of its region.
+    base_url = key.base_url or (None if key.cloud else settings.openai_base_url
+                                if name == "openai" else settings.anthropic_base_url)
+    return provider(name).build_key_client(key, base_url=base_url,
+                                           connect_s=settings.connect_timeout_s,
+                                           idle_s=settings.stream_idle_s)
 
 
 def key_pool(settings: Settings) -> Pool | None:
-    """A pool (DROVER_KEYS): one client per key, of the key's provider, each with the key's
-    own endpoint (else its provider's); None without a pool."""
+    """A pool (DROVER_KEYS): one client per entry, of the entry's provider (a cloud's: its
+    SDK client and model ids), each with the entry's own endpoint (else its provider's);
+    None without a pool."""
     if not settings.pooled:
         return None
     return Pool(settings.keys, {k.alias: _key_client(settings, k) for k in settings.keys})

@@ -20,6 +20,8 @@ __all__ = ["describe", "loaded", "provider"]
 _DEFINED: dict[str, tuple[str, str, str]] = {
     "anthropic": ("drover.workers.providers._anthropic", "ANTHROPIC", "anthropic"),
     "openai": ("drover.workers.providers._openai", "OPENAI", "openai"),
+    "bedrock": ("drover.workers.providers._bedrock", "BEDROCK", "anthropic"),
+    "vertex": ("drover.workers.providers._vertex", "VERTEX", "anthropic"),
 }
 _LOADED: dict[str, Provider] = {}
 
