@@ -19,19 +19,20 @@ def lim(redis_client, key_prefix):
 
 
 def test_bedrocks_tokens_take_max_tokens_at_admission_and_five_times_the_output_once_done(lim):
-    # 60,000 a minute in 1 s bursts: a bucket of 1,000 tokens, refilled 1,000 a second.
+    # 600,000 a minute in 1 s bursts: a bucket of 10,000 tokens, refilled 10,000 a second.
     scope = "llm:bedrock:cls"
-    bedrock = ScopeLimits(rpm=6000, tpm=60_000, output_weight=5)
+    bedrock = ScopeLimits(rpm=6000, tpm=600_000, output_weight=5)
+    lim.clock[0] = 100_000_000
     g = lim.acquire(scope, bedrock, input_tokens=100, output_tokens=50, max_tokens=400)
-    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000 - 100 - 400  # max tokens
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 10_000 - 100 - 400  # max tokens
     lim.settle(scope, bedrock, g, input_tokens=100, output_tokens=120)
-    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000 - 100 - 5 * 120
-    # A reservation whose output estimate weighs more than max tokens reserves that.
-    lim.clock[0] = 10_000_000
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 10_000 - 100 - 5 * 120
+    # An output estimate that weighs more than max tokens is what is reserved.
+    lim.clock[0] = 110_000_000
     g = lim.acquire(scope, bedrock, input_tokens=100, output_tokens=150, max_tokens=400)
-    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000 - 100 - 5 * 150
-    lim.release(scope, g)
-    assert lim.state(scope, bedrock)["tokens"]["level"] == 1000
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 10_000 - 100 - 5 * 150
+    lim.release(scope, g)  # never sent: all of it back
+    assert lim.state(scope, bedrock)["tokens"]["level"] == 10_000
     # Counted once (OpenAI's tokens bucket, the weight's default), nothing changes.
     once = ScopeLimits(rpm=6000, tpm=60_000)
     g = lim.acquire("llm:openai:cls", once, input_tokens=100, output_tokens=400, max_tokens=400)

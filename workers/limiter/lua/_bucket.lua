@@ -77,9 +77,11 @@ local function save(b)
 end
 
 -- A call's `cost` (per_dim) as bucket b counts it: its tokens dimension weighs each output
--- token b.tw times (Bedrock counts input + 5 x output against one tokens quota) and takes at
--- least input + the call's max tokens (cost.m) at admission, as such a quota does before the
--- answer is known.
+-- token b.tw times (Bedrock counts input + 5 x output against one tokens quota) and, before
+-- the answer is known, takes at least input + the call's max tokens (cost.m), as such a
+-- quota does at admission. (Reserving the most an answer may count, input + 5 x max tokens,
+-- took a whole 1 s bucket per call: bench.clouds' Bedrock entry served 14% of the calls
+-- where its quota was 30%, and still drew a throttle at a load of 7.)
 local function costed(b, cost)
   if not b.per.t then return cost end
   local t = cost.i + math.max(b.tw * cost.o, cost.m or 0)

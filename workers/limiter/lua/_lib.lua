@@ -41,7 +41,7 @@ local function num(x) return string.format('%.17g', x) end
 
 -- A call's count per dimension: requests, input and output tokens, and both together (t:
 -- a provider's one tokens bucket, OpenAI's and Bedrock's). A scope debits the dimensions it
--- limits. m: the call's max tokens, which a tokens bucket takes at least at admission
+-- limits. m: the call's max tokens, the most output a tokens bucket may be charged for
 -- (absent: a settle's count, or a call with no such floor); _bucket.lua's `costed` weighs
 -- t for a bucket whose output counts several times (Bedrock's burndown).
 local function per_dim(r, i, o, m) return {r = r, i = i, o = o, t = i + o, m = m} end
