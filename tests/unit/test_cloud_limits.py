@@ -56,3 +56,22 @@ def test_a_cloud_entry_is_under_no_organisation(lim):
     lim.cooldown(org_scope("cls"), org, 30)
     later = [lim.acquire_pool("cls", org, keys) for _ in range(2)]
     assert [g.key for g in later if g.granted] == ["bedrock", "bedrock"]
+
+
+def test_a_long_bedrock_answer_holds_the_sends_planned_before_its_settle(lim):
+    # 60,000 a minute in 1 s bursts: a bucket of 1,000 tokens. Two calls of 100 input and max
+    # tokens 100 fit it at once; the first answer, 300 tokens long, takes 100 + 5 x 300 once
+    # done where its admission took 200: the quota Bedrock holds is 600 tokens in debt, and
+    # the second call, granted before that settle, waits until it is not.
+    scope = "llm:bedrock:held"
+    bedrock = ScopeLimits(rpm=6000, tpm=60_000, output_weight=5)
+    lim.clock[0] = 100_000_000
+    first = lim.acquire(scope, bedrock, input_tokens=100, output_tokens=10, max_tokens=100)
+    second = lim.acquire(scope, bedrock, input_tokens=100, output_tokens=10, max_tokens=100)
+    assert first.wait_s == second.wait_s == 0
+    assert lim.hold_back(first, scope) == 0  # it goes
+    lim.settle(scope, bedrock, first, input_tokens=100, output_tokens=300)
+    wait = lim.hold_back(second, scope)
+    assert wait == pytest.approx(-0.6), wait  # 1,600 taken of a 1,000 bucket: 0.6 s of refill
+    lim.clock[0] += int(-wait * 1e6)
+    assert lim.hold_back(second, scope) == 0

@@ -234,7 +234,9 @@ class LimiterCore:
         if grant.key is not None or stop is not None:
             keys.append(self._off_keys()[0])
         return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key,
-                                              "stop": stop, "out": grant.output_tokens},
+                                              "stop": stop, "out": grant.output_tokens,
+                                              "inp": grant.input_tokens,
+                                              "m": grant.max_tokens or None},
                           lambda reply: float(_s(reply)))
 
     def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> Call | None:

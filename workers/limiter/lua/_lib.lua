@@ -13,7 +13,8 @@
 --                 lx: the latest lease expiry (us); ls: when the last send left, paced
 --                 where the bucket holds less than one request (hold_back.lua; us, 0: none);
 --                 tw: how many times an output token counts in t (absent: once; Bedrock's
---                 output burndown: 5);
+--                 output burndown: 5); st: as so, that weighted tokens bucket (tw set
+--                 only);
 --                 so: the output bucket as the provider holds it, of the calls that went
 --                 out only: the instant it is full again (us, 0: none yet), debited by
 --                 each send's output reservation (hold_back.lua), which its settle

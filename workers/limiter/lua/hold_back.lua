@@ -34,7 +34,8 @@
 -- KEYS[last]              with ARGV's key (a pool's) or stop: the disabled keys (hash alias
 --                         -> until, us)
 -- ARGV[1]                 {lease: the grant's lease id, key: the pool key's alias (a pool's),
---                         stop: the one key's alias, out: the grant's output reservation}
+--                         stop: the one key's alias, out: the grant's output reservation,
+--                         inp: its input reservation, m: its max tokens (absent: none)}
 -- Returns the seconds (a string) the longest of those cooldowns still holds, a day for a
 -- disabled key; minus the seconds until the paced send may go (ask again then); '0': none,
 -- and the grant stands (called right before the send: it is its `ls`); 'inf': stop's key
@@ -56,7 +57,17 @@ for i = 1, scopes, 2 do
   if f.Lo and (A.out or 0) > 0 then
     local so = f.so or 0
     due = math.max(due, so - f.burst * 1e6)
-    spent[KEYS[i]] = math.max(so, now) + A.out * 60e6 / f.Lo
+    spent[KEYS[i]] = {'so', math.max(so, now) + A.out * 60e6 / f.Lo}
+  end
+  -- A weighted tokens quota (Bedrock's: input + max tokens at admission, input + 5 x output
+  -- once done) is kept the same way, of the calls that went out (`st`): an answer longer
+  -- than its admission takes the difference when it is done, which the grants planned
+  -- before its settle knew nothing of (bench.clouds: one throttle a run on Bedrock's 1 s
+  -- quota, mid-job, without this).
+  if f.Lt and f.tw and (A.inp or 0) > 0 then
+    local st, took = f.st or 0, A.inp + math.max(f.tw * (A.out or 0), A.m or 0)
+    due = math.max(due, st - f.burst * 1e6)
+    spent[KEYS[i] .. ':t'] = {'st', math.max(st, now) + took * 60e6 / f.Lt, KEYS[i]}
   end
 end
 if until_us > now then
@@ -64,6 +75,6 @@ if until_us > now then
 elseif due > now then return num((now - due) / 1e6)
 else
   for _, key in ipairs(paced) do redis.call('HSET', key, 'ls', num(now)) end
-  for key, so in pairs(spent) do redis.call('HSET', key, 'so', num(so)) end
+  for key, s in pairs(spent) do redis.call('HSET', s[3] or key, s[1], num(s[2])) end
 end
 return num((until_us - now) / 1e6)

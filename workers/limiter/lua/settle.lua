@@ -37,6 +37,12 @@ end
 -- that much below full, whatever refill it could not bank while the call was out (trued up
 -- alone, from a bucket that was full while the answer generated, the next send went 0.1 s
 -- early: a 429). Calls that overlap count once each: no answer is debited twice.
+-- The same of a weighted tokens quota (`st`, hold_back.lua): the answer's input + tw x
+-- output in place of what its send took.
+if A.sent and b.base.t and b.st > 0 then
+  local per = 60e6 / b.base.t
+  b.st = math.max(b.st + (used.t - reserved.t) * per, now + used.t * per)
+end
 if A.sent and b.base.o and b.so > 0 then
   local per = 60e6 / b.base.o
   b.so = math.max(b.so + (used.o - reserved.o) * per, now + used.o * per)
