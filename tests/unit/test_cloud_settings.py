@@ -72,3 +72,20 @@ def test_a_cloud_entry_serves_claude_not_openai(monkeypatch):
     with pytest.raises(SettingsError) as info:
         load_settings(provider="openai", model="gpt-4.1", tpm=1000)
     assert "on openai, but no key of DROVER_KEYS is" in str(info.value)
+
+
+def test_the_cloud_pages_settings_load_as_written(monkeypatch):
+    """docs/bedrock.md's and docs/vertex.md's DROVER_KEYS blocks are settings that load."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = 0
+    for page in ("bedrock.md", "vertex.md"):
+        text = (root / "docs" / page).read_text()
+        for keys in re.findall(r"DROVER_KEYS='(\[.*?\])'", text, re.DOTALL):
+            monkeypatch.setenv("DROVER_KEYS", keys)
+            s = load_settings(model="claude-sonnet-4-5")
+            assert all(s.key_serves(k) == "anthropic" for k in s.keys)
+            found += 1
+    assert found >= 4
