@@ -18,7 +18,7 @@ __all__ = ["start_lines"]
 log = logging.getLogger(__name__)
 _DIMS = ("rpm", "itpm", "otpm", "tpm")
 # The limits each provider has: OpenAI one tokens bucket, Anthropic input and output apart.
-_OF = {"openai": ("rpm", "tpm")}
+_OF = {"openai": ("rpm", "tpm"), "bedrock": ("rpm", "tpm")}  # one tokens bucket
 
 
 def _tools_lines(settings: Settings) -> list[str]:
