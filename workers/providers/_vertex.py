@@ -20,7 +20,7 @@ import anthropic
 
 from drover.workers.providers._anthropic import Anthropic
 from drover.workers.providers._base import CloudClient, Failure, LimitReadings
-from drover.workers.providers.streams import stream_message
+from drover.workers.providers.answers import Answer
 
 __all__ = ["THROTTLE_COOLDOWN_S", "VERTEX", "Vertex"]
 
@@ -44,8 +44,9 @@ class Vertex(Anthropic):
         return CloudClient(sdk, dict(key.models))
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> anthropic.types.Message:
-        return await stream_message(client.sdk, client.params(params), seen, generating)
+                          generating: Any = None) -> Answer:
+        # The Anthropic API's turn, on the entry's SDK client and the cloud's model id.
+        return await super().stream_turn(client.sdk, client.params(params), seen, generating)
 
     def describe(self, error: BaseException) -> Failure | None:
         failure = super().describe(error)
