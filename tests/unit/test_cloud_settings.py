@@ -89,3 +89,15 @@ def test_the_cloud_pages_settings_load_as_written(monkeypatch):
             assert all(s.key_serves(k) == "anthropic" for k in s.keys)
             found += 1
     assert found >= 4
+
+
+def test_a_worker_on_a_pool_of_clouds_alone_needs_no_anthropic_api_key(monkeypatch):
+    from drover.workers.connections.preflight import check_worker, has_credentials
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("DROVER_ANTHROPIC_BASE_URL", raising=False)
+    monkeypatch.setenv("DROVER_KEYS", json.dumps([BEDROCK, {**VERTEX, "access_token": SECRET}]))
+    s = load_settings(model="claude-sonnet-4-6", anthropic_api_key=None)
+    assert has_credentials(s)
+    check_worker(s, services=False)  # the entries carry their own credentials

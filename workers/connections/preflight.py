@@ -155,7 +155,11 @@ def check_services(settings: Settings, *, broker: bool = True) -> None:
 
 
 def has_credentials(settings: Settings) -> bool:
-    """A key for the provider the workers call (``DROVER_PROVIDER``)."""
+    """A key for the provider the workers call (``DROVER_PROVIDER``): its own, or a pool's
+    entries of it, each with its credentials (a Bedrock or Vertex AI entry's may be its
+    cloud's credential chain: docs/bedrock.md, docs/vertex.md)."""
+    if any(settings.key_serves(k) == settings.provider for k in settings.keys):
+        return True
     if settings.provider == "openai":
         return settings.openai_api_key is not None
     return bool(settings.anthropic_api_key or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
