@@ -65,6 +65,9 @@ class GatewayLine:
         while True:
             try:
                 await self.places.keep_alive()
+                # A gateway killed mid-call leaves its places: with no worker's pump beside
+                # the gateways (no fleet), they free them.
+                await asyncio.to_thread(self._forget_gone)
                 if self.settings.wait_in_line:
                     await asyncio.to_thread(self._size_line)
             except Exception as error:  # Redis away: the watch answers 503 meanwhile
@@ -84,6 +87,11 @@ class GatewayLine:
         fs = shared.fairshare(settings.queue)
         report_line_cap(settings, shared.limiter, shared.redis, fs,
                         lambda: active_models(settings, fs, shared.store) | set(self.models))
+
+    def _forget_gone(self) -> None:
+        runs = self.shared.fairshare(self.settings.queue).forget_gone_calls()
+        if runs:
+            self._publish(runs)
 
     def _publish(self, runs: list[Dispatch]) -> None:
         from drover.workers.tasklayer.submitting import publish_granted

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -529,3 +530,56 @@ def test_a_key_over_its_own_limit_waits_in_line_while_other_keys_go(
     out = StringIO()
     print_stats(Console(file=out, width=200), services(settings))
     assert scope in out.getvalue() and WEB not in out.getvalue()
+
+
+def test_the_places_of_a_gateway_killed_mid_flood_go_back_to_the_other_gateways_callers(
+        monkeypatch, drover_env, sim, gateway):
+    """Two gateways and no worker, 60 requests a minute (a line of 12 calls): one gateway
+    holds the whole line with 30 calls of tenant batch when it is killed (kill -9). Its calls
+    job stays in the window until its liveness mark lapses; then the other gateway frees its
+    places, and web's calls through the other gateway are answered."""
+    sim.configure(rpm=60, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, rpm=60, burst_seconds=1, max_in_flight=1000)
+    doomed, other = gateway(), gateway()
+    settings = _settings()
+    from drover.workers.fairshare import FairShare
+    from drover.workers.services import services
+
+    fs = FairShare.from_settings(services(settings).redis, settings)
+    assert _client(other).messages.create(model=settings.model, max_tokens=20,
+                                          messages=_ask(0)).usage.output_tokens > 0
+    cap = wait_until("the line sized", fs.cap, 20)
+    flood = subprocess.Popen(  # a caller of its own, left hanging when its gateway dies
+        [sys.executable, "-c", (
+            "import asyncio, anthropic\n"
+            "async def main():\n"
+            f"    c = anthropic.AsyncAnthropic(base_url={doomed.url!r}, api_key={BATCH!r},"
+            " max_retries=0, timeout=600)\n"
+            f"    await asyncio.gather(*(c.messages.create(model={settings.model!r},"
+            " max_tokens=20, messages=[{'role': 'user', 'content': 'x'}]) for _ in range(30)),"
+            " return_exceptions=True)\n"
+            "asyncio.run(main())\n")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def held() -> int:
+            return sum(j.out for j in fs.jobs() if j.calls and j.tenant == "batch")
+
+        wait_until("the doomed gateway's calls to hold the line",
+                   lambda: held() >= cap and all(
+                       j.waiting for j in fs.jobs() if j.calls and j.tenant == "batch"), 30)
+        doomed.kill()
+        answered = asyncio.run(_few(other, settings.model, 3))
+        assert answered == 3
+        assert not [j for j in fs.jobs() if j.calls and j.tenant == "batch"]
+    finally:
+        flood.kill()
+        flood.wait()
+
+
+async def _few(gw, model: str, n: int) -> int:  # noqa: ANN001
+    client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=WEB, max_retries=0, timeout=120)
+    try:
+        done = await asyncio.gather(*(client.messages.create(
+            model=model, max_tokens=20, messages=_ask(i)) for i in range(n)))
+        return len(done)
+    finally:
+        await client.close()

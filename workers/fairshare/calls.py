@@ -84,7 +84,11 @@ class CallPlaces:
         try:
             yield
         finally:
-            await asyncio.shield(self.leave(tenant))
+            try:
+                await asyncio.shield(self.leave(tenant))
+            except Exception as error:  # its place stays taken until this process is gone
+                log.warning("a call of tenant %s could not give its place in the window back "
+                            "(%s: %s)", tenant, type(error).__name__, str(error)[:200])
 
     async def enter(self, tenant: str) -> None:
         """Wait for a place in the line (cancelled: the call leaves the line)."""
@@ -176,8 +180,9 @@ class CallPlaces:
             try:
                 raw = await self.r.hget(jobs, line.job_id)
             except Exception as error:  # the calls wait on; the next read may answer
-                log.warning("gateway line: could not read the window (%s)",
-                            type(error).__name__)
+                log.warning("calls waiting for a place could not read the window (%s); "
+                            "again in a second", type(error).__name__)
+                await asyncio.sleep(1.0)
                 continue
             if raw is None and line.waiting:
                 # Forgotten (this process's mark lapsed, say Redis was away): join again.

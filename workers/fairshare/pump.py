@@ -32,12 +32,9 @@ def pump_once(fs: FairShare, store: JobStore, publish: Publish) -> list[Dispatch
                     "publishing them; published now", lost.job_id, lost.first,
                     lost.first + lost.count - 1)
         runs.append(lost)
+    runs += fs.forget_gone_calls()  # a process's calls (the gateway's): gone with it
     for share in fs.jobs():
-        if share.calls:  # a process's calls (the gateway's): gone when its process is
-            if not fs.r.exists(fs.alive_key(share.process)):
-                log.warning("calls of tenant %s held %d places in the window for a process "
-                            "that is gone: freed", share.tenant, share.out)
-                runs += fs.remove(share.job_id)
+        if share.calls:
             continue
         try:
             meta = store.meta.get(share.job_id)

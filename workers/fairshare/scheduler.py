@@ -333,6 +333,17 @@ class FairShare:
             self.r.hdel(self.granted_key, *gone)
         return lost
 
+    def forget_gone_calls(self) -> list[Dispatch]:
+        """Forget the calls jobs of processes whose liveness mark is gone (a gateway killed):
+        the places their calls held go to the others (returned: what to publish)."""
+        runs: list[Dispatch] = []
+        for share in self.jobs():
+            if share.calls and not self.r.exists(self.alive_key(share.process)):
+                log.warning("calls of tenant %s held %d places in the window for a process "
+                            "that is gone: freed", share.tenant, share.out)
+                runs += self.remove(share.job_id)
+        return runs
+
     # --- reading ------------------------------------------------------------------------
     def dispatched(self, job_id: str) -> int | None:
         """Sub-agents of the job published so far; None when the scheduler holds no such job
