@@ -8,8 +8,8 @@ the providers (the SDK classes, the wire shapes); knows no Celery. ``subagent_cl
 client a worker hands a team's own sub-agent function.
 """
 
-from drover.workers.clients.limited import clear_journal, limited_http_client, subagent_client
+from drover.workers.clients.limited import limited_http_client, subagent_client
 from drover.workers.clients.transport import BlockingTransport, LimitedTransport, SettledStream
 
-__all__ = ["BlockingTransport", "LimitedTransport", "SettledStream", "clear_journal",
+__all__ = ["BlockingTransport", "LimitedTransport", "SettledStream",
            "limited_http_client", "subagent_client"]

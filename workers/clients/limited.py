@@ -19,7 +19,7 @@ from drover.workers.jobs.journal import Journal
 from drover.workers.providers.clients import client_defaults
 from drover.workers.providers.limited import LIMITED_MARK
 
-__all__ = ["clear_journal", "limited_http_client", "subagent_client"]
+__all__ = ["limited_http_client", "subagent_client"]
 
 
 class _LimitedAsyncClient(httpx2.AsyncClient):
@@ -52,12 +52,6 @@ def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = Tru
 def _journal(rt: Runtime, ctx: CallContext) -> Journal:
     return Journal(rt.aredis, rt.store.keys.journal(ctx.job_id, ctx.index),
                    rt.settings.result_ttl_s)
-
-
-async def clear_journal(rt: Runtime, ctx: CallContext) -> None:
-    """Forget the sub-agent's journal once it has ended (ok, failed, cancelled): only a re-run
-    of an unfinished sub-agent replays, and ``drover retry`` of a failed one sends anew."""
-    await _journal(rt, ctx).clear()
 
 
 def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,

@@ -55,11 +55,6 @@ class Journal:
         kept = json.loads(raw)
         return Kept(int(kept["status"]), str(kept["type"]), base64.b64decode(kept["body"]))
 
-    async def clear(self) -> None:
-        """Forget every kept answer: the sub-agent ended (its record is final), so no re-run
-        of it will ask, and a ``drover retry`` of a failed one must see new answers."""
-        await self.redis.delete(self.key)
-
     async def keep(self, field: str, kept: Kept) -> None:
         value = json.dumps({"status": kept.status, "type": kept.content_type,
                             "body": base64.b64encode(kept.content).decode()})
