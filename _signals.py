@@ -17,8 +17,9 @@ from typing import Any
 
 from drover.errors import AgentError
 
-__all__ = ["ClaimLost", "FlowerRefused", "HeldBack", "Incomplete", "LimiterSaysLater",
-           "OwnFailed", "Parked", "Refused", "RetryLater", "RetryableFailure"]
+__all__ = ["BudgetSpent", "ClaimLost", "FlowerRefused", "HeldBack", "Incomplete",
+           "LimiterSaysLater", "OwnFailed", "Parked", "Refused", "RetryLater",
+           "RetryableFailure"]
 
 
 class RetryLater(AgentError):
@@ -50,6 +51,18 @@ class RetryableFailure(RetryLater):
     def __init__(self, countdown: float, decision: Any, reason: str | None = None):
         super().__init__(countdown, reason or decision.error_type)
         self.decision = decision
+
+
+class BudgetSpent(AgentError):
+    """A sub-agent's turn cap or token budget (``max_turns``, ``subagent_token_budget``,
+    ``token_budget``) is spent: its next call is not sent, and it ends ``budget_exceeded``
+    with what it had done.
+
+    An exception because the next call is where that is found, deep in drover's loop or in a
+    team's own function (through its limited client), and only the sub-agent's run records
+    it."""
+
+    call_outcome = "not_sent"
 
 
 class Parked(LimiterSaysLater):

@@ -72,6 +72,30 @@ def test_a_function_that_gathers_its_own_calls_has_each_counted_once(own, worker
     assert result.usage.calls == sim.stats()["accepted"] == 22
 
 
+def test_a_functions_budgets_hold_as_the_loops_do(own, worker, sim):
+    """max_turns caps a function's calls, subagent_token_budget its tokens and token_budget
+    the job's: the call past one is not sent and the sub-agent ends budget_exceeded with
+    what it had spent, as drover's own loop does."""
+    worker(concurrency=4)
+    inputs = [{"topic": f"dock {i}", "checks": 4} for i in range(3)]  # 6 calls each
+    turns = submit(JobSpec(subagent="research", inputs=inputs, max_turns=2)).wait(timeout=120)
+    assert [r.status for r in turns.results] == ["budget_exceeded"] * 3, turns.results
+    assert all("turn cap of 2 reached" in (r.error or "") for r in turns.results)
+    assert [(r.usage.calls, r.turns) for r in turns.results] == [(2, 2)] * 3
+    assert sim.stats()["accepted"] == 6  # the third call of each was never sent
+
+    tokens = submit(JobSpec(subagent="research", inputs=inputs[:1],
+                            subagent_token_budget=1)).wait(timeout=120)
+    assert tokens.results[0].status == "budget_exceeded", tokens.results
+    assert "sub-agent token budget of 1 spent" in (tokens.results[0].error or "")
+    assert tokens.results[0].usage.calls == 1
+
+    job = submit(JobSpec(subagent="research", inputs=inputs, token_budget=1)).wait(timeout=120)
+    assert {r.status for r in job.results} == {"budget_exceeded"}, job.results
+    # The calls in flight when the budget went were paid for; none was sent after it.
+    assert job.usage.calls <= len(inputs) and sim.stats()["accepted"] == 6 + 1 + job.usage.calls
+
+
 def test_an_exception_fails_that_sub_agent_only(own, worker):
     worker(concurrency=4)
     inputs = [{"topic": "a"}, {"topic": "b", "fail": "raise"}, {"topic": "c"},

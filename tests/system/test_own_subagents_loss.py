@@ -16,7 +16,7 @@ import pytest
 
 from drover import JobSpec
 from drover.simulator import SimConfig, SimulatorServer
-from tests.helpers import configure, wait_until
+from tests.helpers import configure, wait_for_workers, wait_until
 from tests.helpers.fleet import Fleet, assert_complete, kill_group, submit_elsewhere
 
 MODULES = json.dumps(["drover.workers.tools.demo", "tests.helpers.own_subagents"])
@@ -108,3 +108,46 @@ def test_sigterm_hands_a_workers_own_sub_agents_back_between_calls(sim, drover_e
     assert after["accepted"] - before["accepted"] <= before["in_flight"]
     # The resumed functions replayed what they had been answered: no call went out twice.
     assert after["accepted"] + sim.stats()["accepted"] == result.usage.calls == N * 6
+
+
+def test_a_function_killed_with_calls_in_flight_counts_each_and_its_usage_brackets_the_bill(
+        sim, drover_env, spawn_worker, monkeypatch):
+    """A function that gathers three calls at once, its worker killed while they stream: the
+    resume counts each of the three as unanswered (not only the last one marked), and counts
+    each one's output at its max_tokens, so that the job's usage brackets what the provider
+    billed (answered <= billed <= answered + unanswered). Its worker had learned a short mean
+    answer first: counted at that mean, the three long answers cut mid-way were billed more
+    than the job counted."""
+    configure(monkeypatch, drover_env, tool_modules=MODULES)
+    sim.configure(tool_turns=0, output_tokens_mean=10)
+    victim = spawn_worker(concurrency=2)
+    wait_for_workers(1)
+    warm = submit_elsewhere(drover_env, JobSpec(subagent="side_by_side",
+                                                inputs=[{"topic": "tides", "n": 3}]))
+    assert warm.wait(timeout=60).counts["ok"] == 1  # the victim's mean answer: ~10 tokens
+    # Answers of max_tokens (120), 20 tokens a second: each call streams for 6 s.
+    sim.configure(output_share_min=1.0, output_share_max=1.0, output_tokens_per_s=20)
+    before = sim.stats()
+    handle = submit_elsewhere(drover_env, JobSpec(subagent="side_by_side",
+                                                  inputs=[{"topic": "currents", "n": 3}]))
+    wait_until("the three calls streaming", lambda: sim.stats()["in_flight"] == 3, 60)
+    time.sleep(2.5)  # ~50 tokens of each generated (and billed)
+    kill_group(victim)
+    victim.wait()
+    sim.configure(output_tokens_per_s=0, output_share_min=0, output_share_max=0)
+    spawn_worker(concurrency=2)
+    result = handle.wait(timeout=120)
+    after = sim.stats()
+
+    record = result.results[0]
+    assert record.status == "ok", record
+    usage = record.usage
+    billed_requests = after["billed"]["requests"] - before["billed"]["requests"]
+    billed_out = after["billed"]["output_tokens"] - before["billed"]["output_tokens"]
+    print(f"\nthree calls lost mid-stream: {usage.calls} answered + {usage.unanswered_calls} "
+          f"unanswered ({billed_requests} billed); output {usage.output_tokens} + "
+          f"{usage.unanswered_output_tokens} counted, {billed_out} billed")
+    assert usage.unanswered_calls == 3, usage
+    assert usage.calls == 4 and usage.sent_calls == billed_requests == 7, usage
+    assert usage.output_tokens <= billed_out <= (
+        usage.output_tokens + usage.unanswered_output_tokens), (usage, billed_out)

@@ -108,8 +108,13 @@ class CallContext:
     rng: random.Random | None = None  # every jitter of this call draws from it (None: global)
     # Raises ClaimLost or Cancelled when the call must not go out (another delivery holds the
     # sub-agent now, or its job was cancelled); run right before each send, with the call's
-    # input and output estimates (the sub-agent marks the send with them).
-    check: Callable[[int, int], Awaitable[None]] | None = None
+    # input estimate and its output's bound, its max_tokens (the sub-agent marks the send
+    # with them: a send lost with its worker is counted at these, so its output at the most
+    # the provider can have billed for it). What it returns names the send to ``settled``.
+    check: Callable[[int, int], Awaitable[Any]] | None = None
+    # Told (with what ``check`` returned) once a send has its outcome: answered, refused by
+    # the provider, or ended unanswered and counted; a sub-agent keeps its sends in flight.
+    settled: Callable[[Any], Awaitable[None]] | None = None
     # Told of a call that was sent and never answered, with its input and output estimates.
     # (Both are also told the call's ``model=``, which prices it: an @subagent's calls may
     # name any model.)
@@ -340,6 +345,7 @@ class Call:
         self.cost: Any = None  # the caps' reservation (caps.reserve_cost)
         self.answer_usage: AnswerUsage | None = None  # the answer's usage, once answered
         self.lost: tuple[int, int] | None = None  # what the last try cost unanswered
+        self.send: Any = None  # what ``ctx.check`` named the try's send (``ctx.settled``)
         # The try under way (``reserve``): its grant, key, start, and what its stream said.
         self.grant: Grant | None = None
         self.key_alias = ""
@@ -391,6 +397,7 @@ class Call:
             ctx.key = key.alias
         self.started = time.monotonic()
         self.seen = Seen()  # what the stream delivered (a stream that ends early costs that)
+        self.send = None
         try:
             waited, self.budget_wait = max(grant.wait_s, self.budget_wait), 0.0
             await wait_or_cancel(waited, ctx.cancel)
@@ -404,7 +411,7 @@ class Call:
                 raise HeldBack()  # a 429 came while this call waited, or a pool's key was
                 #                   disabled (the call moves to another key)
             if ctx.check is not None:  # after every wait, right before the send
-                await ctx.check(self.est_in, self.est_out)
+                self.send = await ctx.check(self.est_in, self.max_tokens)
         except HeldBack:
             # Planned before the 429 that emptied the provider's bucket: its lease is gone,
             # its reservation stays spent, and the call plans again behind the cooldown and
@@ -448,6 +455,7 @@ class Call:
                  grant.input_tokens, grant.output_tokens,
                  "none" if seen.first_token_s is None else f"{seen.first_token_s:.3f}",
                  "none" if speed is None else f"{speed:.1f}")
+        await self._send_settled()
         if ctx.answered is not None:
             await ctx.answered(usage, model=self.model)
 
@@ -471,6 +479,7 @@ class Call:
             self.lost = (lost_in, lost_out)
             call_cost(rt.settings, self.model, ctx.tenant, None, self.lost)
             await _unanswered(rt, self.scope, ctx, error, lost_in, lost_out, self.model)
+        await self._send_settled()
         # An SDK error its provider does not describe (a response it could not read) is
         # judged as the exception it is.
         decision = classify(failure if failure is not None else error or RuntimeError(
@@ -514,6 +523,7 @@ class Call:
             call_cost(rt.settings, self.model, ctx.tenant, None, self.lost)
             await asyncio.shield(_unanswered(rt, self.scope, ctx, error, lost_in, lost_out,
                                              self.model))
+            await asyncio.shield(self._send_settled())
         else:  # nothing went out: the whole reservation goes back
             await asyncio.shield(self.route.release(rt.limiter, grant))
         if error is not None and missing_credentials(error):
@@ -539,6 +549,12 @@ class Call:
              self.answer_usage.output_tokens or 0) if self.answer_usage is not None
             else self.lost or (0, 0)))
         await settle_cost(self.rt, self.cost, self.answer_usage, self.lost)
+
+    async def _send_settled(self) -> None:
+        """The try's send has its outcome: tell the caller (``ctx.settled``), once."""
+        send, self.send = self.send, None
+        if send is not None and self.ctx.settled is not None:
+            await self.ctx.settled(send)
 
     def unanswered_usage(self) -> tuple[int, int]:
         """What the try cost if it ends now without its answer (``_lost_usage``)."""

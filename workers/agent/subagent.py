@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from drover._signals import OwnFailed
+from drover._signals import BudgetSpent, OwnFailed
 from drover.config.prices import Price
 from drover.workers.agent.batch import batch_message, uses_batch
 from drover.workers.agent.errors import (
@@ -43,7 +43,12 @@ from drover.workers.agent.errors import (
     LimiterSaysLater,
     RetryableFailure,
 )
-from drover.workers.agent.llm import CallContext, create_message, race, wait_or_cancel
+from drover.workers.agent.llm import (
+    CallContext,
+    create_message,
+    race,
+    wait_or_cancel,
+)
 from drover.workers.agent.own import ClientOf, run_own
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.runtime import Runtime
@@ -91,6 +96,8 @@ class SubagentRun:
         # An @subagent job's client for its function (the task layer's subagent_client).
         self.own_client = own_client
         self._saving = asyncio.Lock()  # an @subagent's checkpoints, one at a time
+        self._marking = asyncio.Lock()  # its send marks, one at a time
+        self.spent: str | None = None  # an @subagent's call refused for a spent budget: why
         self.job_id = job_id
         self.index = index
         self.store = rt.store
@@ -118,25 +125,37 @@ class SubagentRun:
         assert spec is not None
         state = start.checkpoint or Checkpoint.first(start.task or "")
         self.spec, self.state, self.task = spec, state, start.task
-        if start.sent and int(start.sent.get("seq", 0)) > state.sends:
-            await self._lost_send(start.sent)
+        await self._lost_sends(start.sent)
         with self.rt.job_scope(self.job_id, start.deadline_in) as cancel:
             ctx = CallContext(self.job_id, self.index, cancel, failures=state.failures,
-                              tenant=spec.tenant, check=self._check,
+                              tenant=spec.tenant, check=self._check, settled=self._settled,
                               unanswered=self._unanswered, generating=self._generating,
                               max_cost_usd=spec.max_cost_usd)
             return await self._run(spec, state, ctx)
 
-    async def _check(self, est_in: int, est_out: int) -> None:
+    async def _check(self, est_in: int, est_out: int) -> int:
         """Before a send: ClaimLost when another delivery holds the sub-agent, Cancelled
         when its job was cancelled (or its deadline passed); else the send is marked in
-        Redis (its number and estimate) in the same step, and counted in the state."""
-        seq = self.state.sends + 1
-        mark = {"seq": seq, "in": est_in, "out": est_out}
-        if await self._io(self.store.checkpoints.before_send, self.job_id, self.index,
-                          self.token, mark):
-            raise Cancelled()
-        self.state.sends = seq  # its outcome (answer, error or loss) is this state's from now
+        Redis in the same step (its number, and every send in flight with its input estimate
+        and output bound), and kept in flight in the state until ``_settled``. Its number."""
+        state = self.state
+        seq = state.sends = state.sends + 1  # taken at once: a function's calls run together
+        state.in_flight.append([seq, est_in, est_out])
+        try:
+            async with self._marking:  # each mark holds the sends in flight when it is written
+                mark = {"seq": seq, "in": est_in, "out": est_out,
+                        "open": [list(sent) for sent in state.in_flight]}
+                if await self._io(self.store.checkpoints.before_send, self.job_id,
+                                  self.index, self.token, mark):
+                    raise Cancelled()
+        except BaseException:
+            await self._settled(seq)  # not sent
+            raise
+        return seq
+
+    async def _settled(self, seq: int) -> None:
+        """Send ``seq`` has its outcome (in this state from now): no longer in flight."""
+        self.state.in_flight = [sent for sent in self.state.in_flight if sent[0] != seq]
 
     async def _generating(self, on: bool) -> None:
         """Its answer is streaming in, or no longer (``drover watch``); a lost write costs
@@ -159,16 +178,25 @@ class SubagentRun:
         """What ``model``'s tokens cost (default: this sub-agent's; None: unpriced)."""
         return self.rt.settings.price_of(model or self.spec.model or self.rt.settings.model)
 
-    async def _lost_send(self, mark: dict[str, Any]) -> None:
-        """The last send's mark is past the checkpoint: a delivery sent that call and was
-        lost (its worker killed) before it saved what came of it. Counted once: the state
-        that counts it also takes its number, so a later resume finds nothing to add."""
-        est_in, est_out = int(mark.get("in", 0)), int(mark.get("out", 0))
-        log.warning("sub-agent %s/%d: call %d was sent by a delivery that was lost before "
-                    "its answer was saved; counted as unanswered (in=%d out=%d, estimated)",
-                    self.job_id, self.index, int(mark["seq"]), est_in, est_out)
-        self.state.sends = int(mark["seq"])
-        await self._unanswered(est_in, est_out)
+    async def _lost_sends(self, mark: dict[str, Any] | None) -> None:
+        """Sends a lost delivery (its worker killed) made whose outcome it never saved: those
+        in flight in the checkpoint, and those of the last send's mark past it (each send in
+        flight then, a function's calls made together among them). Each is counted as
+        unanswered, at its input estimate and its output bound (its max_tokens: the most the
+        provider can have billed). Counted once: the state that counts them also takes their
+        numbers, so a later resume finds nothing to add."""
+        state = self.state
+        lost = {int(sent[0]): sent for sent in state.in_flight}
+        if mark:
+            marked = mark.get("open") or [[mark["seq"], mark.get("in", 0), mark.get("out", 0)]]
+            lost |= {int(sent[0]): sent for sent in marked if int(sent[0]) > state.sends}
+            state.sends = max(state.sends, int(mark["seq"]), *lost)
+        state.in_flight = []
+        for seq, est_in, est_out in (lost[n] for n in sorted(lost)):
+            log.warning("sub-agent %s/%d: call %d was sent by a delivery that was lost before "
+                        "its answer was saved; counted as unanswered (about %d input, up to %d "
+                        "output tokens)", self.job_id, self.index, seq, est_in, est_out)
+            await self._unanswered(int(est_in), int(est_out))
 
     async def _run(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                    ) -> SubagentResult:
@@ -190,6 +218,9 @@ class SubagentRun:
                                           status_code=failed["status"])
             reason = reason or "cancelled"
             return await self._finish(state, "cancelled", error=reason, error_type="cancelled")
+        except BudgetSpent as spent:  # not sent: its turn cap or a token budget is spent
+            return await self._finish(state, "budget_exceeded", error=str(spent),
+                                      error_type="budget_exceeded")
         except CostCapReached as capped:  # not sent: the job's (or tenant's) cap in dollars
             return await self._finish(state, "budget_exceeded", error=str(capped),
                                       error_type="budget_exceeded")
@@ -231,20 +262,33 @@ class SubagentRun:
             state.failures += 1
             return await self._finish(state, "failed", error=failed.message,
                                       error_type=failed.error_type)
+        if self.spent is not None:  # the function went on without the call it was refused
+            raise BudgetSpent(self.spent)
         return await self._finish(state, "ok", output=output)
 
-    async def _check_own(self, est_in: int, est_out: int) -> None:
+    async def _check_own(self, est_in: int, est_out: int) -> int:
         """Before each call of an @subagent: SIGTERM hands it back at once (its answered calls
-        replay from the journal where it resumes), as drover's loop does between turns."""
+        replay from the journal where it resumes), as drover's loop does between turns; a
+        spent turn cap or token budget refuses the call (``BudgetSpent``: the sub-agent ends
+        ``budget_exceeded``). Its calls are its turns: ``max_turns`` caps them when the job
+        sets it (DROVER_MAX_TURNS counts turns of drover's loop only)."""
         if self.rt.shared.heartbeat().draining:
             raise LimiterSaysLater(0.0, "worker shutting down")
-        await self._check(est_in, est_out)
+        over = await self._over_budget(self.spec, self.state, self.spec.max_turns)
+        if over:
+            self.spent = over
+            raise BudgetSpent(over)
+        return await self._check(est_in, est_out)
 
     async def _answered(self, usage: Any, *, model: str | None = None) -> None:
         """An @subagent's call was answered (its usage settled): counted in its state (at
-        ``model``'s price, the call's), which is saved at once, so a re-run (its answer
-        replayed from the journal, not counted again) starts from a state that has it."""
+        ``model``'s price, the call's) as one of its turns, and in the job's token budget;
+        the state is saved at once, so a re-run (its answer replayed from the journal, not
+        counted again) starts from a state that has it."""
         self.state.usage.add(usage, price=self._price(model))
+        self.state.turns += 1
+        if self.spec.token_budget:
+            await self._io(self.store.spending.spend, self.job_id, budget_tokens(usage))
         async with self._saving:
             await self._io(self.store.checkpoints.save, self.job_id, self.index, self.state,
                            self.token)
@@ -267,8 +311,7 @@ class SubagentRun:
                 return await self._finish(state, "ok")
             over = await self._over_budget(spec, state, max_turns)
             if over:
-                return await self._finish(state, "budget_exceeded", error=over,
-                                          error_type="budget_exceeded")
+                raise BudgetSpent(over)
             params = request_params(spec, model, tools, state.messages)
             batched = uses_batch(spec, settings)
             if batched:  # the turn goes into a Message Batch (checks the cancel itself)
@@ -290,9 +333,11 @@ class SubagentRun:
             if final:
                 return await self._finish(state, "ok")
 
-    async def _over_budget(self, spec: JobSpec, state: Checkpoint, max_turns: int
+    async def _over_budget(self, spec: JobSpec, state: Checkpoint, max_turns: int | None
                            ) -> str | None:
-        if state.turns >= max_turns:
+        """What is spent before the next call (None: nothing): the turn cap, the sub-agent's
+        token budget or the job's."""
+        if max_turns is not None and state.turns >= max_turns:
             return f"turn cap of {max_turns} reached"
         if spec.subagent_token_budget and state.usage.budget_tokens >= spec.subagent_token_budget:
             return f"sub-agent token budget of {spec.subagent_token_budget} spent"

@@ -145,10 +145,13 @@ class Checkpoint(BaseModel):
     # Its reservations under the caps in dollars while that request is out ((key, dollars)
     # each: workers/agent/caps.py), settled when its result comes back.
     batch_hold: list[tuple[str, float]] = Field(default_factory=list)
-    # Realtime calls whose outcome this state accounts for (answered, unanswered or failed).
-    # Before each send its number is marked in Redis (Checkpoints.before_send); a resume that
-    # finds a mark past this count knows that call went out and its answer was lost.
+    # Realtime calls sent so far: before each send its number (this count, plus one) is
+    # marked in Redis with the sends in flight then (Checkpoints.before_send).
     sends: int = 0
+    # The sends in flight when this state was saved ([number, input estimate, output bound]
+    # each): their outcome is not this state's. A resume counts these, and the mark's sends
+    # past ``sends``, as sent and never answered (a function may have several at once).
+    in_flight: list[list[int]] = Field(default_factory=list)
 
     @classmethod
     def first(cls, task: str) -> Checkpoint:

@@ -151,11 +151,11 @@ class JobSpec(BaseModel):
 
 
 # What a job of a team's own @subagent refuses: drover's loop alone reads these (the
-# function passes its own model, max_tokens and system prompt to the client), or they count
-# turns of that loop.
-LOOP_ONLY = ("system", "model", "max_tokens", "thinking", "tools", "max_turns",
-             "max_parallel_tools", "synthesize", "delivery", "max_subtasks",
-             "subagent_token_budget", "token_budget")
+# function passes its own model, max_tokens and system prompt to the client, and sends its
+# calls itself, never in a Message Batch), or planning and the join do. The budgets
+# (max_turns: its calls; subagent_token_budget, token_budget) hold for it as for the loop.
+LOOP_ONLY = ("system", "model", "max_tokens", "thinking", "tools", "max_parallel_tools",
+             "synthesize", "delivery", "max_subtasks")
 
 
 def json_problem(value: Any, depth: int = 0) -> str | None:
