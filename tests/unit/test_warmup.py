@@ -65,3 +65,17 @@ def test_a_worker_on_openai_also_streams_one_chat_completion_through_its_provide
     assert seen == ["POST /v1/messages HTTP/1.1", "POST /v1/chat/completions HTTP/1.1"]
     # and both answers were read to their end (the stream's chunks, usage and [DONE])
     assert not [r.message for r in caplog.records if "failed" in r.getMessage()]
+
+
+def test_each_provider_is_warmed_through_its_own_stream_turn_and_only_the_workers(
+        monkeypatch, caplog, provider):
+    # A worker on OpenAI alone warms OpenAI alone (it warmed Anthropic's SDK always); a
+    # worker on Anthropic streams its warm-up answer through the provider as a real call does.
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{provider}/v1")
+    monkeypatch.setenv("DROVER_ANTHROPIC_BASE_URL", provider)
+    with caplog.at_level(logging.DEBUG, logger="drover.workers.providers.warmup"):
+        assert asyncio.run(warm_up({"openai"})) == ["POST /v1/chat/completions HTTP/1.1"]
+        assert asyncio.run(warm_up({"anthropic"})) == ["POST /v1/messages HTTP/1.1"]
+        # Claude on a cloud is warmed as the Anthropic API (the same SDK's stream), once
+        assert asyncio.run(warm_up({"bedrock", "vertex"})) == ["POST /v1/messages HTTP/1.1"]
+    assert not [r.message for r in caplog.records if "failed" in r.getMessage()]

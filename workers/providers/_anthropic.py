@@ -9,6 +9,7 @@ errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "messag
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -106,8 +107,27 @@ StatusError = anthropic.APIStatusError
 ConnectionFailed = anthropic.APIConnectionError
 
 
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode())
+                    for e in events)
+
+
 class Anthropic(Provider):
     name = "anthropic"
+    # A Messages stream of one text token, as the API sends it.
+    warm_up_stream = _sse(
+        {"type": "message_start", "message": {
+            "id": "msg_warmup", "type": "message", "role": "assistant", "model": "warm-up",
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text",
+                                                                      "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
+                                                              "text": "ok"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+         "usage": {"output_tokens": 1}},
+        {"type": "message_stop"})
     dimensions: ClassVar[tuple[str, ...]] = ("requests", "input", "output")
     api_error = anthropic.APIError
     # Token -remaining values are rounded to the nearest thousand (requests: whole numbers).

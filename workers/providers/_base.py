@@ -179,6 +179,11 @@ class Provider:
         secret = key.api_key.get_secret_value() if key.api_key is not None else None
         return self.build_client(api_key=secret, base_url=base_url, connect_s=connect_s,
                                  idle_s=idle_s)
+    # A worker's warm-up (``warmup``): a short streamed answer of its API (the bytes of a
+    # ``text/event-stream`` body) that a local server sends to one ``stream_turn``, and what
+    # its client's base URL ends in (e.g. "/v1").
+    warm_up_stream: ClassVar[bytes] = b""
+    warm_up_path: ClassVar[str] = ""
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> Any:

@@ -42,8 +42,22 @@ _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "function_call": "tool_us
 QUOTA_CODE = "insufficient_quota"  # a 429 that is no rate limit: no credit left
 
 
+_CHUNK = {"id": "chatcmpl-warmup", "object": "chat.completion.chunk", "created": 0,
+          "model": "warm-up"}
+
+
 class OpenAI(Provider):
     name = "openai"
+    # A streamed Chat Completions answer, as OpenAI sends it with include_usage: a chunk of
+    # text, the finish, the usage chunk and [DONE].
+    warm_up_stream = b"".join(b"data: " + json.dumps({**_CHUNK, **part}).encode() + b"\n\n"
+                              for part in (
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"},
+                      "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                  "total_tokens": 2}})) + b"data: [DONE]\n\n"
+    warm_up_path = "/v1"
     dimensions = ("requests", "tokens")
     api_error = openai.APIError
     one_tokens_bucket = True  # input and output share one bucket, charged at admission
