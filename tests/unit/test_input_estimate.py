@@ -48,3 +48,52 @@ def test_a_stream_closed_early_is_settled_at_the_fewest_characters_a_token_its_s
     assert seen.partial_output_at_most(8000, calibration.output_chars_per_token(scope)) == 600
     assert seen.partial_output_at_most(500, 2.0) == 500  # never above max_tokens
     assert Seen(chars=40, output_tokens=90).partial_output_at_most(8000, 2.0) == 90  # said
+
+
+def _ask(text: str) -> dict:
+    return {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": text}]}
+
+
+# bench.small_keys --mix's two prompts: the simulator counts 26 and 927 tokens.
+SHORT = _ask("Summarise account 12 in a few lines [[sim:out=100]]")
+LONG = _ask("Summarise account 12 in a few lines [[sim:out=100]]: "
+            + " ".join(["ledger entry"] * 225))
+
+
+def test_the_estimate_is_calibrated_per_size_of_request():
+    # One factor per scope, learnt on short prompts whose markup weighs (26 counted for 17
+    # estimated), reserved the long ones at 1.24 x their count (1,146 for 927). Per size, a
+    # size not answered yet borrows the nearest one's factor; once answered, its own.
+    calibration, scope = Calibration(), "llm:a:m"
+    for _ in range(10):
+        calibration.observe(scope, SHORT, Usage(26), 26, cache_reads_count=False)
+    assert calibration.input_tokens(scope, SHORT, False) == count_tokens(SHORT) == 26
+    borrowed = calibration.input_tokens(scope, LONG, False)
+    assert borrowed > count_tokens(LONG) == 927  # borrowed: above, never below, here
+    calibration.observe(scope, LONG, Usage(927), 927, cache_reads_count=False)
+    assert calibration.input_tokens(scope, LONG, False) == 927
+    assert calibration.input_tokens(scope, SHORT, False) == 26  # the short size's own
+
+
+def test_a_new_large_size_is_counted_once_before_it_is_reserved():
+    # From 256 raw tokens up, the first request of a size the scope has not calibrated asks
+    # the provider's count (once per size: the calls after it are granted before the first
+    # one answers); a count that did not come lets a later request ask again.
+    calibration, scope = Calibration(), "llm:a:m"
+    assert not calibration.new_size(scope, SHORT, False)  # too small to matter
+    assert calibration.new_size(scope, LONG, False)
+    assert not calibration.new_size(scope, LONG, False)  # asked already
+    calibration.counted(scope, LONG, None, False)  # no answer: ask again next time
+    assert calibration.new_size(scope, LONG, False)
+    calibration.counted(scope, LONG, 927, False)
+    assert calibration.input_tokens(scope, LONG, False) == 927
+    assert not calibration.new_size(scope, LONG, False)
+    cached = {**LONG, "system": [{"type": "text", "text": "x", "cache_control": {
+        "type": "ephemeral"}}]}
+    assert not calibration.new_size("llm:b:m", cached, False)  # its count knows no cache
+
+
+class Usage:
+    def __init__(self, input_tokens: int) -> None:
+        self.input_tokens, self.output_tokens = input_tokens, 100
+        self.cache_read_input_tokens = self.cache_creation_input_tokens = 0

@@ -355,6 +355,21 @@ class Call:
         self.seen = Seen()
 
     # --- reserve -------------------------------------------------------------------------
+    async def count_new_size(self) -> None:
+        """A request of a size its scope has not calibrated (``Calibration.new_size``): the
+        provider's own count sets that size's factor before it is reserved."""
+        rt, route = self.rt, self.route
+        home = (self.ctx.key or "") if route.pooled else ""
+        if not self.provider.counts_input or not rt.calibration.new_size(
+                route.scope, self.params, self.cache_reads_count, home):
+            return
+        client = route.keys[0].client if route.pooled and route.keys else rt.client
+        tokens = await self.provider.count_input(client, self.params)
+        rt.calibration.counted(route.scope, self.params, tokens, self.cache_reads_count, home)
+        self.est_in = rt.calibration.input_tokens(route.scope, self.params,
+                                                  self.cache_reads_count, home)
+        self.res_in = rt.calibration.input_reservation(route.scope, self.est_in)
+
     async def open(self) -> None:
         """Refuse a call no limit could ever admit (NeverFits); reserve its worst case from
         the caps in dollars (caps.py), then from the tenant's token budget."""

@@ -1,13 +1,23 @@
 """A fast local estimate of a request's input tokens, calibrated by the responses.
 
 Counting exactly would need the provider's tokenizer (or a count_tokens round trip per call,
-which is itself rate limited). Instead the estimate is characters / 4 over the text that
-counts (system, tool definitions, messages), multiplied by a per-scope correction factor: each
-response's ``usage`` says what the request really cost, and the factor follows the ratio
-(an exponentially weighted mean). The limiter reserves the estimate and trues it up after the
-call, so an estimate only has to be close, not exact; before a scope's answers have
+which is itself rate limited: it is asked once per new size of request, COUNTED_BAND).
+Instead the estimate is characters / 4 over the text that counts (system, tool definitions,
+messages), multiplied by a per-scope correction factor: each response's ``usage`` says what
+the request really cost, and the factor follows the ratio (an exponentially weighted mean).
+The limiter reserves the estimate and trues it up after the call, so an estimate only has to
+be close, not exact; before a scope's answers have
 calibrated it, the reservation carries a margin (``UNCALIBRATED``), since a job's first burst
 has nothing but the target utilisation's slack to absorb its errors.
+
+The factor is learnt per size of request (BAND_BASE: the raw estimate's power of 4), not one per
+scope: a prompt's tokens per character depend on what it holds (markup and punctuation are
+tokens of their own, long words several), and a job's short prompts are mostly its markup
+while its long ones are mostly prose. One ratio learnt on a job's short prompts reserved its
+long ones at 1.21-1.43 x what the provider counted (bench.small_keys --mix: 26 tokens counted
+where characters / 4 gives 17, 927 where it gives 749), and a reservation too large waits for
+input capacity the provider would have admitted it with. A size not answered yet borrows the
+nearest size's factor (the larger of two as near).
 
 Prompt caching changes what counts: on most models cache reads do not count towards ITPM, so
 once this process has seen a cached prefix (system prompt and tools) answered from the cache,
@@ -55,6 +65,16 @@ UNCALIBRATED = 1.25
 OUTPUT_CHARS_PER_TOKEN = 3.0
 # Answers shorter than this teach nothing of characters per token (a few tokens of markup).
 OUTPUT_CHARS_MIN_TOKENS = 20
+# The sizes of request whose factor is learnt apart: the raw estimate's band, BAND_BASE ** n
+# tokens and up (1-3, 4-15, 16-63, ..., 1,024-4,095, ...).
+BAND_BASE = 4
+# From this band up (256 raw tokens), the first request of a size not answered yet is counted
+# by the provider (Anthropic's count_tokens, once per scope, size and process) before it is
+# reserved: a job's calls are granted up to the horizon before the first of a size answers,
+# so a borrowed factor was every one's (bench.small_keys --mix: eight long prompts of ten
+# reserved at 1.24 x their count, 2.0 s a call where 1.47 once counted). Smaller requests
+# cost too little for a wrong factor to matter.
+COUNTED_BAND = 4
 
 
 CACHE_WARM_S = 240.0  # the provider keeps a cached prefix for 5 minutes after its last use
@@ -113,14 +133,24 @@ def _content_chars(content: Any) -> int:
     return total
 
 
+def band(raw: int) -> int:
+    """The size band of a raw estimate (BAND_BASE's power it reaches)."""
+    n, bound = 0, BAND_BASE
+    while raw >= bound:
+        n, bound = n + 1, bound * BAND_BASE
+    return n
+
+
 class Calibration:
-    """Per-scope correction of the raw estimate, and a running estimate of output length."""
+    """Per-scope correction of the raw estimate (per size band), and a running estimate of
+    output length."""
 
     def __init__(self) -> None:
-        self._input_ratio: dict[str, float] = {}
-        self._answers: dict[str, int] = {}  # answers that calibrated each scope's ratio
+        self._input_ratio: dict[str, dict[int, float]] = {}  # scope -> band -> ratio
+        self._answers: dict[str, int] = {}  # answers that calibrated each scope's ratios
         self._output: dict[str, float] = {}
         self._output_chars: dict[str, float] = {}  # fewest characters an output token held
+        self._counting: set[tuple[str, int]] = set()  # (scope, band) asked of the provider
         self._warm: dict[str, float] = {}  # cached prefix -> when it was last read or written
 
     def _cached(self, params: dict[str, Any], home: str) -> bool:
@@ -137,7 +167,42 @@ class Calibration:
         """Estimated input tokens as ITPM will count them. ``cache_home``: where the prompt
         cache would be (a pool's key: caches are not shared across workspaces)."""
         raw = self._raw(params, cache_reads_count, cache_home)
-        return max(1, round(raw * self._input_ratio.get(scope, 1.0)))
+        return max(1, round(raw * self.input_ratio(scope, raw)))
+
+    def input_ratio(self, scope: str, raw: int) -> float:
+        """The factor for a raw estimate of ``raw`` tokens: its band's, else the nearest
+        answered band's (the larger of two as near), else 1."""
+        ratios = self._input_ratio.get(scope)
+        if not ratios:
+            return 1.0
+        at = band(raw)
+        near = min(abs(b - at) for b in ratios)
+        return max(r for b, r in ratios.items() if abs(b - at) == near)
+
+    def new_size(self, scope: str, params: dict[str, Any], cache_reads_count: bool,
+                 cache_home: str = "") -> bool:
+        """True (once per scope and size) when ``params`` is of a size (COUNTED_BAND up) that
+        no answer nor count has calibrated yet: the caller asks the provider to count it and
+        tells ``counted``. A prefix marked for caching is left out (cache reads the count
+        does not know of)."""
+        raw = self._raw(params, cache_reads_count, cache_home)
+        at = band(raw)
+        if at < COUNTED_BAND or _prefix_key(params) is not None or (scope, at) in \
+                self._counting or at in self._input_ratio.get(scope, {}):
+            return False
+        self._counting.add((scope, at))
+        return True
+
+    def counted(self, scope: str, params: dict[str, Any], tokens: int | None,
+                cache_reads_count: bool, cache_home: str = "") -> None:
+        """The provider's count of a request ``new_size`` named (None: it gave none, a later
+        request of that size may ask again): that size's factor, unless an answer came."""
+        raw = self._raw(params, cache_reads_count, cache_home)
+        at = band(raw)
+        if not tokens or raw <= 0:
+            self._counting.discard((scope, at))
+            return
+        self._input_ratio.setdefault(scope, {}).setdefault(at, tokens / raw)
 
     def input_reservation(self, scope: str, estimate: int) -> int:
         """What the limiter reserves for an input ``estimate``: with the margin of a scope
@@ -169,8 +234,10 @@ class Calibration:
             self._warm[f"{cache_home}|{key}"] = time.monotonic()
         output = usage.output_tokens or 0
         if raw > 0 and total_input > 0:
-            old = self._input_ratio.get(scope, total_input / raw)
-            self._input_ratio[scope] = old + SMOOTHING * (total_input / raw - old)
+            ratios = self._input_ratio.setdefault(scope, {})
+            at = band(raw)
+            old = ratios.get(at, total_input / raw)
+            ratios[at] = old + SMOOTHING * (total_input / raw - old)
             self._answers[scope] = self._answers.get(scope, 0) + 1
         old_out = self._output.get(scope, float(output))
         self._output[scope] = old_out + SMOOTHING * (output - old_out)

@@ -66,6 +66,7 @@ async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) 
     Reserve, send (the provider's SDK stream, raced against the job's cancel), settle; the
     answer is drover's ``Answer``, whichever provider gave it."""
     call = Call(rt, params, ctx)
+    await call.count_new_size()
     await call.open()
     try:
         while True:

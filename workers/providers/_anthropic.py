@@ -36,6 +36,9 @@ __all__ = ["ANTHROPIC", "Anthropic", "ConnectionFailed", "StatusError", "answer_
 
 # The monthly spend limit: no retry-after would help (it lifts at the start of next month).
 SPEND_CAP_CODE = "enforced_spend_limit_reached"
+# What count_tokens takes of a request (the rest, max_tokens and the like, it refuses).
+_COUNTED_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking")
+COUNT_TIMEOUT_S = 5.0  # a count that takes longer is not worth the wait: the estimate goes
 # drover's dimension -> the header's name for it.
 _HEADER_NAMES = {dim: (f"anthropic-ratelimit-{name}-remaining",
                        f"anthropic-ratelimit-{name}-limit")
@@ -132,6 +135,7 @@ class Anthropic(Provider):
     api_error = anthropic.APIError
     # Token -remaining values are rounded to the nearest thousand (requests: whole numbers).
     remaining_steps = {"input": 1000.0, "output": 1000.0}
+    counts_input = True  # /v1/messages/count_tokens
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> anthropic.AsyncAnthropic:
@@ -148,6 +152,16 @@ class Anthropic(Provider):
             max_retries=0,  # retries are ours: Celery retries, global cooldowns, no held slots
             timeout=anthropic.Timeout(idle_s, connect=connect_s, read=idle_s, write=idle_s,
                                       pool=connect_s))
+
+    async def count_input(self, client: Any, params: dict[str, Any]) -> int | None:
+        # /v1/messages/count_tokens: free, its own requests a minute (not the messages'). An
+        # estimate does without it, so any failure is None.
+        body = {k: params[k] for k in _COUNTED_FIELDS if params.get(k) is not None}
+        try:
+            counted = await client.messages.count_tokens(**body, timeout=COUNT_TIMEOUT_S)
+        except Exception:
+            return None
+        return int(counted.input_tokens)
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
                           generating: Any = None) -> Answer:

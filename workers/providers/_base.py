@@ -166,6 +166,8 @@ class Provider:
     # are its own buckets, and the Anthropic organisation's (DROVER_RPM/ITPM/OTPM) hold only
     # the Anthropic API's keys.
     alone: ClassVar[bool] = False
+    # It counts a request's input tokens on an endpoint of its own (``count_input``).
+    counts_input: ClassVar[bool] = False
 
     def output_weight(self, key: Any) -> float:
         """How many times an output token counts in the tokens limit of pool entry ``key``
@@ -188,6 +190,11 @@ class Provider:
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
                      idle_s: float, keyless: bool = False) -> Any:
         raise NotImplementedError
+
+    async def count_input(self, client: Any, params: dict[str, Any]) -> int | None:
+        """The provider's own count of a request's input tokens (an endpoint whose limits are
+        not the calls'), or None: it has none, or it did not answer."""
+        return None
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
                           generating: Any = None) -> Answer:
