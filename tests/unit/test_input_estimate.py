@@ -78,13 +78,14 @@ def test_the_estimate_is_calibrated_per_size_of_request():
 def test_a_new_large_size_is_counted_once_before_it_is_reserved():
     # From 256 raw tokens up, the first request of a size the scope has not calibrated asks
     # the provider's count (once per size: the calls after it are granted before the first
-    # one answers); a count that did not come lets a later request ask again.
+    # one answers); a count that did not come is not asked again (the size borrows).
     calibration, scope = Calibration(), "llm:a:m"
     assert not calibration.new_size(scope, SHORT, False)  # too small to matter
+    assert calibration.new_size("llm:b:m", LONG, False)
+    calibration.counted("llm:b:m", LONG, None, False)  # no count: borrow, do not ask again
+    assert not calibration.new_size("llm:b:m", LONG, False)
     assert calibration.new_size(scope, LONG, False)
     assert not calibration.new_size(scope, LONG, False)  # asked already
-    calibration.counted(scope, LONG, None, False)  # no answer: ask again next time
-    assert calibration.new_size(scope, LONG, False)
     calibration.counted(scope, LONG, 927, False)
     assert calibration.input_tokens(scope, LONG, False) == 927
     assert not calibration.new_size(scope, LONG, False)

@@ -195,14 +195,13 @@ class Calibration:
 
     def counted(self, scope: str, params: dict[str, Any], tokens: int | None,
                 cache_reads_count: bool, cache_home: str = "") -> None:
-        """The provider's count of a request ``new_size`` named (None: it gave none, a later
-        request of that size may ask again): that size's factor, unless an answer came."""
+        """The provider's count of a request ``new_size`` named: that size's factor, unless
+        an answer came first. None (it gave none): the size borrows until it is answered,
+        and is not asked again (a key without the endpoint would pay a failed request per
+        call)."""
         raw = self._raw(params, cache_reads_count, cache_home)
-        at = band(raw)
-        if not tokens or raw <= 0:
-            self._counting.discard((scope, at))
-            return
-        self._input_ratio.setdefault(scope, {}).setdefault(at, tokens / raw)
+        if tokens and raw > 0:
+            self._input_ratio.setdefault(scope, {}).setdefault(band(raw), tokens / raw)
 
     def input_reservation(self, scope: str, estimate: int) -> int:
         """What the limiter reserves for an input ``estimate``: with the margin of a scope

@@ -37,6 +37,7 @@ class Bedrock(Anthropic):
     dimensions = ("requests", "tokens")
     remaining_steps = {}
     alone = True
+    counts_input = False  # its sizes borrow a factor (no count endpoint asked here)
 
     def output_weight(self, key: Any) -> float:
         return float(key.output_burndown or OUTPUT_BURNDOWN)

@@ -33,6 +33,7 @@ class Vertex(Anthropic):
     dimensions = ("requests", "input", "output")
     remaining_steps = {}
     alone = True
+    counts_input = False  # its sizes borrow a factor (no count endpoint asked here)
 
     def build_key_client(self, key: Any, *, base_url: str | None, connect_s: float,
                          idle_s: float) -> CloudClient:
