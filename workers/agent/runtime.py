@@ -65,6 +65,9 @@ class Runtime:
         self._cancel_events: dict[str, asyncio.Event] = {}
         self._active: dict[str, int] = {}  # job id -> sub-agents of it running in this process
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
+        # The connection pool under the sub-agents' limited clients on this loop (made on
+        # first use: clients.transport.shared_connections).
+        self.connections: Any = None
         self._ready = concurrent.futures.Future()  # type: ignore[var-annotated]
         self.submit(self._start())
         self._ready.result(timeout=30)
@@ -222,6 +225,8 @@ class Runtime:
             # Awaited, so the loop does not stop with it pending (an ERROR at exit).
             self._pulse.cancel()
             await asyncio.gather(self._listener, self._pulse, return_exceptions=True)
+            if self.connections is not None:
+                await self.connections.aclose()
             await self.parts.close()  # the SDK clients, then the async Redis client
 
         try:

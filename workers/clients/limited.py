@@ -14,7 +14,11 @@ import httpx2
 
 from drover.workers.agent.call import CallContext
 from drover.workers.agent.runtime import Runtime
-from drover.workers.clients.transport import BlockingTransport, LimitedTransport
+from drover.workers.clients.transport import (
+    BlockingTransport,
+    LimitedTransport,
+    shared_connections,
+)
 from drover.workers.jobs.journal import Journal
 from drover.workers.providers.clients import client_defaults
 from drover.workers.providers.limited import LIMITED_MARK
@@ -42,8 +46,11 @@ def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = Tru
     limiter's "later" in place, else raise it, as the SDK's base error from
     ``LimiterSaysLater``)."""
     if is_async:
+        # A worker's sub-agent sends on the runtime's loop, over its connection pool.
+        inner = shared_connections(rt) if ctx is not None else None
         return _LimitedAsyncClient(transport=LimitedTransport(
-            rt, provider_name, ctx, journal, wait_in_line=wait_in_line), follow_redirects=True)
+            rt, provider_name, ctx, journal, wait_in_line=wait_in_line, inner=inner),
+            follow_redirects=True)
     if ctx is not None or journal is not None:
         raise ValueError("a sub-agent's limited client is async (it runs on the worker's loop)")
     return _LimitedClient(transport=BlockingTransport(rt, provider_name), follow_redirects=True)
