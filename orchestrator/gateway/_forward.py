@@ -22,6 +22,7 @@ from typing import Any
 import httpx2
 
 from drover.config import GatewayKey
+from drover.config.providers import about
 from drover.orchestrator.gateway._callers import own_limits
 from drover.workers.agent.call import CallContext
 from drover.workers.agent.runtime import Runtime
@@ -30,9 +31,8 @@ from drover.workers.clients.transport import CONNECTION_LIMITS
 from drover.workers.providers import provider
 from drover.workers.telemetry import get_recorder
 
-__all__ = ["DEFAULT_BASE", "Forwarder"]
+__all__ = ["Forwarder"]
 
-DEFAULT_BASE = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com/v1"}
 # Not forwarded: the caller's credentials, and what belongs to one hop (RFC 9110 7.6.1).
 # accept-encoding: the answer comes back as it is read (event by event), not re-compressed.
 _DROPPED = frozenset({"x-api-key", "authorization", "host", "content-length", "connection",
@@ -46,14 +46,13 @@ class Forwarder:
     def __init__(self, rt: Runtime, provider_name: str) -> None:
         settings = rt.settings
         self.rt, self.provider_name = rt, provider_name
-        self.provider = provider(provider_name)
-        base = (settings.openai_base_url if provider_name == "openai"
-                else settings.anthropic_base_url) or DEFAULT_BASE[provider_name]
+        self.provider, self.about = provider(provider_name), about(provider_name)
+        base = self.about.base_url(settings) or self.about.default_base_url or ""
         self.base = base.rstrip("/")
         # The key a request goes out on: the provider's one key, or the first pool key of this
         # provider (the transport moves a counted call to the key the limiter chose).
         pool = [k for k in settings.keys if settings.key_provider(k) == provider_name]
-        one = settings.openai_api_key if provider_name == "openai" else settings.anthropic_api_key
+        one = self.about.api_key(settings)
         key = pool[0].api_key if pool else one
         self.key = key.get_secret_value() if key is not None else ""
         # Every provider key this gateway holds: scrubbed from any answer a caller gets.
@@ -65,9 +64,8 @@ class Forwarder:
 
     def url(self, path: str, query: str) -> str:
         """The provider's URL of a gateway path: Anthropic's base names no ``/v1`` (its SDK
-        adds it), OpenAI's ends in it."""
-        if self.provider_name == "openai":
-            path = path.removeprefix("/v1")
+        adds it), OpenAI's ends in it (``base_url_path``)."""
+        path = path.removeprefix(self.about.base_url_path)
         return f"{self.base}{path}" + (f"?{query}" if query else "")
 
     def request(self, path: str, query: str, headers: Mapping[str, str], body: bytes

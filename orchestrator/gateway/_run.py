@@ -11,9 +11,10 @@ from typing import Any
 from aiohttp import web
 
 from drover._signals import Refused
+from drover.config.providers import about
 from drover.orchestrator.gateway._callers import Callers
 from drover.orchestrator.gateway._line import GatewayLine
-from drover.orchestrator.gateway._server import ROUTES, make_app
+from drover.orchestrator.gateway._server import make_app
 from drover.orchestrator.gateway._watch import RedisWatch
 from drover.workers.agent.runtime import get_runtime
 
@@ -60,7 +61,7 @@ def serve(shared: Any, port: int, addr: str) -> int:
     runner = rt.submit(start()).result()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    endpoints = ", ".join(f"POST {p}" for name in providers for p in ROUTES[name])
+    endpoints = ", ".join(f"POST {p}" for name in providers for p in about(name).gateway_routes)
     print(f"drover gateway listening on http://{addr}:{port} ({endpoints}; "
           f"{len(callers)} caller keys)", file=sys.stderr, flush=True)
     try:
@@ -76,11 +77,9 @@ def serve(shared: Any, port: int, addr: str) -> int:
 def _needs_a_key(settings: Any, name: str) -> None:
     """Refuse to start without the provider's key: every call would come back 401 (a
     keyless endpoint, a proxy named by its base URL, needs none)."""
-    openai = name == "openai"
-    key = settings.openai_api_key if openai else settings.anthropic_api_key
-    base_url = settings.openai_base_url if openai else settings.anthropic_base_url
+    facts = about(name)
+    key, base_url = facts.api_key(settings), facts.base_url(settings)
     pooled = any(settings.key_provider(k) == name for k in settings.keys)
     if key is None and not pooled and not base_url:
-        var = "OPENAI_API_KEY" if openai else "ANTHROPIC_API_KEY"
         raise Refused(f"drover gateway sends its callers' requests on the provider's key: set "
-                      f"{var} (or a pool, DROVER_KEYS); the callers never see it")
+                      f"{facts.api_key_env} (or a pool, DROVER_KEYS); the callers never see it")

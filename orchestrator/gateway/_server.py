@@ -35,6 +35,7 @@ import httpx2
 import redis
 from aiohttp import web
 
+from drover.config.providers import about
 from drover.errors import CallFailed, Cancelled, NeverFits
 from drover.orchestrator.gateway._callers import Callers
 from drover.orchestrator.gateway._forward import Forwarder
@@ -48,8 +49,6 @@ from drover.workers.telemetry import get_recorder
 __all__ = ["make_app"]
 
 log = logging.getLogger("drover.gateway")
-ROUTES = {"anthropic": ("/v1/messages", "/v1/messages/count_tokens"),
-          "openai": ("/v1/chat/completions",)}
 # Not handed back: what belongs to the provider's hop, and lengths the stream re-frames.
 _HOP = frozenset({"content-length", "transfer-encoding", "content-encoding", "connection",
                   "keep-alive", "date", "server"})
@@ -63,7 +62,7 @@ def make_app(rt: Runtime, callers: Callers, providers: list[str], watch: RedisWa
     app = web.Application(client_max_size=64 * 1024 * 1024)  # a prompt with images is large
     forwarders = {name: Forwarder(rt, name) for name in providers}
     for name, forwarder in forwarders.items():
-        for path in ROUTES[name]:
+        for path in about(name).gateway_routes:
             app.router.add_post(path, _handler(forwarder, callers, watch, line))
     app.router.add_get("/health", _health(watch))
     app.router.add_route("*", "/{tail:.*}", _not_found(providers[0]))
@@ -189,7 +188,7 @@ def _refused_key(provider_name: str, status: int, content: bytes) -> str:
     body = json_body(content)
     inner = body.get("error") if isinstance(body, dict) else None
     kind = (inner or {}).get("type") if isinstance(inner, dict) else None
-    var = "OPENAI_API_KEY" if provider_name == "openai" else "ANTHROPIC_API_KEY"
+    var = about(provider_name).api_key_env
     return (f"drover gateway: the provider refused the gateway's own provider key ({status} "
             f"{kind or ''}; its operator must check {var} or DROVER_KEYS); your gateway key "
             "is fine")
@@ -215,8 +214,7 @@ def _health(watch: RedisWatch):  # noqa: ANN202
 
 def _not_found(provider_name: str):  # noqa: ANN202
     async def not_found(request: web.Request) -> web.Response:
-        served = ", ".join(f"POST {p}" for name in ROUTES if name == provider_name
-                           for p in ROUTES[name])
+        served = ", ".join(f"POST {p}" for p in about(provider_name).gateway_routes)
         return _error(provider_name, 404, f"drover gateway serves {served} (not "
                       f"{request.method} {request.path})")
 

@@ -27,19 +27,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from drover.config import ModelLimits, PoolKey, Settings
+from drover.config.providers import about
 from drover.workers.limiter import llm_scope, org_scope, pool_scope
 
 __all__ = ["Level", "levels", "never_fits", "spec_never_fits", "unconfigured_scopes"]
 
-# The limit a call's input must fit in a minute of, per provider: the ModelLimits attribute,
-# the header that teaches it, and the noun in messages (OpenAI's counts input and output).
-_TOKENS = {"anthropic": ("itpm", "anthropic-ratelimit-input-tokens-limit", "input-token"),
-           "openai": ("tpm", "x-ratelimit-limit-tokens", "token")}
 Learned = Mapping[str, Mapping[str, float | None]]  # scope -> {"itpm": ...}
 
 
 def _tokens(settings: Settings, model: str) -> tuple[str, str, str]:
-    return _TOKENS.get(settings.provider_of(model), _TOKENS["anthropic"])
+    """The limit a call's input must fit in a minute of, on ``model``'s provider: the
+    ModelLimits attribute, the header that teaches it, and the noun in messages (OpenAI's
+    counts input and output)."""
+    limit = about(settings.provider_of(model)).tokens_limit
+    return limit.setting, limit.header, limit.word
 
 
 @dataclass(frozen=True)

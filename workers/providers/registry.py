@@ -12,17 +12,11 @@ from __future__ import annotations
 import importlib
 import sys
 
+from drover.config.providers import PROVIDERS, about
 from drover.workers.providers._base import Failure, Provider
 
 __all__ = ["describe", "loaded", "provider"]
 
-# name -> (module, attribute, its SDK's package) of each provider drover speaks
-_DEFINED: dict[str, tuple[str, str, str]] = {
-    "anthropic": ("drover.workers.providers._anthropic", "ANTHROPIC", "anthropic"),
-    "openai": ("drover.workers.providers._openai", "OPENAI", "openai"),
-    "bedrock": ("drover.workers.providers._bedrock", "BEDROCK", "anthropic"),
-    "vertex": ("drover.workers.providers._vertex", "VERTEX", "anthropic"),
-}
 _LOADED: dict[str, Provider] = {}
 
 
@@ -30,17 +24,15 @@ def provider(name: str) -> Provider:
     """The provider called ``name``, its module imported on first use."""
     found = _LOADED.get(name)
     if found is None:
-        where = _DEFINED.get(name)
-        if where is None:
-            raise ValueError(f"unknown provider {name!r}: one of {', '.join(_DEFINED)}")
-        found = _LOADED[name] = getattr(importlib.import_module(where[0]), where[1])
+        where = about(name)
+        found = _LOADED[name] = getattr(importlib.import_module(where.module), where.attribute)
     return found
 
 
 def loaded() -> list[Provider]:
     """The providers whose SDK this process has imported: only they can have raised one of
     its errors."""
-    return [provider(name) for name, (_, _, sdk) in _DEFINED.items() if sdk in sys.modules]
+    return [provider(name) for name, each in PROVIDERS.items() if each.sdk in sys.modules]
 
 
 def describe(error: BaseException) -> Failure | None:

@@ -20,6 +20,7 @@ from celery.signals import (
 )
 
 from drover.config import get_settings
+from drover.config.providers import about
 from drover.workers.agent import Batcher, get_runtime
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.agent.runtime import Runtime
@@ -138,10 +139,10 @@ def start_batcher() -> None:
     with the sub-agents' runtime."""
     global _batcher
     settings = get_settings()
-    # Message Batches are Anthropic's only (a batch job on OpenAI is refused at submit): a
-    # worker on another provider has no batches to poll, and its client has no
+    # Message Batches are Anthropic's only (``has_batches``; a batch job on OpenAI is refused
+    # at submit): a worker on another provider has no batches to poll, and its client has no
     # ``messages`` (every tick would fail and log it, once a second).
-    if _batcher is not None or settings.provider != "anthropic":
+    if _batcher is not None or not about(settings.provider).has_batches:
         return
     rt = Runtime(app.drover)
 

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from drover.config import ModelLimits, Settings
+from drover.config.providers import about
 from drover.config.settings import mask_url
 from drover.workers.limiter import Limiter, llm_scope, org_scope, pool_scope, split_llm_scope
 from drover.workers.tools import REGISTRY, SUBAGENTS
@@ -17,8 +18,6 @@ __all__ = ["start_lines"]
 
 log = logging.getLogger(__name__)
 _DIMS = ("rpm", "itpm", "otpm", "tpm")
-# The limits each provider has: OpenAI one tokens bucket, Anthropic input and output apart.
-_OF = {"openai": ("rpm", "tpm"), "bedrock": ("rpm", "tpm")}  # one tokens bucket
 
 
 def _tools_lines(settings: Settings) -> list[str]:
@@ -46,7 +45,7 @@ def _learned(limiter: Limiter, scope: str) -> dict[str, float]:
 def _scope_line(scope: str, configured: ModelLimits | None, setting: dict[str, str],
                 learned: dict[str, float], provider: str) -> str:
     parts = []
-    for dim in _OF.get(provider, _DIMS[:3]):
+    for dim in about(provider).limit_settings:
         value = getattr(configured, dim) if configured is not None else None
         if value is not None:
             parts.append(f"{dim} {value:,.0f} ({setting.get(dim, 'drover default')})")
@@ -100,16 +99,11 @@ def _limit_lines(settings: Settings, limiter: Limiter) -> list[str]:
     return lines
 
 
-# provider -> (the setting of its endpoint, its name when that is unset)
-_ENDPOINTS = {"anthropic": ("anthropic_base_url", "DROVER_ANTHROPIC_BASE_URL", "Anthropic"),
-              "openai": ("openai_base_url", "OPENAI_BASE_URL", "OpenAI")}
-
-
 def _endpoint(settings: Settings, provider: str) -> str:
-    field, variable, name = _ENDPOINTS[provider]
-    url = getattr(settings, field)
+    facts = about(provider)
+    url = getattr(settings, facts.base_url_setting) if facts.base_url_setting else None
     return (f"{mask_url(url)} ({provider})" if url else
-            f"the {name} API (the SDK's default; {variable} unset)")
+            f"the {facts.display_name} API (the SDK's default; {facts.base_url_env} unset)")
 
 
 def start_lines(settings: Settings, limiter: Limiter) -> list[str]:
