@@ -478,7 +478,10 @@ def test_a_job_that_ends_while_the_store_is_away_is_caught_up_once_it_is_back(
         sim, drover_env, results_url, own_keys, fleet, tmp_path):
     """Mid-job the database stops (every connection closed, new ones refused): the job ends
     all ok on Redis alone, the workers say the store is behind, and once it is back the
-    sweep copies every record and the job's row, and the list of jobs behind empties."""
+    sweep copies every record and the job's row, and the list of jobs behind empties.
+    Its sub-agents run at once and end within a second or so of each other, so one of them
+    thinks for 10 s: the job is still running when the store goes (without it, on a loaded box
+    the job had ended, copied, before the test saw a quarter of it done)."""
     from drover.workers.services import services
     from tests.helpers.tcp_proxy import TcpProxy
 
@@ -496,10 +499,12 @@ def test_a_job_that_ends_while_the_store_is_away_is_caught_up_once_it_is_back(
             cwd=ROOT, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
         try:
             handle = submit_elsewhere(drover_env, JobSpec(
-                subtasks=[f"Weigh the catch of boat {i}" for i in range(n)], max_tokens=40))
+                subtasks=[f"Weigh the catch of boat {i}" for i in range(n - 1)]
+                + [f"Weigh the catch of boat {n - 1} [[sim:think=10]]"], max_tokens=40))
             wait_until("a quarter of the job done", lambda: handle.progress()["ok"] >= n // 4,
                        120)
             proxy.go_down()
+            assert handle.progress()["ok"] < n  # the store went away mid-job
             result = fleet.wait(handle, n, timeout=180)
             assert result.status == "done" and result.counts["ok"] == n
             store = services().store

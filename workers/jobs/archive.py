@@ -93,14 +93,17 @@ class Archive:
         """List jobs whose records (or end) the store missed, each by when it first did."""
         if not job_ids:
             return
-        now = time.time()
         try:
             pipe = self.r.pipeline()
-            pipe.zadd(self.keys.results_pending, dict.fromkeys(job_ids, now), nx=True)
-            pipe.expire(self.keys.results_pending, self.ttl_s)
+            self.list_behind(pipe, job_ids)
             pipe.execute()
         except redis.RedisError:  # Redis away too: the job's end lists it if need be
             pass
+
+    def list_behind(self, pipe: Any, job_ids: set[str]) -> None:
+        """``behind``'s writes, added to ``pipe`` (a job listed already keeps its time)."""
+        pipe.zadd(self.keys.results_pending, dict.fromkeys(job_ids, time.time()), nx=True)
+        pipe.expire(self.keys.results_pending, self.ttl_s)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the writer has written (or given up on) what was queued."""

@@ -42,16 +42,21 @@ class Outcomes:
         pipe.set(self.keys.job(result.job_id, "result"), stored.model_dump_json(), ex=self.ttl_s)
         pipe.hset(self.keys.job(result.job_id, "meta"),
                   mapping={"status": result.status, "finished": time.time()})
+        if self.archive.store is not None:
+            # Listed as not copied in the same write as its end, taken off once the copy
+            # below is done: an ended job is never on neither (listed only after a failed
+            # copy, a worker killed in between left it out of the store for good, and a
+            # reader in between saw it ended and not listed).
+            self.archive.list_behind(pipe, {result.job_id})
         pipe.execute()
         if self.archive.store is not None:
             try:
                 self._keep_job(result)
             except ResultsStoreError as error:
-                self.archive.behind({result.job_id})
                 warn(f"{error}; job {result.job_id} is copied there once it answers again "
                      "(Redis keeps the job meanwhile, for its TTL)", each_time=True)
             else:
-                self.r.zrem(self.keys.results_pending, result.job_id)  # caught up, if behind
+                self.r.zrem(self.keys.results_pending, result.job_id)  # copied: off the list
 
     def keep_pending(self, limit: int = 50) -> list[str]:
         """Copy to the results store what it missed (it did not answer then), oldest first,
