@@ -47,6 +47,16 @@ class About:
     base_url_path: str = ""
     gateway_routes: tuple[str, ...] = ()  # the paths ``drover gateway`` serves for it
     has_batches: bool = False  # a Message Batches API: the batcher runs on its workers
+    # A base URL may stand in for a key (a proxy that needs none; the openai SDK refuses to
+    # build a client without one), and the variable of a credential other than its key.
+    keyless_endpoint: bool = True
+    auth_token_env: str | None = None
+    sim_args: str = ""  # `drover sim`'s arguments that simulate it
+    client_class: str = ""  # its SDK's client class, drover's limited one of the same name
+    console: str = "the provider's console"  # where a refused key is checked
+    # Where a spend limit is raised.
+    spend_limit_page: str = ("the provider's billing page (add credit or raise the usage "
+                             "limit)")
 
     def api_key(self, settings: Any) -> Any:
         """Its one key among ``settings`` (a SecretStr), or None (unset, or it has none)."""
@@ -67,12 +77,17 @@ PROVIDERS: dict[str, About] = {
         "drover.workers.providers._anthropic", "ANTHROPIC", "anthropic", "Anthropic",
         ("rpm", "itpm", "otpm"), _ANTHROPIC_INPUT, "anthropic_api_key", "ANTHROPIC_API_KEY",
         "anthropic_base_url", "DROVER_ANTHROPIC_BASE_URL", "https://api.anthropic.com",
-        gateway_routes=("/v1/messages", "/v1/messages/count_tokens"), has_batches=True),
+        gateway_routes=("/v1/messages", "/v1/messages/count_tokens"), has_batches=True,
+        auth_token_env="ANTHROPIC_AUTH_TOKEN", client_class="Anthropic",
+        console="the Anthropic console",
+        spend_limit_page="the Anthropic console (Settings > Limits: the organisation's or the "
+                         "workspace's monthly spend limit)"),
     "openai": About(
         "drover.workers.providers._openai", "OPENAI", "openai", "OpenAI", ("rpm", "tpm"),
         _ONE_BUCKET, "openai_api_key", "OPENAI_API_KEY", "openai_base_url", "OPENAI_BASE_URL",
         "https://api.openai.com/v1", base_url_path="/v1",
-        gateway_routes=("/v1/chat/completions",)),
+        gateway_routes=("/v1/chat/completions",), keyless_endpoint=False, client_class="OpenAI",
+        sim_args=" --provider openai"),
     "bedrock": About("drover.workers.providers._bedrock", "BEDROCK", "anthropic", "Bedrock",
                      ("rpm", "tpm"), _ONE_BUCKET),
     "vertex": About("drover.workers.providers._vertex", "VERTEX", "anthropic", "Vertex AI",

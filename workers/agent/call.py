@@ -62,6 +62,7 @@ from typing import Any
 import redis
 
 from drover._signals import HeldBack
+from drover.config.providers import about
 from drover.workers.agent.caching import cache_counts
 from drover.workers.agent.caps import reserve_cost, settle_cost
 from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, NeverFits
@@ -602,10 +603,8 @@ class Call:
 def _only_key_refused(settings: Any, decision: Decision) -> Decision:
     """The fleet's only key was refused (or there is none): no call of the job can succeed."""
     what = " ".join(str(p) for p in (decision.status_code, decision.error_type) if p)
-    openai = settings.provider == "openai"
-    var = "OPENAI_API_KEY" if openai else "ANTHROPIC_API_KEY"
-    key = settings.openai_api_key if openai else settings.anthropic_api_key
-    console = "the provider's console" if openai else "the Anthropic console"
+    facts = about(settings.provider)
+    var, key, console = facts.api_key_env, facts.api_key(settings), facts.console
     message = (f"the API key DROVER_KEY_ALIAS={settings.key_alias} was refused ({what}: "
                f"{decision.message}). Check the key in {console}, set "
                f"{var} to a valid key on every worker's host and restart the "

@@ -19,6 +19,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from drover.config.providers import about
 from drover.workers.agent.errors import CallFailed
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.routes import Route
@@ -45,9 +46,7 @@ def is_spend_limit(reason: str | None) -> bool:
 
 def spend_limit_message(aliases: list[str], provider: str, pooled: bool) -> str:
     """The one message every unfinished sub-agent ends with: what happened, how to go on."""
-    where = ("the Anthropic console (Settings > Limits: the organisation's or the "
-             "workspace's monthly spend limit)" if provider == "anthropic"
-             else "the provider's billing page (add credit or raise the usage limit)")
+    where = about(provider).spend_limit_page
     keys = ", ".join(aliases)
     which = f"every key of the pool ({keys}) has" if pooled else f"the API key {keys} has"
     enable = " ".join(f"`drover keys enable {a}`" for a in aliases)

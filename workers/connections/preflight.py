@@ -23,6 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from drover.config import Settings
+from drover.config.providers import about
 from drover.config.sentinel import SentinelTarget, is_sentinel, parse_sentinel
 from drover.config.settings import mask_url
 from drover.errors import Unreachable, WorkerCannotStart
@@ -160,9 +161,9 @@ def has_credentials(settings: Settings) -> bool:
     cloud's credential chain: docs/bedrock.md, docs/vertex.md)."""
     if any(settings.key_serves(k) == settings.provider for k in settings.keys):
         return True
-    if settings.provider == "openai":
-        return settings.openai_api_key is not None
-    return bool(settings.anthropic_api_key or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+    facts = about(settings.provider)
+    return bool(facts.api_key(settings)
+                or (facts.auth_token_env and os.environ.get(facts.auth_token_env)))
 
 
 def working_folder_on_path() -> None:
@@ -230,21 +231,21 @@ def eviction_problem(settings: Settings) -> tuple[str, str] | None:
 
 def check_worker(settings: Settings, *, services: bool = True) -> None:
     """Raise WorkerCannotStart if this worker could not run a single sub-agent."""
-    if settings.provider == "openai" and not has_credentials(settings):
-        # The openai SDK refuses to build a client without a key, whatever the endpoint.
+    facts = about(settings.provider)
+    key, url = facts.api_key_env, facts.base_url_env
+    sim = f"`drover sim{facts.sim_args} --port 8080`, then {url}=http://127.0.0.1:8080"
+    if not facts.keyless_endpoint and not has_credentials(settings):
+        # Its SDK refuses to build a client without a key (the openai SDK's), whatever the
+        # endpoint.
         raise WorkerCannotStart(
-            "no API key: set OPENAI_API_KEY on the worker's host (it never travels in a "
-            "task); an OpenAI-compatible server that needs none takes any "
-            "(OPENAI_API_KEY=none). drover's simulator takes any: `drover sim --provider "
-            "openai --port 8080`, then OPENAI_BASE_URL=http://127.0.0.1:8080/v1 "
-            "OPENAI_API_KEY=sk-sim", 2)
-    if not has_credentials(settings) and not settings.anthropic_base_url:
+            f"no API key: set {key} on the worker's host (it never travels in a task); an "
+            f"{facts.display_name}-compatible server that needs none takes any ({key}=none). "
+            f"drover's simulator takes any: {sim}{facts.base_url_path} {key}=sk-sim", 2)
+    if not has_credentials(settings) and not facts.base_url(settings):
         raise WorkerCannotStart(
-            "no API key: set ANTHROPIC_API_KEY on the worker's host (it never travels in a "
-            "task), or set DROVER_ANTHROPIC_BASE_URL to a proxy that needs none. drover's "
-            "simulator needs a key, as the API does, and takes any: `drover sim --port 8080`, "
-            "then "
-            "DROVER_ANTHROPIC_BASE_URL=http://127.0.0.1:8080 ANTHROPIC_API_KEY=sk-sim", 2)
+            f"no API key: set {key} on the worker's host (it never travels in a task), or set "
+            f"{url} to a proxy that needs none. drover's simulator needs a key, as the API "
+            f"does, and takes any: {sim}{facts.base_url_path} {key}=sk-sim", 2)
     working_folder_on_path()
     for name in settings.tool_modules:
         try:
@@ -265,11 +266,12 @@ def check_worker(settings: Settings, *, services: bool = True) -> None:
             raise WorkerCannotStart(eviction[1], 3)
         if eviction is not None:
             print(f"drover worker: warning: {eviction[1]}", file=sys.stderr, flush=True)
-    if not has_credentials(settings):  # Anthropic's, with a DROVER_ANTHROPIC_BASE_URL
-        print(f"drover worker: warning: no ANTHROPIC_API_KEY; requests to "
-              f"{mask_url(settings.anthropic_base_url or '')} go without a key, and if it "
+    facts = about(settings.provider)
+    if not has_credentials(settings):  # a provider's that takes a base URL without a key
+        print(f"drover worker: warning: no {facts.api_key_env}; requests to "
+              f"{mask_url(facts.base_url(settings) or '')} go without a key, and if it "
               "needs one every sub-agent fails with authentication_error (drover's simulator "
-              "needs one and takes any: ANTHROPIC_API_KEY=sk-sim)",
+              f"needs one and takes any: {facts.api_key_env}=sk-sim)",
               file=sys.stderr, flush=True)
 
 

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from drover.config import PoolKey, Settings
+from drover.config.providers import about
 from drover.workers.providers._base import Provider
 from drover.workers.providers.pool import Pool
 from drover.workers.providers.registry import provider
@@ -25,10 +26,10 @@ def _sdk_client(settings: Settings, of: Provider, api_key: str | None, base_url:
 
 def client_defaults(settings: Settings, name: str) -> dict[str, Any]:
     """Provider ``name``'s key and endpoint from the settings (None: not set)."""
-    openai = name == "openai"
-    key = settings.openai_api_key if openai else settings.anthropic_api_key
+    facts = about(name)
+    key = facts.api_key(settings)
     return {"api_key": key.get_secret_value() if key else None,
-            "base_url": settings.openai_base_url if openai else settings.anthropic_base_url}
+            "base_url": facts.base_url(settings)}
 
 
 def provider_client(settings: Settings) -> Any:
@@ -36,16 +37,16 @@ def provider_client(settings: Settings) -> Any:
     defaults = client_defaults(settings, settings.provider)
     key, base_url = defaults["api_key"], defaults["base_url"]
     # No key but a base URL: a proxy that may need none (the client omits the header).
-    keyless = bool(not key and base_url and settings.provider != "openai"
-                   and not os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+    facts = about(settings.provider)
+    keyless = bool(not key and base_url and facts.keyless_endpoint
+                   and not (facts.auth_token_env and os.environ.get(facts.auth_token_env)))
     return _sdk_client(settings, provider(settings.provider), key, base_url, keyless=keyless)
 
 
 def _key_client(settings: Settings, key: PoolKey) -> Any:
     name = settings.key_provider(key)
     # A cloud's entry without a base_url: the SDK's own endpoint of its region.
-    base_url = key.base_url or (None if key.cloud else settings.openai_base_url
-                                if name == "openai" else settings.anthropic_base_url)
+    base_url = key.base_url or (None if key.cloud else about(name).base_url(settings))
     return provider(name).build_key_client(key, base_url=base_url,
                                            connect_s=settings.connect_timeout_s,
                                            idle_s=settings.stream_idle_s)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from drover.config.providers import about
+
 __all__ = ["LIMITED_MARK", "limit_clients_with", "limited_client_args"]
 
 # (provider name, async?) -> (a limited HTTP client, the client's default arguments: the key
@@ -53,4 +55,4 @@ def limited_client_args(name: str, is_async: bool, http_client: Any,
 
 
 def _public_name(name: str, is_async: bool) -> str:
-    return ("Async" if is_async else "") + ("Anthropic" if name == "anthropic" else "OpenAI")
+    return ("Async" if is_async else "") + about(name).client_class
