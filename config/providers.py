@@ -47,6 +47,10 @@ class About:
     base_url_path: str = ""
     gateway_routes: tuple[str, ...] = ()  # the paths ``drover gateway`` serves for it
     has_batches: bool = False  # a Message Batches API: the batcher runs on its workers
+    # Its tokens limit counts cached input (cache reads) too: OpenAI's one bucket.
+    cache_reads_count: bool = False
+    # What its one tokens limit counts, in the settings' refusal of an itpm or otpm.
+    tokens_bucket: str = ""
     # A base URL may stand in for a key (a proxy that needs none; the openai SDK refuses to
     # build a client without one), and the variable of a credential other than its key.
     keyless_endpoint: bool = True
@@ -87,9 +91,11 @@ PROVIDERS: dict[str, About] = {
         _ONE_BUCKET, "openai_api_key", "OPENAI_API_KEY", "openai_base_url", "OPENAI_BASE_URL",
         "https://api.openai.com/v1", base_url_path="/v1",
         gateway_routes=("/v1/chat/completions",), keyless_endpoint=False, client_class="OpenAI",
+        cache_reads_count=True, tokens_bucket="one tokens bucket (input + max tokens)",
         sim_args=" --provider openai"),
     "bedrock": About("drover.workers.providers._bedrock", "BEDROCK", "anthropic", "Bedrock",
-                     ("rpm", "tpm"), _ONE_BUCKET),
+                     ("rpm", "tpm"), _ONE_BUCKET,
+                     tokens_bucket="one tokens quota (input + output_burndown x output)"),
     "vertex": About("drover.workers.providers._vertex", "VERTEX", "anthropic", "Vertex AI",
                     ("rpm", "itpm", "otpm"), _ANTHROPIC_INPUT),
 }

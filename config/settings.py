@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from drover.config.prices import Price, PriceTable, bundled_table
+from drover.config.providers import PROVIDERS, about
 from drover.config.sentinel import parse_sentinel
 from drover.errors import SettingsError
 
@@ -67,17 +68,16 @@ def _check_dimensions(where: str, entry: ModelLimits | PoolKey | GatewayKey, pro
     """Limits in the dimensions ``provider`` counts: OpenAI and Bedrock one tokens bucket
     (tpm), Anthropic and Vertex AI input and output apart (itpm, otpm)."""
     if provider in ONE_TOKENS_BUCKET and (entry.itpm is not None or entry.otpm is not None):
-        what = ("one tokens bucket (input + max tokens)" if provider == "openai" else
-                "one tokens quota (input + output_burndown x output)")
         raise ValueError(f"{where} has an itpm or otpm, but it is on {provider}, whose limit is "
-                         f"{what}: give it as tpm")
+                         f"{about(provider).tokens_bucket}: give it as tpm")
     if provider not in ONE_TOKENS_BUCKET and getattr(entry, "tpm", None) is not None:
         raise ValueError(f"{where} has a tpm, but it is on {provider}, which counts input and "
                          "output tokens apart: give them as itpm and otpm")
 
 
 # The APIs whose token limit is one bucket of input and output together.
-ONE_TOKENS_BUCKET = ("openai", "bedrock")
+ONE_TOKENS_BUCKET = tuple(name for name, each in PROVIDERS.items()
+                          if "tpm" in each.limit_settings)
 # Claude's clouds: each serves the Anthropic API's models (the Messages API), with limits of
 # its own and no organisation over them.
 CLOUDS = ("bedrock", "vertex")
@@ -975,10 +975,11 @@ class Settings(BaseSettings):
         cls = self.limit_class(model)
         for name in (cls, model):
             if name in self.limits:
-                if self.provider_of(model) == "openai":  # cached input counts in its bucket
+                if about(self.provider_of(model)).cache_reads_count:
                     return self.limits[name].model_copy(update={"cache_reads_count": True})
                 return self.limits[name]
-        if cls == self.limit_class(self.model) and self.provider_of(self.model) == "openai":
+        if (cls == self.limit_class(self.model)
+                and about(self.provider_of(self.model)).cache_reads_count):
             return ModelLimits(rpm=self.rpm, tpm=self.tpm, cache_reads_count=True)
         if cls == self.limit_class(self.model):
             return ModelLimits(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from drover.config import Settings, get_settings
+from drover.config.providers import about
 from drover.errors import JobNotFound, JobRefused, Unreachable, WaitTimeout
 from drover.orchestrator.client.workers import WorkerWatch, warn_if_unserved, workers_line
 from drover.workers.agent.caching import prefix_tokens
@@ -61,12 +62,13 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
         check_subagent(spec, settings)
     model = spec.model or settings.model
     on = settings.provider_of(model)
-    if spec.delivery == "batch" and "openai" in (on, settings.provider):
+    if spec.delivery == "batch" and not all(about(p).has_batches
+                                            for p in (on, settings.provider)):
         # The batcher runs on workers whose DROVER_PROVIDER is anthropic only.
         why = (f"the model {model!r} is served by {on} (DROVER_MODEL_PROVIDERS)"
                if on != settings.provider else
                f"the model {model!r} is served by {on} (DROVER_PROVIDER={settings.provider})")
-        if on == "anthropic":
+        if about(on).has_batches:
             why = (f"the workers' DROVER_PROVIDER is {settings.provider}, and only a worker "
                    "on anthropic runs the batcher")
         raise JobRefused(f"delivery='batch' goes through Anthropic's Message Batches API, and "
