@@ -40,10 +40,9 @@ from drover.errors import CallFailed, Cancelled, NeverFits
 from drover.orchestrator.gateway._callers import Callers
 from drover.orchestrator.gateway._forward import Forwarder
 from drover.orchestrator.gateway._line import GatewayLine
-from drover.orchestrator.gateway._shapes import error_body
 from drover.orchestrator.gateway._watch import RedisWatch
 from drover.workers.agent.runtime import Runtime
-from drover.workers.providers import json_body
+from drover.workers.providers import json_body, provider
 from drover.workers.telemetry import get_recorder
 
 __all__ = ["make_app"]
@@ -149,7 +148,7 @@ async def _relay(request: web.Request, answer: httpx2.Response, fwd: Forwarder, 
     if not streamed:
         content = fwd.scrub(await answer.aread())
         if answer.status_code in (401, 403):  # the gateway's provider key, not the caller's
-            content = error_body(fwd.provider_name, answer.status_code, _refused_key(
+            content = fwd.provider.error_body(answer.status_code, _refused_key(
                 fwd.provider_name, answer.status_code, content))
         _count(tenant, outcome)
         _log(tenant, request.path, answer.status_code, False, started)
@@ -225,7 +224,7 @@ def _error(provider_name: str, status: int, message: str, retry_after: int | Non
            ) -> web.Response:
     headers: Mapping[str, str] = _JSON if retry_after is None else {
         **_JSON, "retry-after": str(retry_after)}
-    return web.Response(status=status, body=error_body(provider_name, status, message),
+    return web.Response(status=status, body=provider(provider_name).error_body(status, message),
                         headers=headers)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -63,6 +64,13 @@ async def batch_results(client: anthropic.AsyncAnthropic, url: str) -> dict[str,
             line = MessageBatchIndividualResponse.model_validate_json(raw)
             out[line.custom_id] = line.result.model_dump(mode="json", exclude_none=True)
     return out
+
+
+# The Messages API's error type of each status (docs: /work/shared/anthropic-api.md).
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+               403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+               413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+               502: "api_error", 503: "api_error", 504: "timeout_error"}
 
 
 class Batches:
@@ -166,6 +174,12 @@ class Anthropic(Provider):
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
                           generating: Any = None) -> Answer:
         return answer_of(await stream_message(client, params, seen, generating))
+
+    def error_body(self, status: int, message: str) -> bytes:
+        return json.dumps({"type": "error",
+                           "error": {"type": ERROR_TYPES.get(status, "api_error"),
+                                     "message": message},
+                           "request_id": f"req_gw_{uuid.uuid4().hex[:20]}"}).encode()
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, anthropic.APIStatusError):

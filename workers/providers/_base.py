@@ -191,6 +191,12 @@ class Provider:
                      idle_s: float, keyless: bool = False) -> Any:
         raise NotImplementedError
 
+    def error_body(self, status: int, message: str) -> bytes:
+        """An error answer of ``status`` saying ``message`` in its API's error shape (what
+        ``drover gateway`` answers itself), so a caller's SDK raises the exception it always
+        raises for that status (``AuthenticationError`` for a 401, and so on)."""
+        raise NotImplementedError
+
     async def count_input(self, client: Any, params: dict[str, Any]) -> int | None:
         """The provider's own count of a request's input tokens (an endpoint whose limits are
         not the calls'), or None: it has none, or it did not answer."""

@@ -46,6 +46,10 @@ _CHUNK = {"id": "chatcmpl-warmup", "object": "chat.completion.chunk", "created":
           "model": "warm-up"}
 
 
+# Chat Completions' code of the statuses the gateway says itself.
+ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 413: "context_length_exceeded"}
+
+
 class OpenAI(Provider):
     name = "openai"
     # A streamed Chat Completions answer, as OpenAI sends it with include_usage: a chunk of
@@ -139,6 +143,11 @@ class OpenAI(Provider):
                                   "name": call["name"], "input": _arguments(call["arguments"])}))
         return Answer(tuple(content), _STOP.get(finish or "stop", "end_turn"), wire["model"],
                       AnswerUsage(prompt - cached, completion, 0, cached), id="openai")
+
+    def error_body(self, status: int, message: str) -> bytes:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                     "code": ERROR_CODES.get(status)}}).encode()
 
     def describe(self, error: BaseException) -> Failure | None:
         if isinstance(error, openai.APIStatusError):
