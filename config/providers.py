@@ -47,6 +47,12 @@ class About:
     base_url_path: str = ""
     gateway_routes: tuple[str, ...] = ()  # the paths ``drover gateway`` serves for it
     has_batches: bool = False  # a Message Batches API: the batcher runs on its workers
+    # A DROVER_KEYS entry of it: the fields it needs and those it takes beside alias,
+    # base_url, provider and the limits; and whether it is Claude on a cloud (a pool entry
+    # under no organisation, with the cloud's model ids).
+    entry_required: frozenset[str] = frozenset({"api_key"})
+    entry_allowed: frozenset[str] = frozenset({"api_key"})
+    cloud: bool = False
     # Its tokens limit counts cached input (cache reads) too: OpenAI's one bucket.
     cache_reads_count: bool = False
     # What its one tokens limit counts, in the settings' refusal of an itpm or otpm.
@@ -95,9 +101,13 @@ PROVIDERS: dict[str, About] = {
         sim_args=" --provider openai"),
     "bedrock": About("drover.workers.providers._bedrock", "BEDROCK", "anthropic", "Bedrock",
                      ("rpm", "tpm"), _ONE_BUCKET,
-                     tokens_bucket="one tokens quota (input + output_burndown x output)"),
+                     tokens_bucket="one tokens quota (input + output_burndown x output)",
+                     entry_required=frozenset({"region"}), cloud=True,
+                     entry_allowed=frozenset({"region", "api_key", "models", "output_burndown"})),
     "vertex": About("drover.workers.providers._vertex", "VERTEX", "anthropic", "Vertex AI",
-                    ("rpm", "itpm", "otpm"), _ANTHROPIC_INPUT),
+                    ("rpm", "itpm", "otpm"), _ANTHROPIC_INPUT, cloud=True,
+                    entry_required=frozenset({"region", "project"}),
+                    entry_allowed=frozenset({"region", "project", "access_token", "models"})),
 }
 
 

@@ -80,15 +80,11 @@ ONE_TOKENS_BUCKET = tuple(name for name, each in PROVIDERS.items()
                           if "tpm" in each.limit_settings)
 # Claude's clouds: each serves the Anthropic API's models (the Messages API), with limits of
 # its own and no organisation over them.
-CLOUDS = ("bedrock", "vertex")
+CLOUDS = tuple(name for name, each in PROVIDERS.items() if each.cloud)
 # What each kind of DROVER_KEYS entry takes beside alias, base_url, provider, the limits and
 # ``limits``: (required, allowed).
-_ENTRY_FIELDS = {
-    "anthropic": ({"api_key"}, {"api_key"}),
-    "openai": ({"api_key"}, {"api_key"}),
-    "bedrock": ({"region"}, {"region", "api_key", "models", "output_burndown"}),
-    "vertex": ({"region", "project"}, {"region", "project", "access_token", "models"}),
-}
+_ENTRY_FIELDS = {name: (each.entry_required, each.entry_allowed)
+                 for name, each in PROVIDERS.items()}
 _CLOUD_FIELDS = ("api_key", "region", "project", "access_token", "models", "output_burndown")
 
 
@@ -180,7 +176,8 @@ class PoolKey(BaseModel):
             raise ValueError(f"{named} has \"{extra[0]}\", which only {which} entries take "
                              f"(this is {on}); remove it or set the entry's \"provider\"")
         if self.cloud and not (self.rpm or self.itpm or self.otpm or self.tpm or self.limits):
-            quota = "rpm and tpm" if self.provider == "bedrock" else "rpm, itpm and otpm"
+            *first, last = about(self.provider or "").limit_settings
+            quota = f"{', '.join(first)} and {last}"
             raise ValueError(f"{named} gives no limits: {self.provider} sends no rate-limit "
                              f"headers to learn them from; give its quotas as {quota}")
         return self
