@@ -169,10 +169,17 @@ def worker(drover_env: dict[str, str]) -> Callable[..., object]:
 
     from drover.config import get_settings
     from drover.workers.app import app
+    from drover.workers.connections.preflight import import_tool_modules
 
     with contextlib.ExitStack() as stack:
         def start(concurrency: int = 8) -> object:
             settings = get_settings()
+            # A `celery worker` imports DROVER_TOOL_MODULES when it is ready (its worker_ready
+            # signal); celery's testing worker sends no such signal, so without this its
+            # @tool and @subagent functions were registered only if an earlier test of the
+            # process had imported them (test_own_subagents' CLI submit: "registered
+            # sub-agents: none" when it ran first on its xdist worker).
+            import_tool_modules(settings)
             return stack.enter_context(start_worker(
                 app, pool="threads", concurrency=concurrency, perform_ping_check=False,
                 loglevel="WARNING", queues=[settings.queue], shutdown_timeout=20))
