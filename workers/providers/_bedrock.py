@@ -8,36 +8,29 @@ reads Bedrock's binary event stream and signs with SigV4).
   input + max tokens at admission and, once the answer is done, input + ``output_burndown`` x
   output (5 for the current Claude models): the limiter's tokens dimension weighs output
   that many times and takes at least input + max tokens at admission.
-- Bedrock sends none of the ``anthropic-ratelimit-*`` headers (nothing to read) and throttles
-  with a 429 ``ThrottlingException`` that names no wait: a rate limit, cooled down on that
-  entry only for ``THROTTLE_COOLDOWN_S``.
+- Bedrock sends none of the ``anthropic-ratelimit-*`` headers and throttles with a 429
+  ``ThrottlingException`` that names no wait (``_cloud.Cloud``: a rate limit, cooled down on
+  that entry only for ``THROTTLE_COOLDOWN_S``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import anthropic
 
-from drover.workers.providers._anthropic import Anthropic
-from drover.workers.providers._base import CloudClient, Failure, LimitReadings
-from drover.workers.providers.answers import Answer
+from drover.workers.providers._base import CloudClient, Failure
+from drover.workers.providers._cloud import Cloud
 
 __all__ = ["BEDROCK", "THROTTLE_COOLDOWN_S", "Bedrock"]
 
-# A throttled entry waits this long (Bedrock names no wait; its quota refills continuously).
-THROTTLE_COOLDOWN_S = 2.0
+THROTTLE_COOLDOWN_S = Cloud.throttle_cooldown_s
 OUTPUT_BURNDOWN = 5.0  # AWS's quota docs: each output token of the current Claude models
 
 
-class Bedrock(Anthropic):
+class Bedrock(Cloud):
     name = "bedrock"
     dimensions = ("requests", "tokens")
-    remaining_steps = {}
-    alone = True
-    counts_input = False  # its sizes borrow a factor (no count endpoint asked here)
 
     def output_weight(self, key: Any) -> float:
         return float(key.output_burndown or OUTPUT_BURNDOWN)
@@ -51,11 +44,6 @@ class Bedrock(Anthropic):
                                       pool=connect_s))
         return CloudClient(sdk, dict(key.models))
 
-    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Answer:
-        # The Anthropic API's turn, on the entry's SDK client and the cloud's model id.
-        return await super().stream_turn(client.sdk, client.params(params), seen, generating)
-
     def describe(self, error: BaseException) -> Failure | None:
         failure = super().describe(error)
         if failure is None or not isinstance(error, anthropic.APIStatusError):
@@ -63,14 +51,8 @@ class Bedrock(Anthropic):
         # x-amzn-ErrorType: "ThrottlingException:http://internal.amazon.com/..."
         kind = error.response.headers.get("x-amzn-errortype", "").split(":", 1)[0]
         body = error.body if isinstance(error.body, dict) else {}
-        message = str(body.get("message") or failure.message)[:500]
-        failure = replace(failure, kind=kind or failure.kind, message=message)
-        if error.status_code == 429 or kind == "ThrottlingException":
-            failure = replace(failure, status_code=429, retry_after_s=THROTTLE_COOLDOWN_S)
-        return failure
-
-    def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
-        return None
+        return self.throttled(failure, kind, str(body.get("message") or ""),
+                              error.status_code == 429 or kind == "ThrottlingException")
 
 
 BEDROCK = Bedrock()
