@@ -23,7 +23,9 @@ limits, and costs a caller next to nothing.
    without it (first come, first served at the limiter), one after the other. Printed for
    each: the median and last wait of each tenant's calls, and ``few``'s median over the
    flood's. Goal: with the line, ``few`` waits about the line's length (what the flood had
-   booked when it came), not behind the flood's whole backlog.
+   booked when it came), not behind the flood's whole backlog. At the default
+   ``DROVER_MAX_IN_FLIGHT`` (32; the other parts hold hundreds of calls in flight and set
+   2000).
 
 Every figure is measured within one run, on this machine as loaded at the time (the load
 average is printed with them).
@@ -224,8 +226,9 @@ def fairness(flood: int, few: int, rpm: int) -> dict[str, Any]:
         sim = SimulatorServer(SimConfig(seed=1, rpm=rpm, burst_s=BURST_S, tool_turns=0,
                                         output_tokens_mean=20)).start()
         tag = uuid.uuid4().hex[:6]
+        # The default in-flight leases (32): the fair share holds at the defaults.
         env = _env(tag, sim, DROVER_RPM=str(rpm), DROVER_HORIZON_S="4",
-                   DROVER_MODEL="claude-sonnet-4-5",
+                   DROVER_MODEL="claude-sonnet-4-5", DROVER_MAX_IN_FLIGHT="32",
                    DROVER_WAIT_IN_LINE="true" if line == "on" else "false",
                    DROVER_GATEWAY_KEYS=json.dumps([{"key": key, "tenant": tenant}
                                                    for tenant, key in FAIR_KEYS.items()]))

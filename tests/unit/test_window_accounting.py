@@ -292,6 +292,21 @@ def test_calls_from_outside_the_fleet_share_the_line_by_tenant_and_hold_no_slot(
         for _ in range(5):
             await asyncio.wait_for(places.enter("web"), 5)
         assert calls_of("web").out == 5
+        # The limiter's leases (12 in flight): 4 sub-agents running and 2 + 5 calls out hold
+        # 11, so one more call goes and the next waits for a lease, not polls for one.
+        fs.report_leases(12)
+        await asyncio.wait_for(places.enter("web"), 5)
+        twelfth = asyncio.ensure_future(places.enter("web"))
+        await asyncio.sleep(0.1)
+        assert not twelfth.done() and calls_of("web").waiting == 1
+        await places.leave("gw")  # a call ends: its lease is the waiting call's
+        await asyncio.wait_for(twelfth, 5)
+        assert calls_of("web").out == 7 and calls_of("gw").out == 1
+        # While calls are out, a sub-agent's place needs a lease too: with 11 leases a
+        # sub-agent's end frees a slot but no lease (3 running and 8 calls out hold 11).
+        fs.report_leases(11)
+        assert fs.finished("big", 2) == []
+        assert fs.jobs()[0].out == 3
         await places.r.aclose()
 
     asyncio.run(scenario())

@@ -15,6 +15,12 @@ The scope is the model class's: ``llm:{key}:{class}`` with one key; with a pool 
 whichever serves fewer calls. A queue whose jobs use several model classes gets the sum of
 their caps (``queue_line_cap``), computed by each worker's pump for the classes of the jobs in
 its window, and by the submitter for its job's class before the job's first grant.
+
+Beside it, the *lease cap*: the limiter's in-flight leases of those classes' scopes
+(``DROVER_MAX_IN_FLIGHT`` each, ``lease_cap``). A call holds its lease from its booking to its
+settle, so calls from outside the fleet (the gateway's, ``fairshare/calls.py``) given more
+places than there are leases would poll the limiter for one, first come first served, and
+the fair share would not hold; the window keeps their places within it.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from drover.workers.jobs.spec import JobSpec
 from drover.workers.jobs.store import JobNotFound, JobStore
 from drover.workers.limiter import Limiter, llm_scope, org_scope, pool_scope
 
-__all__ = ["MARGIN", "active_models", "calls_per_s", "first_call_hint", "line_cap",
-           "queue_line_cap", "report_line_cap", "save_first_call_hint"]
+__all__ = ["MARGIN", "active_models", "calls_per_s", "first_call_hint", "lease_cap",
+           "line_cap", "queue_line_cap", "report_line_cap", "save_first_call_hint"]
 
 # Of the horizon. A smaller line costs no throughput while the limiter still has calls
 # waiting (the cap is many calls' worth at 15 s), a larger one costs countdowns: estimates of
@@ -151,6 +157,14 @@ def queue_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, queue: 
     return sum(cap for cap in caps.values() if cap is not None)
 
 
+def lease_cap(settings: Settings, models: Iterable[str]) -> int | None:
+    """The in-flight leases of the scopes of ``models``' classes together (None: no cap)."""
+    caps = {settings.limit_class(m): llm_limits(settings, m).max_in_flight for m in models}
+    if not caps or None in caps.values():
+        return None
+    return sum(cap for cap in caps.values() if cap is not None)
+
+
 def active_models(settings: Settings, fs: FairShare, store: JobStore) -> set[str]:
     """The models of the jobs in the queue's window (none when it holds no job)."""
     models = set()
@@ -167,10 +181,10 @@ def active_models(settings: Settings, fs: FairShare, store: JobStore) -> set[str
 def report_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, fs: FairShare,
                     models: Callable[[], Iterable[str]]) -> int | None:
     """Compute the queue's line cap for the classes ``models()`` names and write it for the
-    window (or remove it when no limit applies), unless a submitter saved a new first-call
-    estimate meanwhile: a pump that read none, writing after the submitter's cap, would open
-    the window to the requests limit alone for a whole round. Returns the cap written (None:
-    none).
+    window (or remove it when no limit applies), and the lease cap (``lease_cap``) beside
+    it, unless a submitter saved a new first-call estimate meanwhile: a pump that read none,
+    writing after the submitter's cap, would open the window to the requests limit alone
+    for a whole round. Returns the cap written (None: none).
 
     ``models()`` is read after the WATCH, and no model means nothing is written: a pump that
     read an empty window before a submitter's add, and wrote the default model's cap after
@@ -189,11 +203,16 @@ def report_line_cap(settings: Settings, limiter: Limiter, r: redis.Redis, fs: Fa
                 return None
             cap = queue_line_cap(settings, limiter, pipe, fs.queue,  # type: ignore[arg-type]
                                  classes)
+            leases = lease_cap(settings, classes)
             pipe.multi()
             if cap is None:
                 pipe.delete(fs.cap_key)
             else:
                 fs.report_cap(cap, through=pipe)
+            if leases is None:
+                pipe.delete(fs.leases_key)
+            else:
+                fs.report_leases(leases, through=pipe)
             pipe.execute()
             return cap
         except redis.WatchError:

@@ -140,7 +140,7 @@ class CallPlaces:
         reply = await self._script(
             keys=[f"{self.base}:jobs", f"{self.base}:seq", f"{self.base}:tenants",
                   f"{self.base}:granted", f"{self.base}:deferred:{line.job_id}",
-                  f"{self.base}:cap"],
+                  f"{self.base}:cap", f"{self.base}:leases"],
             args=[op, await self._current_window(), settings.priority_floor,
                   settings.result_ttl_s, 5.0, "", line.job_id, *args])
         if op in ("enter", "leave", "withdraw"):

@@ -207,6 +207,10 @@ class FairShare:
     def cap_key(self) -> str:
         return f"{self.base}:cap"
 
+    @property
+    def leases_key(self) -> str:
+        return f"{self.base}:leases"
+
     def alive_key(self, process: str) -> str:
         """Set while ``process`` (one with a calls job) lives (``calls.CallPlaces``)."""
         return f"{self.base}:alive:{process}"
@@ -254,6 +258,14 @@ class FairShare:
         at each grant, so a new one holds from the next grant on, in every process."""
         (through or self.r).set(self.cap_key, max(1, int(cap)), px=int(ttl_s * 1000))
 
+    def report_leases(self, leases: int, ttl_s: float = PUMP_S * 5, *,
+                      through: redis.client.Pipeline | None = None) -> None:
+        """The lease cap (the limiter's in-flight leases of the line's scopes), valid
+        ``ttl_s``: while a process's calls wait or are out, they and the running sub-agents
+        hold at most that many places (``fairshare.lua``), so that a call given a place has a
+        lease to take."""
+        (through or self.r).set(self.leases_key, max(1, int(leases)), px=int(ttl_s * 1000))
+
     def cap(self) -> int | None:
         """The line cap as last reported (None: none is fresh)."""
         raw = self.r.get(self.cap_key)
@@ -298,7 +310,8 @@ class FairShare:
     def _call(self, op: str, job_id: str, *args: str | int | float) -> list[Dispatch]:
         reply = self._script(keys=[self.jobs_key, f"{self.base}:seq",
                                    f"{self.base}:tenants", self.granted_key,
-                                   self.deferred_key(job_id), self.cap_key],
+                                   self.deferred_key(job_id), self.cap_key,
+                                   self.leases_key],
                              args=[op, self.current_window(), self.floor, self.ttl_s,
                                    self.average_s, self.holder, job_id, *args])
         # A calls job's grants are for its process, which waits for them: nothing to publish.

@@ -16,6 +16,12 @@
 --                 (absent: no such cap; see fairshare.py, "waiting in line"). Read here, not
 --                 passed in: a copy a caller read a moment ago may predate the cap of the job
 --                 that was just submitted, and one such grant publishes a whole window
+-- KEYS[7]  string the lease cap: the limiter's in-flight leases of the line's scopes
+--                 (DROVER_MAX_IN_FLIGHT per model class; absent: none). While calls of a
+--                 calls job are waiting or out, calls out plus the fleet's running
+--                 sub-agents stay within it: a call holds its lease from its booking to its
+--                 settle, so a place beyond it would poll for a lease, first come first
+--                 served, not in this rule's order
 -- ARGV[1]  op: add | done | defer | resume | undefer | remove | fill | enter | leave | withdraw
 -- ARGV[2]  window: sub-agents allowed out (in the broker or running) over all jobs
 -- ARGV[3]  floor: least share of a tenant's window for each waiting level below its highest
@@ -39,7 +45,12 @@
 -- leaves when its answer is settled. It shares the line as any job of its tenant does (same
 -- weight, level and rule), but it holds no worker slot: it counts against the line cap only,
 -- and with no line cap (the key is not the bottleneck, or the line is off) its calls go at
--- once. Nothing of it is published: its grants are not listed in KEYS[4]. It stays in
+-- once. Its calls and the fleet's running sub-agents together hold at most the lease cap
+-- (KEYS[7]), with or without a line cap, so that a place is a call that can go: a call
+-- beyond the leases would poll the limiter for one, and whoever polls first wins, whatever
+-- this rule said. While calls wait or are out, a fleet sub-agent's place needs a free lease
+-- too (counted as running: one call at a time, its lease while it is booked or answering),
+-- so the leases are shared by the same rule. Nothing of it is published: its grants are not listed in KEYS[4]. It stays in
 -- KEYS[1] while its process lives (its counters only grow, so the process can compare), and
 -- the pump removes it once the process's liveness key is gone. The calls ops return the
 -- job's `next` and, for withdraw, 1 when the call had been granted its place (then freed
@@ -67,6 +78,7 @@
 local op, window, floor, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local TAU, holder, id = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local cap = tonumber(redis.call('GET', KEYS[6]) or 0) or 0
+local leases = tonumber(redis.call('GET', KEYS[7]) or 0) or 0
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 
@@ -80,12 +92,27 @@ for i = 1, #raw, 2 do
   by_id[job.id] = job
 end
 
+-- The lease cap binds while a calls job has calls waiting or out (else it never binds:
+-- the fleet's own sub-agents beyond the leases poll for them among themselves, as always).
+local function calls_busy()
+  if leases > 0 then
+    for _, j in ipairs(jobs) do
+      if j.calls and j.n > j.done then return true end
+    end
+  end
+  return false
+end
+-- Calls take part in the rule when something bounds them: a line cap or the leases (as of
+-- now for the averages, as of after the op for the grants below).
+local leased = calls_busy()
+local bounded = cap > 0 or leased
+
 -- Each tenant's average out, brought up to now with what it held since the last call.
 local averages = {}
 do
   local held = {}
   for _, j in ipairs(jobs) do
-    if cap > 0 or not j.calls then
+    if bounded or not j.calls then
       held[j.tenant] = (held[j.tenant] or 0) + math.max(0, j.next - j.done)
     end
   end
@@ -200,12 +227,15 @@ end
 -- handed back go out at the pump's next fill, within seconds.
 if op == 'undefer' then return {} end
 
--- A calls job needs no worker slot, only a place in the line: with no line cap every call
--- waiting goes at once (nothing scarce to share), and calls jobs take no part below.
+-- A calls job needs no worker slot, only a place in the line and a lease: with neither
+-- bounded every call waiting goes at once (nothing scarce to share), and calls jobs take no
+-- part below.
+leased = calls_busy()
+bounded = cap > 0 or leased
 local pending = {}  -- job id -> {first, count} granted in this call
 local active = {}
 for _, j in ipairs(jobs) do
-  if j.calls and cap <= 0 then
+  if j.calls and not bounded then
     if j.next < j.n then
       pending[j.id] = {j.next, j.n - j.next}
       j.next = j.n
@@ -216,12 +246,15 @@ for _, j in ipairs(jobs) do
 end
 
 -- One place at a time, each to the most deserving waiting job.
-local total, all_out = 0, 0
+local total, all_out, calls_held = 0, 0, 0
 for _, j in ipairs(active) do
-  if not j.calls then total = total + running(j) end
+  if j.calls then calls_held = calls_held + out(j) else total = total + running(j) end
   all_out = all_out + out(j)
 end
 local free_slots = window - total
+-- The leases: each call out holds one, each running sub-agent at most one.
+local free_leases = math.huge
+if leased then free_leases = leases - total - calls_held end
 -- The limiter's line: beyond what it can serve within its horizon a sub-agent would only
 -- wait out a countdown, so it waits here, unpublished, in the order this rule gives.
 local free_line = math.huge
@@ -245,15 +278,18 @@ while free_line > 0 do
       t.levels[j.rank] = level
     end
     level.out = level.out + out(j)
-    -- a sub-agent also needs a worker slot; a call only its place in the line
-    if j.next < j.n and (j.calls or free_slots > 0) then
+    -- a sub-agent also needs a worker slot; a call only its place in the line; both a lease
+    if j.next < j.n and (j.calls or free_slots > 0) and free_leases > 0 then
       t.waiting = true
       level.waiting[#level.waiting + 1] = j
     end
   end
-  local weights, spare = 0, window + calls_out
-  for _, j in ipairs(active) do spare = spare + j.deferred end
+  local weights, spare, deferred = 0, window + calls_out, 0
+  for _, j in ipairs(active) do deferred = deferred + j.deferred end
+  spare = spare + deferred
   if cap > 0 then spare = math.min(spare, cap) end
+  -- a sub-agent waiting out a countdown holds no lease, but its place
+  if leased then spare = math.min(spare, leases + deferred) end
   for _, t in pairs(tenants) do
     if t.waiting then weights = weights + t.w else spare = spare - t.out end
   end
@@ -304,6 +340,7 @@ while free_line > 0 do
   end
   pick.next = pick.next + 1
   free_line = free_line - 1
+  free_leases = free_leases - 1
   if not pick.calls then free_slots = free_slots - 1 end
 end
 for _, j in ipairs(jobs) do
