@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from drover.orchestrator.gateway._every import Every
 from drover.workers.agent.capacity import active_models, report_line_cap
 from drover.workers.fairshare import PUMP_S, CallPlaces, Dispatch
 
@@ -37,7 +38,7 @@ class GatewayLine:
         self.settings = settings = shared.settings
         self.places = CallPlaces(aredis, settings, self._publish)
         self.models: dict[str, float] = {}  # model -> when a call last used it
-        self._task: asyncio.Task[None] | None = None
+        self._upkeep = Every(PUMP_S, self._keep)
 
     @contextlib.asynccontextmanager
     async def place(self, tenant: str, model: str | None) -> AsyncIterator[None]:
@@ -51,29 +52,24 @@ class GatewayLine:
             yield
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._keep())
+        self._upkeep.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._upkeep.stop()
         with contextlib.suppress(Exception):  # the pump forgets it once its mark is gone
             await self.places.aclose()
 
     async def _keep(self) -> None:
-        while True:
-            try:
-                await self.places.keep_alive()
-                # A gateway killed mid-call leaves its places: with no worker's pump beside
-                # the gateways (no fleet), they free them.
-                await asyncio.to_thread(self._forget_gone)
-                if self.settings.wait_in_line:
-                    await asyncio.to_thread(self._size_line)
-            except Exception as error:  # Redis away: the watch answers 503 meanwhile
-                log.warning("gateway: could not size the limiter's line (%s: %s)",
-                            type(error).__name__, str(error)[:200])
-            await asyncio.sleep(PUMP_S)
+        try:
+            await self.places.keep_alive()
+            # A gateway killed mid-call leaves its places: with no worker's pump beside the
+            # gateways (no fleet), they free them.
+            await asyncio.to_thread(self._forget_gone)
+            if self.settings.wait_in_line:
+                await asyncio.to_thread(self._size_line)
+        except Exception as error:  # Redis away: the watch answers 503 meanwhile
+            log.warning("gateway: could not size the limiter's line (%s: %s)",
+                        type(error).__name__, str(error)[:200])
 
     def _classes(self) -> set[str]:
         return {self.settings.limit_class(m) for m in self.models}

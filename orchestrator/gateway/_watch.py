@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import time
 from typing import Any
 
 import redis
+
+from drover.orchestrator.gateway._every import Every
 
 __all__ = ["RedisWatch"]
 
@@ -31,7 +32,7 @@ class RedisWatch:
     def __init__(self, probe: Any) -> None:
         self.probe = probe
         self.failing_since: float | None = None  # the first failed ping since the last answer
-        self._task: asyncio.Task[None] | None = None
+        self._pings = Every(EVERY_S, self._ping)
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="drover-redis-watch")
 
@@ -40,23 +41,17 @@ class RedisWatch:
         since = self.failing_since
         return since is None or time.monotonic() - since < DOWN_AFTER_S
 
-    async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                await loop.run_in_executor(self._thread, self.probe.ping)
-                self.failing_since = None
-            except (redis.RedisError, OSError):
-                if self.failing_since is None:
-                    self.failing_since = time.monotonic()
-            await asyncio.sleep(EVERY_S)
+    async def _ping(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self.probe.ping)
+            self.failing_since = None
+        except (redis.RedisError, OSError):
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch())
+        self._pings.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._pings.stop()
         self._thread.shutdown(wait=False)

@@ -6,6 +6,7 @@ the simulator."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anthropic
@@ -59,6 +61,19 @@ def _ask(i: int) -> list[dict[str, str]]:
 
 def _client(gw, key: str = WEB, **kwargs) -> anthropic.Anthropic:  # noqa: ANN001, ANN003
     return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def _callers(gw) -> AsyncIterator[dict[str, anthropic.AsyncAnthropic]]:  # noqa: ANN001
+    """An async client of each tenant of GATEWAY_KEYS on ``gw`` (retries off), closed after."""
+    clients = {tenant: anthropic.AsyncAnthropic(base_url=gw.url, api_key=key, max_retries=0,
+                                                timeout=120)
+               for tenant, key in GATEWAY_KEYS.items()}
+    try:
+        yield clients
+    finally:
+        for client in clients.values():
+            await client.close()
 
 
 def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict, bytes]:
@@ -451,10 +466,10 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         return sum(getattr(j, what) for j in fs.jobs() if j.calls and j.tenant == tenant)
 
     async def run() -> list[object]:
-        clients = {tenant: anthropic.AsyncAnthropic(base_url=gw.url, api_key=key,
-                                                    max_retries=0, timeout=120)
-                   for tenant, key in GATEWAY_KEYS.items()}
+        async with _callers(gw) as clients:
+            return await flood_then_few(clients)
 
+    async def flood_then_few(clients: dict[str, anthropic.AsyncAnthropic]) -> list[object]:
         def one(tenant: str, i: int) -> asyncio.Task:
             return asyncio.create_task(clients[tenant].messages.create(
                 model=settings.model, max_tokens=20, messages=_ask(i)))
@@ -466,8 +481,9 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         came.append(in_line("batch", "done"))
         # What the exporter (and the dashboard's gateway row) says meanwhile, in one
         # snapshot of the line: each of batch's calls not yet answered waits in line or holds
-        # a place, and at most the line's cap hold one. (Calls are answered while the scrape
-        # runs: how many, the load decides; the answers before and after it bound it.)
+        # a place, and at most the places (the cap, within the leases) hold one. (Calls are
+        # answered while the scrape runs: how many, the load decides; the answers before and
+        # after it bound it.)
         done_before = in_line("batch", "done")
         families = scrape(DroverCollector(services(settings), broker_queues=False))
         done_after = in_line("batch", "done")
@@ -476,11 +492,7 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         assert out <= held and waiting > 0
         assert entered - done_after <= waiting + out <= entered - done_before
         few = [one("web", i) for i in range(10)]
-        try:
-            return await asyncio.gather(*flood, *few, return_exceptions=True)
-        finally:
-            for client in clients.values():
-                await client.close()
+        return await asyncio.gather(*flood, *few, return_exceptions=True)
 
     results = asyncio.run(run())
     failed = [r for r in results if isinstance(r, BaseException)]
@@ -512,16 +524,10 @@ def test_a_key_over_its_own_limit_waits_in_line_while_other_keys_go(
     settings = _settings()
 
     async def run() -> list[object]:
-        clients = {tenant: anthropic.AsyncAnthropic(base_url=gw.url, api_key=key,
-                                                    max_retries=0, timeout=120)
-                   for tenant, key in GATEWAY_KEYS.items()}
-        try:
+        async with _callers(gw) as clients:
             return await asyncio.gather(*(clients[tenant].messages.create(
                 model=settings.model, max_tokens=20, messages=_ask(i))
                 for i in range(6) for tenant in ("web", "batch")), return_exceptions=True)
-        finally:
-            for client in clients.values():
-                await client.close()
 
     results = asyncio.run(run())
     failed = [r for r in results if isinstance(r, BaseException)]
