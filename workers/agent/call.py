@@ -323,8 +323,8 @@ class Call:
         settings = rt.settings
         self.model = model = params["model"]
         self.max_tokens = int(params["max_tokens"])
-        # ``clouds`` False: a raw HTTP request (the limited clients') goes to the Anthropic
-        # API's keys only; a pool's Bedrock and Vertex AI entries take other paths and auth.
+        # ``clouds`` False: the Anthropic API's keys only, never a pool's Bedrock and Vertex
+        # AI entries (every sender today reaches them all).
         self.route = route = rt.route(model, clouds=clouds)
         self.provider = route.provider
         configured = settings.limits_for(model)

@@ -12,9 +12,10 @@ A pool may also hold Claude on Amazon Bedrock and Google Vertex AI (``"provider"
 ``"vertex"`` entries): they serve the Anthropic API's models beside its keys, each with its
 own provider (its SDK client, its errors, its way of counting) and its own buckets, under no
 organisation: DROVER_RPM/ITPM/OTPM are the Anthropic organisation's and hold its keys only,
-and a cloud's throttling cools down that entry alone. A route for raw HTTP (the limited
-clients' transport, which forwards the Anthropic API's own requests) keeps the Anthropic
-API's keys only: a cloud's paths, body and credentials differ.
+and a cloud's throttling cools down that entry alone. Every sender reaches the clouds' entries
+(the limited clients' transport sends a cloud's grant through that entry's SDK client:
+``providers/_cloud.py``); a route built with ``clouds=False`` keeps the Anthropic API's keys
+only.
 
 The provider's headers show, per dimension, the most restrictive limit in effect: a header
 whose ``-limit`` is the key's (workspace's) limit describes the key's bucket, one whose

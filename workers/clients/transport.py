@@ -17,14 +17,23 @@ reserve, send, settle) with the SDK's own request as what is sent.
   retry-after before its retry, and that retry's reservation then waits behind the
   fleet-wide cooldown and the calls granted before it, which spreads the retries the way
   jitter would; a caller who set ``max_retries=0`` sees the 429 as the SDK raises it.
-- Other endpoints (``count_tokens``, the Message Batches, models) pass through uncounted:
-  their limits are not the generation endpoint's (count_tokens has a requests-a-minute of its
-  own and spends no input or output tokens).
+- The request goes out on the key or entry the grant chose, as its provider sends it
+  (``Provider.send_http``): the Anthropic API's or OpenAI's keys take the SDK's own request
+  with the key's credentials and endpoint; a pool's Bedrock or Vertex AI entry sends it
+  through that entry's SDK client and answers as the Anthropic API would have (its JSON, its
+  server-sent events, its error shape: ``providers/_cloud.py``), so the caller's SDK, the
+  settle and the retry policy read the same answer whichever entry served it.
+- Other endpoints (``count_tokens``, the Message Batches, models) pass through uncounted, to
+  the Anthropic API (a pool's clouds serve the generation endpoint only): their limits are
+  not the generation endpoint's (count_tokens has a requests-a-minute of its own and spends
+  no input or output tokens).
 
 The call path runs on the runtime's event loop (its Redis client and limiter are bound
 there); a client used on another loop (a notebook's, a web app's) hops there for the
-reserve and the settle and sends on its own loop. The blocking clients run the whole
-exchange on that loop and read the stream from it (``BlockingTransport``).
+reserve and the settle and sends on its own loop, except through a cloud entry's SDK client,
+which lives on the runtime's loop (its send and its stream's reads hop there too). The
+blocking clients run the whole exchange on that loop and read the stream from it
+(``BlockingTransport``).
 """
 
 from __future__ import annotations
@@ -114,14 +123,12 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             while True:
                 if not await self._on_loop(self._reserve(call)):
                     continue  # a cooldown began while it waited: it plans again
-                if call.route.pooled:
-                    self._to_key(request, call.key_alias)
                 response = await self._send(request, call)
                 if response.status_code >= 400:
                     answer = await response.aread()
                     await response.aclose()
-                    failure = self.provider.status_failure(
-                        response.status_code, response.headers, answer, str(request.url))
+                    failure = call.provider.response_failure(response, answer,
+                                                             str(request.url))
                     decision = await self._on_loop(call.failed(failure, lost=False,
                                                                headers=response.headers))
                     counted(call, decision.counter if decision else "n4xx", failure.kind)
@@ -135,7 +142,7 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
                         response, call, self._on_loop, self.journal, field))
                 answer = await response.aread()
                 await response.aclose()
-                usage = self.provider.answer_usage(json_body(answer) or {})
+                usage = call.provider.answer_usage(json_body(answer) or {})
                 await self._on_loop(call.answered(usage, response.headers))
                 counted(call, "ok", "", usage)
                 if self.journal is not None and field is not None:
@@ -150,12 +157,17 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             await self.inner.aclose()
 
     async def _send(self, request: httpx2.Request, call: Call) -> httpx2.Response:
-        """Send, raced against the sub-agent's cancel; a try that ends without an answer is
-        settled here (an error of the connection as a failure the SDK may retry)."""
+        """Send on the key or entry the grant chose, raced against the sub-agent's cancel; a
+        try that ends without an answer is settled here (an error of the connection as a
+        failure the SDK may retry)."""
+        key = self._key(call.key_alias) if call.route.pooled else None
+        send = call.provider.send_http(request, self.inner, key, call.client)
         try:
             if asyncio.get_running_loop() is self.rt.loop:
-                return await race(self.inner.handle_async_request(request), call.ctx.cancel)
-            return await self.inner.handle_async_request(request)
+                return await race(send, call.ctx.cancel)
+            if call.provider.sends_through_client:  # that client lives on the runtime's loop
+                return _read_on(self.rt, await self._on_loop(send))
+            return await send
         except (Cancelled, asyncio.CancelledError) as error:
             await self._on_loop(call.ended(error, sent=True))
             counted(call, "unanswered", "cancelled")
@@ -170,9 +182,7 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             raise
 
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
-        # The Anthropic API's own request: its keys only, never a cloud's entry of a pool
-        # (another path, body and credentials; docs/bedrock.md).
-        call = Call(self.rt, params, ctx, clouds=False)
+        call = Call(self.rt, params, ctx)
         if self.wait_in_line:
             await _in_line(call.open, ctx)
         else:
@@ -184,15 +194,9 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             return bool(await _in_line(call.reserve, call.ctx))
         return await call.reserve()
 
-    def _to_key(self, request: httpx2.Request, alias: str) -> None:
-        """Send on the pool's key the limiter chose (its credentials and endpoint)."""
-        key = next(k for k in self.rt.settings.keys if k.alias == alias)
-        request.headers.update(self.provider.auth_headers(key.secret()))
-        if key.base_url:
-            base = httpx2.URL(key.base_url)
-            request.url = request.url.copy_with(scheme=base.scheme, host=base.host,
-                                                port=base.port)
-            request.headers["host"] = request.url.netloc.decode()
+    def _key(self, alias: str) -> Any:
+        """The pool's key the limiter chose (its credentials and endpoint)."""
+        return next(k for k in self.rt.settings.keys if k.alias == alias)
 
     async def _on_loop(self, coro: Awaitable[T]) -> T:
         """Run a step of the call path on the runtime's loop (where its Redis lives)."""
@@ -209,6 +213,30 @@ async def _in_line(step: Any, ctx: CallContext) -> Any:
             return await step()
         except LimiterSaysLater as later:
             await wait_or_cancel(later.countdown, ctx.cancel)
+
+
+def _read_on(rt: Runtime, response: httpx2.Response) -> httpx2.Response:
+    """``response`` of the runtime's loop, read from another loop (each chunk and the close
+    hop there)."""
+    return httpx2.Response(response.status_code, headers=response.headers,
+                           stream=_OnLoop(rt, response), request=response.request,
+                           extensions=response.extensions)
+
+
+class _OnLoop(httpx2.AsyncByteStream):
+    def __init__(self, rt: Runtime, response: httpx2.Response) -> None:
+        self.rt, self.response = rt, response
+        self.chunks = response.aiter_bytes()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                yield await asyncio.wrap_future(self.rt.submit(_next(self.chunks)))
+            except StopAsyncIteration:
+                return
+
+    async def aclose(self) -> None:
+        await asyncio.wrap_future(self.rt.submit(self.response.aclose()))
 
 
 class SettledStream(httpx2.AsyncByteStream):

@@ -261,6 +261,33 @@ class Provider:
         """The headers that send a request on ``api_key`` (a pool's key the limiter chose)."""
         raise NotImplementedError
 
+    # Its pool entries send through their own SDK client (``send_http``), which lives on the
+    # runtime's loop; else the request goes out as it is, on the transport's connections.
+    sends_through_client: ClassVar[bool] = False
+
+    async def send_http(self, request: Any, inner: Any, key: Any = None,
+                        client: Any = None) -> Any:
+        """Send one request of the limited clients' transport (the caller's SDK's own, an
+        ``httpx2.Request`` whose body is read) on ``inner`` (its connections), answered as
+        its API answers it. ``key``: the pool's entry the grant chose (a ``PoolKey``: its
+        credentials and endpoint go on the request; None: the one key, already on it), and
+        ``client`` that entry's SDK client. Raises the HTTP client's errors of a send that got
+        no answer (httpx2's: a connect error, a read timeout, a dropped connection)."""
+        if key is not None:
+            request.headers.update(self.auth_headers(key.secret()))
+            if key.base_url:
+                base = type(request.url)(key.base_url)
+                request.url = request.url.copy_with(scheme=base.scheme, host=base.host,
+                                                    port=base.port)
+                request.headers["host"] = request.url.netloc.decode()
+        return await inner.handle_async_request(request)
+
+    def response_failure(self, response: Any, content: bytes, url: str) -> Failure:
+        """An error answer of ``send_http`` (status >= 400, its body ``content``) as the
+        Failure the loop's call would have met (``status_failure`` of its status, headers
+        and body)."""
+        return self.status_failure(response.status_code, response.headers, content, url)
+
     def sdk_error(self, message: str) -> BaseException:
         """Its SDK's base error: what the limited clients' transport raises (from drover's
         signal) for the SDK to pass on as it is, without a retry of its own."""

@@ -6,19 +6,41 @@ sends none of the ``anthropic-ratelimit-*`` headers (nothing to read, no -remain
 and has no count endpoint drover asks (its sizes borrow a factor); its turn is the Anthropic
 API's, on the entry's SDK client with the cloud's model id; and its throttling (a 429 that
 names no wait) is a rate limit cooled down on that entry alone for ``throttle_cooldown_s``.
+
+The limited clients' transport (``send_http``) sends the Anthropic API's HTTP request through
+the entry's SDK client (its model id, credentials, region and project, Bedrock's event
+stream) and answers as the Anthropic API would have: a whole answer as the Message's JSON, a
+stream as the Messages API's server-sent events re-encoded from the SDK's raw events as they
+arrive (``message_start`` names the caller's model, not the cloud's id), an error in the
+API's error shape and status (a throttle: 429 ``rate_limit_error`` with the entry's cooldown
+as its retry-after), judged as the loop's call judges the cloud's exception (``describe``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from drover.workers.providers._anthropic import Anthropic
-from drover.workers.providers._base import Failure, LimitReadings
+import anthropic
+import httpx2
+from anthropic.types import Message, RawMessageStreamEvent
+
+from drover.workers.providers._anthropic import ERROR_TYPES, Anthropic
+from drover.workers.providers._base import Failure, LimitReadings, json_body
 from drover.workers.providers.answers import Answer
 
-__all__ = ["Cloud"]
+__all__ = ["Cloud", "CloudEvents"]
+
+# Where a cloud's error answer (``send_http``) carries the Failure the loop's call would have
+# met: the transport judges it by that, not by the Anthropic API's shape it was re-said in.
+FAILURE = "drover.failure"
+# The Anthropic API's error types a cloud's mid-stream error may name as they are.
+_API_TYPES = frozenset(ERROR_TYPES.values()) | {"overloaded_error"}
+# The caller's headers the cloud's request keeps (Bedrock puts the betas into the body).
+_KEPT_HEADERS = ("anthropic-beta",)
 
 
 class Cloud(Anthropic):
@@ -47,3 +69,134 @@ class Cloud(Anthropic):
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
         return None
+
+    sends_through_client = True
+
+    async def send_http(self, request: Any, inner: Any, key: Any = None,
+                        client: Any = None) -> httpx2.Response:
+        """The Anthropic API's request, sent on the entry's SDK client with the caller's
+        timeouts (the client itself retries nothing), answered in the API's shape (the
+        module docstring); a connection's error is raised as httpx2's own, as the API's
+        raw request would have met it."""
+        body = json_body(request.content)
+        model = str(body["model"])
+        stream = bool(body.get("stream"))
+        options: dict[str, Any] = {"headers": {name: request.headers[name]
+                                               for name in _KEPT_HEADERS
+                                               if name in request.headers}}
+        timeout = request.extensions.get("timeout")
+        if isinstance(timeout, dict):
+            options["timeout"] = httpx2.Timeout(**timeout)
+        try:
+            answer = await client.sdk.post(
+                "/v1/messages", cast_to=Message, body=client.params(body), options=options,
+                stream=stream, stream_cls=anthropic.AsyncStream[RawMessageStreamEvent])
+        except anthropic.APIStatusError as error:
+            return self._error_answer(error, request)
+        except anthropic.APIConnectionError as error:
+            cause = error.__cause__
+            raise (cause if isinstance(cause, Exception) else error) from None
+        headers = {"content-type": "text/event-stream" if stream else "application/json"}
+        if stream:
+            return httpx2.Response(200, headers=headers, request=request,
+                                   stream=CloudEvents(answer, model, self))
+        message = answer.to_dict(mode="json")
+        message["model"] = model
+        return httpx2.Response(200, headers=headers, content=json.dumps(message).encode(),
+                               request=request)
+
+    def response_failure(self, response: Any, content: bytes, url: str) -> Failure:
+        failure = response.extensions.get(FAILURE)
+        if isinstance(failure, Failure):
+            return failure
+        return super().response_failure(response, content, url)
+
+    def as_api_error(self, error: anthropic.APIStatusError) -> tuple[int, dict[str, Any],
+                                                                    Failure]:
+        """The cloud's error as the Anthropic API's: its status, its error body, and the
+        Failure the loop's call judges (``describe``: a throttle is a 429)."""
+        failure = self.describe(error) or Failure(type(error).__name__, "", error.status_code)
+        status = failure.status_code or error.status_code
+        kind = "rate_limit_error" if status == 429 else "overloaded_error" if status == 529 \
+            else ERROR_TYPES.get(status, "invalid_request_error" if status < 500
+                                 else "api_error")
+        message = failure.message or f"{self.name}: {failure.kind}"
+        return status, {"type": "error", "error": {"type": kind, "message": message}}, failure
+
+    def _error_answer(self, error: anthropic.APIStatusError,
+                      request: httpx2.Request) -> httpx2.Response:
+        status, body, failure = self.as_api_error(error)
+        headers = {"content-type": "application/json"}
+        if failure.retry_after_s is not None:
+            headers["retry-after"] = f"{failure.retry_after_s:g}"
+        if failure.should_retry is not None:
+            headers["x-should-retry"] = "true" if failure.should_retry else "false"
+        return httpx2.Response(status, headers=headers, content=json.dumps(body).encode(),
+                               request=request, extensions={FAILURE: failure})
+
+
+# A stream whose next event is this long away says ``ping`` meanwhile, as the API does while
+# it reads a long prompt: the SDK drops the cloud's own pings before any event, and the
+# caller's read timeout would otherwise fire on a healthy stream. A cloud stream that carries
+# no byte at all still ends at the entry's read timeout (the caller's), as the API's would.
+KEEP_ALIVE_S = 5.0
+_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return b"event: %s\ndata: %s\n\n" % (str(event.get("type")).encode(),
+                                           json.dumps(event).encode())
+
+
+class CloudEvents(httpx2.AsyncByteStream):
+    """A cloud's stream (the SDK's raw events) as the Anthropic API's server-sent events,
+    each passed on as it arrives; closed early, it closes the cloud's stream."""
+
+    def __init__(self, events: Any, model: str, cloud: Cloud) -> None:
+        self.events, self.model, self.cloud = events, model, cloud
+        self.next: asyncio.Future[Any] | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        events = self.events.__aiter__()
+        try:
+            while True:
+                if self.next is None:
+                    self.next = asyncio.ensure_future(events.__anext__())
+                done, _ = await asyncio.wait({self.next}, timeout=KEEP_ALIVE_S)
+                if not done:
+                    yield _PING
+                    continue
+                step, self.next = self.next, None
+                try:
+                    event = step.result()
+                except StopAsyncIteration:
+                    return
+                except anthropic.APIStatusError as error:  # the cloud's error event
+                    yield _sse(self._error_event(error))
+                    return
+                data = event.to_dict(mode="json")
+                if data.get("type") == "message_start" and isinstance(data.get("message"),
+                                                                       dict):
+                    data["message"]["model"] = self.model
+                yield _sse(data)
+        finally:
+            self._stop()
+
+    def _error_event(self, error: anthropic.APIStatusError) -> dict[str, Any]:
+        body = error.body if isinstance(error.body, dict) else {}
+        said = body.get("error")
+        inner: dict[str, Any] = said if isinstance(said, dict) else body
+        kind = str(inner.get("type") or "")
+        message = str(inner.get("message") or kind or "the cloud's stream failed")[:500]
+        if kind not in _API_TYPES:
+            kind = "rate_limit_error" if "throttl" in kind.lower() else "api_error"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def _stop(self) -> None:
+        if self.next is not None:
+            self.next.cancel()
+            self.next = None
+
+    async def aclose(self) -> None:
+        self._stop()
+        await self.events.close()
