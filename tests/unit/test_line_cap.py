@@ -146,3 +146,22 @@ def test_a_pump_reads_the_window_after_it_watches_the_estimates(r, redis_url, ke
 
     assert report_line_cap(settings, limiter, r, fs, window_read_as_the_submitter_adds) is None
     assert fs.cap() == _expected(1.0, settings)
+
+
+def test_the_lease_cap_is_written_beside_the_line_cap_per_model_class(r, redis_url, key_prefix):
+    """The window's lease cap (the limiter's in-flight leases, which a gateway's calls must
+    not outnumber) is DROVER_MAX_IN_FLIGHT per model class the line serves, written with the
+    line cap; it stays while the class has no rate limit (the line cap is then removed)."""
+    from drover.workers.agent.capacity import report_line_cap
+    from drover.workers.fairshare import FairShare
+
+    settings = _settings(redis_url, key_prefix, max_in_flight=7)
+    fs = FairShare.from_settings(r, settings, "q")
+    limiter = Limiter(r, prefix=key_prefix, horizon_s=settings.horizon_s)
+    report_line_cap(settings, limiter, r, fs, lambda: [TIGHT])
+    assert int(r.get(fs.leases_key)) == 7
+    report_line_cap(settings, limiter, r, fs, lambda: [TIGHT, settings.model])
+    assert int(r.get(fs.leases_key)) == 14
+    loose = _settings(redis_url, key_prefix, max_in_flight=7, limits={"claude-free": {}})
+    report_line_cap(loose, limiter, r, fs, lambda: ["claude-free"])  # limits only learned
+    assert fs.cap() is None and int(r.get(fs.leases_key)) == 7
