@@ -53,11 +53,13 @@ def _row(output: str, label: str) -> str:
 
 
 def _keys(url: str) -> dict[str, int]:
-    """Each key and its TTL; a key that expired between the scan and its TTL (-2: the fair
-    share's line cap lives 5 pump periods) is gone, so not listed."""
+    """Each key and its TTL in milliseconds; a key that expired between the scan and its TTL
+    (-2: the fair share's line cap lives 5 pump periods) is gone, so not listed. In
+    milliseconds because TTL rounds to the nearest second: the cap read in its last half
+    second showed 0, as if it never expired."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        ttls = {key: client.ttl(key) for key in client.scan_iter(count=1000)}
+        ttls = {key: client.pttl(key) for key in client.scan_iter(count=1000)}
     finally:
         client.close()
     return {key: ttl for key, ttl in ttls.items() if ttl != -2}
@@ -97,7 +99,7 @@ def test_demo_keep_leaves_only_keys_that_expire_within_the_hour(tmp_path, own_re
     assert keys, "--keep kept nothing"
     assert any("_kombu.binding" in key for key in keys)  # kombu's, TTL-less by design
     assert any(key.endswith(":jobs") for key in keys)
-    forever = {key: ttl for key, ttl in keys.items() if not 0 < ttl <= 3600}
+    forever = {key: ttl for key, ttl in keys.items() if not 0 < ttl <= 3_600_000}
     assert not forever, forever
     assert "DROVER_KEY_PREFIX=drover-demo-" in proc.stdout.replace("\n", "")  # how to look
 
