@@ -259,3 +259,82 @@ def test_the_gateway_sends_its_callers_to_every_entry_of_the_pool(
     assert all(n > 0 for n in accepted.values()) and sum(accepted.values()) == 18, accepted
     assert all(s.stats()["rejected_429"] == 0 for s in (sim, bed, vtx))
     assert "bedrock-key" not in json.dumps([a.to_dict() for a in answers])  # type: ignore[attr-defined]
+
+
+def test_a_cloud_stream_whose_first_token_is_slow_but_alive_is_never_abandoned(
+        sim, sim_factory, drover_env, monkeypatch):
+    """The caller's read timeout (3 s) is the cloud's request's: Vertex AI pings a stream
+    whose first token is 8 s away, and the caller gets its whole answer, sent once; a
+    stream that carries no byte at all (a dead connection) ends at that timeout as the
+    SDK's APITimeoutError, as the Anthropic API's would. (The simulator's Bedrock stream
+    sends no pings: there a first token slower than the read timeout ends the stream, as in
+    the loop.)"""
+    cloud = "vertex"
+    on = sim_factory(provider=cloud, seed=7, tool_turns=0, output_tokens_mean=30,
+                     ping_every_s=1.0)
+    tag = drover_env["DROVER_KEY_ALIAS"]
+    name = "bed" if cloud == "bedrock" else "vtx"
+    limits = {"bed": {"rpm": 600, "tpm": 600_000},
+              "vtx": {"rpm": 600, "itpm": 600_000, "otpm": 60_000}}[name]
+    _pool(monkeypatch, drover_env, _entries(tag, {name: on.url}, **{name: limits}))
+    import drover
+
+    async def streams() -> tuple[list[str], BaseException | None]:
+        llm = drover.AsyncAnthropic(max_retries=0, timeout=anthropic.Timeout(30, read=3))
+        kinds = []
+        async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
+                {"role": "user", "content": "Weigh it [[sim:think=8]]"}]) as stream:
+            async for event in stream:
+                kinds.append(event.type)
+        dead = None
+        try:
+            async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
+                    {"role": "user", "content": "Weigh it [[sim:stall=30]]"}]) as stream:
+                await stream.get_final_message()
+        except anthropic.APIConnectionError as error:  # APITimeoutError is one
+            dead = error
+        return kinds, dead
+
+    kinds, dead = asyncio.run(streams())
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+    assert isinstance(dead, anthropic.APITimeoutError), repr(dead)
+    assert on.stats()["accepted"] == 2
+
+
+def test_the_gateway_pings_its_caller_while_a_cloud_streams_no_event(
+        sim, sim_factory, drover_env, monkeypatch, gateway):
+    """Through the gateway (a network hop to the caller): while Vertex AI pings a stream whose
+    first token is 8 s away, and the SDK drops those pings, the gateway says ``ping`` to its
+    caller (every half of its DROVER_STREAM_IDLE_S, 4 s), whose SDK reads with a 3 s timeout:
+    the caller gets its whole answer, sent once; a cloud stream with no byte at all is cut at
+    the gateway's idle limit."""
+    from tests.helpers.gateway import GATEWAY_KEYS
+
+    on = sim_factory(provider="vertex", seed=8, tool_turns=0, output_tokens_mean=30,
+                     ping_every_s=1.0)
+    tag = drover_env["DROVER_KEY_ALIAS"]
+    _pool(monkeypatch, drover_env, _entries(tag, {"vtx": on.url}, vtx={
+        "rpm": 600, "itpm": 600_000, "otpm": 60_000}))
+    gw = gateway(DROVER_STREAM_IDLE_S="4")
+
+    async def streams() -> tuple[list[str], BaseException | None]:
+        llm = anthropic.AsyncAnthropic(base_url=gw.url, api_key=GATEWAY_KEYS["web"],
+                                       max_retries=0, timeout=anthropic.Timeout(30, read=3))
+        kinds = []
+        async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
+                {"role": "user", "content": "Weigh it [[sim:think=8]]"}]) as stream:
+            async for event in stream:
+                kinds.append(event.type)
+        cut = None
+        try:
+            async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
+                    {"role": "user", "content": "Weigh it [[sim:stall=30]]"}]) as stream:
+                await stream.get_final_message()
+        except anthropic.APIError as error:
+            cut = error
+        return kinds, cut
+
+    kinds, cut = asyncio.run(streams())
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+    assert cut is not None
+    assert on.stats()["accepted"] == 2

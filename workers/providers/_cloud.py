@@ -85,8 +85,10 @@ class Cloud(Anthropic):
                                                for name in _KEPT_HEADERS
                                                if name in request.headers}}
         timeout = request.extensions.get("timeout")
+        read = KEEP_ALIVE_S * 2
         if isinstance(timeout, dict):
             options["timeout"] = httpx2.Timeout(**timeout)
+            read = timeout.get("read") or read
         try:
             answer = await client.sdk.post(
                 "/v1/messages", cast_to=Message, body=client.params(body), options=options,
@@ -99,7 +101,8 @@ class Cloud(Anthropic):
         headers = {"content-type": "text/event-stream" if stream else "application/json"}
         if stream:
             return httpx2.Response(200, headers=headers, request=request,
-                                   stream=CloudEvents(answer, model, self))
+                                   stream=CloudEvents(answer, model,
+                                                      min(KEEP_ALIVE_S, read / 2)))
         message = answer.to_dict(mode="json")
         message["model"] = model
         return httpx2.Response(200, headers=headers, content=json.dumps(message).encode(),
@@ -135,10 +138,11 @@ class Cloud(Anthropic):
                                request=request, extensions={FAILURE: failure})
 
 
-# A stream whose next event is this long away says ``ping`` meanwhile, as the API does while
-# it reads a long prompt: the SDK drops the cloud's own pings before any event, and the
-# caller's read timeout would otherwise fire on a healthy stream. A cloud stream that carries
-# no byte at all still ends at the entry's read timeout (the caller's), as the API's would.
+# A stream whose next event is this long away (at most half the caller's read timeout) says
+# ``ping`` meanwhile, as the API does while it reads a long prompt: the SDK drops the cloud's
+# own pings before any event, and the caller's read timeout would otherwise fire on a healthy
+# stream. A cloud stream that carries no byte at all still ends at the caller's read timeout
+# (the cloud's request has it), as the API's would.
 KEEP_ALIVE_S = 5.0
 _PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
@@ -152,8 +156,9 @@ class CloudEvents(httpx2.AsyncByteStream):
     """A cloud's stream (the SDK's raw events) as the Anthropic API's server-sent events,
     each passed on as it arrives; closed early, it closes the cloud's stream."""
 
-    def __init__(self, events: Any, model: str, cloud: Cloud) -> None:
-        self.events, self.model, self.cloud = events, model, cloud
+    def __init__(self, events: Any, model: str, keep_alive_s: float = KEEP_ALIVE_S) -> None:
+        self.events, self.model = events, model
+        self.keep_alive_s = keep_alive_s
         self.next: asyncio.Future[Any] | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -162,7 +167,7 @@ class CloudEvents(httpx2.AsyncByteStream):
             while True:
                 if self.next is None:
                     self.next = asyncio.ensure_future(events.__anext__())
-                done, _ = await asyncio.wait({self.next}, timeout=KEEP_ALIVE_S)
+                done, _ = await asyncio.wait({self.next}, timeout=self.keep_alive_s)
                 if not done:
                     yield _PING
                     continue
