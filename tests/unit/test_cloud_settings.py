@@ -35,10 +35,6 @@ def test_a_pool_of_the_api_bedrock_and_vertex_serves_claude(monkeypatch):
     assert limits["bed"].output_weight == 5 and limits["bed"].tpm == pytest.approx(
         200_000 * s.target_utilization)
     assert [k.provider.name for k in route.keys] == ["anthropic", "bedrock", "vertex"]
-    # Raw HTTP (the limited clients' transport) goes to the Anthropic API's keys only.
-    raw = Route(s, "claude-sonnet-4-6", None, Pool(s.keys, dict.fromkeys(
-        ("api", "bed", "vtx"))), clouds=False)
-    assert [k.alias for k in raw.keys] == ["api"]
     assert SECRET not in repr(s) and SECRET not in str(s.keys)
 
 

@@ -317,15 +317,12 @@ class Call:
     """One call's estimate and reservation, from its first grant to its last settle (the
     module docstring shows the order). ``params``: drover's (Messages-shaped) request."""
 
-    def __init__(self, rt: Runtime, params: dict[str, Any], ctx: CallContext, *,
-                 clouds: bool = True) -> None:
+    def __init__(self, rt: Runtime, params: dict[str, Any], ctx: CallContext) -> None:
         self.rt, self.params, self.ctx = rt, params, ctx
         settings = rt.settings
         self.model = model = params["model"]
         self.max_tokens = int(params["max_tokens"])
-        # ``clouds`` False: the Anthropic API's keys only, never a pool's Bedrock and Vertex
-        # AI entries (every sender today reaches them all).
-        self.route = route = rt.route(model, clouds=clouds)
+        self.route = route = rt.route(model)
         self.provider = route.provider
         configured = settings.limits_for(model)
         self.cache_reads_count = bool(configured and configured.cache_reads_count)

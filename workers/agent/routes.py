@@ -14,8 +14,7 @@ own provider (its SDK client, its errors, its way of counting) and its own bucke
 organisation: DROVER_RPM/ITPM/OTPM are the Anthropic organisation's and hold its keys only,
 and a cloud's throttling cools down that entry alone. Every sender reaches the clouds' entries
 (the limited clients' transport sends a cloud's grant through that entry's SDK client:
-``providers/_cloud.py``); a route built with ``clouds=False`` keeps the Anthropic API's keys
-only.
+``providers/_cloud.py``).
 
 The provider's headers show, per dimension, the most restrictive limit in effect: a header
 whose ``-limit`` is the key's (workspace's) limit describes the key's bucket, one whose
@@ -72,8 +71,7 @@ class Route:
     """One call's limits: the one key's scope, or a pool's organisation and keys."""
 
     def __init__(self, settings: Settings, model: str, client: Any,
-                 pool: Pool | None = None, provider: Provider | None = None, *,
-                 clouds: bool = True) -> None:
+                 pool: Pool | None = None, provider: Provider | None = None) -> None:
         self.settings = settings
         self.model = model
         # None: Anthropic's, imported only when asked for (an OpenAI fleet never imports it)
@@ -89,10 +87,9 @@ class Route:
         else:
             self.scope = org_scope(self.model_class)
             # Only the keys of the model's provider can serve it (Claude: the Anthropic API's
-            # and the clouds' entries; ``clouds`` False: the Anthropic API's only).
+            # and the clouds' entries).
             self.keys = [self._key_route(k, pool) for k in pool.keys
-                         if settings.key_serves(k) == self.provider.name
-                         and (clouds or not k.cloud)]
+                         if settings.key_serves(k) == self.provider.name]
 
     def _key_route(self, key: Any, pool: Pool) -> KeyRoute:
         settings, model = self.settings, self.model

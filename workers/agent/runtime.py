@@ -81,21 +81,20 @@ class Runtime:
         self.parts = parts = await self.shared.loop_parts()
         self.aredis, self.limiter, self.client = parts.redis, parts.limiter, parts.client
         self.batch_client, self.pool = parts.batch_client, parts.pool
-        self._routes: dict[tuple[str, bool], Route] = {}
+        self._routes: dict[str, Route] = {}
         self._closing = False
         self._listener = asyncio.create_task(self._listen_for_cancels())
         self._pulse = asyncio.create_task(self._pulse_forever())
         self._ready.set_result(None)
 
-    def route(self, model: str, *, clouds: bool = True) -> Route:
-        """Where calls to ``model`` reserve: the one key's scope, or the pool's levels
-        (``clouds`` False: without a pool's Bedrock and Vertex AI entries, for raw HTTP)."""
-        route = self._routes.get((model, clouds))
+    def route(self, model: str) -> Route:
+        """Where calls to ``model`` reserve: the one key's scope, or the pool's levels."""
+        route = self._routes.get(model)
         if route is None:
             # The model's provider (DROVER_MODEL_PROVIDERS): a pool's keys of it serve it.
-            route = self._routes[(model, clouds)] = Route(
+            route = self._routes[model] = Route(
                 self.settings, model, self.client, self.pool,
-                provider(self.settings.provider_of(model)), clouds=clouds)
+                provider(self.settings.provider_of(model)))
         return route
 
     # --- running coroutines from Celery's threads ----------------------------------------
