@@ -116,7 +116,67 @@ def _bound_replay(calls: list[tuple[int, int]], latency_s: float = LATENCY_S,
     return done
 
 
-def run(n: int, mix: bool = False) -> dict[str, Any]:
+def _trace(sim: SimulatorServer, prefix: str, stop: threading.Event,
+           rows: dict[str, list[dict[str, Any]]]) -> None:
+    """--trace: the provider's buckets at each admission (``rows["admissions"]``: its levels
+    before the debit, the call's counted input and answer, monotonic time) and the scope's
+    limiter bucket hash read every 50 ms (``rows["limiter"]``: Redis' own instants in us in
+    its fields; ``wall`` and ``t``, this process's clock, to line them up)."""
+    import redis
+
+    from drover.config import get_settings
+
+    stats, admitted = sim.engine.stats, sim.engine.stats.admitted
+
+    def on_admitted(now: float, digest: bytes, counted_input: int, usage: dict[str, int],
+                    model: str = "") -> None:
+        keys = next(iter(sim.engine._buckets.values()))
+        levels = [b.level if b.ts >= now else min(b.capacity, b.level + (now - b.ts) * b.rate)
+                  for b in (keys.requests, keys.input, keys.output)]
+        rows["admissions"].append({"t": now, "in": counted_input, "out": usage["output_tokens"],
+                                   "r": levels[0] + 1, "i": levels[1] + counted_input,
+                                   "o": levels[2]})
+        admitted(now, digest, counted_input, usage, model)
+
+    stats.admitted = on_admitted  # type: ignore[method-assign]
+    r = redis.Redis.from_url(get_settings().redis_url, decode_responses=True)
+    key = None
+    while not stop.is_set():
+        if key is None:
+            key = next((k for k in r.scan_iter(match=f"{prefix}:*:b", count=1000)
+                        if r.hexists(k, "Lr")), None)
+        if key is not None:
+            rows["limiter"].append({"t": time.monotonic(), "wall": time.time(), **r.hgetall(key)})
+        time.sleep(0.05)
+
+
+def _held(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, float]]:
+    """--trace, per admission of a long answer's call: the provider's output bucket when it
+    came (tokens above 0: it could have come level / rate seconds sooner, unless the request
+    bucket held it) and, that long before it, how far ahead of then the limiter's model of
+    the provider's output bucket (hold_back.lua's ``so``) stood, against its burst."""
+    adm, lim = rows["admissions"], rows["limiter"]
+    if not lim:
+        return []
+    offset = lim[0]["wall"] - lim[0]["t"]
+    out = []
+    for k in range(1, len(adm)):
+        a = adm[k]
+        if a["out"] <= 200:
+            continue
+        sooner = max(0.0, min(a["o"] / (OTPM / 60), a["t"] - adm[k - 1]["t"] - 60 / RPM))
+        at = a["t"] - sooner
+        row = next((p for p in reversed(lim) if p["t"] <= at), None)
+        if row is None or "so" not in row:
+            continue
+        out.append({"at_s": round(a["t"] - adm[0]["t"], 2), "provider_out_level": round(a["o"]),
+                    "sooner_s": round(sooner, 2),
+                    "so_ahead_s": round((float(row["so"]) - (at + offset) * 1e6) / 1e6, 2),
+                    "burst_s": float(row["burst"])})
+    return out
+
+
+def run(n: int, mix: bool = False, trace: str | None = None) -> dict[str, Any]:
     sim = SimulatorServer(SimConfig(seed=1, rpm=RPM, itpm=ITPM, otpm=OTPM, burst_s=BURST_S,
                                     latency_mean_s=LATENCY_S, latency_p95_s=0.6, tool_turns=0,
                                     output_tokens_mean=160)).start()
@@ -138,6 +198,10 @@ def run(n: int, mix: bool = False) -> dict[str, Any]:
         get_settings().broker_url or get_settings().redis_url, env["DROVER_KEY_PREFIX"], names,
         stop, counts))
     listener.start()
+    rows: dict[str, list[dict[str, Any]]] = {"admissions": [], "limiter": []}
+    if trace:
+        threading.Thread(target=_trace, daemon=True,
+                         args=(sim, env["DROVER_KEY_PREFIX"], stop, rows)).start()
     time.sleep(1.0)  # bound to the events exchange before the workers start
     workers = [spawn_worker(env, name, threads=4, events=True) for name in sorted(names)]
     try:
@@ -172,6 +236,11 @@ def run(n: int, mix: bool = False) -> dict[str, Any]:
         # Busy: the provider's first acceptance to its last answer (the workers' start-up,
         # slow on a loaded box, is not the limiter's doing); wall: from the submit.
         busy = stats["last_done_ts"] - stats["first_accept_ts"]
+        if trace:
+            held = _held(rows)
+            with open(trace, "w") as f:
+                json.dump({**rows, "held": held}, f)
+            print(json.dumps({"held": held}), flush=True)
         return {"n": n, "ok": result.counts["ok"], "n429": stats["rejected_429"],
                 "n429_by_limit": stats["rejected_429_by_limit"],
                 "n429_after_last_accept_s": stats["rejected_429_gaps_s"],
@@ -198,10 +267,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--mix", action="store_true",
                         help="blocks of sub-agents that bind requests, input, output in turn")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="write the provider's buckets at each admission and the limiter's "
+                        "bucket every 50 ms to FILE (JSON), and print, per long answer's call, "
+                        "how long before it the provider had room")
     args = parser.parse_args()
     for _ in range(args.runs):
-        print(json.dumps({"load_before": round(os.getloadavg()[0], 1), **run(args.n, args.mix)}),
-              flush=True)
+        print(json.dumps({"load_before": round(os.getloadavg()[0], 1),
+                          **run(args.n, args.mix, args.trace)}), flush=True)
 
 
 if __name__ == "__main__":
