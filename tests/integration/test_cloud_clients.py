@@ -127,10 +127,11 @@ def test_limited_client_calls_land_on_every_entry_and_read_the_apis_own_answers(
 def test_a_throttled_cloud_entry_cools_down_alone_and_the_caller_gets_its_answer(
         sim, sim_factory, drover_env, monkeypatch, cloud):
     """The cloud entry's simulator admits one request a minute while drover thinks it takes
-    6,000: its second call is throttled (ThrottlingException / RESOURCE_EXHAUSTED), which the
-    caller's SDK sees as the API's 429 ``rate_limit_error`` with the entry's cooldown as its
-    retry-after; the entry cools down alone, the SDK's retry goes out on the API's key, and
-    every caller gets its answer."""
+    6,000 (the API's key: 600). Six calls at once go mostly to the cloud (the emptiest
+    entry), which throttles all but one (ThrottlingException / RESOURCE_EXHAUSTED): a caller with
+    ``max_retries=0`` sees the API's 429 ``rate_limit_error`` with the entry's cooldown as
+    its retry-after. The entry cools down alone: the organisation and the API's key have no
+    cooldown, and callers that keep the SDK's retries get their answers."""
     sim.configure(seed=2, tool_turns=0, output_tokens_mean=20, rpm=600)
     throttling = sim_factory(provider=cloud, seed=2, tool_turns=0, output_tokens_mean=20,
                              rpm=1)
@@ -139,46 +140,38 @@ def test_a_throttled_cloud_entry_cools_down_alone_and_the_caller_gets_its_answer
     cloud_limits = {"bed": {"rpm": 6000, "tpm": 6_000_000},
                     "vtx": {"rpm": 6000, "itpm": 6_000_000, "otpm": 600_000}}[name]
     _pool(monkeypatch, drover_env, _entries(
-        tag, {"api": sim.url, name: throttling.url}, api={"rpm": 120},
+        tag, {"api": sim.url, name: throttling.url}, api={"rpm": 600},
         **{name: cloud_limits}))
     import drover
 
-    async def calls() -> tuple[list[object], BaseException]:
-        llm = drover.AsyncAnthropic()
+    async def calls() -> tuple[list[object], list[object]]:
         bare = drover.AsyncAnthropic(max_retries=0)
-        answers = []
-        refused: BaseException | None = None
-        # One at a time: the pool sends each to the entry with the most room (the cloud's,
-        # by its 6,000 requests a minute) until it is throttled and cools down.
-        for i in range(4):
-            try:
-                answers.append(await bare.messages.create(model=MODEL, max_tokens=40,
-                                                          messages=_ask(i)))
-            except anthropic.RateLimitError as error:
-                refused = error
-                break
-        assert refused is not None, "the cloud never throttled"
-        answers += await asyncio.gather(*(llm.messages.create(
-            model=MODEL, max_tokens=40, messages=_ask(10 + i)) for i in range(6)))
-        return answers, refused
+        first = await asyncio.gather(*(bare.messages.create(
+            model=MODEL, max_tokens=40, messages=_ask(i)) for i in range(6)),
+            return_exceptions=True)
+        llm = drover.AsyncAnthropic(max_retries=4)
+        then = [await llm.messages.create(model=MODEL, max_tokens=40, messages=_ask(10 + i))
+                for i in range(3)]
+        return first, then
 
-    answers, refused = asyncio.run(calls())
+    first, then = asyncio.run(calls())
+    refused = [r for r in first if isinstance(r, BaseException)]
+    assert refused and all(isinstance(r, anthropic.RateLimitError) for r in refused), refused
+    for error in refused:
+        assert error.status_code == 429  # type: ignore[attr-defined]
+        assert error.body["error"]["type"] == "rate_limit_error", error.body  # type: ignore[attr-defined]
+        assert error.response.headers["retry-after"] == "2"  # type: ignore[attr-defined]
+        assert "token" not in str(error) and "bedrock-key" not in str(error)
+    answers = [r for r in first if not isinstance(r, BaseException)] + then
     assert all(isinstance(a, anthropic.types.Message) and a.model == MODEL for a in answers)
-    assert refused.status_code == 429  # type: ignore[attr-defined]
-    assert refused.body["error"]["type"] == "rate_limit_error", refused.body  # type: ignore[attr-defined]
-    assert refused.response.headers["retry-after"] == "2"  # type: ignore[attr-defined]
-    assert "token" not in str(refused) and "bedrock-key" not in str(refused)
     stats = {"api": sim.stats(), name: throttling.stats()}
-    assert stats[name]["accepted"] == 1 and stats[name]["rejected_429"] >= 1, stats[name]
+    assert stats[name]["accepted"] == 1 and stats[name]["rejected_429"] >= len(refused)
     assert stats["api"]["rejected_429"] == 0
     cls = f"cls-{tag}"
-    # The throttle cooled the entry alone: the organisation's and the API key's scopes had no
-    # cooldown, so the API's key served the rest at once.
     lim = Limiter(redis.Redis.from_url(drover_env["DROVER_REDIS_URL"]),
                   prefix=drover_env["DROVER_KEY_PREFIX"])
     for scope in (org_scope(cls), pool_scope(f"api-{tag}", cls)):
         assert lim.state(scope)["cooldown_s"] == 0, lim.state(scope)
-    assert stats["api"]["accepted"] == len(answers) - 1
 
 
 @pytest.mark.parametrize("cloud", ["bedrock", "vertex"])
@@ -338,3 +331,45 @@ def test_the_gateway_pings_its_caller_while_a_cloud_streams_no_event(
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
     assert cut is not None
     assert on.stats()["accepted"] == 2
+
+
+@pytest.mark.parametrize("cloud", ["bedrock", "vertex"])
+def test_a_cloud_stream_that_fails_mid_answer_reaches_the_caller_as_the_apis_error_event(
+        sim, sim_factory, drover_env, monkeypatch, cloud):
+    """The cloud fails a stream after a few events (Bedrock's serviceUnavailableException
+    frame, Vertex AI's error event): the caller's SDK raises its error of the API's
+    ``overloaded_error`` event, and the call settles unanswered at what had streamed. The
+    blocking client reads a cloud's answers too."""
+    on = sim_factory(provider=cloud, seed=9, tool_turns=0, output_tokens_mean=200,
+                     output_tokens_per_s=1000)
+    tag = drover_env["DROVER_KEY_ALIAS"]
+    name = "bed" if cloud == "bedrock" else "vtx"
+    limits = {"bed": {"rpm": 600, "tpm": 600_000, "output_burndown": 1},
+              "vtx": {"rpm": 600, "itpm": 600_000, "otpm": 60_000}}[name]
+    _pool(monkeypatch, drover_env, _entries(tag, {name: on.url}, **{name: limits}))
+    import drover
+
+    async def failing() -> BaseException:
+        llm = drover.AsyncAnthropic(max_retries=0)
+        try:
+            async with llm.messages.stream(model=MODEL, max_tokens=400, messages=[
+                    {"role": "user", "content": "Weigh it [[sim:cut_error=6]]"}]) as stream:
+                await stream.get_final_message()
+        except anthropic.APIStatusError as error:
+            return error
+        raise AssertionError("the stream did not fail")
+
+    failed = asyncio.run(failing())
+    assert failed.body["error"]["type"] == "overloaded_error", failed.body  # type: ignore[attr-defined]
+    counted = _requests(drover_env, pool_scope(f"{name}-{tag}", f"cls-{tag}"))
+    billed = on.stats()["billed"]
+    # Settled at what had streamed: not below what the cloud billed, below max_tokens.
+    assert counted["requests"] == 1 and counted["input_tokens"] == billed["input_tokens"]
+    assert billed["output_tokens"] <= counted["output_tokens"] < 400, (counted, billed)
+
+    blocking = drover.Anthropic()
+    whole = blocking.messages.create(model=MODEL, max_tokens=100, messages=_ask(1))
+    with blocking.messages.stream(model=MODEL, max_tokens=100, messages=_ask(2)) as stream:
+        streamed = stream.get_final_message()
+    assert whole.model == streamed.model == MODEL and whole.content and streamed.content
+    assert on.stats()["accepted"] == 3

@@ -193,8 +193,10 @@ class CloudEvents(httpx2.AsyncByteStream):
         inner: dict[str, Any] = said if isinstance(said, dict) else body
         kind = str(inner.get("type") or "")
         message = str(inner.get("message") or kind or "the cloud's stream failed")[:500]
-        if kind not in _API_TYPES:
-            kind = "rate_limit_error" if "throttl" in kind.lower() else "api_error"
+        if kind not in _API_TYPES:  # Bedrock's exception names (throttlingException, ...)
+            said = kind.lower()
+            kind = ("rate_limit_error" if "throttl" in said else "overloaded_error"
+                    if "unavailable" in said or "overload" in said else "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
 
     def _stop(self) -> None:
