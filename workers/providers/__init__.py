@@ -12,8 +12,10 @@ errors apart by ``StatusError`` and ``ConnectionFailed``.
 ``Pool`` holds a key pool's clients (one per key).
 The limited clients (``drover.AsyncAnthropic`` and kin) are the SDKs' own classes in
 ``anthropic_clients`` and ``openai_clients``, given their HTTP client through ``limited``;
-each provider also reads the HTTP exchange their transport sees (``Provider.counted_path``,
-``call_params``, ``answer_usage``, ``on_stream_event``, ``status_failure``).
+each provider also sends (``Provider.send_http``: a cloud entry through its SDK client,
+answered as the Anthropic API) and reads the HTTP exchange their transport sees
+(``counted_path``, ``call_params``, ``answer_usage``, ``on_stream_event``,
+``response_failure``).
 docs/providers.md tells how a provider is added.
 """
 

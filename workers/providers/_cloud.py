@@ -50,6 +50,7 @@ class Cloud(Anthropic):
     # A throttled entry waits this long: the cloud names no wait, its quota refills
     # continuously.
     throttle_cooldown_s: ClassVar[float] = 2.0
+    sends_through_client = True  # the limited clients' requests (``send_http``)
 
     async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
                           generating: Any = None) -> Answer:
@@ -69,8 +70,6 @@ class Cloud(Anthropic):
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
         return None
-
-    sends_through_client = True
 
     async def send_http(self, request: Any, inner: Any, key: Any = None,
                         client: Any = None) -> httpx2.Response:
