@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -128,11 +129,17 @@ def test_a_function_killed_with_calls_in_flight_counts_each_and_its_usage_bracke
     # Answers of max_tokens (120), 20 tokens a second: each call streams for 6 s.
     sim.configure(output_share_min=1.0, output_share_max=1.0, output_tokens_per_s=20)
     before = sim.stats()
-    handle = submit_elsewhere(drover_env, JobSpec(subagent="side_by_side",
-                                                  inputs=[{"topic": "currents", "n": 3}]))
-    wait_until("the three calls streaming", lambda: sim.stats()["in_flight"] == 3, 60)
-    time.sleep(2.5)  # ~50 tokens of each generated (and billed)
-    kill_group(victim)
+    # Watched from before it is submitted: the job runs once `drover submit` has published
+    # it, which on a loaded host was seconds before that process had exited (seen: the three
+    # calls admitted 4.5 s before submit_elsewhere returned, and all four calls done before
+    # the first look at a load of 10-20: never three in flight, or the kill after the three).
+    with ThreadPoolExecutor(1) as submitter:
+        submitted = submitter.submit(submit_elsewhere, drover_env, JobSpec(
+            subagent="side_by_side", inputs=[{"topic": "currents", "n": 3}]))
+        wait_until("the three calls streaming", lambda: sim.stats()["in_flight"] == 3, 60)
+        time.sleep(2.5)  # ~50 tokens of each generated (and billed)
+        kill_group(victim)
+        handle = submitted.result()
     victim.wait()
     sim.configure(output_tokens_per_s=0, output_share_min=0, output_share_max=0)
     spawn_worker(concurrency=2)
