@@ -373,3 +373,30 @@ def test_a_cloud_stream_that_fails_mid_answer_reaches_the_caller_as_the_apis_err
         streamed = stream.get_final_message()
     assert whole.model == streamed.model == MODEL and whole.content and streamed.content
     assert on.stats()["accepted"] == 3
+
+
+def test_a_cloud_entry_without_credentials_sends_nothing_and_spends_nothing(
+        sim, sim_factory, drover_env, monkeypatch):
+    """A Vertex AI entry with no access token where Google's default credentials are none:
+    its SDK client refuses before sending, so the call is not counted as sent (the limiter
+    gets its reservation back, as the loop's call would), and the caller's SDK raises."""
+    on = sim_factory(provider="vertex", seed=10, tool_turns=0)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/drover-test.json")
+    tag = drover_env["DROVER_KEY_ALIAS"]
+    entry = _entries(tag, {"vtx": on.url}, vtx={"rpm": 600, "itpm": 600_000,
+                                                "otpm": 60_000})[0]
+    _pool(monkeypatch, drover_env, [{k: v for k, v in entry.items() if k != "access_token"}])
+    import drover
+
+    async def call() -> BaseException:
+        try:
+            await drover.AsyncAnthropic(max_retries=0).messages.create(
+                model=MODEL, max_tokens=40, messages=_ask(1))
+        except anthropic.AnthropicError as error:
+            return error
+        raise AssertionError("sent without credentials")
+
+    error = asyncio.run(call())
+    assert "DefaultCredentialsError" in repr(error.__cause__), repr(error.__cause__)
+    assert on.stats()["accepted"] == 0
+    assert _requests(drover_env, pool_scope(f"vtx-{tag}", f"cls-{tag}"))["requests"] == 0

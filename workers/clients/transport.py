@@ -172,13 +172,19 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             await self._on_loop(call.ended(error, sent=True))
             counted(call, "unanswered", "cancelled")
             raise
-        except Exception as error:
+        except httpx2.TransportError as error:
             timeout = isinstance(error, httpx2.TimeoutException)
             failure = Failure("timeout" if timeout else "connection_error",
                               type(error).__name__, timeout=timeout)
             lost = went_out(error)
             await self._on_loop(call.failed(failure, lost=lost, headers={}, error=error))
             counted(call, "unanswered" if lost else "nconn", failure.kind)
+            raise
+        except Exception as error:
+            # Not the connection's: this process's, before the request went out (a cloud
+            # entry's SDK client without credentials), as the loop's call judges it.
+            await self._on_loop(call.ended(error, sent=False))
+            counted(call, "aborted", type(error).__name__)
             raise
 
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
