@@ -186,6 +186,11 @@ class PoolKey(BaseModel):
         """Its API key's value ("" without one: a cloud's entry on other credentials)."""
         return self.api_key.get_secret_value() if self.api_key is not None else ""
 
+    def secrets(self) -> list[str]:
+        """Every credential's value it holds (its API key, a Vertex entry's access token):
+        what must never reach a caller or a log."""
+        return [s.get_secret_value() for s in (self.api_key, self.access_token) if s is not None]
+
     @property
     def cloud(self) -> bool:
         """Claude on a cloud (bedrock, vertex): its limits are its own, under no

@@ -55,8 +55,10 @@ class Forwarder:
         one = self.about.api_key(settings)
         key = pool[0].api_key if pool else one
         self.key = key.get_secret_value() if key is not None else ""
-        # Every provider key this gateway holds: scrubbed from any answer a caller gets.
-        self.secrets = [s.encode() for s in {self.key, *(k.secret() for k in pool)} if s]
+        # Every credential this gateway holds (any entry's: a pool's Bedrock or Vertex AI
+        # entry may serve a call too): scrubbed from any answer a caller gets.
+        held = {self.key, *(s for k in settings.keys for s in k.secrets())}
+        self.secrets = [s.encode() for s in held if s]
         # One connection pool for every caller (the limiter, not a connection, is the line).
         self.inner = httpx2.AsyncHTTPTransport(limits=CONNECTION_LIMITS)
         self.timeout = {"connect": settings.connect_timeout_s, "read": settings.stream_idle_s,

@@ -97,3 +97,20 @@ def test_a_worker_on_a_pool_of_clouds_alone_needs_no_anthropic_api_key(monkeypat
     s = load_settings(model="claude-sonnet-4-6", anthropic_api_key=None)
     assert has_credentials(s)
     check_worker(s, services=False)  # the entries carry their own credentials
+
+
+def test_the_gateway_scrubs_every_entrys_credentials_from_what_a_caller_gets(monkeypatch):
+    """A cloud entry serves the gateway's calls too: its Bedrock API key and its Vertex AI
+    access token are scrubbed from an answer as the Anthropic API's keys are."""
+    from types import SimpleNamespace
+
+    from drover.orchestrator.gateway._forward import Forwarder
+
+    monkeypatch.setenv("DROVER_KEYS", json.dumps([
+        {"alias": "api", "api_key": "sk-api-credential", "rpm": 50},
+        {**BEDROCK, "api_key": "bedrock-credential"},
+        {**VERTEX, "access_token": "vertex-credential"}]))
+    s = load_settings(model="claude-sonnet-4-6", rpm=60)
+    said = Forwarder(SimpleNamespace(settings=s), "anthropic").scrub(
+        b"keys sk-api-credential, bedrock-credential and vertex-credential")
+    assert said == b"keys ***, *** and ***"
