@@ -547,7 +547,9 @@ def test_a_bucket_of_less_than_one_request_paces_each_send_on_when_the_last_one_
     holds one), the provider admits a send one interval after the last one *left*. A call
     that leaves 0.35 s late moves the next one back by as much; on planned times alone the
     next would go 0.35 s early, a 429 at the provider (bench/RESULTS-small.md). A bucket of
-    a whole request or more is not paced: the late-send allowance covers it."""
+    a whole request is paced the same way by the sends as they left (`sr`): at 60 RPM in
+    1 s bursts, with no allowance for late sends, the provider's one request that the late
+    first took has refilled 0.65 of the next at its planned send."""
     per = 60 / 57
     scope, limits = "llm:k:paced", ScopeLimits(rpm=57, burst_s=0.8)
     at(lim, 0)
@@ -567,7 +569,42 @@ def test_a_bucket_of_less_than_one_request_paces_each_send_on_when_the_last_one_
     at(lim, 10.35)
     assert lim.hold_back(a, whole) == 0.0
     at(lim, 10 + b.wait_s)
+    assert lim.hold_back(b, whole) == pytest.approx(-0.35, abs=1e-5)
+    at(lim, 10.35 + 1.0)
     assert lim.hold_back(b, whole) == 0.0
+
+
+def test_sends_a_stall_held_back_leave_paced_on_when_they_left_not_all_at_once(lim):
+    """hold_back.lua: grants planned at 10 a second, the first 10 sent at once, then the
+    sender stalls for 1.5 s (a loaded host, a busy loop): the 15 grants planned meanwhile are
+    all due when it wakes. The provider's bucket (10 requests, 10 a second) was full since
+    1 s and banked none of the refill after, so it holds 10: the sends are paced on when the
+    last ones left, and none is refused when replayed through the simulator's bucket. (On
+    planned times alone all 15 went at 1.5 s: five 429s, as a full run's gateway drew.)"""
+    from drover.simulator.buckets import TokenBucket
+
+    scope, limits = "llm:k:stalled", ScopeLimits(rpm=600, burst_s=1)
+    at(lim, 0)
+    grants = [lim.acquire(scope, limits) for _ in range(25)]
+    assert [g.wait_s for g in grants[:11]] == pytest.approx([0.0] * 10 + [0.1])
+    left = []
+    for grant in grants:
+        now = max(grant.wait_s, 1.5 if grant.wait_s > 0 else 0.0)  # the stall, then all due
+        now = max(now, left[-1] if left else 0.0)
+        at(lim, now)
+        while (held := lim.hold_back(grant, scope)) < 0:
+            now -= held
+            at(lim, now)
+        assert held == 0.0
+        left.append(now)
+    assert left[10:20] == pytest.approx([1.5] * 10)  # the bucket's 10 at once, then paced
+    assert left[20:] == pytest.approx([1.6, 1.7, 1.8, 1.9, 2.0])
+    provider = TokenBucket(600, 1, 0.0)
+    for t in left:
+        provider.refill(t)
+        assert provider.shortfall_s(1) == 0.0, t
+        provider.level -= 1
+    assert lim.state(scope)["leases"] == 25
 
 
 def test_an_answer_longer_than_its_reservation_holds_back_the_sends_granted_before_it(lim):

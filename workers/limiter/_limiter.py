@@ -61,10 +61,12 @@ class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, Sta
     def hold_back(self, grant: Grant, *scopes: str, stop: str | None = None) -> FloatT:
         """Right before a granted call goes out: seconds a cooldown holds on any of
         ``scopes`` (the grant's; its lease is gone, its reservation spent: do not send on
-        it); below 0, a bucket of less than one request let its last send go too recently:
-        wait that long, ask again; 0.0: send (hold_back.lua). A pool's: one call. ``stop``:
-        a key alias (the one key's) whose fleet-wide stop (``disable_key``) is read in the
-        same call: inf when it is stopped, nothing changed (``disabled_keys`` says why)."""
+        it); below 0, a bucket of less than one request let its last send go too recently,
+        or the sends that just left filled the provider's bucket (a stall sent them
+        together): wait that long, ask again; 0.0: send (hold_back.lua). A pool's: one
+        call. ``stop``: a key alias (the one key's) whose fleet-wide stop (``disable_key``)
+        is read in the same call: inf when it is stopped, nothing changed (``disabled_keys``
+        says why)."""
         return self._run(self._hold_back(grant, list(scopes), stop), 0.0)
 
     def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> NoneT:

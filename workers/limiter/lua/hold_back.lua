@@ -14,6 +14,14 @@
 -- *left*, whenever that was planned: a send that left late by more than the planner's
 -- slack (5 % of the interval) drew a 429 on the next. So the sends there are paced on when
 -- each left (the bucket's `ls`, set here as the grant goes), not on planned times alone.
+-- Where it holds more, the provider's request bucket is kept of the sends as they left
+-- (`sr`, at the limiter's own capacity, as `so` below): the grants were planned to go at
+-- their slots, and a send that leaves late while the provider's bucket is full banks none
+-- of the refill it waited through, so sends that a stall of the sender (a loaded host, a
+-- loop busy for 0.3 s) held back all leave together at its end, more than the bucket holds
+-- (replayed through the simulator's bucket, a gateway's 211 sends into 900 RPM: a stall
+-- of 0.3 s drew one 429, of 0.5 s four). A send waits while that bucket has no room for it;
+-- on time, it always has (the grants fit the same bucket).
 -- And where a scope limits output tokens: the provider admits a request while its output
 -- bucket has room (level > 0) and debits each answer as it is generated, whatever drover
 -- reserved for it. The grants were planned on the output estimates; an answer longer than
@@ -53,6 +61,10 @@ for i = 1, scopes, 2 do
   until_us = math.max(until_us, f.cd or 0)
   if f.Lr and f.Lr * f.burst < 60 then
     due = math.max(due, (f.ls or 0) + 60e6 / f.Lr); table.insert(paced, KEYS[i])
+  elseif f.Lr then
+    local sr = f.sr or 0
+    due = math.max(due, sr + 60e6 / f.Lr - f.burst * 1e6)
+    spent[KEYS[i] .. ':r'] = {'sr', math.max(sr, now) + 60e6 / f.Lr, KEYS[i]}
   end
   if f.Lo and (A.out or 0) > 0 then
     local so = f.so or 0
