@@ -25,6 +25,7 @@ from drover.config import GatewayKey
 from drover.config.providers import about
 from drover.orchestrator.gateway._callers import own_limits
 from drover.workers.agent.call import CallContext
+from drover.workers.agent.retry import classify
 from drover.workers.agent.runtime import Runtime
 from drover.workers.clients import LimitedTransport
 from drover.workers.clients.transport import CONNECTION_LIMITS
@@ -82,16 +83,41 @@ class Forwarder:
                    ) -> httpx2.Response:
         """The provider's answer to ``request`` (its stream settles as it is read and closed),
         sent through the limits as ``caller``'s call (its tenant's, within its key's own
-        limits); ``cancel`` set: the caller left."""
+        limits); ``cancel`` set: the caller left.
+
+        A provider's 429 with retry-after is waited out here, not handed to the caller: the
+        call path has cooled the scope down for the whole fleet already, and the request
+        goes again through the limits, in line behind that cooldown and the calls granted
+        before it, as a worker's call would (a caller with retries off saw the 429 itself).
+        After ``DROVER_MAX_ATTEMPTS`` tries, or a 429 that no wait mends (a spend limit, no
+        retry-after), the caller gets it as it came."""
+        settings = self.rt.settings
         tenant = caller.tenant
-        ctx = CallContext("", -1, cancel, tenant=tenant,
-                          own_limits=own_limits(caller, self.rt.settings.burst_seconds))
-        # The call path counts its dollars as the tenant's (drover_cost_usd); these hooks
-        # count the tenant's tokens through the gateway.
-        ctx.answered = _counted(tenant)
-        ctx.unanswered = _counted_lost(tenant)
-        transport = LimitedTransport(self.rt, self.provider_name, ctx, inner=self.inner)
-        return await transport.handle_async_request(request)
+        for attempt in range(1, settings.max_attempts + 1):
+            ctx = CallContext("", -1, cancel, tenant=tenant,
+                              own_limits=own_limits(caller, settings.burst_seconds))
+            # The call path counts its dollars as the tenant's (drover_cost_usd); these hooks
+            # count the tenant's tokens through the gateway.
+            ctx.answered = _counted(tenant)
+            ctx.unanswered = _counted_lost(tenant)
+            transport = LimitedTransport(self.rt, self.provider_name, ctx, inner=self.inner)
+            response = await transport.handle_async_request(request)
+            if response.status_code != 429 or attempt == settings.max_attempts \
+                    or cancel.is_set():
+                return response
+            content = await response.aread()
+            if not self._cooled_down(request, response, content):
+                return response
+            await response.aclose()
+        raise AssertionError("unreachable: the last try returns")
+
+    def _cooled_down(self, request: httpx2.Request, response: httpx2.Response,
+                     content: bytes) -> bool:
+        """A 429 the call path met with a fleet-wide cooldown (a retry-after, not a spend
+        limit): waited out by the next try's reservation."""
+        failure = self.provider.response_failure(response, content, str(request.url))
+        decision = classify(failure, attempt=0, base_s=0.0, cap_s=0.0)
+        return decision.action == "retry" and decision.cooldown_s is not None
 
     def scrub(self, content: bytes) -> bytes:
         """``content`` without any provider key in it (an error message may quote one)."""
