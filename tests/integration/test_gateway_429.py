@@ -46,3 +46,47 @@ def test_a_429_that_outlasts_the_attempts_reaches_the_caller_as_it_came(
         _ask(gw, "Currents, always refused [[sim:429:9]]")
     stats = sim.stats()
     assert (stats["rejected_429"], stats["accepted"]) == (2, 0)
+
+
+def test_a_gateway_stalled_mid_flood_sends_what_it_held_paced_not_at_once(
+        monkeypatch, drover_env, sim, gateway):
+    """200 calls into 900 requests a minute in 1 s bursts (the rate binds), and the gateway
+    stopped for 1.5 s while they go (SIGSTOP: a host too loaded to run it): the calls planned
+    meanwhile are all due when it runs again, into a provider bucket that was full for part
+    of the stop and banked none of that refill. They leave a bucket at once, then paced on
+    when the ones before them left (hold_back.lua's ``sr``): the provider refuses none. (Sent
+    on their planned instants alone: 7 and 8 429s in two runs, as a full run's loaded
+    gateway drew two.)"""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from drover.config import get_settings
+
+    sim.configure(rpm=900, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, rpm=900, burst_seconds=1, max_in_flight=1000)
+    gw = gateway()
+    assert gw.proc is not None
+    model = get_settings().model
+
+    async def run() -> list[object]:
+        client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=GATEWAY_KEYS["batch"],
+                                          max_retries=0, timeout=120)
+        try:
+            calls = [asyncio.create_task(client.messages.create(
+                model=model, max_tokens=20,
+                messages=[{"role": "user", "content": f"Berth {i}"}])) for i in range(200)]
+            while sim.stats()["accepted"] < 40:  # the rate binds by now
+                await asyncio.sleep(0.05)
+            os.kill(gw.proc.pid, signal.SIGSTOP)
+            time.sleep(1.5)  # the whole process stalls: this loop too, on purpose
+            os.kill(gw.proc.pid, signal.SIGCONT)
+            return await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await client.close()
+
+    results = asyncio.run(run())
+    assert not [r for r in results if isinstance(r, BaseException)]
+    stats = sim.stats()
+    assert (stats["accepted"], stats["rejected_429"]) == (200, 0)
