@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from drover.workers.limiter import llm_scope
-from tests.helpers import configure
+from tests.helpers import configure, wait_until
 from tests.helpers.openai import MODEL as OPENAI_MODEL
 from tests.helpers.openai import on_openai
 
@@ -332,6 +332,7 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
     unanswered."""
     import anthropic
 
+    # The simulator holds the request 5 s; the cancel fires once it holds it.
     sim.configure(tool_turns=0, output_tokens_mean=30, latency_mean_s=5, latency_p95_s=5)
     configure(monkeypatch, drover_env)
     from drover.errors import Cancelled
@@ -350,7 +351,59 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
         cancel = rt.cancel_event("cancelled-job")
         ctx = CallContext("cancelled-job", 0, cancel, unanswered=lost)
         llm = subagent_client(rt, ctx, max_retries=3)
-        rt.loop.call_later(0.5, cancel.set)
+
+        async def cancel_mid_call() -> None:
+            # Once the call is at the simulator, however long its reserve and send took (a
+            # fixed 0.5 s fell before the send on a loaded host: the call ended unsent,
+            # uncounted, as a cancel before the send does).
+            await asyncio.to_thread(wait_until, "the call at the simulator",
+                                    lambda: sim.stats()["in_flight"] == 1)
+            cancel.set()
+
+        canceller = asyncio.ensure_future(cancel_mid_call())
+        try:
+            await llm.messages.create(model=rt.settings.model, max_tokens=40,
+                                      messages=_ask(1))
+        except BaseException as error:  # noqa: BLE001  # the test reads it
+            return error
+        finally:
+            await canceller
+        raise AssertionError("the call was not cancelled")
+
+    error = rt.run(run())
+    assert isinstance(error, anthropic.AnthropicError), repr(error)
+    assert not isinstance(error, anthropic.APIConnectionError)  # not retried as one
+    assert isinstance(error.__cause__, Cancelled)
+    assert len(unanswered) == 1
+    assert _limiter_usage(rt.settings)["requests"] == 1
+    assert sim.stats()["accepted"] == 1  # sent once: not retried
+
+
+def test_a_subagents_call_cancelled_before_it_is_sent_is_neither_sent_nor_counted(
+        monkeypatch, drover_env, sim):
+    """The job was cancelled before the call: the SDK raises its base error from drover's
+    Cancelled, nothing goes out and nothing is counted."""
+    import anthropic
+
+    sim.configure(tool_turns=0, output_tokens_mean=30)
+    configure(monkeypatch, drover_env)
+    from drover.errors import Cancelled
+    from drover.workers.agent.call import CallContext
+    from drover.workers.agent.runtime import get_runtime
+    from drover.workers.clients import subagent_client
+    from drover.workers.services import services
+
+    rt = get_runtime(services())
+    unanswered: list[tuple[int, int]] = []
+
+    async def lost(est_in: int, est_out: int, model: str | None = None) -> None:
+        unanswered.append((est_in, est_out))
+
+    async def run() -> BaseException:
+        cancel = rt.cancel_event("cancelled-first-job")
+        cancel.set()
+        ctx = CallContext("cancelled-first-job", 0, cancel, unanswered=lost)
+        llm = subagent_client(rt, ctx, max_retries=3)
         try:
             await llm.messages.create(model=rt.settings.model, max_tokens=40,
                                       messages=_ask(1))
@@ -360,10 +413,11 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
 
     error = rt.run(run())
     assert isinstance(error, anthropic.AnthropicError), repr(error)
-    assert not isinstance(error, anthropic.APIConnectionError)  # not retried as one
     assert isinstance(error.__cause__, Cancelled)
-    assert len(unanswered) == 1
-    assert _limiter_usage(rt.settings)["requests"] == 1
+    assert unanswered == []
+    assert _limiter_usage(rt.settings)["requests"] == 0
+    stats = sim.stats()
+    assert stats["accepted"] == 0 and stats["in_flight"] == 0
 
 
 def test_a_pool_of_keys_sends_each_call_on_the_key_its_grant_chose(monkeypatch, drover_env,
