@@ -607,6 +607,36 @@ def test_sends_a_stall_held_back_leave_paced_on_when_they_left_not_all_at_once(l
     assert lim.state(scope)["leases"] == 25
 
 
+def test_a_prompt_larger_than_the_bucket_is_paced_on_when_the_last_one_left(lim):
+    """hold_back.lua: a prompt larger than the limiter's input bucket (927 tokens; 38,000
+    ITPM in 0.8 s holds 507) is admitted by the provider only into a full bucket, one refill
+    of the last send's input after that send *left*. A call that leaves 0.35 s late moves the
+    next one back by as much (on planned times alone it went 0.35 s early: a 429 on input
+    tokens, bench.small_keys --mix); a smaller prompt is not held by it."""
+    per = 60 / 38_000
+    scope, limits = "llm:k:long-prompts", ScopeLimits(rpm=6000, itpm=38_000, burst_s=0.8)
+    at(lim, 0)
+    first = lim.acquire(scope, limits, input_tokens=927)
+    second = lim.acquire(scope, limits, input_tokens=927)
+    assert second.wait_s - first.wait_s == pytest.approx(927 * per)
+    at(lim, first.wait_s + 0.35)  # the first leaves late
+    assert lim.hold_back(first, scope) == 0.0
+    at(lim, second.wait_s)  # the second's planned send
+    assert lim.hold_back(second, scope) == pytest.approx(-0.35, abs=1e-5)
+    assert lim.state(scope)["leases"] == 2  # paced, not held back: its grant stands
+    at(lim, first.wait_s + 0.35 + 927 * per + 1e-5)
+    assert lim.hold_back(second, scope) == 0.0
+    short = "llm:k:short-prompts"  # 300 tokens: the late-send allowance covers them
+    at(lim, 10)
+    a = lim.acquire(short, limits, input_tokens=300)
+    b = lim.acquire(short, limits, input_tokens=300)
+    assert a.wait_s == 0.0 and 0.1 < b.wait_s < 0.2
+    at(lim, 10.1)  # a leaves 0.1 s late
+    assert lim.hold_back(a, short) == 0.0
+    at(lim, 10 + b.wait_s)  # b on time: not held for a's input
+    assert lim.hold_back(b, short) == 0.0
+
+
 def test_an_answer_longer_than_its_reservation_holds_back_the_sends_granted_before_it(lim):
     """hold_back.lua: the provider admits a request while its output bucket has room and
     debits each answer as it is generated. An answer of 300 tokens, reserved as 50, put that

@@ -42,7 +42,7 @@ local function load(keys, limits)
   local b = {keys = keys, tat = {}, per = {}, cap = {}, base = {}, burst_s = burst_s,
              tw = (stored and f.tw or limits.tw) or 1,
              burst = burst_s * 1e6, cd = f.cd or 0, lx = f.lx or 0, ls = f.ls or 0,
-             so = f.so or 0, st = f.st or 0, sr = f.sr or 0,
+             so = f.so or 0, st = f.st or 0, sr = f.sr or 0, si = f.si or 0,
              learning = limits.learn_share == true}
   if stored or b.learning then b.sh = load_share(keys.share) end
   local learned = stored and {} or hash(keys.learned)
@@ -62,12 +62,13 @@ end
 -- once every dimension is full, no cooldown holds and no lease is left (an expired bucket is
 -- a full one). The share hash too, if it changed.
 local function save(b)
-  local set, needed = {}, math.max(b.cd, b.lx, b.so, b.st, b.sr)
+  local set, needed = {}, math.max(b.cd, b.lx, b.so, b.st, b.sr, b.si)
   put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx); put(set, 'ls', b.ls)
   put(set, 'so', b.so)
   if b.tw ~= 1 then put(set, 'tw', b.tw) end
   if b.st > 0 then put(set, 'st', b.st) end
   if b.sr > 0 then put(set, 'sr', b.sr) end
+  if b.si > 0 then put(set, 'si', b.si) end
   for d, tat in pairs(b.tat) do
     put(set, d, tat); put(set, 'L' .. d, b.base[d])
     needed = math.max(needed, tat)

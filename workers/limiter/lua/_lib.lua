@@ -19,7 +19,9 @@
 --                 out only: the instant it is full again (us, 0: none yet), debited by
 --                 each send's output reservation (hold_back.lua), which its settle
 --                 replaces with the answer; sr: the request bucket as the provider
---                 holds it, of the sends as they left (hold_back.lua; us, 0: none yet)
+--                 holds it, of the sends as they left (hold_back.lua; us, 0: none yet);
+--                 si: the same of the input bucket, each send debiting its input
+--                 reservation (a prompt larger than the bucket waits until it is full)
 --   leases  zset  lease id -> expiry (us)
 --   learned hash  d: raw per-minute limits from -limit headers (kept 24 h)
 --   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, from _scopes.py; _stats.lua)

@@ -71,6 +71,18 @@ for i = 1, scopes, 2 do
     due = math.max(due, so - f.burst * 1e6)
     spent[KEYS[i]] = {'so', math.max(so, now) + A.out * 60e6 / f.Lo}
   end
+  -- A prompt larger than the limiter's input bucket is admitted by the provider only into a
+  -- full bucket: one refill of the last send's input after that send *left*, as at a bucket
+  -- of one request; planned times alone left it the target's 5 % for a send that left late
+  -- (bench.small_keys --mix: two 429s on input tokens in a run, 1.375 s after an admission
+  -- of a 927-token prompt whose refill takes 1.39 s). So the bucket keeps the input bucket of
+  -- the calls that went out too (`si`, each send's input reservation, at the limiter's rate
+  -- and bucket), and such a send waits until it is full; smaller sends only debit it.
+  if f.Li and (A.inp or 0) > 0 then
+    local si, per = f.si or 0, 60e6 / f.Li
+    if A.inp * per > f.burst * 1e6 then due = math.max(due, si) end
+    spent[KEYS[i] .. ':i'] = {'si', math.max(si, now) + A.inp * per, KEYS[i]}
+  end
   -- A weighted tokens quota (Bedrock's: input + max tokens at admission, input + 5 x output
   -- once done) is kept the same way, of the calls that went out (`st`): an answer longer
   -- than its admission takes the difference when it is done, which the grants planned
