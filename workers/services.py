@@ -209,13 +209,15 @@ class Services:
                                stats_window_s=s.stats_window_s)
         # Imported here: the SDKs cost seconds of CPU, and the CLI's readers (`drover stats`,
         # `drover metrics`) build a Services but never call a provider.
+        from drover.workers.clients.limited import turn_client
         from drover.workers.providers.clients import key_pool, provider_client
 
         client = provider_client(s)
         pool = key_pool(s)
         # The Message Batches API's calls are short requests: a total timeout, as before.
         return LoopParts(redis=aredis, limiter=limiter, client=client,
-                         batch_client=client.with_options(timeout=s.call_timeout_s), pool=pool)
+                         batch_client=client.with_options(timeout=s.call_timeout_s), pool=pool,
+                         turn_client=turn_client)
 
     def close(self) -> None:
         if "redis" in self.__dict__:
@@ -234,6 +236,9 @@ class LoopParts:
     client: Any  # the provider's realtime client
     batch_client: Any  # the same connections, with a total timeout
     pool: Pool | None
+    # drover's own loop's client for one turn (``clients.turn_client(rt, ctx, model)``): the
+    # agent sends through the clients' limited transport without importing that room.
+    turn_client: Callable[..., Any]
 
     async def close(self) -> None:
         await self.client.close()

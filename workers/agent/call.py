@@ -1,10 +1,11 @@
 """One LLM call through the global limits, read top to bottom: reserve, send, settle.
 
-Every door to the provider takes this path (DESIGN.md, "Three doors, one call path"): drover's
-own agent loop (``llm.create_message``, which sends through the provider's SDK stream) and
-the limited SDK clients (``drover.workers.clients``, whose HTTP transport sends the SDK's own
-request). A ``Call`` holds one call's estimate and reservation from the first grant to the
-last settle; its sender does only the sending:
+Every door to the provider takes this path (DESIGN.md, "Three doors, one call path"), with one
+sender: the limited clients' HTTP transport (``drover.workers.clients``), which sends the SDK's
+own request, whether the SDK is a team's (``drover.AsyncAnthropic`` and kin, the gateway) or
+drover's own loop's (``llm.create_message``, on ``clients.turn_client``). A ``Call`` holds
+one call's estimate and reservation from the first grant to the last settle; its sender does
+only the sending:
 
     call = Call(rt, params, ctx)
     await call.open()                      # never-fits check, the tenant's budget
@@ -65,7 +66,13 @@ from drover._signals import HeldBack
 from drover.config.providers import about
 from drover.workers.agent.caching import cache_counts
 from drover.workers.agent.caps import reserve_cost, settle_cost
-from drover.workers.agent.errors import CallFailed, Cancelled, LimiterSaysLater, NeverFits
+from drover.workers.agent.errors import (
+    CallFailed,
+    Cancelled,
+    LimiterSaysLater,
+    NeverFits,
+    RetryableFailure,
+)
 from drover.workers.agent.fits import never_fits, unconfigured_scopes
 from drover.workers.agent.retry import (
     AUTHENTICATION_ERROR,
@@ -75,6 +82,7 @@ from drover.workers.agent.retry import (
     limiter_countdown,
     missing_credentials,
     poll_wait,
+    retry_reason,
 )
 from drover.workers.agent.routes import Route, all_disabled_message
 from drover.workers.agent.runtime import Runtime
@@ -87,10 +95,17 @@ from drover.workers.agent.spend_limit import (
 from drover.workers.fairshare import tenant_budget_scopes
 from drover.workers.limiter import Grant, ScopeLimits
 from drover.workers.providers import AnswerUsage, Failure, Seen
-from drover.workers.telemetry import acquire_wait, call_cost, held_back, stream_timing
+from drover.workers.telemetry import (
+    acquire_wait,
+    call_cost,
+    held_back,
+    stream_timing,
+    unanswered_try,
+)
 
 __all__ = ["Call", "CallContext", "acquire", "acquire_own_limits", "counted_input",
-           "learned_limits", "mark_unanswered", "settle_own_limits", "wait_or_cancel"]
+           "learned_limits", "mark_unanswered", "no_credentials", "settle_own_limits",
+           "wait_or_cancel"]
 
 log = logging.getLogger("drover.workers.agent.llm")
 POLL_S = 0.05
@@ -569,6 +584,20 @@ class Call:
         if send is not None and self.ctx.settled is not None:
             await self.ctx.settled(send)
 
+    def failure(self, decision: Decision, *, lost: bool) -> Exception:
+        """The exception a failed attempt ends the call with, as the retry policy decided: a
+        ``RetryableFailure`` with its countdown (the task retries it through Celery) or a
+        ``CallFailed``; ``lost``: the request went out unanswered (telemetry counts it)."""
+        failure: Exception
+        if decision.action == "retry":
+            failure = RetryableFailure(decision.countdown, decision, retry_reason(
+                decision, self.ctx.failures + 1, self.rt.settings.max_attempts))
+        else:
+            failure = CallFailed(decision)
+        if lost:
+            mark_unanswered(failure, *self._lost_usage())
+        return failure
+
     def unanswered_usage(self) -> tuple[int, int]:
         """What the try cost if it ends now without its answer (``_lost_usage``)."""
         return self._lost_usage()
@@ -595,6 +624,17 @@ class Call:
                 else self.est_in
             return said_in, seen.partial_output()
         return self.est_in, self.est_out
+
+
+def no_credentials(rt: Runtime, ctx: CallContext, error: BaseException) -> CallFailed:
+    """The SDK refused to send without any API key (``retry.missing_credentials``): the
+    job's every call would, so it fails job-wide, saying which variable to set."""
+    settings = rt.settings
+    decision = _only_key_refused(settings, classify(
+        error, attempt=ctx.failures, base_s=settings.backoff_base_s,
+        cap_s=settings.countdown_cap_s))
+    _log_failure(rt.settings.key_alias, decision, ctx, 0.0, time.monotonic(), True)
+    return CallFailed(decision)
 
 
 def _only_key_refused(settings: Any, decision: Decision) -> Decision:
@@ -672,6 +712,7 @@ async def _unanswered(rt: Runtime, scope: str, ctx: CallContext,
     mark ``error`` for the metrics."""
     if error is not None:
         mark_unanswered(error, est_in, est_out)
+    unanswered_try(est_in, est_out)
     try:
         await asyncio.to_thread(rt.store.counters.count_unanswered, scope, est_in, est_out,
                                 rt.settings.stats_window_s)

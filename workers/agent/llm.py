@@ -1,12 +1,14 @@
-"""drover's own agent loop's LLM call: ``create_message``, the one call path (``call.Call``:
-reserve, send, settle) with the provider's SDK stream as its sender; and the job's own calls
+"""drover's own agent loop's LLM call: ``create_message``, one turn sent by the provider's
+SDK client on the limited clients' transport (``clients.turn_client``), which takes the one
+call path every door takes (``call.Call``: reserve, send, settle); and the job's own calls
 (planning, synthesis) counted in the job's usage.
 
-- The HTTP call races the job's cancel event and is aborted at the transport when it fires
+- The call races the job's cancel event and is aborted at the transport when it fires
   (closing the stream is how a cancel stops the bill); the call path settles what it cost.
 - A reservation past the horizon, or a failed attempt the policy retries, ends the call with
   ``LimiterSaysLater`` / ``RetryableFailure``: the task turns them into a Celery retry, which
-  frees the worker slot meanwhile.
+  frees the worker slot meanwhile. The transport decides (``LimitedTransport(decides=True)``)
+  and hands the decision over as the SDK's base error whose cause it is: taken off here.
 - With a pool of keys, a key refused (401/403) is disabled fleet-wide and the call moves to
   another key; with the one key, the refusal fails the call job-wide.
 """
@@ -18,20 +20,21 @@ import logging
 from functools import partial
 from typing import Any
 
+from drover._signals import ClaimLost
+from drover.errors import AgentError
 from drover.workers.agent.call import (
-    Call,
     CallContext,
     acquire,
     counted_input,
     learned_limits,
-    mark_unanswered,
+    no_credentials,
     wait_or_cancel,
 )
-from drover.workers.agent.errors import CallFailed, Cancelled, RetryableFailure
-from drover.workers.agent.retry import retry_reason
+from drover.workers.agent.errors import Cancelled
+from drover.workers.agent.retry import missing_credentials
 from drover.workers.agent.runtime import Runtime
 from drover.workers.jobs.records import Usage
-from drover.workers.providers import Answer, AnswerUsage
+from drover.workers.providers import Answer, AnswerUsage, Seen
 from drover.workers.telemetry import llm_call
 
 __all__ = ["CallContext", "acquire", "count_lost_job_call", "counted_input", "create_message",
@@ -61,53 +64,24 @@ async def race(coro: Any, cancel: asyncio.Event) -> Any:
 
 @llm_call
 async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Answer:
-    """Send one ``messages.create`` inside the limits; raise RetryLater, CallFailed or Cancelled.
+    """Send one turn inside the limits; raise RetryLater, CallFailed or Cancelled.
 
-    Reserve, send (the provider's SDK stream, raced against the job's cancel), settle; the
+    The provider's SDK streams it through the limited transport (reserve, send, settle; the
+    job's cancel stops it until its answer is whole, and an answer whole is the loop's); the
     answer is drover's ``Answer``, whichever provider gave it."""
-    call = Call(rt, params, ctx)
-    await call.count_new_size()
-    await call.open()
+    provider = rt.route(params["model"]).provider
+    client = rt.parts.turn_client(rt, ctx, params["model"])
     try:
-        while True:
-            if not await call.reserve():
-                continue  # a cooldown began while the call waited: it plans again
-            provider = call.provider
-            try:
-                message: Answer = await race(provider.stream_turn(
-                    call.client, params, call.seen, ctx.generating), ctx.cancel)
-            except provider.api_error as error:
-                failure = provider.describe(error)
-                headers = getattr(getattr(error, "response", None), "headers", None) or {}
-                lost = call.seen.headers is not None or provider.sent_unanswered(error)
-                decision = await call.failed(failure, lost=lost, headers=headers, error=error)
-                if decision is None:
-                    continue  # a pool's key was refused: the call moves to another key
-                raise _failure(rt, ctx, decision, call if lost else None) from None
-            except BaseException as error:
-                # The SDK wraps every transport error in APIError, so anything else came from
-                # this process: before the request went out (no credentials, a bad parameter)
-                # unless it was a cancel that aborted it in flight (closing its stream).
-                await call.ended(error, sent=isinstance(error, Cancelled | asyncio.CancelledError))
-                raise
-            await call.answered(message.usage, call.seen.headers)
-            return message
-    finally:
-        await call.close()
-
-
-def _failure(rt: Runtime, ctx: CallContext, decision: Any, lost: Call | None) -> Exception:
-    """The exception a failed attempt ends ``create_message`` with (the task retries or
-    records it); ``lost``: the call whose request went out unanswered (telemetry counts it)."""
-    failure: Exception
-    if decision.action == "retry":
-        failure = RetryableFailure(decision.countdown, decision, retry_reason(
-            decision, ctx.failures + 1, rt.settings.max_attempts))
-    else:
-        failure = CallFailed(decision)
-    if lost is not None:
-        mark_unanswered(failure, *lost.unanswered_usage())  # for telemetry
-    return failure
+        # (the transport tells the sub-agent when it is generating, and fills the call's Seen)
+        answer: Answer = await provider.stream_turn(client, params, Seen())
+        return answer
+    except Exception as error:
+        signal = error.__cause__
+        if isinstance(signal, AgentError | ClaimLost):  # the transport's (or the limiter's) word
+            raise signal from None
+        if missing_credentials(error):  # the SDK sends nothing without a key: job-wide
+            raise no_credentials(rt, ctx, error) from None
+        raise
 
 
 async def job_answered(rt: Runtime, job_id: str, usage: AnswerUsage, *, model: str,

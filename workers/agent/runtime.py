@@ -27,13 +27,15 @@ import sys
 import threading
 import traceback
 from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from drover.workers.agent.estimate import Calibration
 from drover.workers.agent.routes import Route
 from drover.workers.providers import Provider, provider
-from drover.workers.services import Services
 from drover.workers.telemetry import with_trace_context
+
+if TYPE_CHECKING:  # the root builds the runtime's parts; the agent imports it not
+    from drover.workers.services import Services
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

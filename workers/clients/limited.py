@@ -3,7 +3,8 @@
 ``limited_http_client`` is what a limited SDK client (``drover.AsyncAnthropic`` and its kin)
 sends through: an ``httpx2`` client over ``LimitedTransport`` (async) or
 ``BlockingTransport``, marked as drover's (``providers.limited``). ``subagent_client`` is the
-client a team's own sub-agent function is handed on a worker.
+client a team's own sub-agent function is handed on a worker; ``turn_client`` the one drover's
+own loop sends its turns with (``llm.create_message``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from drover.workers.jobs.journal import Journal
 from drover.workers.providers.clients import client_defaults
 from drover.workers.providers.limited import LIMITED_MARK
 
-__all__ = ["limited_http_client", "subagent_client"]
+__all__ = ["limited_http_client", "subagent_client", "turn_client"]
 
 
 class _LimitedAsyncClient(httpx2.AsyncClient):
@@ -39,17 +40,19 @@ assert LIMITED_MARK == "drover_limited"
 
 def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = True,
                         ctx: CallContext | None = None, journal: Journal | None = None,
-                        wait_in_line: bool = True) -> Any:
+                        wait_in_line: bool = True, decides: bool = False) -> Any:
     """An HTTP client whose requests to ``provider_name``'s generation endpoint go through
     the call path on ``rt`` (``ctx``: the sub-agent they belong to, None for a process's own
     calls; ``journal``: where its answered calls are kept; ``wait_in_line``: wait out the
     limiter's "later" in place, else raise it, as the SDK's base error from
-    ``LimiterSaysLater``)."""
+    ``LimiterSaysLater``; ``decides``: a failed attempt ends with the retry policy's decision,
+    ``LimitedTransport``)."""
     if is_async:
         # A worker's sub-agent sends on the runtime's loop, over its connection pool.
         inner = shared_connections(rt) if ctx is not None else None
         return _LimitedAsyncClient(transport=LimitedTransport(
-            rt, provider_name, ctx, journal, wait_in_line=wait_in_line, inner=inner),
+            rt, provider_name, ctx, journal, wait_in_line=wait_in_line, inner=inner,
+            decides=decides),
             follow_redirects=True)
     if ctx is not None or journal is not None:
         raise ValueError("a sub-agent's limited client is async (it runs on the worker's loop)")
@@ -87,3 +90,23 @@ def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,
     from drover.workers.providers.anthropic_clients import AsyncAnthropic
 
     return AsyncAnthropic(http_client=http, max_retries=max_retries, **defaults)
+
+
+def turn_client(rt: Runtime, ctx: CallContext, model: str) -> Any:
+    """The SDK client drover's own loop sends a turn of ``model`` with, for the sub-agent (or
+    the job's own call) of ``ctx``: the provider's client of the worker (its key, endpoint and
+    timeouts: a connect timeout and the stream's idle limit), on a limited transport that
+    reserves, sends and settles each request as every door does, and ends a failed attempt
+    with the retry policy's decision (``decides``). No retry of the SDK's own (max_retries
+    0): a retry is the task's, through Celery, which frees the worker slot meanwhile; drover's
+    signals reach the loop as the SDK's base error whose ``__cause__`` is the signal."""
+    route = rt.route(model)
+    base = rt.client
+    if route.pooled:
+        # A pool's first key of the model's provider (a cloud's entry has a client of another
+        # SDK): the transport sets the granted key's credentials and endpoint on each request.
+        base = next((k.client for k in route.keys if not k.provider.alone), None) or \
+            rt.client.with_options(api_key="set per request")
+    http = limited_http_client(rt, route.provider.name, ctx=ctx, wait_in_line=False,
+                               decides=True)
+    return base.with_options(http_client=http, max_retries=0)

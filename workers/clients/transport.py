@@ -79,13 +79,20 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
     """An async transport that sends the generation endpoint's requests through the call
     path. ``ctx``: the sub-agent whose calls these are (its usage, cancel, tenant, checks);
     None for a process's own calls (each gets a context of its own). ``journal``: where a
-    sub-agent's answered calls are kept and replayed from."""
+    sub-agent's answered calls are kept and replayed from. ``decides``: drover's own loop's
+    transport: a failed attempt (an error answer, a lost connection, a stream cut or ended by
+    an ``error`` event) ends with the retry policy's decision, drover's ``RetryableFailure``
+    or ``CallFailed`` (as the SDK's base error, its cause), never with the SDK's exception;
+    the loop's ``llm_call`` counts its attempts in the call series, so the transport does
+    not."""
 
     def __init__(self, rt: Runtime, provider_name: str, ctx: CallContext | None = None,
                  journal: Journal | None = None, *, wait_in_line: bool = True,
-                 inner: httpx2.AsyncBaseTransport | None = None) -> None:
+                 inner: httpx2.AsyncBaseTransport | None = None, decides: bool = False
+                 ) -> None:
         self.rt = rt
         self.wait_in_line = wait_in_line
+        self.decides = decides
         self.provider = provider(provider_name)
         self.ctx = ctx
         self.journal = journal
@@ -131,20 +138,23 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
                                                              str(request.url))
                     decision = await self._on_loop(call.failed(failure, lost=False,
                                                                headers=response.headers))
-                    counted(call, decision.counter if decision else "n4xx", failure.kind)
+                    self._counted(call, decision.counter if decision else "n4xx", failure.kind)
                     if decision is None:
                         continue  # a pool's key was refused: the call moves to another key
+                    if self.decides:
+                        raise call.failure(decision, lost=False)
                     return _answer(response, request, answer)
                 if body.get("stream"):
                     call.seen.headers = response.headers
                     handed_on = True
                     return _answer(response, request, stream=SettledStream(
-                        response, call, self._on_loop, self.journal, field))
+                        response, call, self._on_loop, self.journal, field,
+                        decides=self.decides))
                 answer = await response.aread()
                 await response.aclose()
                 usage = call.provider.answer_usage(json_body(answer) or {})
                 await self._on_loop(call.answered(usage, response.headers))
-                counted(call, "ok", "", usage)
+                self._counted(call, "ok", "", usage)
                 if self.journal is not None and field is not None:
                     await self._on_loop(self.journal.keep(field, _kept(response, answer)))
                 return _answer(response, request, answer)
@@ -170,15 +180,18 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             return await send
         except (Cancelled, asyncio.CancelledError) as error:
             await self._on_loop(call.ended(error, sent=True))
-            counted(call, "unanswered", "cancelled")
+            self._counted(call, "unanswered", "cancelled")
             raise
         except httpx2.TransportError as error:
             timeout = isinstance(error, httpx2.TimeoutException)
             failure = Failure("timeout" if timeout else "connection_error",
                               type(error).__name__, timeout=timeout)
             lost = went_out(error)
-            await self._on_loop(call.failed(failure, lost=lost, headers={}, error=error))
-            counted(call, "unanswered" if lost else "nconn", failure.kind)
+            decision = await self._on_loop(call.failed(failure, lost=lost, headers={},
+                                                       error=error))
+            self._counted(call, "unanswered" if lost else "nconn", failure.kind)
+            if self.decides and decision is not None:
+                raise call.failure(decision, lost=lost) from error
             raise
         except Exception as error:
             # Not the connection's: this process's, before the request went out (a cloud
@@ -187,8 +200,13 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
             counted(call, "aborted", type(error).__name__)
             raise
 
+    def _counted(self, call: Call, *args: Any) -> None:
+        if not self.decides:  # (the loop's calls are counted by its llm_call)
+            counted(call, *args)
+
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
         call = Call(self.rt, params, ctx)
+        await call.count_new_size()
         if self.wait_in_line:
             await _in_line(call.open, ctx)
         else:
@@ -248,34 +266,113 @@ class _OnLoop(httpx2.AsyncByteStream):
 class SettledStream(httpx2.AsyncByteStream):
     """A streamed answer's bytes on their way to the SDK, read as server-sent events; the call
     settles when the stream ends (with the usage it said) or is closed before its end (at
-    what had streamed). A whole stream is kept in the sub-agent's journal."""
+    what had streamed). A whole stream is kept in the sub-agent's journal. The sub-agent is
+    told when its answer starts generating (its first token) and when that ends
+    (``CallContext.generating``). ``decides``: a stream cut short, or ended by the provider's
+    ``error`` event, is settled as a failed attempt there and then, and ends with the retry
+    policy's decision (``LimitedTransport``)."""
 
     def __init__(self, response: httpx2.Response, call: Call, on_loop: Any,
-                 journal: Journal | None, field: str | None) -> None:
+                 journal: Journal | None, field: str | None, *, decides: bool = False
+                 ) -> None:
         self.response, self.call, self.on_loop = response, call, on_loop
         self.events = SseEvents()
         self.journal, self.field = journal, field
         self.kept: list[bytes] | None = [] if journal is not None else None
         self.error: BaseException | None = None
         self.settled = False
+        self.decides = decides
+        self.generating = False
+        self.read = False
+        self.job_cancelled = False  # the job's cancel stopped the reader (``_watch_cancel``)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         provider, seen = self.call.provider, self.call.seen
+        if self.read:  # read again (the openai SDK drains a stream after its [DONE]): no
+            return     # more bytes, as from a stream consumed
+        self.read = True
+        watch = self._watch_cancel() if self.decides else None
         try:
             async for chunk in self.response.aiter_bytes():
                 for event in self.events.feed(chunk):
                     provider.on_stream_event(seen, event)
+                    failure = provider.stream_failure(event) if self.decides else None
+                    if failure is not None:  # the provider's error, mid-answer
+                        signal = await self._failed(failure, None)
+                        raise provider.sdk_error(f"drover: {signal}") from signal
                 if self.kept is not None:
                     self.kept.append(chunk)
+                if not self.generating and seen.first_token_s is not None:
+                    await self._generating(True)
                 yield chunk
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if not self.job_cancelled or task is None or task.uncancel():
+                self.error = error
+                raise  # (a cancel of the task itself: a worker shutting down)
+            self.error = stopped = Cancelled()  # the job's cancel: the stream closes unanswered
+            raise provider.sdk_error(f"drover: {stopped}") from stopped
+        except AgentError as error:
+            self.error = error
+            raise
+        except Exception as error:
+            self.error = error
+            if self.decides and not self.settled and not seen.finished:  # cut mid-answer
+                timeout = isinstance(error, httpx2.TimeoutException)
+                signal = await self._failed(Failure(
+                    "timeout" if timeout else "connection_error", str(error)[:500] or
+                    type(error).__name__, timeout=timeout), error)
+                raise provider.sdk_error(f"drover: {signal}") from signal
+            raise
         except BaseException as error:
             self.error = error
             raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+
+    def _watch_cancel(self) -> asyncio.Task[None]:
+        """The job's cancel stops the stream's reader until the answer is whole (the stream
+        is then closed unanswered, billed what it had streamed); once it is whole, the loop
+        gets its answer, settled as answered: a cancel never drops an answer it paid for."""
+        reader, seen, cancel = asyncio.current_task(), self.call.seen, self.call.ctx.cancel
+
+        async def watch() -> None:
+            await cancel.wait()
+            if reader is not None and not seen.finished and not self.settled:
+                self.job_cancelled = True
+                reader.cancel()
+
+        return asyncio.ensure_future(watch())
+
+    async def _failed(self, failure: Failure, error: BaseException | None) -> Exception:
+        """Settle a stream that failed mid-answer as a failed attempt (sent, so billed what
+        it had streamed): drover's exception for the policy's decision (raised as the SDK's
+        base error, which the SDK passes on as it is)."""
+        self.settled = True
+        await self._generating(False)
+        call = self.call
+        try:
+            decision = await asyncio.shield(self.on_loop(call.failed(
+                failure, lost=True, headers=call.seen.headers or {}, error=error)))
+        finally:
+            await asyncio.shield(self.on_loop(call.close()))
+        if decision is None:  # a pool's key was taken out meanwhile: try another key
+            return LimiterSaysLater(0.0, f"key {call.key_alias} was taken out of the pool "
+                                         "mid-answer")
+        return call.failure(decision, lost=True)
+
+    async def _generating(self, on: bool) -> None:
+        told = self.call.ctx.generating
+        if self.generating != on and told is not None:
+            self.generating = on
+            await asyncio.shield(self.on_loop(told(on)))
 
     async def aclose(self) -> None:
         try:
             await self.response.aclose()
         finally:
+            await self._generating(False)
             if not self.settled:
                 self.settled = True
                 await asyncio.shield(self.on_loop(self._settle()))
@@ -286,14 +383,16 @@ class SettledStream(httpx2.AsyncByteStream):
             if call.seen.finished:
                 usage = call.provider.stream_usage(call.seen, call.est_in)
                 await call.answered(usage, call.seen.headers)
-                counted(call, "ok", "", usage)
+                if not self.decides:
+                    counted(call, "ok", "", usage)
                 if self.kept is not None and self.journal is not None and self.field:
                     await self.journal.keep(self.field, _kept(self.response,
                                                               b"".join(self.kept)))
             else:  # closed before its end (by its reader, a timeout, a cut connection)
                 await call.ended(self.error, sent=True)
-                counted(call, "unanswered", type(self.error).__name__ if self.error
-                        else "closed")
+                if not self.decides:
+                    counted(call, "unanswered", type(self.error).__name__ if self.error
+                            else "closed")
         finally:
             await call.close()
 

@@ -8,10 +8,9 @@ errors come as the SDK's ``APIStatusError`` (a body ``{"error": {"type", "messag
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -21,7 +20,6 @@ from anthropic.types import Message
 from anthropic.types.messages import MessageBatchIndividualResponse
 
 from drover.workers.providers._base import (
-    NOT_SENT,
     Failure,
     LimitReadings,
     Provider,
@@ -140,7 +138,6 @@ class Anthropic(Provider):
          "usage": {"output_tokens": 1}},
         {"type": "message_stop"})
     dimensions: ClassVar[tuple[str, ...]] = ("requests", "input", "output")
-    api_error = anthropic.APIError
     # Token -remaining values are rounded to the nearest thousand (requests: whole numbers).
     remaining_steps = {"input": 1000.0, "output": 1000.0}
     counts_input = True  # /v1/messages/count_tokens
@@ -171,9 +168,8 @@ class Anthropic(Provider):
             return None
         return int(counted.input_tokens)
 
-    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Answer:
-        return answer_of(await stream_message(client, params, seen, generating))
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any) -> Answer:
+        return answer_of(await stream_message(client, params, seen))
 
     def error_body(self, status: int, message: str) -> bytes:
         return json.dumps({"type": "error",
@@ -195,15 +191,6 @@ class Anthropic(Provider):
             return Failure("timeout" if timeout else "connection_error", str(error)[:500],
                            timeout=timeout)
         return None
-
-    def sent_unanswered(self, error: BaseException) -> bool:
-        if isinstance(error, anthropic.APIStatusError):  # the provider answered (with an error)
-            return False
-        if isinstance(error, anthropic.APIConnectionError):  # APITimeoutError is one too
-            cause = error.__cause__ or error.__context__
-            return cause is not None and not any(
-                kind.__name__ in NOT_SENT for kind in type(cause).__mro__)
-        return False
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
         """{remaining: {dim: n}, limit: {dim: n}} from ``anthropic-ratelimit-*``."""
@@ -234,6 +221,10 @@ class Anthropic(Provider):
     def stream_usage(self, seen: Any, input_estimate: int) -> AnswerUsage:
         return AnswerUsage(seen.input_tokens, seen.partial_output(),
                            seen.cache_creation_input_tokens, seen.cache_read_input_tokens)
+
+    def stream_failure(self, event: dict[str, Any]) -> Failure | None:
+        # ``event: error`` (overloaded_error mid-answer): the SDK's APIStatusError of the 200.
+        return self.body_failure(200, event) if event.get("type") == "error" else None
 
     def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,
                        url: str) -> Failure:
@@ -275,26 +266,16 @@ def _error_fields(body: dict[str, Any], kind_else: str, message_else: str) -> tu
     return str(kind), str(message)[:500]
 
 
-async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen,
-                         generating: Callable[[bool], Awaitable[None]] | None = None
+async def stream_message(client: anthropic.AsyncAnthropic, params: dict[str, Any], seen: Seen
                          ) -> Message:
     """Send one turn as a stream and return the final message; raises the SDK's errors
     (APITimeoutError when the connection carried no byte for the client's read timeout,
-    ``DROVER_STREAM_IDLE_S``: see the module docstring). ``generating`` is told True at the
-    first token and False when the stream ends."""
-    told = False
-    try:
-        async with client.messages.stream(**params) as stream:
-            seen.headers = stream.response.headers
-            async for event in stream:
-                seen.on(event)
-                if not told and generating is not None and seen.first_token_s is not None:
-                    told = True
-                    await generating(True)
-            return await stream.get_final_message()
-    finally:
-        if told and generating is not None:
-            await asyncio.shield(generating(False))
+    ``DROVER_STREAM_IDLE_S``: see the module docstring)."""
+    async with client.messages.stream(**params) as stream:
+        seen.headers = stream.response.headers
+        async for event in stream:
+            seen.on(event)
+        return await stream.get_final_message()
 
 
 ANTHROPIC = Anthropic()

@@ -154,7 +154,6 @@ class Provider:
 
     name: ClassVar[str]
     dimensions: ClassVar[tuple[str, ...]]  # what its limits count, e.g. requests, input, output
-    api_error: ClassVar[type[BaseException]]  # the base of its SDK's errors
     # Input and output share one tokens bucket that counts a call's max tokens at admission
     # (OpenAI): the call reserves input + max tokens there and settles input + output.
     one_tokens_bucket: ClassVar[bool] = False
@@ -202,23 +201,18 @@ class Provider:
         not the calls'), or None: it has none, or it did not answer."""
         return None
 
-    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Answer:
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any) -> Answer:
         """One turn as a stream, recording what came in ``seen``, answered as drover's
-        ``Answer`` (the provider converts its SDK's answer here, at its edge); ``generating``
-        (an async callable) is told True at the first token and False when the stream ends.
-        A stream is
-        abandoned when its connection carries no byte for the client's read timeout (the
-        ``idle_s`` it was built with), never by the gap between parsed events: a provider's
-        keep-alives (Anthropic's pings) are bytes the SDK drops before any event."""
+        ``Answer`` (the provider converts its SDK's answer here, at its edge). drover's loop
+        sends it on a client over the limited transport (``clients.turn_client``), which
+        reserves, settles and tells the sub-agent it is generating. A stream is abandoned
+        when its connection carries no byte for the client's read timeout (the ``idle_s`` it
+        was built with), never by the gap between parsed events: a provider's keep-alives
+        (Anthropic's pings) are bytes the SDK drops before any event."""
         raise NotImplementedError
 
     def describe(self, error: BaseException) -> Failure | None:
         """``error`` as a Failure, or None when it is not this provider's."""
-        raise NotImplementedError
-
-    def sent_unanswered(self, error: BaseException) -> bool:
-        """True for an error that means the request went out and its answer was lost."""
         raise NotImplementedError
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
@@ -250,6 +244,11 @@ class Provider:
     def stream_usage(self, seen: Any, input_estimate: int) -> AnswerUsage:
         """The usage of a streamed answer that ended whole (``seen.finished``); a stream that
         said no usage is counted from what streamed (its input at ``input_estimate``)."""
+        raise NotImplementedError
+
+    def stream_failure(self, event: dict[str, Any]) -> Failure | None:
+        """An event of a stream that began (status 200) which ends it with the provider's
+        error, as the Failure its SDK's exception describes; None for any other event."""
         raise NotImplementedError
 
     def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,

@@ -52,9 +52,8 @@ class Cloud(Anthropic):
     throttle_cooldown_s: ClassVar[float] = 2.0
     sends_through_client = True  # the limited clients' requests (``send_http``)
 
-    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Answer:
-        return await super().stream_turn(client.sdk, client.params(params), seen, generating)
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any) -> Answer:
+        return await super().stream_turn(client.sdk, client.params(params), seen)
 
     def throttled(self, failure: Failure, kind: str | None, message: str | None,
                   throttling: bool) -> Failure:

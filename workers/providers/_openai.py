@@ -15,7 +15,6 @@ the Messages shape, its finish reason as a Messages stop reason), with no other 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Mapping
@@ -25,7 +24,6 @@ import httpx2
 import openai
 
 from drover.workers.providers._base import (
-    NOT_SENT,
     Failure,
     LimitReadings,
     Provider,
@@ -63,7 +61,6 @@ class OpenAI(Provider):
                                   "total_tokens": 2}})) + b"data: [DONE]\n\n"
     warm_up_path = "/v1"
     dimensions = ("requests", "tokens")
-    api_error = openai.APIError
     one_tokens_bucket = True  # input and output share one bucket, charged at admission
 
     def build_client(self, *, api_key: str | None, base_url: str | None, connect_s: float,
@@ -75,23 +72,11 @@ class OpenAI(Provider):
             timeout=openai.Timeout(idle_s, connect=connect_s, read=idle_s, write=idle_s,
                                    pool=connect_s))
 
-    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any,
-                          generating: Any = None) -> Answer:
-        """``generating`` is told True at the first token and False when the stream ends."""
-        told: list[bool] = []
-        try:
-            return await self._stream(client, params, seen, generating, told)
-        finally:
-            if told:
-                await asyncio.shield(generating(False))
-
-    async def _stream(self, client: Any, params: dict[str, Any], seen: Any,
-                      generating: Any, told: list[bool]) -> Answer:
+    async def stream_turn(self, client: Any, params: dict[str, Any], seen: Any) -> Answer:
         wire = self.to_wire(params)
-        raw = await client.chat.completions.with_raw_response.create(
+        stream = await client.chat.completions.create(
             **wire, stream=True, stream_options={"include_usage": True})
-        seen.headers = raw.headers
-        stream = raw.parse()  # an AsyncStream (parse is synchronous here)
+        seen.headers = stream.response.headers
         text: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
@@ -121,9 +106,6 @@ class OpenAI(Provider):
                     text.append(delta.content or "")
                     if piece and seen.first_token_s is None:
                         seen.first_token_s = now
-                        if generating is not None:
-                            told.append(True)
-                            await generating(True)
                     seen.chars += len(piece)
                     if choice.finish_reason:
                         finish = choice.finish_reason
@@ -166,15 +148,6 @@ class OpenAI(Provider):
         if isinstance(error, openai.APIError):  # an error sent inside a stream that began
             return Failure("api_error", str(error)[:500], 500)
         return None
-
-    def sent_unanswered(self, error: BaseException) -> bool:
-        if isinstance(error, openai.APIStatusError):
-            return False
-        if isinstance(error, openai.APIConnectionError):
-            cause = error.__cause__ or error.__context__
-            return cause is not None and not any(
-                kind.__name__ in NOT_SENT for kind in type(cause).__mro__)
-        return isinstance(error, openai.APIError)  # a stream that failed mid-answer
 
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
         """x-ratelimit-{remaining,limit}-{requests,tokens}."""
@@ -290,6 +263,15 @@ class OpenAI(Provider):
         # No usage chunk (the caller did not ask for stream_options.include_usage): what
         # streamed, at characters / 4, and the input at its estimate.
         return AnswerUsage(input_estimate, seen.partial_output())
+
+    def stream_failure(self, event: dict[str, Any]) -> Failure | None:
+        # A chunk that is an error (the SDK's APIError, judged like a 500: ``describe``).
+        error = event.get("error")
+        if not error:
+            return None
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        return Failure("api_error", str(message or "An error occurred during streaming")[:500],
+                       500)
 
     def status_failure(self, status: int, headers: Mapping[str, str], content: bytes,
                        url: str) -> Failure:

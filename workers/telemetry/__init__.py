@@ -19,6 +19,7 @@ from drover.workers.telemetry._hooks import (
     subagent_run,
     tenant_of,
     tool_call,
+    unanswered_try,
     with_trace_context,
     worker_started,
 )
@@ -42,5 +43,6 @@ __all__ = ["CALL_OUTCOMES", "DIMENSIONS", "METRICS", "SUBAGENT_STATUSES", "TOKEN
            "job_submitted",
            "llm_call", "metric", "register_job", "stream_timing", "subagent_finished",
            "subagent_run",
-           "tenant_of", "tool_call", "tracer", "use_recorder", "with_trace_context",
+           "tenant_of", "tool_call", "tracer", "unanswered_try", "use_recorder",
+           "with_trace_context",
            "worker_started"]

@@ -41,6 +41,12 @@ _WAITED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
 # the call (``stream_timing``) in the same task and read by llm_call.
 _TIMING: contextvars.ContextVar[list[tuple[float | None, float | None]] | None] = (
     contextvars.ContextVar("drover_stream_timing", default=None))
+# The current LLM call's try that went out and was never answered (its input and output
+# estimates), told by the call path (``unanswered_try``) wherever it settles it (the limited
+# transport the loop sends through, a stream closed by a cancel) and read by llm_call when the
+# exception that ends the call does not carry it (a cancel: ``llm.race`` raises a new one).
+_LOST: contextvars.ContextVar[list[tuple[int, int]] | None] = contextvars.ContextVar(
+    "drover_unanswered", default=None)
 _OUTCOMES = {"n429": "429", "n529": "529", "n5xx": "5xx", "n4xx": "4xx", "nconn": "connection"}
 
 
@@ -101,6 +107,13 @@ def stream_timing(first_token_s: float | None, output_per_s: float | None) -> No
         box.append((first_token_s, output_per_s))
 
 
+def unanswered_try(est_in: int, est_out: int) -> None:
+    """The current call's try went out and was never answered: what it cost (``llm_call``)."""
+    box = _LOST.get()
+    if box is not None:
+        box.append((est_in, est_out))
+
+
 def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
     """For ``create_message(rt, params, ctx)``: the chat span, call outcome, duration, tokens."""
 
@@ -115,6 +128,8 @@ def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
         token = _WAITED.set(waited)
         timing: list[tuple[float | None, float | None]] = []
         timing_token = _TIMING.set(timing)
+        tries_lost: list[tuple[int, int]] = []
+        lost_token = _LOST.set(tries_lost)
         started = time.monotonic()
         with _tracing.tracer().start_as_current_span(
                 f"chat {model}", kind=SpanKind.CLIENT, record_exception=False,
@@ -146,11 +161,13 @@ def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
                     outcome, error_type = "cancelled", "CancelledError"
                 else:  # a bug or a broken deployment: the sub-agent records it as failed
                     outcome, error_type = "error", type(error).__name__
-                lost = getattr(error, "unanswered", None)
+                lost = getattr(error, "unanswered", None) or (
+                    tries_lost[-1] if tries_lost else None)
                 raise
             finally:
                 _WAITED.reset(token)
                 _TIMING.reset(timing_token)
+                _LOST.reset(lost_token)
                 if timing:
                     _safe("stream timing", lambda: _record_timing(provider, model, timing[-1]))
                     if span.is_recording():
