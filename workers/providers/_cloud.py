@@ -67,6 +67,14 @@ class Cloud(Anthropic):
             failure = replace(failure, status_code=429, retry_after_s=self.throttle_cooldown_s)
         return failure
 
+    def stream_failure(self, event: dict[str, Any]) -> Failure | None:
+        # A throttle mid-answer (re-said as the API's rate_limit_error event by send_http's
+        # stream) cools the entry down as a throttle before the answer does: it names no wait.
+        failure = super().stream_failure(event)
+        if failure is not None and failure.kind == "rate_limit_error":
+            return self.throttled(failure, None, None, throttling=True)
+        return failure
+
     def read_limits(self, headers: Mapping[str, str | bytes]) -> LimitReadings | None:
         return None
 
