@@ -206,7 +206,12 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
 
     async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
         call = Call(self.rt, params, ctx)
-        await call.count_new_size()
+        if self.decides:
+            # drover's loop asks the provider's count of a request of a new size, as it did
+            # before it sent through here. The other doors do not: counted in the gateway's
+            # process, `python -m bench.gateway --only binding` drew one input-token 429 and
+            # 1.083 x in each of four runs (0 and 1.062 x without it); not yet explained.
+            await call.count_new_size()
         if self.wait_in_line:
             await _in_line(call.open, ctx)
         else:
