@@ -154,8 +154,12 @@ def test_a_tenants_monthly_cap_holds_for_its_batch_jobs(
 def test_the_jobs_own_calls_spend_from_its_cap_too(sim, spawn_worker, drover_env, monkeypatch):
     # The planning call of a goal and the join's synthesis are the job's calls: a cap that
     # has no room for the planning call's worst case (about $0.003) ends the job before any
-    # call is sent; a synthesis the sub-agents left no room for is not made.
-    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80)
+    # call is sent; a synthesis the sub-agents left no room for is not made. Every answer is
+    # 80 tokens (0.4 x max_tokens): the cap below leaves the synthesis about $0.001 short of
+    # its worst case, which answers of random lengths could close (it was made once, in a
+    # full run, after short answers).
+    sim.configure(prices=PRICES, tool_turns=0, output_tokens_mean=80,
+                  output_share_min=0.4, output_share_max=0.4)
     configure(monkeypatch, drover_env, prices=json.dumps(PRICES))
     spawn_worker(concurrency=4)
     wait_for_workers(1)
