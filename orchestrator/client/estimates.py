@@ -100,7 +100,7 @@ def estimate(spec: JobSpec, *, settings: Settings | None = None,
     ``mean_output_tokens``: how long an answer is expected to be (default: half of
     ``max_tokens``). Raises ValueError for a spec it cannot estimate (a team's own
     ``@subagent``, whose calls are its code's)."""
-    from drover.workers.agent.subagent import request_params
+    from drover.workers.agent.loop import request_params
     from drover.workers.connections.preflight import import_tool_modules
     from drover.workers.tools import get_tools
 

@@ -30,7 +30,7 @@ from drover.workers.jobs.spec import JobSpec, thinking_refused
 from drover.workers.jobs.store import JobStore
 from drover.workers.services import Services, services
 from drover.workers.telemetry import job_submitted
-from drover.workers.tools import SUBAGENTS, get_subagent, get_tools
+from drover.workers.tools import SUBAGENTS, get_subagent, get_tools, reserved
 
 
 def submitter_services(settings: Settings) -> Services:
@@ -102,6 +102,10 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
 def check_subagent(spec: JobSpec, settings: Settings) -> None:
     """The job's ``@subagent`` is registered here (from DROVER_TOOL_MODULES, as on the
     workers) and can run as ``await fn(item, llm)``; else JobRefused saying what to fix."""
+    if reserved(spec.subagent or ""):  # drover's own loop is no team's function to name
+        raise JobRefused(f"subagent={spec.subagent!r} is drover's own agent loop: give it "
+                         "subtasks= (or goal=) without subagent=, or name your own @subagent "
+                         "function")
     try:
         get_subagent(spec.subagent or "")
     except JobRefused as refused:

@@ -167,7 +167,7 @@ def test_a_delivery_taken_over_before_its_batch_turn_is_queued_queues_nothing(dr
     from drover.workers.agent import get_runtime
     from drover.workers.agent.batch import batch_message
     from drover.workers.agent.llm import CallContext
-    from drover.workers.agent.subagent import request_params
+    from drover.workers.agent.loop import request_params
     from drover.workers.jobs import ClaimLost
     from drover.workers.jobs.records import Checkpoint
     from drover.workers.limiter import llm_scope

@@ -427,7 +427,8 @@ def test_only_the_root_builds_clients_limiters_schedulers_and_stores():
 # by name): a first submit costs its round trips, not a second of imports (bench/first_submit.py).
 CALL_PATH = ("anthropic", "openai", "httpx", "drover.workers.providers",
              "drover.workers.tasklayer.tasks", "drover.workers.agent.llm",
-             "drover.workers.agent.subagent", "drover.workers.agent.runtime",
+             "drover.workers.agent.subagent", "drover.workers.agent.loop",
+             "drover.workers.agent.runtime",
              "drover.workers.agent.batch", "drover.workers.agent.join",
              "drover.workers.agent.planning", "drover.workers.agent.retry")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from drover.simulator.openai import to_messages
 from drover.simulator.tokens import count_tokens
 from drover.workers.agent.estimate import Calibration
-from drover.workers.agent.subagent import request_params
+from drover.workers.agent.loop import request_params
 from drover.workers.jobs.spec import JobSpec
 from drover.workers.providers.registry import provider
 from drover.workers.tools import get_tools

@@ -63,14 +63,17 @@ async def race(coro: Any, cancel: asyncio.Event) -> Any:
 
 
 @llm_call
-async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext) -> Answer:
+async def create_message(rt: Runtime, params: dict[str, Any], ctx: CallContext, *,
+                         client: Any = None) -> Answer:
     """Send one turn inside the limits; raise RetryLater, CallFailed or Cancelled.
 
     The provider's SDK streams it through the limited transport (reserve, send, settle; the
     job's cancel stops it until its answer is whole, and an answer whole is the loop's); the
-    answer is drover's ``Answer``, whichever provider gave it."""
+    answer is drover's ``Answer``, whichever provider gave it. ``client``: the turn client
+    to send with (``clients.turn_client`` for ``ctx`` and the model; None: one made now)."""
     provider = rt.route(params["model"]).provider
-    client = rt.parts.turn_client(rt, ctx, params["model"])
+    if client is None:
+        client = rt.parts.turn_client(rt, ctx, params["model"])
     try:
         # (the transport tells the sub-agent when it is generating, and fills the call's Seen)
         answer: Answer = await provider.stream_turn(client, params, Seen())

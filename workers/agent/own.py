@@ -1,7 +1,8 @@
-"""A team's own sub-agent (an ``@subagent`` function) run where drover's loop runs.
+"""A sub-agent's function run to its output: a team's own (an ``@subagent`` function) or
+drover's own loop (the built-in ``drover.agent``, ``loop.py``), one path for both.
 
 ``SubagentRun`` (``subagent.py``) takes the claim, the checkpoint, the cancel event and the
-deadline as for its own loop, then hands the function its input and a limited client bound to
+deadline, then hands a team's function its input and a limited client bound to
 this sub-agent (``CallContext``: the claim check and the send mark before each call, each
 answer's usage into the sub-agent's checkpoint, the cancel; its answered calls journaled, so
 a re-run after a worker died replays them instead of sending them again). The function runs
@@ -10,12 +11,13 @@ it does for drover's loop.
 
 What the function raises is its own failure (that sub-agent ends ``failed`` with the
 exception's type and message; the others go on), except drover's signals passing through it:
-a cancel, a claim another delivery holds, a wait the limiter hands back to Celery.
+a cancel, a claim another delivery holds, a wait the limiter hands back to Celery. drover's
+loop is handed its run (``loop.LoopRun``) and the turn client instead, and is neither raced
+nor judged here (``run_own``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +25,7 @@ from drover._signals import ClaimLost, OwnFailed
 from drover.errors import AgentError
 from drover.workers.agent.llm import CallContext, race
 from drover.workers.jobs.spec import output_json
-from drover.workers.tools import get_subagent
+from drover.workers.tools import Subagent
 
 __all__ = ["OUTPUT_BYTES", "ClientOf", "run_own"]
 
@@ -50,14 +52,16 @@ def _drovers(error: BaseException) -> BaseException | None:
     return None
 
 
-async def run_own(name: str, item_json: str, llm: Any, ctx: CallContext) -> Any:
-    """Run the ``@subagent`` function ``name`` on its input with the client ``llm``; its
-    JSON-able output.
+async def run_own(own: Subagent, item: Any, llm: Any, ctx: CallContext) -> Any:
+    """Run the sub-agent ``own`` on its input with the client ``llm``; its JSON-able output.
 
-    Raises ``OwnFailed`` for the function's own failure, ``Cancelled`` when the job's cancel
-    event fires first, and drover's signals the client raised inside it."""
-    own = get_subagent(name)  # JobRefused (a ValueError): the worker's modules lack it
-    item = json.loads(item_json)
+    A team's function raises ``OwnFailed`` for its own failure, ``Cancelled`` when the job's
+    cancel event fires first, and drover's signals the client raised inside it. drover's own
+    (``own.builtin``: its loop) is not raced (it stops at its own points on a cancel, keeping
+    an answer it paid for) and what it raises passes as it is: its run maps it."""
+    if own.builtin:
+        return await own.fn(item, llm)
+    name = own.name
     try:
         value = await race(own.fn(item, llm), ctx.cancel)
     except (AgentError, ClaimLost):  # a cancel, a Celery retry, a failed call: drover's

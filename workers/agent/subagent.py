@@ -1,11 +1,17 @@
-"""The sub-agent loop: LLM turn -> tool calls -> checkpoint, until the model ends its turn.
+"""One sub-agent's run, from its claim to its record: drover's own loop (``loop.py``) or a
+team's ``@subagent`` function (``own.py``), one path for both.
 
-State is checkpointed in Redis twice per turn: right after the model's reply (so a retry
-never repeats a completed LLM call) and after the tool results (each tool result is also
-saved as it completes, so a crash mid-turn does not run a finished tool again). A retry or a
-redelivered task resumes from the checkpoint. The reply that ends the sub-agent is checkpointed
-with its record, in the record's one script (the record is what a redelivery finds; the
-final checkpoint is only the transcript, ``JobHandle.transcript``).
+``SubagentRun`` takes the sub-agent's claim, resumes its state from the checkpoint, holds the
+job's cancel event and deadline, and runs the job's sub-agent through ``own.run_own``: the
+function the job names (``JobSpec.subagent``), or the built-in ``LOOP`` ("drover.agent")
+for a job of subtasks, handed its ``LoopRun`` and the turn client. Whatever it raises is
+mapped here to the sub-agent's record or to a Celery retry.
+
+State is checkpointed in Redis (the loop: per turn and per tool result; a function: per
+answered call, its answers journaled) and a retry or a redelivered task resumes from the
+checkpoint. The state that ends the sub-agent is checkpointed with its record, in the
+record's one script (the record is what a redelivery finds; the final checkpoint is only the
+transcript, ``JobHandle.transcript``).
 
 Never twice at once: the start takes the sub-agent's claim (workers/jobs/claims.py) in the same
 round trip that reads its state, every checkpoint, tool result and the record is written only
@@ -15,10 +21,7 @@ wait, right before the send (``CallContext.check``), so a worker paused while it
 nothing once it wakes. A worker that is shutting down hands its sub-agents back to the broker
 (checkpointed) instead of starting another call.
 
-A job of a team's own ``@subagent`` runs its function here instead of the loop, under the same
-claim, cancel event and deadline, and ends with the same record (``own.py``).
-
-The loop never raises for an expected failure: it ends with a ``SubagentResult``
+A run never raises for an expected failure: it ends with a ``SubagentResult``
 (``ok | failed | cancelled | budget_exceeded``), or raises ``RetryLater`` for a Celery retry.
 """
 
@@ -35,7 +38,6 @@ import redis
 
 from drover._signals import BudgetSpent, OwnFailed
 from drover.config.prices import Price
-from drover.workers.agent.batch import batch_message, uses_batch
 from drover.workers.agent.errors import (
     CallFailed,
     Cancelled,
@@ -43,12 +45,8 @@ from drover.workers.agent.errors import (
     LimiterSaysLater,
     RetryableFailure,
 )
-from drover.workers.agent.llm import (
-    CallContext,
-    create_message,
-    race,
-    wait_or_cancel,
-)
+from drover.workers.agent.llm import CallContext
+from drover.workers.agent.loop import LOOP, LoopRun
 from drover.workers.agent.own import ClientOf, run_own
 from drover.workers.agent.retry import Decision
 from drover.workers.agent.runtime import Runtime
@@ -61,30 +59,11 @@ from drover.workers.jobs.records import (
     budget_tokens,
 )
 from drover.workers.jobs.spec import JobSpec
-from drover.workers.limiter import ScopeLimits, tool_scope
 from drover.workers.telemetry import subagent_finished, subagent_run
-from drover.workers.tools import Tool, get_tools, run_turn
+from drover.workers.tools import get_subagent
 
-CACHE = {"type": "ephemeral"}
 REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later
 log = logging.getLogger(__name__)
-
-
-def request_params(spec: JobSpec, model: str, tools: list[Tool],
-                   messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The Messages API request of one turn; the shared prefix is marked for prompt caching."""
-    params: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "messages": messages}
-    if spec.thinking is not None:
-        # Its thinking blocks stay in the conversation, passed back unchanged in each tool
-        # turn as the API requires; records and logs carry only the text.
-        params["thinking"] = {"type": "enabled", "budget_tokens": spec.thinking}
-    if spec.system:
-        params["system"] = [{"type": "text", "text": spec.system, "cache_control": CACHE}]
-    if tools:
-        definitions = [t.definition() for t in tools]
-        definitions[-1] = {**definitions[-1], "cache_control": CACHE}
-        params["tools"] = definitions
-    return params
 
 
 class SubagentRun:
@@ -201,7 +180,7 @@ class SubagentRun:
     async def _run(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                    ) -> SubagentResult:
         try:
-            return await self._loop(spec, state, ctx)
+            return await self._subagent(spec, state, ctx)
         except ClaimLost:
             raise
         except Cancelled:
@@ -246,18 +225,28 @@ class SubagentRun:
             return await self._fail(spec, state, Decision(
                 "fail", type(error).__name__, str(error)[:500] or type(error).__name__))
 
-    async def _own(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
+    async def _subagent(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
                    ) -> SubagentResult:
-        """The team's ``@subagent`` function on this sub-agent's input, to its record."""
-        if self.rt.shared.heartbeat().draining:  # SIGTERM: no new start, hand it back
-            raise LimiterSaysLater(0.0, "worker shutting down")
-        if self.own_client is None:
-            raise RuntimeError("an @subagent job's run needs own_client (the task layer's "
-                               "subagent_client)")
-        ctx.answered, ctx.check = self._answered, self._check_own
+        """The job's sub-agent on this sub-agent's input, to its record: the team's
+        ``@subagent`` function on its JSON input, with its limited client (journaled); or
+        drover's own loop (``loop.agent_loop``), handed this run's ``LoopRun`` and the turn
+        client, whose own checkpoints resume it (no journal)."""
+        own = get_subagent(spec.subagent or LOOP)  # JobRefused: the worker's modules lack it
+        if own.builtin:
+            item: Any = LoopRun(self.rt, self.job_id, self.index, self.token, spec, state, ctx,
+                                over_budget=partial(self._over_budget, spec, state),
+                                price=self._price)
+            llm = self.rt.parts.turn_client(self.rt, ctx, spec.model or self.rt.settings.model)
+        else:
+            if self.rt.shared.heartbeat().draining:  # SIGTERM: no new start, hand it back
+                raise LimiterSaysLater(0.0, "worker shutting down")
+            if self.own_client is None:
+                raise RuntimeError("an @subagent job's run needs own_client (the task layer's "
+                                   "subagent_client)")
+            ctx.answered, ctx.check = self._answered, self._check_own
+            item, llm = json.loads(self.task or "null"), self.own_client(self.rt, ctx)
         try:
-            output = await run_own(spec.subagent or "", self.task or "null",
-                                   self.own_client(self.rt, ctx), ctx)
+            output = await run_own(own, item, llm, ctx)
         except OwnFailed as failed:
             state.failures += 1
             return await self._finish(state, "failed", error=failed.message,
@@ -293,46 +282,6 @@ class SubagentRun:
             await self._io(self.store.checkpoints.save, self.job_id, self.index, self.state,
                            self.token)
 
-    async def _loop(self, spec: JobSpec, state: Checkpoint, ctx: CallContext
-                    ) -> SubagentResult:
-        if spec.subagent is not None:
-            return await self._own(spec, state, ctx)
-        settings = self.rt.settings
-        model = spec.model or settings.model
-        tools = get_tools(spec.tools)
-        allowed = {t.name: t for t in tools}
-        max_turns = spec.max_turns or settings.max_turns
-        while True:
-            calls = state.pending_tool_calls()
-            if calls:
-                # A cancel stops a turn's tools too (saved results stay for the record).
-                await race(self._run_tools(spec, state, calls, allowed), ctx.cancel)
-            elif state.turns and state.stop_reason != "tool_use":
-                return await self._finish(state, "ok")
-            over = await self._over_budget(spec, state, max_turns)
-            if over:
-                raise BudgetSpent(over)
-            params = request_params(spec, model, tools, state.messages)
-            batched = uses_batch(spec, settings)
-            if batched:  # the turn goes into a Message Batch (checks the cancel itself)
-                message = await batch_message(self.rt, params, ctx, state, self.token)
-            else:
-                if self.rt.shared.heartbeat().draining:  # SIGTERM: no new call, hand it back
-                    raise LimiterSaysLater(0.0, "worker shutting down")
-                message = await create_message(self.rt, params, ctx)
-            state.messages.append({"role": "assistant", "content": message.content_json()})
-            state.turns += 1
-            state.stop_reason = message.stop_reason
-            state.usage.add(message.usage, batch=batched, price=self._price())
-            final = not state.pending_tool_calls() and state.stop_reason != "tool_use"
-            if not final:
-                await self._io(self.store.checkpoints.save, self.job_id, self.index, state,
-                               self.token)
-            if spec.token_budget:
-                await self._io(self.store.spending.spend, self.job_id, budget_tokens(message.usage))
-            if final:
-                return await self._finish(state, "ok")
-
     async def _over_budget(self, spec: JobSpec, state: Checkpoint, max_turns: int | None
                            ) -> str | None:
         """What is spent before the next call (None: nothing): the turn cap, the sub-agent's
@@ -346,42 +295,6 @@ class SubagentRun:
             if spent >= spec.token_budget:
                 return f"job token budget of {spec.token_budget} spent ({spent} used)"
         return None
-
-    async def _run_tools(self, spec: JobSpec, state: Checkpoint,
-                         calls: list[dict[str, Any]], allowed: dict[str, Tool]) -> None:
-        settings = self.rt.settings
-        done = await self._io(self.store.checkpoints.tool_results, self.job_id, self.index)
-
-        async def save(tool_use_id: str, result: dict[str, Any]) -> None:
-            await self._io(self.store.checkpoints.save_tool_result, self.job_id, self.index,
-                           tool_use_id, result, self.token)
-
-        results = await run_turn(
-            calls, allowed, done=done,
-            max_parallel=min(spec.max_parallel_tools or settings.max_parallel_tools,
-                             settings.max_parallel_tools),
-            max_calls=settings.max_tool_calls_per_turn, default_timeout=settings.tool_timeout_s,
-            save=save, gate=self._tool_gate, max_result_chars=settings.max_tool_result_chars)
-        for call, result in zip(calls, results, strict=True):
-            state.tried.append(f"{call['name']}({_short(call.get('input'))})")
-            if result["is_error"]:
-                state.failed.append(f"{call['name']}: {result['content'][:200]}")
-        state.messages.append({"role": "user", "content": results})
-        await self._io(self.store.checkpoints.save, self.job_id, self.index, state, self.token)
-
-    async def _tool_gate(self, tool_: Tool) -> None:
-        rps = self.rt.settings.tool_rps.get(tool_.name, tool_.rps)
-        if not rps:
-            return
-        scope, limits = tool_scope(tool_.name), ScopeLimits.for_tool(rps)
-        cancel = self.rt.cancel_event(self.job_id)
-        while True:
-            grant = await self.rt.limiter.acquire(scope, limits, lease_ttl_s=60)
-            if grant.granted:
-                await self.rt.limiter.settle(scope, limits, grant, input_tokens=0, output_tokens=0)
-                await wait_or_cancel(grant.wait_s, cancel)
-                return
-            await wait_or_cancel(grant.retry_after_s, cancel)
 
     async def _failed_attempt(self, spec: JobSpec, state: Checkpoint,
                               failure: RetryableFailure) -> SubagentResult:
@@ -434,7 +347,3 @@ class SubagentRun:
             worker=self.worker or "", checkpoint=state))
         return stored
 
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = ", ".join(f"{k}={v!r}" for k, v in (value or {}).items())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

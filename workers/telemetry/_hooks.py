@@ -115,10 +115,11 @@ def unanswered_try(est_in: int, est_out: int) -> None:
 
 
 def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
-    """For ``create_message(rt, params, ctx)``: the chat span, call outcome, duration, tokens."""
+    """For ``create_message(rt, params, ctx, **kw)``: the chat span, call outcome, duration,
+    tokens."""
 
     @functools.wraps(fn)
-    async def wrapper(rt: Any, params: dict[str, Any], ctx: Any) -> T:
+    async def wrapper(rt: Any, params: dict[str, Any], ctx: Any, **kw: Any) -> T:
         settings = rt.settings
         model = str(params.get("model"))
         route = rt.route(model)
@@ -140,7 +141,7 @@ def llm_call(fn: _AsyncFn[T]) -> _AsyncFn[T]:
             outcome, error_type, lost = "ok", "", None
             message: Any = None  # the provider's message (an SDK's type, or OpenAI's adapted)
             try:
-                message = await fn(rt, params, ctx)
+                message = await fn(rt, params, ctx, **kw)
                 return message
             except BaseException as error:
                 # The agent's exceptions say what they mean for the count (this room knows

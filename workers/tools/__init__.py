@@ -17,7 +17,16 @@ from drover.workers.tools._tools import (
     run_turn,
     tool,
 )
-from drover.workers.tools.subagents import SUBAGENTS, Subagent, get_subagent, subagent
+from drover.workers.tools.subagents import (
+    LOOP,
+    SUBAGENTS,
+    Subagent,
+    builtin,
+    get_subagent,
+    reserved,
+    subagent,
+)
 
-__all__ = ["REGISTRY", "RESULT_CHARS", "SUBAGENTS", "Subagent", "Tool", "ToolKind", "cut_result",
-           "get_subagent", "get_tools", "run_turn", "subagent", "tool"]
+__all__ = ["LOOP", "REGISTRY", "RESULT_CHARS", "SUBAGENTS", "Subagent", "Tool", "ToolKind",
+           "builtin", "cut_result", "get_subagent", "get_tools", "reserved", "run_turn",
+           "subagent", "tool"]

@@ -19,6 +19,11 @@ modules named in ``DROVER_TOOL_MODULES`` are imported by every worker at start a
 A function that cannot be run as one (a plain ``def``, the wrong parameters) is registered
 with what is wrong with it, not refused at import: a worker must not fail to start for one
 team's mistake, and ``submit`` refuses the jobs that name it with that sentence.
+
+drover's own agent loop is one sub-agent among these, registered as ``LOOP``
+("drover.agent", by ``workers/agent/loop.py``) in a registry of its own: the names under
+"drover." are drover's (a team's ``@subagent("drover....")`` is refused), and the listing and
+did-you-mean of an unknown name show the team's functions only.
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ from typing import Any, TypeVar, overload
 
 from drover.errors import JobRefused
 
-__all__ = ["SUBAGENTS", "Subagent", "get_subagent", "subagent"]
+__all__ = ["BUILTIN", "LOOP", "SUBAGENTS", "Subagent", "builtin", "get_subagent", "reserved",
+           "subagent"]
+
+LOOP = "drover.agent"  # drover's own agent loop, as the sub-agent a job of subtasks runs
+RESERVED = "drover."  # the names of drover's own sub-agents begin so
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,13 @@ class Subagent:
     name: str
     fn: Callable[..., Any]
     problem: str | None = None  # why it cannot run as a sub-agent (None: it can)
+    # drover's own (its loop): it stops at its own points on a cancel (it keeps an answer it
+    # paid for), and what it raises is its run's to map, not a team function's failure.
+    builtin: bool = False
 
 
-SUBAGENTS: dict[str, Subagent] = {}
+SUBAGENTS: dict[str, Subagent] = {}  # the team's, from DROVER_TOOL_MODULES
+BUILTIN: dict[str, Subagent] = {}  # drover's own, registered by the agent that runs them
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -75,6 +88,10 @@ def subagent(name: Any = None) -> Any:
     if name is not None and (not isinstance(name, str) or not name):
         raise TypeError(f"@subagent's name must be a non-empty string, not {name!r}")
 
+    if name is not None and reserved(name):
+        raise ValueError(f"@subagent({name!r}): names beginning with {RESERVED!r} are "
+                         "drover's own sub-agents; choose another name")
+
     def register(fn: F) -> F:
         own = name or fn.__name__
         SUBAGENTS[own] = Subagent(own, fn, _problem(own, fn))
@@ -83,10 +100,23 @@ def subagent(name: Any = None) -> Any:
     return register
 
 
+def reserved(name: str) -> bool:
+    """Whether ``name`` is one of drover's own sub-agents' (no team's function takes it)."""
+    return name.startswith(RESERVED)
+
+
+def builtin(name: str, fn: Callable[..., Any]) -> None:
+    """Register drover's own sub-agent ``name`` (a reserved name): ``fn(run, llm)``, handed
+    its run's context instead of a JSON input."""
+    if not reserved(name):
+        raise ValueError(f"drover's own sub-agent {name!r} must be named {RESERVED}...")
+    BUILTIN[name] = Subagent(name, fn, builtin=True)
+
+
 def get_subagent(name: str) -> Subagent:
-    """The registered sub-agent ``name``; ``JobRefused`` saying what to fix when there is
-    none of that name, or it cannot run as one."""
-    found = SUBAGENTS.get(name)
+    """The registered sub-agent ``name`` (a team's, or drover's own); ``JobRefused`` saying
+    what to fix when there is none of that name, or it cannot run as one."""
+    found = BUILTIN.get(name) if reserved(name) else SUBAGENTS.get(name)
     if found is None:
         close = difflib.get_close_matches(name, list(SUBAGENTS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
