@@ -80,3 +80,34 @@ def not_async(item: Any, llm: Any) -> Any:
 @drover.subagent
 async def takes_one(item: Any) -> Any:
     return item
+
+
+@drover.subagent
+async def long_answer(item: dict[str, Any], llm: Any) -> dict[str, Any]:
+    """One long answer, streamed (``item["out"]`` tokens): by ``messages.stream`` (the SDK's
+    helper, in its ``async with``); by ``messages.create(stream=True)`` read event by event
+    (``item["how"] == "create"``, the stream never closed by the function); or so read in a
+    task of the function's own that it waits for with ``asyncio.wait`` and a timeout
+    (``"wait"``: a cancel of the function does not reach that task)."""
+    prompt = f"Write the whole of {item['topic']} [[sim:out={int(item['out'])}]]"
+    kwargs = {"model": MODEL, "max_tokens": int(item["out"]),
+              "messages": [{"role": "user", "content": prompt}]}
+
+    async def read() -> int:
+        deltas = 0
+        async for event in await llm.messages.create(stream=True, **kwargs):
+            deltas += event.type == "content_block_delta"
+        return deltas
+
+    if item.get("how") == "create":
+        deltas = await read()
+    elif item.get("how") == "wait":
+        reader = asyncio.ensure_future(read())
+        done, _ = await asyncio.wait({reader}, timeout=600)
+        deltas = reader.result()
+    else:
+        deltas = 0
+        async with llm.messages.stream(**kwargs) as stream:
+            async for _ in stream.text_stream:
+                deltas += 1
+    return {"topic": item["topic"], "deltas": deltas}

@@ -63,6 +63,7 @@ from drover.workers.telemetry import subagent_finished, subagent_run
 from drover.workers.tools import get_subagent
 
 REDIS_DOWN_RETRY_S = 10.0  # Redis stayed away longer than the clients retry: come back later
+SENDS_END_S = 5.0  # the most a cancelled function's record waits for its sends to settle
 log = logging.getLogger(__name__)
 
 
@@ -157,6 +158,16 @@ class SubagentRun:
         """What ``model``'s tokens cost (default: this sub-agent's; None: unpriced)."""
         return self.rt.settings.price_of(model or self.spec.model or self.rt.settings.model)
 
+    async def _sends_ended(self) -> None:
+        """A cancelled function's sends still in flight settle before its record is written,
+        so that it counts them: a call read in a task of the function's own, which the
+        function's cancel does not reach, is closed by the transport's watch of the same
+        cancel and settles at once. Waited for up to ``SENDS_END_S``."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + SENDS_END_S
+        while self.state.in_flight and loop.time() < until:
+            await asyncio.sleep(0.02)
+
     async def _lost_sends(self, mark: dict[str, Any] | None) -> None:
         """Sends a lost delivery (its worker killed) made whose outcome it never saved: those
         in flight in the checkpoint, and those of the last send's mark past it (each send in
@@ -184,6 +195,8 @@ class SubagentRun:
         except ClaimLost:
             raise
         except Cancelled:
+            if spec.subagent is not None:
+                await self._sends_ended()
             reason = await self._io(self.store.cancels.cancelled, self.job_id)
             if reason is None and self.rt.shared.heartbeat().handing_back:
                 # The worker's shutdown grace ran out mid-call: resume elsewhere from here.

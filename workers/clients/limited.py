@@ -40,19 +40,21 @@ assert LIMITED_MARK == "drover_limited"
 
 def limited_http_client(rt: Runtime, provider_name: str, *, is_async: bool = True,
                         ctx: CallContext | None = None, journal: Journal | None = None,
-                        wait_in_line: bool = True, decides: bool = False) -> Any:
+                        wait_in_line: bool = True, decides: bool = False,
+                        watches: bool = False) -> Any:
     """An HTTP client whose requests to ``provider_name``'s generation endpoint go through
     the call path on ``rt`` (``ctx``: the sub-agent they belong to, None for a process's own
     calls; ``journal``: where its answered calls are kept; ``wait_in_line``: wait out the
     limiter's "later" in place, else raise it, as the SDK's base error from
-    ``LimiterSaysLater``; ``decides``: a failed attempt ends with the retry policy's decision,
+    ``LimiterSaysLater``; ``decides``: a failed attempt ends with the retry policy's decision;
+    ``watches``: the job's cancel stops a stream mid-answer wherever it is read,
     ``LimitedTransport``)."""
     if is_async:
         # A worker's sub-agent sends on the runtime's loop, over its connection pool.
         inner = shared_connections(rt) if ctx is not None else None
         return _LimitedAsyncClient(transport=LimitedTransport(
             rt, provider_name, ctx, journal, wait_in_line=wait_in_line, inner=inner,
-            decides=decides),
+            decides=decides, watches=watches),
             follow_redirects=True)
     if ctx is not None or journal is not None:
         raise ValueError("a sub-agent's limited client is async (it runs on the worker's loop)")
@@ -70,7 +72,8 @@ def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,
     tenant and hooks), for the provider of ``DROVER_PROVIDER``: an ``AsyncAnthropic`` or an
     ``AsyncOpenAI`` (drover's, the SDK's own classes) whose calls reserve from the fleet's
     limits, count in the sub-agent's usage (``ctx.answered``, ``ctx.unanswered``), race its
-    cancel, and are kept in its journal, so that a re-run after its worker died replays the
+    cancel (a streamed answer mid-way too, wherever the function reads it), and are kept in
+    its journal, so that a re-run after its worker died replays the
     calls answered before instead of paying for them again. ``max_retries``: the SDK's own
     retries (each attempt is reserved and settled).
 
@@ -81,7 +84,8 @@ def subagent_client(rt: Runtime, ctx: CallContext, *, max_retries: int = 2,
     ``__cause__`` is the signal."""
     name = rt.settings.provider
     journal = _journal(rt, ctx)
-    http = limited_http_client(rt, name, ctx=ctx, journal=journal, wait_in_line=wait_in_line)
+    http = limited_http_client(rt, name, ctx=ctx, journal=journal, wait_in_line=wait_in_line,
+                               watches=True)
     defaults = {k: v for k, v in client_defaults(rt.settings, name).items() if v is not None}
     if name == "openai":
         from drover.workers.providers.openai_clients import AsyncOpenAI

@@ -84,15 +84,17 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
     an ``error`` event) ends with the retry policy's decision, drover's ``RetryableFailure``
     or ``CallFailed`` (as the SDK's base error, its cause), never with the SDK's exception;
     the loop's ``llm_call`` counts its attempts in the call series, so the transport does
-    not."""
+    not. ``watches``: a worker's sub-agent's calls, whose job's cancel also stops a stream
+    mid-answer wherever it is read (``SettledStream``); drover's loop's always are."""
 
     def __init__(self, rt: Runtime, provider_name: str, ctx: CallContext | None = None,
                  journal: Journal | None = None, *, wait_in_line: bool = True,
-                 inner: httpx2.AsyncBaseTransport | None = None, decides: bool = False
-                 ) -> None:
+                 inner: httpx2.AsyncBaseTransport | None = None, decides: bool = False,
+                 watches: bool = False) -> None:
         self.rt = rt
         self.wait_in_line = wait_in_line
         self.decides = decides
+        self.watches = watches
         self.provider = provider(provider_name)
         self.ctx = ctx
         self.journal = journal
@@ -149,7 +151,7 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
                     handed_on = True
                     return _answer(response, request, stream=SettledStream(
                         response, call, self._on_loop, self.journal, field,
-                        decides=self.decides))
+                        decides=self.decides, watches=self.watches))
                 answer = await response.aread()
                 await response.aclose()
                 usage = call.provider.answer_usage(json_body(answer) or {})
@@ -275,11 +277,13 @@ class SettledStream(httpx2.AsyncByteStream):
     told when its answer starts generating (its first token) and when that ends
     (``CallContext.generating``). ``decides``: a stream cut short, or ended by the provider's
     ``error`` event, is settled as a failed attempt there and then, and ends with the retry
-    policy's decision (``LimitedTransport``)."""
+    policy's decision (``LimitedTransport``). ``watches``: the stream is a sub-agent's, whose
+    job's cancel stops it mid-answer wherever it is read (``_watch_cancel``); drover's loop's
+    is always watched."""
 
     def __init__(self, response: httpx2.Response, call: Call, on_loop: Any,
-                 journal: Journal | None, field: str | None, *, decides: bool = False
-                 ) -> None:
+                 journal: Journal | None, field: str | None, *, decides: bool = False,
+                 watches: bool = False) -> None:
         self.response, self.call, self.on_loop = response, call, on_loop
         self.events = SseEvents()
         self.journal, self.field = journal, field
@@ -289,6 +293,8 @@ class SettledStream(httpx2.AsyncByteStream):
         self.decides = decides
         self.generating = False
         self.read = False
+        self.watches = watches or decides
+        self.reading = False  # its reader waits for the next bytes (not in its own code)
         self.job_cancelled = False  # the job's cancel stopped the reader (``_watch_cancel``)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -296,7 +302,8 @@ class SettledStream(httpx2.AsyncByteStream):
         if self.read:  # read again (the openai SDK drains a stream after its [DONE]): no
             return     # more bytes, as from a stream consumed
         self.read = True
-        watch = self._watch_cancel() if self.decides else None
+        watch = self._watch_cancel() if self.watches else None
+        self.reading = True
         try:
             async for chunk in self.response.aiter_bytes():
                 for event in self.events.feed(chunk):
@@ -309,18 +316,26 @@ class SettledStream(httpx2.AsyncByteStream):
                     self.kept.append(chunk)
                 if not self.generating and seen.first_token_s is not None:
                     await self._generating(True)
+                self.reading = False
                 yield chunk
+                self.reading = True
+                if self.job_cancelled and not self.decides:  # closed while its reader was away
+                    stopped = self._cancelled()
+                    raise provider.sdk_error(f"drover: {stopped}") from stopped
         except asyncio.CancelledError as error:
             task = asyncio.current_task()
             if not self.job_cancelled or task is None or task.uncancel():
                 self.error = error
                 raise  # (a cancel of the task itself: a worker shutting down)
-            self.error = stopped = Cancelled()  # the job's cancel: the stream closes unanswered
+            stopped = self._cancelled()  # the job's cancel: the stream closes unanswered
             raise provider.sdk_error(f"drover: {stopped}") from stopped
         except AgentError as error:
             self.error = error
             raise
         except Exception as error:
+            if self.job_cancelled and not self.decides:  # closed by the cancel under its reader
+                stopped = self._cancelled()
+                raise provider.sdk_error(f"drover: {stopped}") from stopped
             self.error = error
             if self.decides and not self.settled and not seen.finished:  # cut mid-answer
                 timeout = isinstance(error, httpx2.TimeoutException)
@@ -333,20 +348,37 @@ class SettledStream(httpx2.AsyncByteStream):
             self.error = error
             raise
         finally:
+            self.reading = False
             if watch is not None:
                 watch.cancel()
 
+    def _cancelled(self) -> Cancelled:
+        """The job's cancel stopped the stream: drover's ``Cancelled``, what it settles as."""
+        if not isinstance(self.error, Cancelled):
+            self.error = Cancelled()
+        return self.error
+
     def _watch_cancel(self) -> asyncio.Task[None]:
-        """The job's cancel stops the stream's reader until the answer is whole (the stream
-        is then closed unanswered, billed what it had streamed); once it is whole, the loop
-        gets its answer, settled as answered: a cancel never drops an answer it paid for."""
+        """The job's cancel stops the stream until the answer is whole (the stream is then
+        closed unanswered, billed what it had streamed); once it is whole, its reader gets
+        the answer, settled as answered: a cancel never drops an answer it paid for.
+
+        A reader waiting for the stream's next bytes (drover's loop's always) is stopped
+        there; one away in its own code (a sub-agent function's task that its cancel does not
+        reach: one it waits for with ``asyncio.wait``, or left reading) has the stream closed
+        under it, settled here, and meets the cancel at its next read."""
         reader, seen, cancel = asyncio.current_task(), self.call.seen, self.call.ctx.cancel
 
         async def watch() -> None:
             await cancel.wait()
-            if reader is not None and not seen.finished and not self.settled:
-                self.job_cancelled = True
+            if reader is None or seen.finished or self.settled:
+                return
+            self.job_cancelled = True
+            if self.decides or self.reading:
                 reader.cancel()
+            else:
+                self.error = Cancelled()
+                await self.aclose()
 
         return asyncio.ensure_future(watch())
 
