@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
+from typing import Any
 
 import anthropic
 import pytest
@@ -254,6 +256,26 @@ def test_the_gateway_sends_its_callers_to_every_entry_of_the_pool(
     assert "bedrock-key" not in json.dumps([a.to_dict() for a in answers])  # type: ignore[attr-defined]
 
 
+async def _slow_then_dead_stream(client: Callable[[], Any], caught: type[BaseException]
+                                 ) -> tuple[list[str], BaseException | None]:
+    """Two streams on ``client()``: one whose first token is 8 s away (the event types the
+    caller got), then one that sends no byte for 30 s (the ``caught`` error it ended with,
+    None if it ended without one)."""
+    llm = client()
+    kinds = []
+    async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
+            {"role": "user", "content": "Weigh it [[sim:think=8]]"}]) as stream:
+        async for event in stream:
+            kinds.append(event.type)
+    try:
+        async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
+                {"role": "user", "content": "Weigh it [[sim:stall=30]]"}]) as stream:
+            await stream.get_final_message()
+    except caught as error:
+        return kinds, error
+    return kinds, None
+
+
 def test_a_cloud_stream_whose_first_token_is_slow_but_alive_is_never_abandoned(
         sim, sim_factory, drover_env, monkeypatch):
     """The caller's read timeout (3 s) is the cloud's request's: Vertex AI pings a stream
@@ -272,23 +294,9 @@ def test_a_cloud_stream_whose_first_token_is_slow_but_alive_is_never_abandoned(
     _pool(monkeypatch, drover_env, _entries(tag, {name: on.url}, **{name: limits}))
     import drover
 
-    async def streams() -> tuple[list[str], BaseException | None]:
-        llm = drover.AsyncAnthropic(max_retries=0, timeout=anthropic.Timeout(30, read=3))
-        kinds = []
-        async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
-                {"role": "user", "content": "Weigh it [[sim:think=8]]"}]) as stream:
-            async for event in stream:
-                kinds.append(event.type)
-        dead = None
-        try:
-            async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
-                    {"role": "user", "content": "Weigh it [[sim:stall=30]]"}]) as stream:
-                await stream.get_final_message()
-        except anthropic.APIConnectionError as error:  # APITimeoutError is one
-            dead = error
-        return kinds, dead
-
-    kinds, dead = asyncio.run(streams())
+    kinds, dead = asyncio.run(_slow_then_dead_stream(
+        lambda: drover.AsyncAnthropic(max_retries=0, timeout=anthropic.Timeout(30, read=3)),
+        anthropic.APIConnectionError))  # APITimeoutError is one
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
     assert isinstance(dead, anthropic.APITimeoutError), repr(dead)
     assert on.stats()["accepted"] == 2
@@ -310,24 +318,10 @@ def test_the_gateway_pings_its_caller_while_a_cloud_streams_no_event(
         "rpm": 600, "itpm": 600_000, "otpm": 60_000}))
     gw = gateway(DROVER_STREAM_IDLE_S="4")
 
-    async def streams() -> tuple[list[str], BaseException | None]:
-        llm = anthropic.AsyncAnthropic(base_url=gw.url, api_key=GATEWAY_KEYS["web"],
-                                       max_retries=0, timeout=anthropic.Timeout(30, read=3))
-        kinds = []
-        async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
-                {"role": "user", "content": "Weigh it [[sim:think=8]]"}]) as stream:
-            async for event in stream:
-                kinds.append(event.type)
-        cut = None
-        try:
-            async with llm.messages.stream(model=MODEL, max_tokens=100, messages=[
-                    {"role": "user", "content": "Weigh it [[sim:stall=30]]"}]) as stream:
-                await stream.get_final_message()
-        except anthropic.APIError as error:
-            cut = error
-        return kinds, cut
-
-    kinds, cut = asyncio.run(streams())
+    kinds, cut = asyncio.run(_slow_then_dead_stream(
+        lambda: anthropic.AsyncAnthropic(base_url=gw.url, api_key=GATEWAY_KEYS["web"],
+                                         max_retries=0, timeout=anthropic.Timeout(30, read=3)),
+        anthropic.APIError))
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
     assert cut is not None
     assert on.stats()["accepted"] == 2
