@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -325,17 +327,15 @@ def test_raw_responses_and_stream_true_are_the_sdks_own_and_counted(monkeypatch,
                                         "output_tokens": stats["billed"]["output_tokens"]}
 
 
-def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_retried(
-        monkeypatch, drover_env, sim):
-    """The job's cancel fires mid-call: the request is aborted, the SDK raises its base
-    error (which it never retries) from drover's Cancelled, and the call is counted once,
-    unanswered."""
-    import anthropic
-
-    # The simulator holds the request 5 s; the cancel fires once it holds it.
-    sim.configure(tool_turns=0, output_tokens_mean=30, latency_mean_s=5, latency_p95_s=5)
+def _cancelled_call(monkeypatch, drover_env, job_id: str,  # noqa: ANN001
+                    cancel: Callable[[asyncio.Event], Awaitable[None]] | None
+                    ) -> tuple[Any, BaseException, list[tuple[int, int]]]:
+    """A sub-agent's call through its limited client (``subagent_client``, 3 retries) whose
+    job (``job_id``: a test's own, as the runtime keeps its cancel event) is cancelled:
+    before the call (``cancel`` None) or by ``cancel``, awaited beside it with the job's
+    cancel event. Returns the runtime, the error the call raised, and the calls counted
+    unanswered (their estimates)."""
     configure(monkeypatch, drover_env)
-    from drover.errors import Cancelled
     from drover.workers.agent.call import CallContext
     from drover.workers.agent.runtime import get_runtime
     from drover.workers.clients import subagent_client
@@ -348,19 +348,12 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
         unanswered.append((est_in, est_out))
 
     async def run() -> BaseException:
-        cancel = rt.cancel_event("cancelled-job")
-        ctx = CallContext("cancelled-job", 0, cancel, unanswered=lost)
+        event = rt.cancel_event(job_id)
+        if cancel is None:
+            event.set()
+        ctx = CallContext(job_id, 0, event, unanswered=lost)
         llm = subagent_client(rt, ctx, max_retries=3)
-
-        async def cancel_mid_call() -> None:
-            # Once the call is at the simulator, however long its reserve and send took (a
-            # fixed 0.5 s fell before the send on a loaded host: the call ended unsent,
-            # uncounted, as a cancel before the send does).
-            await asyncio.to_thread(wait_until, "the call at the simulator",
-                                    lambda: sim.stats()["in_flight"] == 1)
-            cancel.set()
-
-        canceller = asyncio.ensure_future(cancel_mid_call())
+        canceller = asyncio.ensure_future(cancel(event) if cancel else asyncio.sleep(0))
         try:
             await llm.messages.create(model=rt.settings.model, max_tokens=40,
                                       messages=_ask(1))
@@ -370,7 +363,31 @@ def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_re
             await canceller
         raise AssertionError("the call was not cancelled")
 
-    error = rt.run(run())
+    return rt, rt.run(run()), unanswered
+
+
+def test_a_cancelled_subagents_call_ends_at_once_as_the_sdks_error_and_is_not_retried(
+        monkeypatch, drover_env, sim):
+    """The job's cancel fires mid-call: the request is aborted, the SDK raises its base
+    error (which it never retries) from drover's Cancelled, and the call is counted once,
+    unanswered."""
+    import anthropic
+
+    # The simulator holds the request 5 s; the cancel fires once it holds it.
+    sim.configure(tool_turns=0, output_tokens_mean=30, latency_mean_s=5, latency_p95_s=5)
+
+    async def cancel_mid_call(cancel: asyncio.Event) -> None:
+        # Once the call is at the simulator, however long its reserve and send took (a
+        # fixed 0.5 s fell before the send on a loaded host: the call ended unsent,
+        # uncounted, as a cancel before the send does).
+        await asyncio.to_thread(wait_until, "the call at the simulator",
+                                lambda: sim.stats()["in_flight"] == 1)
+        cancel.set()
+
+    rt, error, unanswered = _cancelled_call(monkeypatch, drover_env, "cancelled-job",
+                                             cancel_mid_call)
+    from drover.errors import Cancelled
+
     assert isinstance(error, anthropic.AnthropicError), repr(error)
     assert not isinstance(error, anthropic.APIConnectionError)  # not retried as one
     assert isinstance(error.__cause__, Cancelled)
@@ -386,32 +403,10 @@ def test_a_subagents_call_cancelled_before_it_is_sent_is_neither_sent_nor_counte
     import anthropic
 
     sim.configure(tool_turns=0, output_tokens_mean=30)
-    configure(monkeypatch, drover_env)
+    rt, error, unanswered = _cancelled_call(monkeypatch, drover_env, "cancelled-first-job",
+                                             None)
     from drover.errors import Cancelled
-    from drover.workers.agent.call import CallContext
-    from drover.workers.agent.runtime import get_runtime
-    from drover.workers.clients import subagent_client
-    from drover.workers.services import services
 
-    rt = get_runtime(services())
-    unanswered: list[tuple[int, int]] = []
-
-    async def lost(est_in: int, est_out: int, model: str | None = None) -> None:
-        unanswered.append((est_in, est_out))
-
-    async def run() -> BaseException:
-        cancel = rt.cancel_event("cancelled-first-job")
-        cancel.set()
-        ctx = CallContext("cancelled-first-job", 0, cancel, unanswered=lost)
-        llm = subagent_client(rt, ctx, max_retries=3)
-        try:
-            await llm.messages.create(model=rt.settings.model, max_tokens=40,
-                                      messages=_ask(1))
-        except BaseException as error:  # noqa: BLE001  # the test reads it
-            return error
-        raise AssertionError("the call was not cancelled")
-
-    error = rt.run(run())
     assert isinstance(error, anthropic.AnthropicError), repr(error)
     assert isinstance(error.__cause__, Cancelled)
     assert unanswered == []
