@@ -593,6 +593,70 @@ def test_a_bucket_of_less_than_one_request_paces_each_send_on_when_the_last_one_
     assert lim.hold_back(b, whole) == 0.0
 
 
+def test_a_paced_send_waits_one_provider_interval_after_the_last_ones_headers(lim):
+    """hold_back.lua and admitted.lua: the pacing on when the last send left its check does
+    not see the way from the check to the provider. At 60 RPM in 1 s bursts (57 RPM in 0.8 s
+    at the 0.95 target), a first send whose headers (a stream's: they come at its admission)
+    come back 0.2 s after it left reached the provider up to then: the next send waits one
+    interval of the provider's full rate (1 s) and a 10 ms margin after them, not only the
+    limiter's 1.053 s after the first left (on that alone it went 0.15 s early: a 429 on
+    requests, bench.small_keys --mix at loads over 8). Headers back at once hold nothing more;
+    headers that never come block nothing; a scope that is not paced is not asked for them."""
+    per = 60 / 57
+    scope, limits = "llm:k:admitted", ScopeLimits(rpm=57, burst_s=0.8, learned_utilization=0.95)
+    at(lim, 0)
+    first, second, third, fourth = (lim.acquire(scope, limits) for _ in range(4))
+    t = first.wait_s  # the first's planned send
+    assert second.wait_s == pytest.approx(t + per)
+    at(lim, t)
+    held = lim.hold_back(first, scope, report=True)
+    assert held == 0.0 and held.report  # paced: its caller reports its headers
+    at(lim, t + 0.2)  # the first's headers: it reached the provider by then
+    lim.admitted(first, scope)
+    at(lim, t + per)  # the second's planned send, one limiter interval after the first left
+    assert lim.hold_back(second, scope, report=True) == pytest.approx(
+        -(0.2 + 1.0 + 0.01 - per), abs=1e-5)
+    assert lim.state(scope)["leases"] == 4  # paced, not held back: its grant stands
+    t += 1.21
+    at(lim, t)
+    assert lim.hold_back(second, scope, report=True).report
+    at(lim, t + 0.005)  # its headers at once: the next is paced on when it left, as before
+    lim.admitted(second, scope)
+    at(lim, t + per + 1e-5)
+    assert lim.hold_back(third, scope) == 0.0  # (not a stream: nothing to report)
+    at(lim, t + 2 * per + 2e-5)  # the third's headers never came: the fourth is not held for them
+    assert lim.hold_back(fourth, scope, report=True) == 0.0
+    plain = "llm:k:not-paced"  # 600 RPM in 0.8 s: no headers asked for, nothing written
+    at(lim, 10)
+    g = lim.acquire(plain, ScopeLimits(rpm=600, burst_s=0.8))
+    held = lim.hold_back(g, plain, report=True)
+    assert held == 0.0 and not held.report
+
+
+def test_a_prompt_larger_than_the_bucket_waits_for_the_refill_after_the_last_ones_headers(lim):
+    """admitted.lua: a prompt larger than the input bucket (927 tokens reserved; 38,000 ITPM
+    in 0.8 s, the limiter's view of 40,000 in 1 s) is admitted by the provider into a full
+    bucket only: the next waits the last one's input refill at the provider's full rate
+    (927 / 40,000 a minute: 1.39 s) and 10 ms after the last one's headers came back."""
+    scope = "llm:k:long-admitted"
+    limits = ScopeLimits(rpm=6000, itpm=38_000, burst_s=0.8, learned_utilization=0.95)
+    at(lim, 0)
+    first = lim.acquire(scope, limits, input_tokens=927)
+    second = lim.acquire(scope, limits, input_tokens=927)
+    refill = second.wait_s - first.wait_s  # 1.46 s: the limiter's, at 0.95 of the rate
+    at(lim, first.wait_s)
+    assert lim.hold_back(first, scope, report=True).report
+    at(lim, first.wait_s + 0.3)
+    lim.admitted(first, scope)
+    at(lim, second.wait_s)
+    assert lim.hold_back(second, scope, report=True) == pytest.approx(
+        -(0.3 + 927 * 60 / 40_000 + 0.01 - refill), abs=1e-5)
+    short = "llm:k:short-admitted"  # a prompt the bucket holds: not paced, nothing asked
+    at(lim, 10)
+    g = lim.acquire(short, limits, input_tokens=300)
+    assert not lim.hold_back(g, short, report=True).report
+
+
 def test_sends_a_stall_held_back_leave_paced_on_when_they_left_not_all_at_once(lim):
     """hold_back.lua: grants planned at 10 a second, the first 10 sent at once, then the
     sender stalls for 1.5 s (a loaded host, a busy loop): the 15 grants planned meanwhile are

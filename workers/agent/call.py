@@ -332,8 +332,13 @@ class Call:
     """One call's estimate and reservation, from its first grant to its last settle (the
     module docstring shows the order). ``params``: drover's (Messages-shaped) request."""
 
-    def __init__(self, rt: Runtime, params: dict[str, Any], ctx: CallContext) -> None:
+    def __init__(self, rt: Runtime, params: dict[str, Any], ctx: CallContext, *,
+                 streams: bool = False) -> None:
         self.rt, self.params, self.ctx = rt, params, ctx
+        # A stream's response headers come at its admission: the sender tells ``admitted``
+        # when they come, and a paced send is paced on that too (hold_back.lua).
+        self.streams = streams
+        self.report = False  # this try's send was paced: report its headers (``admitted``)
         settings = rt.settings
         self.model = model = params["model"]
         self.max_tokens = int(params["max_tokens"])
@@ -431,8 +436,9 @@ class Call:
             await wait_or_cancel(waited, ctx.cancel)
             # One trip to Redis: the cooldowns, the paced sends, and a key stopped (a pool's
             # key disabled: held back a day; the one key: inf) since the grant.
-            while (held := await route.hold_back(rt.limiter, grant)) < 0:
+            while (held := await route.hold_back(rt.limiter, grant, self.streams)) < 0:
                 await wait_or_cancel(-held, ctx.cancel)  # a one-request bucket: paced sends
+            self.report = held.report
             if held == math.inf:  # the one key, stopped: CallFailed if for its spend limit
                 await key_stopped(rt, route, key.alias)
             elif held > 0:
@@ -453,6 +459,14 @@ class Call:
             raise
         self.seen.opened = time.monotonic()
         return True
+
+    async def admitted(self) -> None:
+        """The stream's response headers came back (it was admitted): a paced send's next
+        ones wait one interval of the provider's after now (admitted.lua). Nothing for a
+        send that was not paced."""
+        if self.report:
+            self.report = False
+            await self.route.admitted(self.rt.limiter, self._grant())
 
     # --- settle: exactly one of answered, failed, ended per reserved try ----------------
     async def answered(self, usage: AnswerUsage, headers: Any = None) -> None:

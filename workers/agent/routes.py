@@ -33,6 +33,7 @@ from drover.config import ModelLimits, Settings
 from drover.workers.agent.limits import llm_limits, scaled_limits
 from drover.workers.limiter import (
     Grant,
+    Held,
     ScopeLimits,
     llm_scope,
     org_scope,
@@ -174,18 +175,32 @@ class Route:
         await limiter.settle(key.scope, key.limits, grant, input_tokens=input_tokens,
                              output_tokens=output_tokens, readings=key_h, counts=counts)
 
-    async def hold_back(self, limiter: Any, grant: Grant) -> float:
+    async def hold_back(self, limiter: Any, grant: Grant, report: bool = False) -> Held:
         """Seconds a cooldown still holds on a level the grant reserved in (0.0: none, send
         it); when one does, the grant is spent and the call plans again. Below 0: the wait
         before a paced send may go (``Limiter.hold_back``); inf: the one key is stopped
         fleet-wide (read in the same trip; ``spend_limit.key_stopped`` says whether for its
-        spend limit). A pool's key disabled meanwhile holds its grant back a day."""
+        spend limit). A pool's key disabled meanwhile holds its grant back a day.
+        ``report``: a stream, whose headers' arrival the caller tells ``admitted`` when the
+        answer's ``Held.report`` asks it to (a paced send)."""
         if self.pool is None:
-            return float(await limiter.hold_back(grant, self.scope, stop=self.one.alias))
+            return await limiter.hold_back(  # type: ignore[no-any-return]
+                grant, self.scope, stop=self.one.alias, report=report)
+        return await limiter.hold_back(  # type: ignore[no-any-return]
+            grant, *self._levels(grant), report=report)
+
+    async def admitted(self, limiter: Any, grant: Grant) -> None:
+        """A paced send's response headers came back (``Limiter.admitted``)."""
+        if self.pool is None:
+            await limiter.admitted(grant, self.scope)
+        else:
+            await limiter.admitted(grant, *self._levels(grant))
+
+    def _levels(self, grant: Grant) -> list[str]:
+        """A pool's scopes the grant reserved in: its key's, and the organisation's unless
+        the key is ``alone``."""
         key = self.key(grant)
-        if key.limits.alone:
-            return float(await limiter.hold_back(grant, key.scope))
-        return float(await limiter.hold_back(grant, self.scope, key.scope))
+        return [key.scope] if key.limits.alone else [self.scope, key.scope]
 
     async def release(self, limiter: Any, grant: Grant) -> None:
         if self.pool is None or not self.key(grant).limits.alone:

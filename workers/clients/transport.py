@@ -126,7 +126,8 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
         ctx = self.ctx or CallContext("", -1, asyncio.Event())
         if ctx.cancel.is_set():  # the sub-agent was cancelled: nothing more goes out
             raise Cancelled()
-        call = await self._on_loop(self._open(self.provider.call_params(body), ctx))
+        call = await self._on_loop(self._open(self.provider.call_params(body), ctx,
+                                              bool(body.get("stream"))))
         handed_on = False  # a stream settles (and closes the call) when it ends
         try:
             while True:
@@ -148,6 +149,7 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
                     return _answer(response, request, answer)
                 if body.get("stream"):
                     call.seen.headers = response.headers
+                    await self._on_loop(call.admitted())  # (a paced send's: hold_back.lua)
                     handed_on = True
                     return _answer(response, request, stream=SettledStream(
                         response, call, self._on_loop, self.journal, field,
@@ -206,8 +208,8 @@ class LimitedTransport(httpx2.AsyncBaseTransport):
         if not self.decides:  # (the loop's calls are counted by its llm_call)
             counted(call, *args)
 
-    async def _open(self, params: dict[str, Any], ctx: CallContext) -> Call:
-        call = Call(self.rt, params, ctx)
+    async def _open(self, params: dict[str, Any], ctx: CallContext, streams: bool) -> Call:
+        call = Call(self.rt, params, ctx, streams=streams)
         if self.decides:
             # drover's loop asks the provider's count of a request of a new size, as it did
             # before it sent through here. The other doors do not: counted in the gateway's

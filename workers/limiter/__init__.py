@@ -13,6 +13,8 @@ under its own hash tag, changed only by the scripts, one script call per operati
     while (held := limiter.hold_back(grant, scope)) < 0: sleep(-held)  # paced (one request)
     if held: acquire again         # a 429 came meanwhile: the grant is spent, not sent
     response = call the API        # on a 429: limiter.cooldown(scope, limits, retry_after)
+                                   # (a paced stream, hold_back(..., report=True) answered
+                                   # held.report: limiter.admitted(grant, scope) at its headers)
     limiter.settle(scope, limits, grant, input_tokens=used_in, output_tokens=used_out,
                    readings=provider.read_limits(response.headers))  # or release if unsent
 
@@ -30,6 +32,7 @@ from drover.workers.limiter._scopes import (
     POOL_TAG,
     STAT_FIELDS,
     Grant,
+    Held,
     ScopeLimits,
     llm_scope,
     org_scope,
@@ -39,6 +42,6 @@ from drover.workers.limiter._scopes import (
 )
 from drover.workers.limiter._scripts import Readings
 
-__all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "AsyncLimiter", "Grant", "Limiter", "ScopeLimits",
-           "Readings", "llm_scope", "org_scope", "pool_scope", "split_llm_scope",
+__all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "AsyncLimiter", "Grant", "Held", "Limiter",
+           "ScopeLimits", "Readings", "llm_scope", "org_scope", "pool_scope", "split_llm_scope",
            "tool_scope"]

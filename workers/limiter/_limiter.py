@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Coroutine, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from drover.workers.limiter._scopes import Grant, ScopeLimits
+from drover.workers.limiter._scopes import Grant, Held, ScopeLimits
 from drover.workers.limiter._scripts import Call, LimiterCore, Readings
 
 __all__ = ["AsyncLimiter", "Limiter"]
@@ -58,7 +58,8 @@ class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, Sta
         names (the provider's names: those whose headers can teach it back; None: all)."""
         return self._run(self._cooldown(scope, limits, retry_after_s, learnable))
 
-    def hold_back(self, grant: Grant, *scopes: str, stop: str | None = None) -> FloatT:
+    def hold_back(self, grant: Grant, *scopes: str, stop: str | None = None,
+                  report: bool = False) -> FloatT:
         """Right before a granted call goes out: seconds a cooldown holds on any of
         ``scopes`` (the grant's; its lease is gone, its reservation spent: do not send on
         it); below 0, a bucket of less than one request let its last send go too recently,
@@ -66,8 +67,16 @@ class _Operations(LimiterCore, Generic[GrantT, NoneT, FloatT, BoolT, UsageT, Sta
         together): wait that long, ask again; 0.0: send (hold_back.lua). A pool's: one
         call. ``stop``: a key alias (the one key's) whose fleet-wide stop (``disable_key``)
         is read in the same call: inf when it is stopped, nothing changed (``disabled_keys``
-        says why)."""
-        return self._run(self._hold_back(grant, list(scopes), stop), 0.0)
+        says why). ``report``: the caller will say when the send's response headers come
+        back (a stream's come at its admission): a paced send then answers a ``Held`` whose
+        ``report`` is True, and its caller calls ``admitted`` when they come."""
+        return self._run(self._hold_back(grant, list(scopes), stop, report), Held(0.0))
+
+    def admitted(self, grant: Grant, *scopes: str) -> NoneT:
+        """The response headers of a send that ``hold_back`` paced (``Held.report``) came
+        back now: the next paced sends of ``scopes`` wait one interval of the provider's
+        after this (admitted.lua)."""
+        return self._run(self._admitted(grant, list(scopes)))
 
     def sync_headers(self, scope: str, limits: ScopeLimits, readings: Readings) -> NoneT:
         """Fold in what an answer's limit headers said (``Provider.read_limits``)."""

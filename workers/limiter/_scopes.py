@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "Grant", "ScopeLimits", "llm_scope", "org_scope",
-           "pool_scope", "split_llm_scope", "tool_scope"]
+__all__ = ["ORG", "POOL_TAG", "STAT_FIELDS", "Grant", "Held", "ScopeLimits", "llm_scope",
+           "org_scope", "pool_scope", "split_llm_scope", "tool_scope"]
 
 # A pool's scopes (its organisation's and its keys', every model class) share one hash tag,
 # so one script reserves in the key's buckets and the organisation's at once.
@@ -54,6 +54,20 @@ def split_llm_scope(scope: str) -> tuple[str, str, bool] | None:
 def tool_scope(tool_name: str) -> str:
     """The scope of a rate-limited service that a tool calls."""
     return f"tool:{tool_name}"
+
+
+class Held(float):
+    """``hold_back``'s answer: its seconds (see ``Limiter.hold_back``), a float; ``report``:
+    the send goes, paced on its admission, and its caller said it would report when the
+    response headers come back: tell ``Limiter.admitted`` then (hold_back.lua, admitted.lua)."""
+
+    report = False
+
+    @classmethod
+    def paced(cls) -> Held:
+        held = cls(0.0)
+        held.report = True
+        return held
 
 
 @dataclass(frozen=True)

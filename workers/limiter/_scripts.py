@@ -14,6 +14,7 @@ from drover.workers.limiter._scopes import (
     POOL_TAG,
     STAT_FIELDS,
     Grant,
+    Held,
     ScopeLimits,
     org_scope,
     pool_scope,
@@ -41,8 +42,8 @@ def reading_args(readings: Readings | None) -> dict[str, dict[str, float]] | Non
 Clock = Callable[[], int]  # Redis-like time in microseconds
 
 _LUA = resources.files("drover.workers.limiter") / "lua"
-_SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "sync", "state", "record",
-            "usage", "pool_disable")
+_SCRIPTS = ("acquire", "settle", "cooldown", "hold_back", "admitted", "sync", "state",
+            "record", "usage", "pool_disable")
 # With an injected clock (tests) the scripts get the time as their last argument (after the
 # JSON one) instead of from TIME; everything else is the same text. Redis still expires keys
 # on its own clock, though: a TTL the scripts set from the injected time (a lease's 0.2 s
@@ -239,8 +240,8 @@ class LimiterCore:
             "learnable": None if learnable is None else [_LETTERS[d] for d in learnable]},
             lambda reply: float(_s(reply)))
 
-    def _hold_back(self, grant: Grant, scopes: list[str], stop: str | None = None
-                   ) -> Call | None:
+    def _hold_back(self, grant: Grant, scopes: list[str], stop: str | None = None,
+                   report: bool = False) -> Call | None:
         if not scopes:
             raise ValueError("hold_back needs at least one scope")
         if not grant.granted or grant.lease_id is None:
@@ -253,8 +254,16 @@ class LimiterCore:
         return self._call("hold_back", keys, {"lease": grant.lease_id, "key": grant.key,
                                               "stop": stop, "out": grant.output_tokens,
                                               "inp": grant.input_tokens,
-                                              "m": grant.max_tokens or None},
-                          lambda reply: float(_s(reply)))
+                                              "m": grant.max_tokens or None,
+                                              "hdr": report or None},
+                          lambda reply: Held.paced() if _s(reply) == "paced"
+                          else Held(_s(reply)))
+
+    def _admitted(self, grant: Grant, scopes: list[str]) -> Call | None:
+        if not grant.granted or grant.lease_id is None:
+            return None
+        return self._call("admitted", [self.keys(scope)[0] for scope in scopes],
+                          {"inp": grant.input_tokens})
 
     def _sync(self, scope: str, limits: ScopeLimits, readings: Readings) -> Call | None:
         folded = reading_args(readings)
