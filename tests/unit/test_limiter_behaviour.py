@@ -655,6 +655,21 @@ def test_a_prompt_larger_than_the_bucket_waits_for_the_refill_after_the_last_one
     at(lim, 10)
     g = lim.acquire(short, limits, input_tokens=300)
     assert not lim.hold_back(g, short, report=True).report
+    # At a bucket of one request too, a short prompt after a long one waits the request's
+    # interval after the long one's headers, not its input's refill (the provider needs
+    # only the short one's room: bench.small_keys --mix lost 0.4 s a run to it).
+    both = "llm:k:both-admitted"
+    small = ScopeLimits(rpm=57, itpm=38_000, burst_s=0.8, learned_utilization=0.95)
+    at(lim, 20)
+    long_one = lim.acquire(both, small, input_tokens=927)
+    short_one = lim.acquire(both, small, input_tokens=30)
+    at(lim, 20 + long_one.wait_s)
+    assert lim.hold_back(long_one, both, report=True).report
+    at(lim, 20 + long_one.wait_s + 0.3)
+    lim.admitted(long_one, both)
+    at(lim, 20 + short_one.wait_s)
+    assert lim.hold_back(short_one, both, report=True) == pytest.approx(
+        -(long_one.wait_s + 0.3 + 1.0 + 0.01 - short_one.wait_s), abs=1e-5)
 
 
 def test_sends_a_stall_held_back_leave_paced_on_when_they_left_not_all_at_once(lim):

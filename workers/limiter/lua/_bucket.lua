@@ -43,7 +43,7 @@ local function load(keys, limits)
              tw = (stored and f.tw or limits.tw) or 1,
              burst = burst_s * 1e6, cd = f.cd or 0, lx = f.lx or 0, ls = f.ls or 0,
              so = f.so or 0, st = f.st or 0, sr = f.sr or 0, si = f.si or 0,
-             ad = f.ad or 0, lu = (stored and f.lu or limits.learned_utilization) or 1,
+             ar = f.ar or 0, ai = f.ai or 0, lu = (stored and f.lu or limits.learned_utilization) or 1,
              learning = limits.learn_share == true}
   if stored or b.learning then b.sh = load_share(keys.share) end
   local learned = stored and {} or hash(keys.learned)
@@ -63,14 +63,15 @@ end
 -- once every dimension is full, no cooldown holds and no lease is left (an expired bucket is
 -- a full one). The share hash too, if it changed.
 local function save(b)
-  local set, needed = {}, math.max(b.cd, b.lx, b.so, b.st, b.sr, b.si, b.ad)
+  local set, needed = {}, math.max(b.cd, b.lx, b.so, b.st, b.sr, b.si, b.ar, b.ai)
   put(set, 'burst', b.burst_s); put(set, 'cd', b.cd); put(set, 'lx', b.lx); put(set, 'ls', b.ls)
   put(set, 'so', b.so)
   if b.tw ~= 1 then put(set, 'tw', b.tw) end
   if b.st > 0 then put(set, 'st', b.st) end
   if b.sr > 0 then put(set, 'sr', b.sr) end
   if b.si > 0 then put(set, 'si', b.si) end
-  if b.ad > now then put(set, 'ad', b.ad) end
+  if b.ar > now then put(set, 'ar', b.ar) end
+  if b.ai > now then put(set, 'ai', b.ai) end
   if b.lu ~= 1 then put(set, 'lu', b.lu) end
   for d, tat in pairs(b.tat) do
     put(set, d, tat); put(set, 'L' .. d, b.base[d])

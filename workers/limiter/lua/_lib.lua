@@ -21,7 +21,11 @@
 --                 replaces with the answer; sr: the request bucket as the provider
 --                 holds it, of the sends as they left (hold_back.lua; us, 0: none yet);
 --                 si: the same of the input bucket, each send debiting its input
---                 reservation (a prompt larger than the bucket waits until it is full)
+--                 reservation (a prompt larger than the bucket waits until it is full);
+--                 ar, ai: when the next paced send, the next prompt larger than the input
+--                 bucket may go by the provider's admission of the last one (its stream's
+--                 headers: admitted.lua; us); lu: learned_utilization (the limits are the
+--                 provider's x lu; absent: 1)
 --   leases  zset  lease id -> expiry (us)
 --   learned hash  d: raw per-minute limits from -limit headers (kept 24 h)
 --   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, from _scopes.py; _stats.lua)

@@ -33,13 +33,14 @@
 -- answer), at the limiter's own (smaller) capacity and the limit before any share; a send
 -- waits while it is in debt, and each send that goes moves the next ones back.
 -- A paced send (of a bucket of less than one request, or a prompt larger than the input
--- bucket) waits also until `ad`: one interval of the provider's, at its full rate, after the
--- response headers of the last paced send came back (admitted.lua). The pacing on `ls` sees
--- when a send left the check, not when it reached the provider: a send that took 0.06 s
+-- bucket) waits also until one interval of the provider's, at its full rate, after the
+-- response headers of the last paced send came back (`ar`; `ai`: the refill of the last
+-- oversized prompt's input, for the next oversized one; admitted.lua). The pacing on `ls`
+-- sees when a send left the check, not when it reached the provider: a send that took 0.06 s
 -- longer from its check to the provider than the next one did had the next refused
 -- (bench.small_keys --mix at loads over 8). A stream's headers come at its admission, so
--- their arrival is an upper bound on it. A send whose headers never come sets no `ad`: it
--- holds nothing, and the pacing on `ls` stands alone as before.
+-- their arrival is an upper bound on it. A send whose headers never come sets neither: it
+-- holds nothing, and the pacing on `ls` and `si` stands alone as before.
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
 -- The one key stopped fleet-wide (its spend limit: workers/agent/spend_limit.py) is read
@@ -67,12 +68,12 @@ end
 if A.stop and off_key(A.stop) then return 'inf' end
 local off = A.key and off_key(A.key)
 local until_us, due, paced, spent = off and now + 86400 * 1e6 or now, now, {}, {}
-local admitted = false  -- paced on its admission (`ad`, admitted.lua) in some scope
+local admitted = false  -- paced on its admission (`ar`, `ai`: admitted.lua) in some scope
 for i = 1, scopes, 2 do
   local f = hash(KEYS[i])
   until_us = math.max(until_us, f.cd or 0)
   if f.Lr and f.Lr * f.burst < 60 then
-    due = math.max(due, (f.ls or 0) + 60e6 / f.Lr, f.ad or 0); table.insert(paced, KEYS[i])
+    due = math.max(due, (f.ls or 0) + 60e6 / f.Lr, f.ar or 0); table.insert(paced, KEYS[i])
     admitted = true
   elseif f.Lr then
     local sr = f.sr or 0
@@ -93,7 +94,7 @@ for i = 1, scopes, 2 do
   -- and bucket), and such a send waits until it is full; smaller sends only debit it.
   if f.Li and (A.inp or 0) > 0 then
     local si, per = f.si or 0, 60e6 / f.Li
-    if A.inp * per > f.burst * 1e6 then due = math.max(due, si, f.ad or 0); admitted = true end
+    if A.inp * per > f.burst * 1e6 then due = math.max(due, si, f.ai or 0); admitted = true end
     spent[KEYS[i] .. ':i'] = {'si', math.max(si, now) + A.inp * per, KEYS[i]}
   end
   -- A weighted tokens quota (Bedrock's: input + max tokens at admission, input + 5 x output
