@@ -107,6 +107,39 @@ def test_a_streamed_answer_settles_its_real_usage_also_when_its_reader_stops_hal
     assert abs(cut - billed_cut) <= max(10, billed_cut), (cut, billed_cut)
 
 
+def test_a_paced_streams_headers_pace_the_next_send_on_its_admission(monkeypatch, drover_env,
+                                                                       sim):
+    """At a key whose bucket holds one request (60 RPM in 1 s bursts), a stream's response
+    headers, which come at its admission, are told to the limiter as they arrive: the scope's
+    next paced send may go one interval of the provider's (1 s) and 10 ms after them, so no
+    earlier than that after the stream's own check (`ar` >= `ls` + 1.01 s: hold_back.lua,
+    admitted.lua). A whole answer (not streamed) tells nothing: its headers come at its end."""
+    sim.configure(rpm=60, burst_s=1, tool_turns=0, output_tokens_mean=20)
+    configure(monkeypatch, drover_env, rpm=60, burst_seconds=1)
+    import drover
+    from drover.config import get_settings
+    from drover.workers.services import services
+
+    settings = get_settings()
+    limiter = services(settings).limiter
+    bucket = limiter.keys(llm_scope(settings.key_alias, settings.limit_class(settings.model)))[0]
+
+    async def whole_then_stream() -> dict[bytes, bytes]:
+        llm = drover.AsyncAnthropic()
+        await llm.messages.create(model=settings.model, max_tokens=40, messages=_ask(1))
+        after_whole = limiter._client.hgetall(bucket)
+        async with llm.messages.stream(model=settings.model, max_tokens=40,
+                                       messages=_ask(2)) as stream:
+            await stream.get_final_message()
+        return after_whole
+
+    after_whole = asyncio.run(whole_then_stream())
+    assert b"ls" in after_whole and b"ar" not in after_whole
+    fields = limiter._client.hgetall(bucket)
+    assert float(fields[b"ar"]) >= float(fields[b"ls"]) + 1.01e6
+    assert sim.stats()["rejected_429"] == 0
+
+
 def test_each_retry_of_the_sdk_is_reserved_and_settled(monkeypatch, drover_env, sim):
     """Half the requests answered 429 with retry-after 1 s: the SDK retries them itself
     (max_retries), and each attempt goes through the limiter: it counted every request the

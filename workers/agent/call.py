@@ -463,10 +463,16 @@ class Call:
     async def admitted(self) -> None:
         """The stream's response headers came back (it was admitted): a paced send's next
         ones wait one interval of the provider's after now (admitted.lua). Nothing for a
-        send that was not paced."""
+        send that was not paced. Redis failing here costs the next send that bound only
+        (it is paced on when this one left, as before), never this answer."""
         if self.report:
             self.report = False
-            await self.route.admitted(self.rt.limiter, self._grant())
+            try:
+                await self.route.admitted(self.rt.limiter, self._grant())
+            except redis.RedisError as error:
+                log.warning("llm call admission of %s not recorded (%s): the next paced send "
+                            "is paced on when this one left only", self.scope,
+                            type(error).__name__)
 
     # --- settle: exactly one of answered, failed, ended per reserved try ----------------
     async def answered(self, usage: AnswerUsage, headers: Any = None) -> None:
