@@ -113,7 +113,8 @@ def test_a_paced_streams_headers_pace_the_next_send_on_its_admission(monkeypatch
     headers, which come at its admission, are told to the limiter as they arrive: the scope's
     next paced send may go one interval of the provider's (1 s) and 10 ms after them, so no
     earlier than that after the stream's own check (`ar` >= `ls` + 1.01 s: hold_back.lua,
-    admitted.lua). A whole answer (not streamed) tells nothing: its headers come at its end."""
+    admitted.lua). A whole answer (not streamed) tells nothing: its headers come at its end;
+    the next waits the limiter's interval (the target's, 60 / 57 s) after it left (`ar`)."""
     sim.configure(rpm=60, burst_s=1, tool_turns=0, output_tokens_mean=20)
     configure(monkeypatch, drover_env, rpm=60, burst_seconds=1)
     import drover
@@ -134,7 +135,8 @@ def test_a_paced_streams_headers_pace_the_next_send_on_its_admission(monkeypatch
         return after_whole
 
     after_whole = asyncio.run(whole_then_stream())
-    assert b"ls" in after_whole and b"ar" not in after_whole
+    assert float(after_whole[b"ar"]) == pytest.approx(
+        float(after_whole[b"ls"]) + 60e6 / float(after_whole[b"Lr"]), abs=1)
     fields = limiter._client.hgetall(bucket)
     assert float(fields[b"ar"]) >= float(fields[b"ls"]) + 1.01e6
     assert sim.stats()["rejected_429"] == 0

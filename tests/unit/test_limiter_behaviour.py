@@ -607,15 +607,15 @@ def test_a_paced_send_waits_one_provider_interval_after_the_last_ones_headers(li
     at(lim, 0)
     first, second, third, fourth = (lim.acquire(scope, limits) for _ in range(4))
     t = first.wait_s  # the first's planned send
-    assert second.wait_s == pytest.approx(t + per)
+    assert second.wait_s == pytest.approx(t + 1.0)  # planned at the provider's full rate
     at(lim, t)
     held = lim.hold_back(first, scope, report=True)
     assert held == 0.0 and held.report  # paced: its caller reports its headers
     at(lim, t + 0.2)  # the first's headers: it reached the provider by then
     lim.admitted(first, scope)
-    at(lim, t + per)  # the second's planned send, one limiter interval after the first left
+    at(lim, t + 1.0)  # the second's planned send, one provider interval after the first left
     assert lim.hold_back(second, scope, report=True) == pytest.approx(
-        -(0.2 + 1.0 + 0.01 - per), abs=1e-5)
+        -(0.2 + 1.0 + 0.01 - 1.0), abs=1e-5)
     assert lim.state(scope)["leases"] == 4  # paced, not held back: its grant stands
     t += 1.21
     at(lim, t)
@@ -631,6 +631,61 @@ def test_a_paced_send_waits_one_provider_interval_after_the_last_ones_headers(li
     g = lim.acquire(plain, ScopeLimits(rpm=600, burst_s=0.8))
     held = lim.hold_back(g, plain, report=True)
     assert held == 0.0 and not held.report
+
+
+def test_a_paced_scope_is_planned_at_the_full_rate_and_never_admitted_early(lim):
+    """_bucket.lua, hold_back.lua: a bucket of less than one request (57 RPM in 0.8 s, the
+    0.95 target's view of 60 RPM in 1 s bursts) plans its requests at the provider's full
+    rate (1 s apart, not 1.053 s): the pacing on the last send's headers is its tolerance.
+    Streams whose headers come back 3 ms to 0.3 s after their send (the send's way to the
+    provider, unseen) are each let go no sooner than 1 s after the last one's headers (the
+    latest the provider can have admitted it), and 10 ms later at most when that binds or
+    on their plan otherwise. A send whose headers will not be reported keeps the next the
+    target's interval after it left (hold_back.lua's `ar`), as before. The other dimensions
+    keep the target (input: 38,000 ITPM); a scope whose bucket holds many requests (570 RPM
+    in 0.8 s) is planned at the target as before (without the change: 1.053 s apart)."""
+    scope = "llm:k:full-rate"
+    limits = ScopeLimits(rpm=57, itpm=38_000, burst_s=0.8, learned_utilization=0.95)
+    at(lim, 0)
+    grants = [lim.acquire(scope, limits, input_tokens=10) for _ in range(5)]  # the horizon: 5 s
+    planned = [g.wait_s for g in grants]
+    assert [b - a for a, b in zip(planned, planned[1:], strict=False)] == pytest.approx([1.0] * 4)
+    ways = [0.003, 0.3, 0.02, 0.25, 0.003]  # check -> headers, each send
+    sent, headers = [], []
+    for g, plan, way in zip(grants, planned, ways, strict=True):
+        t = plan
+        at(lim, t)
+        while (held := lim.hold_back(g, scope, report=True)) < 0:
+            t -= held
+            at(lim, t)
+        assert held == 0.0 and held.report
+        sent.append(t)
+        headers.append(t + way)
+        at(lim, t + way)
+        lim.admitted(g, scope)
+    for k in range(1, len(sent)):  # never before one provider interval after the headers
+        assert sent[k] >= headers[k - 1] + 1.0
+        assert sent[k] == pytest.approx(
+            max(planned[k], headers[k - 1] + 1.01, sent[k - 1] + 1.0), abs=1e-5)
+    # Fast headers (3 ms): the send goes 13 ms after its plan, before the target's 1.053 s
+    assert sent[1] == pytest.approx(sent[0] + 1.013, abs=1e-5) and sent[1] < sent[0] + 60 / 57
+    # A send that will not report its headers: the next waits the target's interval
+    at(lim, 10)
+    quiet, after = lim.acquire(scope, limits), lim.acquire(scope, limits)
+    assert after.wait_s - quiet.wait_s == pytest.approx(1.0)
+    at(lim, 10 + quiet.wait_s)
+    assert lim.hold_back(quiet, scope) == 0.0
+    at(lim, 10 + after.wait_s)
+    assert lim.hold_back(after, scope, report=True) == pytest.approx(-(60 / 57 - 1.0), abs=1e-5)
+    # The request bucket holds the provider's full rate's 0.8 s; input keeps the target's
+    state = lim.state(scope)
+    assert float(state["requests"]["capacity"]) == pytest.approx(60 / 60 * 0.8)
+    assert float(state["input_tokens"]["capacity"]) == pytest.approx(38_000 / 60 * 0.8)
+    large = "llm:k:large-key"  # 570 RPM in 0.8 s: not paced, planned at the target
+    big = ScopeLimits(rpm=570, burst_s=0.8, learned_utilization=0.95)
+    at(lim, 40)
+    gs = [lim.acquire(large, big) for _ in range(12)]
+    assert gs[-1].wait_s - gs[-2].wait_s == pytest.approx(60 / 570)
 
 
 def test_a_prompt_larger_than_the_bucket_waits_for_the_refill_after_the_last_ones_headers(lim):

@@ -24,8 +24,10 @@
 --                 reservation (a prompt larger than the bucket waits until it is full);
 --                 ar, ai: when the next paced send, the next prompt larger than the input
 --                 bucket may go by the provider's admission of the last one (its stream's
---                 headers: admitted.lua; us); lu: learned_utilization (the limits are the
---                 provider's x lu; absent: 1)
+--                 headers: admitted.lua; a send not reported: the limiter's interval
+--                 after it left, hold_back.lua; us); lu: learned_utilization (the limits
+--                 are the provider's x lu; absent: 1; a bucket of less than one request
+--                 plans its requests at Lr / lu, _bucket.lua)
 --   leases  zset  lease id -> expiry (us)
 --   learned hash  d: raw per-minute limits from -limit headers (kept 24 h)
 --   stats   hash  "<second>:<field>" -> count (STAT_FIELDS, from _scopes.py; _stats.lua)

@@ -40,7 +40,10 @@
 -- longer from its check to the provider than the next one did had the next refused
 -- (bench.small_keys --mix at loads over 8). A stream's headers come at its admission, so
 -- their arrival is an upper bound on it. A send whose headers never come sets neither: it
--- holds nothing, and the pacing on `ls` and `si` stands alone as before.
+-- holds nothing, and the pacing on `ls` and `si` stands alone as before. With that bound,
+-- a bucket of less than one request is planned, and paced on `ls`, at the provider's full
+-- rate (_bucket.lua's `load`); a send whose caller will not report its headers sets `ar`
+-- to the limiter's interval (the target's) after it left: the tolerance of its way there.
 -- KEYS[2i - 1], KEYS[2i]  the bucket hash and the leases of scope i (the one key's; a
 --                         pool's organisation and key: one hash tag)
 -- The one key stopped fleet-wide (its spend limit: workers/agent/spend_limit.py) is read
@@ -73,7 +76,8 @@ for i = 1, scopes, 2 do
   local f = hash(KEYS[i])
   until_us = math.max(until_us, f.cd or 0)
   if f.Lr and f.Lr * f.burst < 60 then
-    due = math.max(due, (f.ls or 0) + 60e6 / f.Lr, f.ar or 0); table.insert(paced, KEYS[i])
+    due = math.max(due, (f.ls or 0) + 60e6 * (f.lu or 1) / f.Lr, f.ar or 0)
+    table.insert(paced, {KEYS[i], 60e6 / f.Lr})
     admitted = true
   elseif f.Lr then
     local sr = f.sr or 0
@@ -112,7 +116,15 @@ if until_us > now then
   for i = 2, scopes, 2 do redis.call('ZREM', KEYS[i], A.lease) end
 elseif due > now then return num((now - due) / 1e6)
 else
-  for _, key in ipairs(paced) do redis.call('HSET', key, 'ls', num(now)) end
+  for _, p in ipairs(paced) do
+    redis.call('HSET', p[1], 'ls', num(now))
+    -- A send whose headers will not be reported keeps the next one the limiter's interval
+    -- (the target's) after it left: the tolerance of its way to the provider, unseen
+    if not A.hdr then
+      redis.call('HSET', p[1], 'ar', num(math.max(tonumber(redis.call('HGET', p[1], 'ar') or '0'),
+                                                  now + p[2])))
+    end
+  end
   for key, s in pairs(spent) do redis.call('HSET', s[3] or key, s[1], num(s[2])) end
   if admitted and A.hdr then return 'paced' end
 end
