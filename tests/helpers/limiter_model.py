@@ -66,6 +66,8 @@ class ScopeModel:
     cd: F = F(0)
     leases: dict[str, F] = field(default_factory=dict)
     learned: list[F | None] = field(default_factory=lambda: [None, None, None])
+    lu: F = F(1)  # learned_utilization of the last write
+    _lu_seen: F = F(1)  # of the last _at, written by the next _write
 
     def _limits(self, limits: ScopeLimits | None) -> tuple[list[F | None], F]:
         if limits is None:  # what the last write stored
@@ -83,12 +85,16 @@ class ScopeModel:
     def _at(self, now: int, limits: ScopeLimits | None) -> tuple[list[Dim | None], list, F]:
         """The dimensions seen at ``now`` under ``limits`` (nothing is written)."""
         lims, burst = self._limits(limits)
+        lu = self.lu if limits is None else F(limits.learned_utilization)
+        self._lu_seen = lu
         dims: list[Dim | None] = []
         for k, lim in enumerate(lims):
             if lim is None:
                 dims.append(None)
                 continue
-            rate, cap = lim / 60_000_000, lim / 60 * burst
+            # A bucket of less than one request is planned at the provider's full rate
+            full = lim / lu if k == 0 and lim * burst < 60 else lim
+            rate, cap = full / 60_000_000, full / 60 * burst
             old = self.dims[k]
             if old is None:
                 dims.append(Dim(rate, cap, cap))
@@ -99,6 +105,7 @@ class ScopeModel:
 
     def _write(self, now: int, dims: list[Dim | None], lims: list, burst: F) -> None:
         self.t, self.dims, self.lims, self.burst = F(now), dims, lims, burst
+        self.lu = self._lu_seen
 
     def acquire(self, now: int, limits: ScopeLimits, input_tokens: int, output_tokens: int,
                 lease_id: str, lease_ttl_s: float) -> ModelGrant:
