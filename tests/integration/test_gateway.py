@@ -478,11 +478,22 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         entered = in_line("batch") + 200
         while in_line("batch") < entered:  # every one of batch's calls is in line first
             await asyncio.sleep(0.05)
+        web_entered = in_line("web") + 10
+        few = [one("web", i) for i in range(10)]
+        # Sent as soon as batch's are all in line, and counted from when web's are in the
+        # gateway's line, not from when this loop (busy reading batch's answers) sent them:
+        # under load that took seconds while batch's were answered (89 ahead of web's last, at
+        # load 18). The scrape comes after: at load 10-18 it took long enough that batch's line
+        # had drained to 51 of 200 before web's came (149 answered), too few left for the
+        # order to tell fair share from first come, first served.
+        while in_line("web") < web_entered:
+            await asyncio.sleep(0.02)
+        came.append(in_line("batch", "done"))
         # What the exporter (and the dashboard's gateway row) says meanwhile, in one
-        # snapshot of the line: each of batch's calls not yet answered waits in line or holds
-        # a place, and at most the places (the cap, within the leases) hold one. (Calls are
-        # answered while the scrape runs: how many, the load decides; the answers before and
-        # after it bound it.)
+        # snapshot of the line (web's in it too): each of batch's calls not yet answered waits
+        # in line or holds a place, and at most the places (the cap, within the leases) hold
+        # one. (Calls are answered while the scrape runs: how many, the load decides; the
+        # answers before and after it bound it.)
         done_before = in_line("batch", "done")
         families = scrape(DroverCollector(services(settings), broker_queues=False))
         done_after = in_line("batch", "done")
@@ -490,14 +501,6 @@ def test_a_caller_flooding_the_gateway_leaves_a_second_caller_its_fair_share(
         out = value(families, "drover_gateway_calls", tenant="batch", state="out")
         assert out <= held and waiting > 0
         assert entered - done_after <= waiting + out <= entered - done_before
-        web_entered = in_line("web") + 10
-        few = [one("web", i) for i in range(10)]
-        # Counted from when web's calls are in the gateway's line, not from before the scrape
-        # and this loop (busy reading batch's answers) sent them: under load that took seconds
-        # while batch's were answered (89 ahead of web's last, at load 18).
-        while in_line("web") < web_entered:
-            await asyncio.sleep(0.02)
-        came.append(in_line("batch", "done"))
         return await asyncio.gather(*flood, *few, return_exceptions=True)
 
     results = asyncio.run(run())

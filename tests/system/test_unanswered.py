@@ -168,6 +168,7 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
         sim, monkeypatch, drover_env, redis_url):
     import asyncio
     import json
+    import threading
 
     import redis
 
@@ -204,11 +205,26 @@ def test_an_aborted_call_is_reported_once_spends_the_tenant_budget_and_counts_in
     async def note(est_in: int, est_out: int, model: str | None = None) -> None:
         told.append((est_in, est_out))
 
+    # Watched, not changed: the stream's events as drover's call path folds them in. The
+    # cancel waits for its first (message_start) to be read: cancelled between the provider's
+    # admission and that read (a full run at load 11-16: the headers' round trip to record a
+    # paced send's admission), the call cannot know that nothing was generated, and rightly
+    # counts up to max_tokens of output.
+    began = threading.Event()
+    provider_class = type(rt.route(settings.model).provider)
+    fold = provider_class.on_stream_event
+
+    def watched(self, seen, event):  # noqa: ANN001, ANN202
+        fold(self, seen, event)
+        began.set()
+
+    monkeypatch.setattr(provider_class, "on_stream_event", watched)
+
     async def aborted() -> BaseException:
         cancel = asyncio.Event()
         call = asyncio.ensure_future(create_message(rt, params, CallContext(
             "j", 0, cancel, tenant="acme", unanswered=note)))
-        while sim.stats()["in_flight"] < 1:  # it reached the provider
+        while sim.stats()["in_flight"] < 1 or not began.is_set():  # its stream began
             await asyncio.sleep(0.01)
         cancel.set()
         try:
