@@ -85,13 +85,18 @@ def test_a_worker_killed_mid_job_on_openai_loses_nothing(sim_factory, drover_env
         result = fleet.wait(handle, 30, timeout=90)
         print(f"\n[openai] kill -9 of a worker holding {len(held)} sub-agents: job done "
               f"{time.monotonic() - killed:.1f} s after it (duplicates "
-              f"{sim.stats()['duplicate_accepted']}, in flight at the kill {in_flight})")
+              f"{sim.stats()['duplicate_accepted']}, in flight before the kill {in_flight})")
 
         assert_complete(result, fleet, 30)
         stats = sim.stats()
         assert stats["errors_4xx"] == 0
-        # Resumed from checkpoints: only calls in flight at the kill can have been sent twice.
-        assert stats["duplicate_accepted"] <= in_flight
+        # Resumed from checkpoints: only calls in flight at the kill can have been sent twice,
+        # that is the killed worker's sends whose outcome no checkpoint saved, each counted
+        # once as unanswered by the delivery that resumed its sub-agent (at most one for each
+        # of its 8 threads: the loop calls one at a time). The simulator's in_flight read
+        # before the kill is no bound: the victim sent more between that read and the kill (a
+        # full run: 8 sent twice, 8 counted unanswered, 6 read in flight).
+        assert stats["duplicate_accepted"] <= result.usage.unanswered_calls <= 8, result.usage
         assert stats["accepted"] - stats["duplicate_accepted"] == result.usage.calls == 30 * 3
     finally:
         fleet.close()
