@@ -53,14 +53,17 @@ def test_a_worker_killed_mid_job_of_own_functions_loses_none(sim, drover_env, sp
     stats = sim.stats()
     print(f"\nkill -9 of a worker holding {len(held)} own sub-agents: job done "
           f"{time.monotonic() - killed:.1f} s after it; calls {stats['accepted']}, sent twice "
-          f"{stats['duplicate_accepted']} (in flight at the kill: {in_flight})")
+          f"{stats['duplicate_accepted']} (in flight just before the kill: {in_flight})")
 
     assert_complete(result, fleet, N)
     for record, item in zip(result.results, inputs, strict=True):
         assert record.output["topic"] == item["topic"] and len(record.output["checks"]) == 4
     # The resumed sub-agents replayed the calls answered before the kill from their journals:
-    # only the calls in flight at the kill can have gone out twice.
-    assert stats["duplicate_accepted"] <= in_flight
+    # only the calls in flight at the kill can have gone out twice, at most one for each of
+    # the killed worker's threads (these functions call one at a time). The simulator's
+    # in_flight read before the kill is printed, not a bound: the victim can send more
+    # between that read and the kill (test_openai_cancel_and_loss: 8 sent twice, 6 read).
+    assert stats["duplicate_accepted"] <= THREADS
     assert stats["accepted"] - stats["duplicate_accepted"] == N * 6
     # Each call the simulator took counted once: answered (its real usage) or, sent by the
     # killed worker with its answer lost, unanswered (its estimate); a send marked by the
