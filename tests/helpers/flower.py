@@ -18,8 +18,8 @@ from pathlib import Path
 from drover.orchestrator.ops.flower import (
     AUTH_ENV,
 )
-from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT, wait_until
+from tests.helpers.ports import free_port
 
 __all__ = ["Flower", "SECRET", "running_flower"]
 

@@ -12,8 +12,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT, stop_process_group, wait_until
+from tests.helpers.ports import free_port
 
 __all__ = ["GATEWAY_KEYS", "GatewayProcess", "fingerprint", "gateway_keys_env"]
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from drover.orchestrator.ops.services import free_port, redis_answers
+from drover.orchestrator.ops.services import redis_answers
 from tests.helpers import wait_until
+from tests.helpers.ports import free_port
 
 __all__ = ["PrivateRedis"]
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from drover.orchestrator.ops.services import free_port
 from drover.workers.connections.preflight import FIRST_CONTACT_TIMEOUT_S
 from tests.helpers import ROOT
 from tests.helpers.cli import BOUND_S, clean_env, drover
+from tests.helpers.ports import free_port
 
 
 @pytest.fixture

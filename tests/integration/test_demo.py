@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover.orchestrator.ops.services import RedisService, free_port, start_redis_server
+from drover.orchestrator.ops.services import RedisService, start_redis_server
 from tests.helpers import ROOT
+from tests.helpers.ports import free_port
 
 
 @pytest.fixture

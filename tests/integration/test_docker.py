@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT
+from tests.helpers.ports import free_port
 
 yaml = pytest.importorskip("yaml", reason="PyYAML parses docker-compose.yml in this test")
 

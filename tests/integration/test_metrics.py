@@ -429,8 +429,8 @@ def test_drover_metrics_serves_the_scrape_over_http_and_stops_on_sigterm(setting
     import sys
     import urllib.request
 
-    from drover.orchestrator.ops.services import free_port
     from tests.helpers import ROOT, stop_process_group, wait_until
+    from tests.helpers.ports import free_port
 
     _a_fleet(settings, recorders)
     env = {**os.environ, "DROVER_REDIS_URL": settings.redis_url,
@@ -443,24 +443,13 @@ def test_drover_metrics_serves_the_scrape_over_http_and_stops_on_sigterm(setting
         except OSError:
             return ""
 
-    # A free port can be taken by a test beside this one before the exporter binds it (a full
-    # run: "cannot listen on 127.0.0.1:43139: Address already in use"); the exporter then
-    # says so and exits 2, and the test asks again on another port.
-    for _ in range(5):
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "drover.orchestrator.cli", "metrics",
-                                 "--port", str(port)], cwd=ROOT, env=env,
-                                start_new_session=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        text = wait_until("drover metrics to answer or exit",
-                          lambda port=port, proc=proc: body(port) or proc.poll() is not None,
-                          timeout=60)
-        if isinstance(text, str):
-            break
-        error = proc.stderr.read()
-        assert "Address already in use" in error, error[-2000:]
-    else:
-        raise AssertionError("no free port for drover metrics in five tries")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "drover.orchestrator.cli", "metrics",
+                             "--port", str(port)], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    text = wait_until("drover metrics to answer or exit",
+                      lambda: body(port) or proc.poll() is not None, timeout=60)
+    assert isinstance(text, str), proc.stderr.read()[-2000:]
     try:
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert value(families, "drover_llm_calls", "drover_llm_calls_total", scope=SCOPE,

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT
+from tests.helpers.ports import free_port
 
 PASSWORD = "pw-" + uuid.uuid4().hex  # what must never show in a log or a record
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from drover.orchestrator.ops.services import free_port
 from tests.helpers import ROOT
+from tests.helpers.ports import free_port
 
 BOUND_S = 400  # the whole walk-through, generously (the jobs run at 50 requests a minute)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from drover.orchestrator.ops.services import free_port
 from tests.helpers import stop_process_group, wait_until
+from tests.helpers.ports import free_port
 
 BOUND_S = 120  # a generous bound on a command; never what is tested
 

@@ -16,10 +16,10 @@ import redis
 
 from drover.config import SettingsError, load_settings
 from drover.config.celery import celery_config
-from drover.orchestrator.ops.services import free_port
 from drover.workers.connections.preflight import check_services, eviction_problem, redis_problem
 from drover.workers.connections.redis_clients import sync_redis
 from tests.helpers.cli import BOUND_S, clean_env, drover
+from tests.helpers.ports import free_port
 
 
 @pytest.fixture

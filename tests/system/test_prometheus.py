@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,18 +24,13 @@ from drover import JobSpec
 from drover.workers.limiter import llm_scope
 from tests.helpers import ROOT, configure, stop_process_group, wait_until
 from tests.helpers.fleet import submit_elsewhere
+from tests.helpers.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="needs the Prometheus server: apt-get install prometheus "
     "(.ci/run installs it)")
 SCRAPE_MS = 250  # Prometheus extrapolates increase() by up to one interval: keep it short
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> bytes:
@@ -63,7 +57,7 @@ def own_prefix(monkeypatch: pytest.MonkeyPatch, drover_env: dict[str, str]) -> I
 @pytest.fixture
 def exporter(drover_env: dict[str, str], own_prefix: str) -> Iterator[str]:
     """`drover metrics` as its own process; yields its host:port."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "drover.orchestrator.cli", "metrics", "--port", str(port)],
         cwd=ROOT, env={**os.environ, **drover_env}, start_new_session=True,
@@ -85,7 +79,7 @@ def exporter(drover_env: dict[str, str], own_prefix: str) -> Iterator[str]:
 @pytest.fixture
 def prometheus(exporter: str, tmp_path: Path) -> Iterator[Callable[[str, float | None], list]]:
     """A Prometheus server of this test's own scraping the exporter; yields a query function."""
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         f"global:\n  scrape_interval: {SCRAPE_MS}ms\n  scrape_timeout: {SCRAPE_MS}ms\n"

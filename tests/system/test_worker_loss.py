@@ -24,10 +24,10 @@ import pytest
 import redis
 
 from drover import JobSpec
-from drover.orchestrator.ops.services import free_port
 from drover.simulator import SimConfig, SimulatorServer
 from tests.helpers import amqp_answers, configure, wait_until
 from tests.helpers.fleet import Fleet, assert_complete, kill_group, submit_elsewhere
+from tests.helpers.ports import free_port
 
 THREADS = 16
 SIM = {"overload_rate": 0.3, "latency_mean_s": 0.5, "latency_p95_s": 1.0,

@@ -11,7 +11,6 @@ from email.utils import format_datetime
 import anthropic
 import pytest
 
-from drover.orchestrator.ops.services import free_port
 from drover.workers.agent.retry import (
     Decision,
     classify,
@@ -21,6 +20,7 @@ from drover.workers.agent.retry import (
     retry_reason,
 )
 from tests.helpers.api_errors import REQUEST, api_error
+from tests.helpers.ports import free_port
 
 BASE_S, CAP_S = 0.5, 30.0
 
