@@ -77,7 +77,7 @@ for i = 1, scopes, 2 do
   until_us = math.max(until_us, f.cd or 0)
   if f.Lr and f.Lr * f.burst < 60 then
     due = math.max(due, (f.ls or 0) + 60e6 * (f.lu or 1) / f.Lr, f.ar or 0)
-    table.insert(paced, {KEYS[i], 60e6 / f.Lr})
+    table.insert(paced, {KEYS[i], 60e6 / f.Lr, f.ar or 0})
     admitted = true
   elseif f.Lr then
     local sr = f.sr or 0
@@ -121,8 +121,7 @@ else
     -- A send whose headers will not be reported keeps the next one the limiter's interval
     -- (the target's) after it left: the tolerance of its way to the provider, unseen
     if not A.hdr then
-      redis.call('HSET', p[1], 'ar', num(math.max(tonumber(redis.call('HGET', p[1], 'ar') or '0'),
-                                                  now + p[2])))
+      redis.call('HSET', p[1], 'ar', num(math.max(p[3], now + p[2])))
     end
   end
   for key, s in pairs(spent) do redis.call('HSET', s[3] or key, s[1], num(s[2])) end
