@@ -28,6 +28,7 @@ A run never raises for an expected failure: it ends with a ``SubagentResult``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -77,6 +78,8 @@ class SubagentRun:
         self.own_client = own_client
         self._saving = asyncio.Lock()  # an @subagent's checkpoints, one at a time
         self._marking = asyncio.Lock()  # its send marks, one at a time
+        self._no_sends = asyncio.Event()  # set while no send of it is in flight
+        self._no_sends.set()
         self.spent: str | None = None  # an @subagent's call refused for a spent budget: why
         self.job_id = job_id
         self.index = index
@@ -121,6 +124,7 @@ class SubagentRun:
         state = self.state
         seq = state.sends = state.sends + 1  # taken at once: a function's calls run together
         state.in_flight.append([seq, est_in, est_out])
+        self._no_sends.clear()
         try:
             async with self._marking:  # each mark holds the sends in flight when it is written
                 mark = {"seq": seq, "in": est_in, "out": est_out,
@@ -136,6 +140,8 @@ class SubagentRun:
     async def _settled(self, seq: int) -> None:
         """Send ``seq`` has its outcome (in this state from now): no longer in flight."""
         self.state.in_flight = [sent for sent in self.state.in_flight if sent[0] != seq]
+        if not self.state.in_flight:
+            self._no_sends.set()
 
     async def _generating(self, on: bool) -> None:
         """Its answer is streaming in, or no longer (``drover watch``); a lost write costs
@@ -163,10 +169,8 @@ class SubagentRun:
         so that it counts them: a call read in a task of the function's own, which the
         function's cancel does not reach, is closed by the transport's watch of the same
         cancel and settles at once. Waited for up to ``SENDS_END_S``."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + SENDS_END_S
-        while self.state.in_flight and loop.time() < until:
-            await asyncio.sleep(0.02)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_sends.wait(), SENDS_END_S)
 
     async def _lost_sends(self, mark: dict[str, Any] | None) -> None:
         """Sends a lost delivery (its worker killed) made whose outcome it never saved: those
