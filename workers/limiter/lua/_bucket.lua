@@ -53,10 +53,10 @@ local function load(keys, limits)
     if lim and lim > 0 then
       b.base[d] = lim
       local rate = b.sh and lim * b.sh[d].share or lim
-      -- A bucket of less than one request (hold_back.lua's test) is planned at the
+      -- A bucket of less than one request (paced_scope, _lib.lua) is planned at the
       -- provider's full rate: its sends are paced on the last one's admission (`ar`), which
       -- is its tolerance; the target's 5 % cost 0.05 s a send there (bench.small_keys --mix)
-      if d == 'r' and lim * burst_s < 60 then rate = rate / b.lu end
+      if d == 'r' and paced_scope(lim, burst_s) then rate = rate / b.lu end
       set_limit(b, d, rate)
       b.tat[d] = math.max(now, f[d] or now)
     end

@@ -68,6 +68,13 @@ local function hash(key)
   return t
 end
 
+-- A request bucket of less than one request (60 RPM in 1 s bursts): its sends are paced one
+-- by one on when the last one left and was admitted (hold_back.lua, admitted.lua), and its
+-- requests are planned at the provider's full rate (_bucket.lua).
+local function paced_scope(rpm, burst_s)
+  return rpm ~= nil and burst_s ~= nil and rpm * burst_s < 60
+end
+
 -- The six keys of the scope whose first key is KEYS[first].
 local function scope_keys(first)
   return {bucket = KEYS[first], leases = KEYS[first + 1], learned = KEYS[first + 2],

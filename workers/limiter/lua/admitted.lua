@@ -17,7 +17,7 @@ local MARGIN_US = 10000  -- the provider's clock and ours, and rounding: 10 ms
 for i = 1, #KEYS do
   local f, set = hash(KEYS[i]), {}
   local lu = f.lu or 1
-  if f.Lr and f.burst and f.Lr * f.burst < 60 then
+  if paced_scope(f.Lr, f.burst) then
     put(set, 'ar', math.max(f.ar or 0, now + 60e6 * lu / f.Lr + MARGIN_US))
   end
   if f.Li and f.burst and (A.inp or 0) * 60e6 / f.Li > f.burst * 1e6 then

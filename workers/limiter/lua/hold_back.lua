@@ -75,7 +75,7 @@ local admitted = false  -- paced on its admission (`ar`, `ai`: admitted.lua) in 
 for i = 1, scopes, 2 do
   local f = hash(KEYS[i])
   until_us = math.max(until_us, f.cd or 0)
-  if f.Lr and f.Lr * f.burst < 60 then
+  if paced_scope(f.Lr, f.burst) then
     due = math.max(due, (f.ls or 0) + 60e6 * (f.lu or 1) / f.Lr, f.ar or 0)
     table.insert(paced, {KEYS[i], 60e6 / f.Lr, f.ar or 0})
     admitted = true
@@ -117,12 +117,12 @@ if until_us > now then
 elseif due > now then return num((now - due) / 1e6)
 else
   for _, p in ipairs(paced) do
-    redis.call('HSET', p[1], 'ls', num(now))
+    local set = {}
+    put(set, 'ls', now)
     -- A send whose headers will not be reported keeps the next one the limiter's interval
     -- (the target's) after it left: the tolerance of its way to the provider, unseen
-    if not A.hdr then
-      redis.call('HSET', p[1], 'ar', num(math.max(p[3], now + p[2])))
-    end
+    if not A.hdr then put(set, 'ar', math.max(p[3], now + p[2])) end
+    redis.call('HSET', p[1], unpack(set))
   end
   for key, s in pairs(spent) do redis.call('HSET', s[3] or key, s[1], num(s[2])) end
   if admitted and A.hdr then return 'paced' end
